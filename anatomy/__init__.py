@@ -1,0 +1,41 @@
+"""anatomy: the Transformer, taken apart so that anyone can see what it computes.
+
+    import anatomy
+    model = anatomy.build_model(anatomy.preset("toy"))
+    with anatomy.trace(model, "*attn.pattern") as t:
+        out = model(ids)
+"""
+
+from .attention import ATTENTION_KERNELS, MultiHeadAttention, eager_attention, scaled_dot_product_attention, sdpa_attention
+from .cache import CacheFullError, KVCache
+from .config import PRESETS, ConfigError, ModelConfig, preset
+from .inputs import InputError
+from .models import (
+    DecoderModel,
+    DecoderOutput,
+    EncoderDecoderModel,
+    EncoderModel,
+    EncoderOutput,
+    Seq2SeqOutput,
+    build_model,
+)
+from .trace import Trace, TracePoint, trace, trace_points
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Checkpoints, generation and views import lazily: `import anatomy` stays light.
+    lazy = {
+        "from_pretrained": ("anatomy.checkpoints", "from_pretrained"),
+        "load_tokenizer": ("anatomy.checkpoints", "load_tokenizer"),
+        "save_pretrained": ("anatomy.checkpoints", "save_pretrained"),
+        "sentence_embeddings": ("anatomy.checkpoints", "sentence_embeddings"),
+        "generate": ("anatomy.generation", "generate"),
+    }
+    if name in lazy:
+        import importlib
+
+        module_name, attribute = lazy[name]
+        return getattr(importlib.import_module(module_name), attribute)
+    raise AttributeError(f"module 'anatomy' has no attribute {name!r}")

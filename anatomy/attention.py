@@ -1,0 +1,205 @@
+"""Attention: the seeds' scaled dot-product attention, its two kernels, and multi-head attention.
+
+Shape letters: B batch, H query heads, K key/value heads, T query positions, S key positions,
+D head width (d_head), E model width (d_model).
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V                     (the paper, eq. 1)
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
+        head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)                      (section 3.2.2)
+
+Masks are boolean, True = may attend (see masks.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .masks import causal_mask
+from .positional import RotaryEmbedding
+from .trace import TracePoint
+
+TensorFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+def scaled_dot_product_attention(q, k, v, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T / sqrt(d_k)) v, for any leading dimensions: the seeds' function, corrected.
+
+    q [..., T, D], k [..., S, D], v [..., S, Dv]; mask bool broadcastable to [..., T, S],
+    True = may attend. Returns (output [..., T, Dv], weights [..., T, S]). A query row with no key
+    to attend to gets zero weights and a zero output, never NaN. Array-likes (numpy, lists) are
+    accepted and computed in float64.
+    """
+    q, k, v = (x if torch.is_tensor(x) else torch.as_tensor(x, dtype=torch.float64) for x in (q, k, v))
+    if mask is not None and not torch.is_tensor(mask):
+        mask = torch.as_tensor(mask)
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
+    return eager_attention(q, k, v, mask)
+
+
+def eager_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    on_scores: TensorFn | None = None,
+    on_pattern: TensorFn | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The explicit computation, step by step; returns (output, weights).
+
+    q [B, H, T, D], k and v [B, H, S, D]; mask bool broadcastable to [B, H, T, S]; bias (ALiBi)
+    is added to the scaled scores. `on_scores` and `on_pattern` see (and may replace) the scaled
+    scores and the softmax weights: the trace points of the attention module.
+    """
+    scale = 1.0 / math.sqrt(q.size(-1))
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
+    if bias is not None:
+        scores = scores + bias
+    if on_scores is not None:
+        scores = on_scores(scores)
+    if is_causal:
+        n_queries, n_keys = scores.shape[-2:]
+        mask = causal_mask(n_queries, n_keys, offset=n_keys - n_queries, device=scores.device)
+    if mask is not None:
+        # Adding finfo.min (not -inf) to forbidden scores: exp() sends them to exactly 0.
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)  # (B, H, T, S), rows sum to 1
+    if mask is not None:
+        # A row with no allowed key would be uniform over forbidden keys: make it zero instead.
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    if on_pattern is not None:
+        weights = on_pattern(weights)
+    if dropout_p > 0.0:
+        weights_used = F.dropout(weights, p=dropout_p)
+    else:
+        weights_used = weights
+    return torch.matmul(weights_used, v), weights  # (B, H, T, D), (B, H, T, S)
+
+
+def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, None]:
+    """torch's fused kernel (flash / memory-efficient / math, chosen by torch): same result as
+    eager_attention, without materialising the weights, which it therefore cannot return."""
+    attn_mask = mask
+    if bias is not None:
+        attn_mask = bias if mask is None else bias.masked_fill(~mask, torch.finfo(bias.dtype).min)
+        attn_mask = attn_mask.to(q.dtype)
+    output = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+    if bias is not None and mask is not None:
+        # With an additive mask the fused kernel cannot know a row was entirely forbidden.
+        output = output.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    return output, None
+
+
+ATTENTION_KERNELS = {"eager": eager_attention, "sdpa": sdpa_attention}
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention, for self-attention and for cross-attention.
+
+    Separate projections q_proj, k_proj, v_proj (E -> H*D, K*D, K*D) and o_proj (H*D -> E).
+    With n_kv_heads < n_heads (grouped-query attention) each key/value head serves
+    n_heads / n_kv_heads query heads.
+
+    Trace points: q, k, v [batch head pos d_head] (k, v with the key/value heads), q_rot, k_rot
+    after rotary positions, scores and pattern [batch head query key], z [batch query head d_head]
+    (each head's output before W^O), out [batch query d_model].
+    """
+
+    def __init__(self, config, *, layer_index: int, cross: bool = False, rotary: RotaryEmbedding | None = None):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.n_kv_heads = config.n_kv_heads
+        self.d_head = config.d_head
+        self.layer_index = layer_index
+        self.cross = cross
+        self.attn_impl = config.attn_impl
+        self.dropout_p = config.effective_attn_dropout
+        self.q_proj = nn.Linear(config.d_model, self.n_heads * self.d_head, bias=config.attn_bias)
+        self.k_proj = nn.Linear(config.d_model, self.n_kv_heads * self.d_head, bias=config.attn_bias)
+        self.v_proj = nn.Linear(config.d_model, self.n_kv_heads * self.d_head, bias=config.attn_bias)
+        self.o_proj = nn.Linear(self.n_heads * self.d_head, config.d_model, bias=config.attn_out_bias)
+        self.rotary = rotary  # shared by every layer of the stack; None unless pos_encoding="rotary"
+        self.q = TracePoint("batch head query d_head")
+        self.k = TracePoint("batch kv_head key d_head")
+        self.v = TracePoint("batch kv_head key d_head")
+        if rotary is not None:
+            self.q_rot = TracePoint("batch head query d_head")
+            self.k_rot = TracePoint("batch kv_head key d_head")
+        self.scores = TracePoint("batch head query key")
+        self.pattern = TracePoint("batch head query key")
+        self.z = TracePoint("batch query head d_head")
+        self.out = TracePoint("batch query d_model")
+
+    def _split_heads(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, n_heads, self.d_head).transpose(1, 2)  # (B, heads, length, D)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        position_ids: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        memory: torch.Tensor | None = None,
+        cache=None,
+    ) -> torch.Tensor:
+        """x [B, T, E] -> [B, T, E].
+
+        memory [B, S, E]: the encoder output that keys and values come from (cross-attention).
+        cache: a KVCache; self-attention appends this step's keys and values and attends over all
+        of them; cross-attention computes the encoder's keys and values once and reuses them.
+        """
+        batch, n_queries, _ = x.shape
+        q = self.q(self._split_heads(self.q_proj(x), self.n_heads))  # (B, H, T, D)
+
+        cached = cache.cross_kv(self.layer_index) if (cache is not None and self.cross) else None
+        if cached is not None:
+            k, v = cached
+        else:
+            source = memory if self.cross else x
+            k = self.k(self._split_heads(self.k_proj(source), self.n_kv_heads))  # (B, K, S, D)
+            v = self.v(self._split_heads(self.v_proj(source), self.n_kv_heads))  # (B, K, S, D)
+            if self.rotary is not None and not self.cross:
+                q = self.q_rot(self.rotary(q, position_ids))
+                k = self.k_rot(self.rotary(k, position_ids))
+            if cache is not None:
+                k, v = cache.store_cross(self.layer_index, k, v) if self.cross else cache.append(self.layer_index, k, v)
+
+        if self.n_kv_heads != self.n_heads:
+            group = self.n_heads // self.n_kv_heads
+            k = k.repeat_interleave(group, dim=1)  # (B, K, S, D) -> (B, H, S, D)
+            v = v.repeat_interleave(group, dim=1)
+
+        dropout_p = self.dropout_p if self.training else 0.0
+        if self.attn_impl == "eager" or self.scores.active or self.pattern.active:
+            # Scores and weights exist only in the explicit computation.
+            z, _ = eager_attention(
+                q, k, v, mask, bias=bias, is_causal=is_causal, dropout_p=dropout_p,
+                on_scores=self.scores if self.scores.active else None,
+                on_pattern=self.pattern if self.pattern.active else None,
+            )
+        else:
+            z, _ = sdpa_attention(q, k, v, mask, bias=bias, is_causal=is_causal, dropout_p=dropout_p)
+        z = self.z(z.transpose(1, 2))  # (B, H, T, D) -> (B, T, H, D)
+        concat = z.reshape(batch, n_queries, self.n_heads * self.d_head)  # (B, T, H*D): Concat(head_1..head_h)
+        return self.out(self.o_proj(concat))  # (B, T, E)

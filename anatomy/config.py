@@ -1,0 +1,240 @@
+"""ModelConfig: one frozen, validated description of a Transformer.
+
+Every architectural difference between the paper's model, BERT, GPT-2, Marian and Llama is a
+field here (a flag or a value), never a model name tested inside a layer. A config is checked
+once, when it is made, so that a layer never has to ask whether its options make sense.
+
+Dimension names used across the package:
+    d_model     width of the residual stream
+    n_heads     query heads;  n_kv_heads  key/value heads (grouped-query attention when fewer)
+    d_head      width of one head (d_model / n_heads by default)
+    d_ff        hidden width of the feed-forward network
+    n_layers    blocks per stack (encoder and decoder each, for an encoder-decoder)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Fields that default to None and are derived from the others when the config is made.
+DERIVED_FIELDS = ("head", "final_norm", "n_kv_heads", "d_head")
+# The allowed values of every option: the error for a bad value lists them.
+ARCHS = ("encoder", "decoder", "encoder-decoder")
+POS_ENCODINGS = ("sinusoidal", "learned", "rotary", "alibi", "none")
+SINUSOID_LAYOUTS = ("interleaved", "halves")
+NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
+ATTN_IMPLS = ("sdpa", "eager")
+HEADS = ("none", "lm", "masked-lm", "sequence-classification", "token-classification")
+POOLINGS = ("first", "mean")
+# Which output heads each family can carry.
+HEADS_BY_ARCH = {
+    "encoder": ("none", "masked-lm", "sequence-classification", "token-classification"),
+    "decoder": ("none", "lm"),
+    "encoder-decoder": ("lm",),
+}
+
+
+class ConfigError(ValueError):
+    """A ModelConfig field has a value that is not allowed."""
+
+
+def _choice(name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not supported; allowed values: {', '.join(map(repr, allowed))}")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The complete, immutable description of a model. Make variants with `config.replace(...)`.
+
+    Raises ConfigError, naming the field and the allowed values, for anything inconsistent.
+    """
+
+    arch: str = "decoder"
+    vocab_size: int = 32
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int = 256
+    max_seq_len: int = 128
+    pos_encoding: str = "sinusoidal"
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    activation: str = "gelu"
+    attn_impl: str = "sdpa"
+    dropout: float = 0.0
+
+    # attention
+    n_kv_heads: int | None = None  # None: one key/value head per query head
+    d_head: int | None = None  # None: d_model // n_heads
+    attn_bias: bool = True  # biases on q/k/v projections
+    attn_out_bias: bool = True  # bias on the output projection
+    attn_dropout: float | None = None  # None: same as dropout
+    rope_theta: float = 10000.0
+    # feed-forward
+    mlp_bias: bool = True
+    # normalisation
+    norm_eps: float = 1e-5
+    embed_norm: bool = False  # a norm right after the embeddings (BERT)
+    final_norm: bool | None = None  # a norm after the last block; None: yes for pre-norm
+    # embeddings
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (the paper, Marian)
+    sinusoid_layout: str = "interleaved"  # "interleaved": sin,cos,sin,cos (paper); "halves": all sin then all cos
+    type_vocab_size: int = 0  # segment (token type) embeddings, 0 = none
+    pad_token_id: int | None = None
+    tie_embeddings: bool = True  # output head shares the input embedding matrix
+    share_encoder_decoder_embeddings: bool = True  # encoder-decoder: one token embedding for both
+    # output heads
+    head: str | None = None  # None: "masked-lm" for encoders, "lm" otherwise
+    lm_head_bias: bool = False
+    lm_head_transform: bool = False  # dense + activation + norm before the LM head (BERT MLM)
+    pooler: bool = False  # dense + tanh on the pooled vector (BERT)
+    pooling: str = "first"
+    num_labels: int = 2
+
+    extra: dict = field(default_factory=dict, compare=False, hash=False)  # free-form metadata (e.g. source)
+    # fields left as None and filled from the others; `replace` derives them again
+    _derived: tuple = field(default=(), init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        derived = tuple(name for name in DERIVED_FIELDS if getattr(self, name) is None)
+        object.__setattr__(self, "_derived", derived)
+        _choice("arch", self.arch, ARCHS)
+        _choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
+        _choice("sinusoid_layout", self.sinusoid_layout, SINUSOID_LAYOUTS)
+        _choice("norm", self.norm, NORMS)
+        _choice("norm_position", self.norm_position, NORM_POSITIONS)
+        _choice("activation", self.activation, ACTIVATIONS)
+        _choice("attn_impl", self.attn_impl, ATTN_IMPLS)
+        _choice("pooling", self.pooling, POOLINGS)
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_seq_len", "num_labels"):
+            _positive_int(name, getattr(self, name))
+        if self.head is None:
+            object.__setattr__(self, "head", "masked-lm" if self.arch == "encoder" else "lm")
+        _choice(f"head (for arch={self.arch!r})", self.head, HEADS_BY_ARCH[self.arch])
+        if self.final_norm is None:
+            object.__setattr__(self, "final_norm", self.norm_position == "pre")
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        _positive_int("n_kv_heads", self.n_kv_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads} "
+                "(each key/value head serves an equal group of query heads)"
+            )
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise ConfigError(
+                    f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                    f"choose n_heads among the divisors of d_model, or set d_head explicitly"
+                )
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        _positive_int("d_head", self.d_head)
+        if self.pos_encoding == "rotary" and self.d_head % 2:
+            raise ConfigError(f"rotary positions rotate pairs of dimensions: d_head={self.d_head} must be even")
+        if self.pos_encoding == "sinusoidal" and self.d_model % 2:
+            raise ConfigError(f"sinusoidal positions come in sin/cos pairs: d_model={self.d_model} must be even")
+        for name in ("dropout", "attn_dropout"):
+            value = getattr(self, name)
+            if value is not None and not (0.0 <= value < 1.0):
+                raise ConfigError(f"{name} must be in [0, 1), got {value}")
+        if self.type_vocab_size < 0:
+            raise ConfigError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
+        if self.norm_eps <= 0:
+            raise ConfigError(f"norm_eps must be > 0, got {self.norm_eps}")
+        if self.pad_token_id is not None and not (0 <= self.pad_token_id < self.vocab_size):
+            raise ConfigError(f"pad_token_id={self.pad_token_id} is outside [0, vocab_size={self.vocab_size})")
+
+    # derived values --------------------------------------------------------------------------
+    @property
+    def is_causal(self) -> bool:
+        """Whether the (only, or last) stack masks the future."""
+        return self.arch != "encoder"
+
+    @property
+    def effective_attn_dropout(self) -> float:
+        return self.dropout if self.attn_dropout is None else self.attn_dropout
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with `changes`; fields that were derived (d_head, n_kv_heads, head, final_norm)
+        are derived again unless given, so `cfg.replace(n_heads=8)` gets a matching d_head."""
+        data = self.to_dict()
+        for name in self._derived:
+            data[name] = None
+        data.update(changes)
+        return ModelConfig.from_dict(data)
+
+    # serialisation ---------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config fields {unknown}; known fields: {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> "ModelConfig":
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            text = Path(text_or_path).read_text()
+        return cls.from_dict(json.loads(text))
+
+
+# Presets -------------------------------------------------------------------------------------
+# Shapes only: weights come from build_model (random) or from_pretrained (a checkpoint).
+
+PRESETS: dict[str, ModelConfig] = {
+    # "Attention Is All You Need", Table 3, base model: post-norm, ReLU, sinusoids, shared embeddings.
+    "paper-base": ModelConfig(
+        arch="encoder-decoder", vocab_size=37000, d_model=512, n_heads=8, n_layers=6, d_ff=2048,
+        max_seq_len=512, pos_encoding="sinusoidal", norm="layernorm", norm_position="post",
+        activation="relu", dropout=0.1, scale_embeddings=True, norm_eps=1e-6,
+    ),
+    # BERT-base: post-norm, GELU, learned positions, token types, a norm after the embeddings.
+    "bert-base": ModelConfig(
+        arch="encoder", vocab_size=30522, d_model=768, n_heads=12, n_layers=12, d_ff=3072,
+        max_seq_len=512, pos_encoding="learned", norm="layernorm", norm_position="post",
+        activation="gelu", dropout=0.1, norm_eps=1e-12, embed_norm=True, type_vocab_size=2,
+        head="masked-lm", lm_head_bias=True, lm_head_transform=True, pooler=True, pad_token_id=0,
+    ),
+    # GPT-2 small: pre-norm, tanh-GELU, learned positions, final norm, tied LM head.
+    "gpt2-small": ModelConfig(
+        arch="decoder", vocab_size=50257, d_model=768, n_heads=12, n_layers=12, d_ff=3072,
+        max_seq_len=1024, pos_encoding="learned", norm="layernorm", norm_position="pre",
+        activation="gelu_tanh", dropout=0.1, norm_eps=1e-5,
+    ),
+    # Seed 004's worked example: d_model 4, 2 heads, d_ff 8, 2 layers, the paper's block.
+    "toy": ModelConfig(
+        arch="decoder", vocab_size=7, d_model=4, n_heads=2, n_layers=2, d_ff=8,
+        max_seq_len=16, pos_encoding="sinusoidal", norm="layernorm", norm_position="post",
+        activation="relu", final_norm=False,
+    ),
+}
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """A named preset, optionally with fields replaced: `preset("toy", arch="encoder")`."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name].replace(**overrides)

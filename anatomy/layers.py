@@ -1,0 +1,94 @@
+"""Normalisation and the position-wise feed-forward network.
+
+Shape letters: B batch, T positions, E model width (d_model), F hidden width (d_ff).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .trace import TracePoint
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm(x) = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta, over the last axis (Ba et al.)."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))  # gamma
+        self.bias = nn.Parameter(torch.zeros(d_model))  # beta
+        self.out = TracePoint("batch pos d_model")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps))
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm(x) = x / sqrt(mean(x^2) + eps) * gamma: LayerNorm without centring (Zhang & Sennrich)."""
+
+    def __init__(self, d_model: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))  # gamma
+        self.out = TracePoint("batch pos d_model")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Computed in float32 whatever the input dtype, as the Llama reference does.
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return self.out(self.weight * normed.to(x.dtype))
+
+
+NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+
+
+def make_norm(config) -> nn.Module:
+    return NORMS[config.norm](config.d_model, eps=config.norm_eps)
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# activation name -> (function, gated?)
+ACTIVATIONS = {
+    "relu": (F.relu, False),  # the paper: max(0, x)
+    "gelu": (F.gelu, False),  # BERT: x * Phi(x)
+    "gelu_tanh": (_gelu_tanh, False),  # GPT-2: the tanh approximation of GELU
+    "silu": (F.silu, False),  # x * sigmoid(x), a.k.a. swish
+    "swiglu": (F.silu, True),  # Llama: (silu(x W_gate) * x W_in) W_out
+    "geglu": (F.gelu, True),
+}
+
+
+class FeedForward(nn.Module):
+    """The position-wise feed-forward network, applied to each position separately.
+
+        FFN(x)    = act(x W_in + b_in) W_out + b_out                        (the paper: act = ReLU)
+        GLU(x)    = (act(x W_gate) * (x W_in)) W_out                        (SwiGLU, GeGLU; Shazeer 2020)
+
+    Trace points: pre [batch pos d_ff] (the input of the non-linearity), post [batch pos d_ff]
+    (after it, and after the gate), out [batch pos d_model].
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.act, self.gated = ACTIVATIONS[config.activation]
+        self.fc_in = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)  # W_1
+        if self.gated:
+            self.fc_gate = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
+        self.fc_out = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)  # W_2
+        self.dropout = nn.Dropout(config.dropout)
+        self.pre = TracePoint("batch pos d_ff")
+        self.post = TracePoint("batch pos d_ff")
+        self.out = TracePoint("batch pos d_model")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            hidden = self.post(self.act(self.pre(self.fc_gate(x))) * self.fc_in(x))  # (B, T, F)
+        else:
+            hidden = self.post(self.act(self.pre(self.fc_in(x))))  # (B, T, F)
+        return self.out(self.fc_out(self.dropout(hidden)))  # (B, T, E)

@@ -1,0 +1,351 @@
+"""The three families: encoder-only, decoder-only and encoder-decoder, built from one stack.
+
+Shape letters: B batch, T positions (target), S source positions, E model width, V vocabulary.
+
+A Stack is: token embeddings (+ positions, + token types) -> N blocks -> optional final norm.
+- EncoderModel  = a bidirectional Stack + a head (masked-LM, sequence or token classification);
+- DecoderModel  = a causal Stack + an LM head;
+- EncoderDecoderModel = an encoder Stack, a causal decoder Stack whose blocks add cross-attention
+  to the encoder output, and an LM head (the paper, figure 1).
+
+Masks are built once per forward pass here, at the model level, and shared by every block.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import masks
+from .blocks import Block
+from .cache import KVCache
+from .config import ModelConfig
+from .inputs import check_ids, check_mask, check_token_types
+from .layers import ACTIVATIONS, make_norm
+from .positional import LearnedPositions, RotaryEmbedding, SinusoidalPositions, alibi_bias, alibi_slopes
+from .trace import TracePoint
+
+
+# Outputs: one dataclass per family ------------------------------------------------------------
+
+@dataclass
+class EncoderOutput:
+    last_hidden_state: torch.Tensor  # [B, T, E]
+    logits: torch.Tensor | None  # [B, T, V] (masked-LM), [B, labels] or [B, T, labels]; None without a head
+    pooled: torch.Tensor | None = None  # [B, E] when the model pools (classification, or a pooler)
+
+
+@dataclass
+class DecoderOutput:
+    logits: torch.Tensor | None  # [B, T, V]
+    last_hidden_state: torch.Tensor  # [B, T, E]
+    cache: KVCache | None = None
+
+
+@dataclass
+class Seq2SeqOutput:
+    logits: torch.Tensor  # [B, T, V]
+    last_hidden_state: torch.Tensor  # decoder output [B, T, E]
+    encoder_last_hidden_state: torch.Tensor  # [B, S, E]
+    cache: KVCache | None = None
+
+
+# The stack -------------------------------------------------------------------------------------
+
+class Stack(nn.Module):
+    """Embeddings, then n_layers blocks, then (pre-norm) a final norm.
+
+    Trace points: embed (token embeddings, scaled if configured), pos_embed, type_embed
+    [batch pos d_model], then each block's, then final_norm.out.
+    """
+
+    def __init__(self, config: ModelConfig, *, causal: bool, cross_attention: bool = False,
+                 token_embedding: nn.Embedding | None = None):
+        super().__init__()
+        self.config = config
+        self.causal = causal
+        self.token_embedding = token_embedding or nn.Embedding(config.vocab_size, config.d_model)
+        self.embed = TracePoint("batch pos d_model")
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
+        if config.pos_encoding == "learned":
+            self.position_embedding = LearnedPositions(config.max_seq_len, config.d_model)
+        elif config.pos_encoding == "sinusoidal":
+            self.position_embedding = SinusoidalPositions(config.max_seq_len, config.d_model, config.sinusoid_layout)
+        if config.pos_encoding in ("learned", "sinusoidal"):
+            self.pos_embed = TracePoint("batch pos d_model")
+        if config.type_vocab_size:
+            self.token_type_embedding = nn.Embedding(config.type_vocab_size, config.d_model)
+            self.type_embed = TracePoint("batch pos d_model")
+        if config.embed_norm:
+            self.embed_norm = make_norm(config)
+        self.embed_dropout = nn.Dropout(config.dropout)
+        rotary = None
+        if config.pos_encoding == "rotary":
+            rotary = RotaryEmbedding(config.d_head, config.max_seq_len, config.rope_theta)
+        if config.pos_encoding == "alibi":
+            self.register_buffer("alibi_slopes", alibi_slopes(config.n_heads), persistent=False)
+        self.blocks = nn.ModuleList(
+            Block(config, i, cross_attention=cross_attention, rotary=rotary) for i in range(config.n_layers)
+        )
+        if config.final_norm:
+            self.final_norm = make_norm(config)
+
+    @property
+    def max_positions(self) -> int | None:
+        """How many positions the position tables cover (None: unbounded, ALiBi or no positions)."""
+        return self.config.max_seq_len if self.config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        padding_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        memory: torch.Tensor | None = None,
+        memory_padding_mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """input_ids [B, T] (already checked) -> hidden states [B, T, E]."""
+        config = self.config
+        n_new = input_ids.size(1)
+        past = cache.length if cache is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + n_new, device=input_ids.device)  # (T,)
+
+        # X = E + P (+ token types): the input of the first block.
+        x = self.embed(self.token_embedding(input_ids) * self.embed_scale)  # (B, T, E)
+        if hasattr(self, "position_embedding"):
+            x = x + self.pos_embed(self.position_embedding(position_ids).expand_as(x))
+        if hasattr(self, "token_type_embedding"):
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(input_ids)
+            x = x + self.type_embed(self.token_type_embedding(token_type_ids))
+        if hasattr(self, "embed_norm"):
+            x = self.embed_norm(x)
+        x = self.embed_dropout(x)
+
+        mask, is_causal = masks.self_attention_mask(padding_mask, n_new, causal=self.causal, past_length=past)
+        bias = None
+        if config.pos_encoding == "alibi":
+            key_positions = torch.arange(past + n_new, device=input_ids.device)
+            query_positions = position_ids if position_ids.dim() == 1 else position_ids[0]
+            bias = alibi_bias(self.alibi_slopes, query_positions, key_positions).to(x.dtype)  # (H, T, S)
+            if is_causal:  # a kernel given a bias needs the causal mask spelled out beside it
+                mask, is_causal = masks.causal_mask(n_new, device=input_ids.device), False
+        memory_mask = masks.cross_attention_mask(memory_padding_mask)
+        for block in self.blocks:
+            x = block(
+                x, mask=mask, is_causal=is_causal, position_ids=position_ids, bias=bias,
+                memory=memory, memory_mask=memory_mask, cache=cache,
+            )
+        if cache is not None:
+            cache.advance()
+        if hasattr(self, "final_norm"):
+            x = self.final_norm(x)
+        return x
+
+    def check_inputs(self, name: str, ids, mask, mask_name: str, past: int = 0) -> None:
+        check_ids(name, ids, vocab_size=self.config.vocab_size, max_positions=self.max_positions, past_length=past)
+        check_mask(mask_name, mask, shape=(ids.size(0), past + ids.size(1)), ids_name=name
+                   + (f" plus {past} cached positions" if past else ""))
+
+
+# Heads ------------------------------------------------------------------------------------------
+
+class LMHead(nn.Module):
+    """Hidden states -> vocabulary logits, optionally through a transform (dense, act, norm; BERT)."""
+
+    def __init__(self, config: ModelConfig, token_embedding: nn.Embedding):
+        super().__init__()
+        if config.lm_head_transform:
+            self.transform_dense = nn.Linear(config.d_model, config.d_model)
+            self.transform_act = ACTIVATIONS[config.activation][0]
+            self.transform_norm = make_norm(config)
+        self.proj = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
+        if config.tie_embeddings:
+            self.proj.weight = token_embedding.weight  # the paper, 3.4: one matrix for both
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "transform_dense"):
+            x = self.transform_norm(self.transform_act(self.transform_dense(x)))
+        return self.proj(x)  # (B, T, V)
+
+
+class Pooler(nn.Module):
+    """BERT's pooler: tanh(W h + b) on the pooled vector."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(x))
+
+
+def pool(hidden: torch.Tensor, padding_mask: torch.Tensor | None, how: str) -> torch.Tensor:
+    """[B, T, E] -> [B, E]: the first token's state, or the mean over real (unpadded) tokens."""
+    if how == "first":
+        return hidden[:, 0]
+    if padding_mask is None:
+        return hidden.mean(dim=1)
+    weights = padding_mask.to(hidden.dtype)[:, :, None]  # (B, T, 1)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+
+class _Saveable:
+    """save_pretrained/from_pretrained are provided by anatomy.checkpoints (HF format)."""
+
+    def save_pretrained(self, directory: str | Path, **kwargs) -> Path:
+        from .checkpoints import save_pretrained
+
+        return save_pretrained(self, directory, **kwargs)
+
+
+# Families ---------------------------------------------------------------------------------------
+
+class EncoderModel(Stack, _Saveable):
+    """Encoder-only, bidirectional: every token attends to every real token (BERT, seed 000).
+
+    forward(input_ids [B, T], padding_mask [B, T] bool (True = real token), token_type_ids [B, T])
+    -> EncoderOutput. Trace points after the stack: pooled [batch d_model], logits.
+    """
+
+    def __init__(self, config: ModelConfig):
+        if config.arch != "encoder":
+            raise ValueError(f"EncoderModel needs arch='encoder', got {config.arch!r}")
+        super().__init__(config, causal=False)
+        if config.pooler or config.head == "sequence-classification":
+            self.pooled = TracePoint("batch d_model")
+        if config.pooler:
+            self.pooler = Pooler(config.d_model)
+        if config.head == "masked-lm":
+            self.lm_head = LMHead(config, self.token_embedding)
+        elif config.head in ("sequence-classification", "token-classification"):
+            self.classifier_dropout = nn.Dropout(config.dropout)
+            self.classifier = nn.Linear(config.d_model, config.num_labels)
+        self.logits = TracePoint("batch pos vocab" if config.head != "sequence-classification" else "batch label")
+
+    def forward(self, input_ids, padding_mask=None, token_type_ids=None, position_ids=None) -> EncoderOutput:
+        self.check_inputs("input_ids", input_ids, padding_mask, "padding_mask")
+        check_token_types(token_type_ids, shape=tuple(input_ids.shape), type_vocab_size=self.config.type_vocab_size)
+        hidden = self.run(input_ids, padding_mask=padding_mask, token_type_ids=token_type_ids, position_ids=position_ids)
+        pooled = None
+        if hasattr(self, "pooled"):
+            pooled = pool(hidden, padding_mask, self.config.pooling)
+            if hasattr(self, "pooler"):
+                pooled = self.pooler(pooled)
+            pooled = self.pooled(pooled)
+        head = self.config.head
+        logits = None
+        if head == "masked-lm":
+            logits = self.lm_head(hidden)
+        elif head == "sequence-classification":
+            logits = self.classifier(self.classifier_dropout(pooled))  # (B, labels)
+        elif head == "token-classification":
+            logits = self.classifier(self.classifier_dropout(hidden))  # (B, T, labels)
+        if logits is not None:
+            logits = self.logits(logits)
+        return EncoderOutput(last_hidden_state=hidden, logits=logits, pooled=pooled)
+
+
+class DecoderModel(Stack, _Saveable):
+    """Decoder-only, causal: token t attends to tokens 0..t (GPT-2, Llama, seed 004's toy).
+
+    forward(input_ids [B, T], padding_mask [B, past + T] bool, cache=None) -> DecoderOutput.
+    With a cache (model.new_cache()), only the new tokens are given and their keys and values
+    are appended; the logits equal those of the full pass.
+    """
+
+    def __init__(self, config: ModelConfig):
+        if config.arch != "decoder":
+            raise ValueError(f"DecoderModel needs arch='decoder', got {config.arch!r}")
+        super().__init__(config, causal=True)
+        if config.head == "lm":
+            self.lm_head = LMHead(config, self.token_embedding)
+            self.logits = TracePoint("batch pos vocab")
+
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        return KVCache(self.config.n_layers, capacity or self.config.max_seq_len)
+
+    def forward(self, input_ids, padding_mask=None, position_ids=None, cache: KVCache | None = None) -> DecoderOutput:
+        past = cache.length if cache is not None else 0
+        self.check_inputs("input_ids", input_ids, padding_mask, "padding_mask", past)
+        hidden = self.run(input_ids, padding_mask=padding_mask, position_ids=position_ids, cache=cache)
+        logits = self.logits(self.lm_head(hidden)) if hasattr(self, "lm_head") else None
+        return DecoderOutput(logits=logits, last_hidden_state=hidden, cache=cache)
+
+
+class EncoderDecoderModel(nn.Module, _Saveable):
+    """The paper's model: an encoder reads the source, a decoder writes the target.
+
+    forward(src_ids [B, S], tgt_ids [B, T], src_padding_mask [B, S], tgt_padding_mask [B, T])
+    -> Seq2SeqOutput. The decoder's cross-attention scores are rectangular, [B, H, T, S].
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.arch != "encoder-decoder":
+            raise ValueError(f"EncoderDecoderModel needs arch='encoder-decoder', got {config.arch!r}")
+        self.config = config
+        self.encoder = Stack(config, causal=False)
+        shared = self.encoder.token_embedding if config.share_encoder_decoder_embeddings else None
+        self.decoder = Stack(config, causal=True, cross_attention=True, token_embedding=shared)
+        self.lm_head = LMHead(config, self.decoder.token_embedding)
+        self.logits = TracePoint("batch pos vocab")
+
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        return KVCache(self.config.n_layers, capacity or self.config.max_seq_len)
+
+    def encode(self, src_ids, src_padding_mask=None) -> torch.Tensor:
+        """src_ids [B, S] -> memory [B, S, E], the encoder output every decoder layer attends to."""
+        self.encoder.check_inputs("src_ids", src_ids, src_padding_mask, "src_padding_mask")
+        return self.encoder.run(src_ids, padding_mask=src_padding_mask)
+
+    def decode(self, tgt_ids, memory, src_padding_mask=None, tgt_padding_mask=None, cache=None) -> torch.Tensor:
+        """tgt_ids [B, T] and memory [B, S, E] -> logits [B, T, V]."""
+        past = cache.length if cache is not None else 0
+        self.decoder.check_inputs("tgt_ids", tgt_ids, tgt_padding_mask, "tgt_padding_mask", past)
+        if memory.size(0) != tgt_ids.size(0):
+            raise ValueError(f"memory has batch {memory.size(0)} but tgt_ids has batch {tgt_ids.size(0)}")
+        hidden = self.decoder.run(
+            tgt_ids, padding_mask=tgt_padding_mask, memory=memory, memory_padding_mask=src_padding_mask, cache=cache
+        )
+        return hidden, self.logits(self.lm_head(hidden))
+
+    def forward(self, src_ids, tgt_ids, src_padding_mask=None, tgt_padding_mask=None,
+                cache: KVCache | None = None, memory: torch.Tensor | None = None) -> Seq2SeqOutput:
+        """With `memory` (from encode) the encoder is not run again: incremental decoding."""
+        if memory is None:
+            memory = self.encode(src_ids, src_padding_mask)
+        elif src_padding_mask is not None:
+            check_mask("src_padding_mask", src_padding_mask, shape=tuple(memory.shape[:2]), ids_name="memory")
+        hidden, logits = self.decode(tgt_ids, memory, src_padding_mask, tgt_padding_mask, cache)
+        return Seq2SeqOutput(logits=logits, last_hidden_state=hidden, encoder_last_hidden_state=memory, cache=cache)
+
+
+FAMILIES = {"encoder": EncoderModel, "decoder": DecoderModel, "encoder-decoder": EncoderDecoderModel}
+
+
+def build_model(config: ModelConfig, *, seed: int | None = None) -> nn.Module:
+    """A randomly initialised model of the family config.arch names (seeded when `seed` is given)."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"build_model takes a ModelConfig, got {type(config).__name__}")
+    if seed is not None:
+        torch.manual_seed(seed)
+    model = FAMILIES[config.arch](config)
+    _init_weights(model)
+    return model
+
+
+def _init_weights(model: nn.Module) -> None:
+    """Normal(0, 0.02) for matrices and embeddings, zero biases, unit norms (GPT-2, BERT)."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)

@@ -1,0 +1,124 @@
+"""Positions: attention by itself is blind to order, so the position of each token must be added.
+
+Shape letters: B batch, T positions, H heads, D head width, S key positions.
+
+Five choices, named by ModelConfig.pos_encoding:
+- "sinusoidal": a fixed table added to the token embeddings (the paper, Marian);
+- "learned": a trained table added to the token embeddings (BERT, GPT-2);
+- "rotary": queries and keys are rotated by an angle proportional to their position (Llama);
+- "alibi": a penalty proportional to the query-key distance is added to the scores;
+- "none": no position information at all (the model is then permutation-equivariant).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def sinusoidal_table(n_positions: int, d_model: int, layout: str = "interleaved") -> torch.Tensor:
+    """The paper's positional encoding, section 3.5, as a [n_positions, d_model] table.
+
+        PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
+        PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
+
+    The frequency is indexed by the *pair* i = 0 .. d_model/2 - 1: dimensions 2i and 2i+1 share
+    one frequency, one as a sine and one as a cosine. Seeds 001 and 004 write the exponent with
+    the dimension index instead of the pair index (10000^(2*dim/d)), which makes the frequencies
+    fall twice as fast and pairs no sine with its own cosine; this follows the paper.
+
+    layout "interleaved" puts sin, cos, sin, cos ... (the paper); "halves" puts every sine first
+    and then every cosine (the Marian checkpoints), with the same frequencies.
+    """
+    position = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (T, 1)
+    pair = torch.arange(d_model // 2, dtype=torch.float64)[None, :]  # (1, d_model/2)
+    angle = position / torch.pow(10000.0, 2 * pair / d_model)  # (T, d_model/2)
+    table = torch.empty(n_positions, d_model, dtype=torch.float64)
+    if layout == "interleaved":
+        table[:, 0::2] = torch.sin(angle)
+        table[:, 1::2] = torch.cos(angle)
+    elif layout == "halves":
+        table[:, : d_model // 2] = torch.sin(angle)
+        table[:, d_model // 2 :] = torch.cos(angle)
+    else:
+        raise ValueError(f"unknown sinusoid layout {layout!r}; allowed: 'interleaved', 'halves'")
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """A fixed table of sinusoids; forward(position_ids [B, T] or [T]) -> [.., T, d_model]."""
+
+    def __init__(self, max_seq_len: int, d_model: int, layout: str = "interleaved"):
+        super().__init__()
+        # Not a parameter and not saved: the table is a formula, recomputed on load.
+        self.register_buffer("table", sinusoidal_table(max_seq_len, d_model, layout), persistent=False)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[position_ids]
+
+
+class LearnedPositions(nn.Embedding):
+    """A trained vector per position (BERT, GPT-2); forward(position_ids) -> [.., T, d_model]."""
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoFormer; the Llama layout).
+
+    Each pair of query/key dimensions (j, j + D/2) is rotated by the angle pos * theta^(-2j/D):
+
+        rotate(x) = x * cos(pos * w) + rotate_half(x) * sin(pos * w),   rotate_half([a, b]) = [-b, a]
+
+    so that the score q_m . k_n depends on the positions only through m - n.
+    """
+
+    def __init__(self, d_head: int, max_seq_len: int, theta: float = 10000.0):
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, d_head, 2, dtype=torch.float32) / d_head)  # (D/2,)
+        angle = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_freq[None, :]  # (T, D/2)
+        angle = torch.cat([angle, angle], dim=-1)  # (T, D): pair j and j + D/2 share an angle
+        self.register_buffer("cos", angle.cos(), persistent=False)
+        self.register_buffer("sin", angle.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """x [B, H, T, D], position_ids [B, T] or [T] -> x rotated, same shape."""
+        cos = self.cos[position_ids]  # (B, T, D) or (T, D)
+        sin = self.sin[position_ids]
+        if cos.dim() == 3:
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D): the same rotation for every head
+        return x * cos + rotate_half(x) * sin
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[a, b] -> [-b, a] on the last axis, split in halves."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """ALiBi's head-specific slopes (Press et al., 2022): a geometric sequence starting at 2^(-8/n).
+
+    For a head count that is not a power of two, the slopes of the next lower power of two are
+    followed by every other slope of the next higher one, as in the paper's reference code.
+    """
+    def power_of_two_slopes(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        slopes = power_of_two_slopes(n_heads)
+    else:
+        lower = 2 ** math.floor(math.log2(n_heads))
+        slopes = power_of_two_slopes(lower) + power_of_two_slopes(2 * lower)[0::2][: n_heads - lower]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(slopes: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+    """bias[h, t, s] = -slope_h * |pos_t - pos_s|: [H, T, S], added to the scores before the softmax.
+
+    For causal attention only s <= t survive the mask, so this is the paper's -m (t - s); for
+    bidirectional attention the distance is symmetric.
+    """
+    distance = (query_positions[:, None] - key_positions[None, :]).abs().to(slopes.dtype)  # (T, S)
+    return -slopes[:, None, None] * distance  # (H, T, S)
