@@ -1,0 +1,14 @@
+"""Look at attention: self-contained interactive HTML views and static images.
+
+    view = anatomy.viz.head_view(weights, tokens)   # weights [layers, heads, T, T], as bertviz
+    view.save("heads.html")                          # one file, no network; or show `view` in Jupyter
+
+Views: head_view, model_view, neuron_view, generation_view. Data: AttentionMap, and the adapters
+that build it from a traced forward pass. Images: anatomy.viz.plots (matplotlib).
+"""
+
+from anatomy.viz.data import AttentionMap
+from anatomy.viz.html import View
+from anatomy.viz.views import generation_view, head_view, model_view, neuron_view
+
+__all__ = ["AttentionMap", "View", "generation_view", "head_view", "model_view", "neuron_view"]

@@ -1,0 +1,111 @@
+"""Self-contained HTML: one file per view, with its CSS, JavaScript and data inline.
+
+Shape letters: L layers, H heads, T query positions, S key positions, D head width.
+
+The file makes no network request. The data sits in a `<script type="application/json">`
+block, with every `<` written as `\\u003c` so that no token (`</script>`, `<!--`) can close it;
+the page reads it with JSON.parse and puts tokens into the page only as text (textContent,
+canvas fillText), never as HTML.
+
+Weights are compact: per layer, quantised to one byte (round(255 w)), deflated and base64
+encoded, so a 512-token x 12-layer x 12-head model is a few megabytes and the page decodes only
+the layers it shows.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import zlib
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+import numpy as np
+
+from anatomy.viz.data import AttentionMap
+
+ASSETS = resources.files("anatomy.viz") / "assets"
+
+
+def pack(array: np.ndarray) -> str:
+    """base64(deflate(bytes)) of a contiguous array; the page inflates it with DecompressionStream."""
+    return base64.b64encode(zlib.compress(np.ascontiguousarray(array).tobytes(), 6)).decode("ascii")
+
+
+def quantise(weights: np.ndarray) -> np.ndarray:
+    """Weights in [0, 1] -> uint8 round(255 w); the page reads byte / 255."""
+    return np.rint(np.clip(weights, 0.0, 1.0) * 255).astype(np.uint8)
+
+
+def map_payload(attention: AttentionMap, vectors: bool = False) -> dict:
+    """The JSON for one AttentionMap: tokens, and one packed [H, T, S] uint8 block per layer.
+
+    With vectors, also the exact float32 weights and the q [H, T, D] and k [H, S, D] vectors per
+    layer, for the neuron view.
+    """
+    payload = {
+        "name": attention.name,
+        "queries": attention.queries,
+        "keys": attention.keys,
+        "nLayers": attention.n_layers,
+        "nHeads": attention.n_heads,
+        "sentenceBStart": attention.sentence_b_start,
+        "cross": attention.cross,
+        "weights": [pack(quantise(layer)) for layer in attention.weights],
+    }
+    if vectors:
+        payload["dHead"] = attention.q.shape[-1]
+        payload["exact"] = [pack(layer.astype("<f4")) for layer in attention.weights]
+        payload["q"] = [pack(layer.astype("<f4")) for layer in attention.q]
+        payload["k"] = [pack(layer.astype("<f4")) for layer in attention.k]
+    return payload
+
+
+def script_json(payload: dict) -> str:
+    """JSON that is safe inside <script>: no '<' (so no '</script>' or '<!--'), no '>' or '&'."""
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def asset(name: str) -> str:
+    return (ASSETS / name).read_text(encoding="utf-8")
+
+
+def render(view: str, title: str, subtitle: str, payload: dict) -> str:
+    """The whole HTML document for `view` ("head", "model", "neuron" or "generation")."""
+    page = Template(asset("page.html"))
+    return page.substitute(
+        title=html.escape(title),
+        subtitle=html.escape(subtitle),
+        view=html.escape(view),
+        style=asset("view.css"),
+        data=script_json(payload),
+        script=asset("common.js") + "\n" + asset(f"{view}.js"),
+    )
+
+
+class View:
+    """A rendered view: `.html` is the full document; shows itself in Jupyter; `.save(path)` writes it."""
+
+    def __init__(self, view: str, document: str, height: int = 720):
+        self.view = view
+        self.html = document
+        self.height = height
+
+    def _repr_html_(self) -> str:
+        # An iframe keeps the view's script, styles and element ids apart from the notebook's.
+        return (
+            f'<iframe srcdoc="{html.escape(self.html, quote=True)}" '
+            f'style="width:100%;height:{self.height}px;border:1px solid #e3e5ea;border-radius:8px" '
+            f'title="anatomy {html.escape(self.view)} view"></iframe>'
+        )
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.html, encoding="utf-8")
+        return path
+
+    def __repr__(self) -> str:
+        return f"<anatomy {self.view} view, {len(self.html) / 1e6:.1f} MB of HTML>"
