@@ -36,14 +36,18 @@ class KVCache:
         self._values: list[torch.Tensor | None] = [None] * n_layers
         self._cross: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_layers
 
+    def check_room(self, n_new: int) -> None:
+        """Raise CacheFullError unless n_new more positions fit."""
+        if self.length + n_new > self.capacity:
+            raise CacheFullError(
+                f"the cache holds {self.capacity} positions; {self.length} are used and {n_new} more were given"
+            )
+
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v [B, K, T, D] after the cached positions; return all keys and values so far."""
         n_new = k.size(2)
         end = self.length + n_new
-        if end > self.capacity:
-            raise CacheFullError(
-                f"the cache holds {self.capacity} positions; {self.length} are used and {n_new} more were given"
-            )
+        self.check_room(n_new)
         if self._keys[layer] is None:
             batch, heads, _, d_head = k.shape
             self._keys[layer] = k.new_empty(batch, heads, self.capacity, d_head)

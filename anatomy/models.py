@@ -149,8 +149,11 @@ class Stack(nn.Module):
             x = self.final_norm(x)
         return x
 
-    def check_inputs(self, name: str, ids, mask, mask_name: str, past: int = 0) -> None:
+    def check_inputs(self, name: str, ids, mask, mask_name: str, cache: KVCache | None = None) -> None:
+        past = cache.length if cache is not None else 0
         check_ids(name, ids, vocab_size=self.config.vocab_size, max_positions=self.max_positions, past_length=past)
+        if cache is not None:
+            cache.check_room(ids.size(1))
         check_mask(mask_name, mask, shape=(ids.size(0), past + ids.size(1)), ids_name=name
                    + (f" plus {past} cached positions" if past else ""))
 
@@ -273,8 +276,7 @@ class DecoderModel(Stack, _Saveable):
         return KVCache(self.config.n_layers, capacity or self.config.max_seq_len)
 
     def forward(self, input_ids, padding_mask=None, position_ids=None, cache: KVCache | None = None) -> DecoderOutput:
-        past = cache.length if cache is not None else 0
-        self.check_inputs("input_ids", input_ids, padding_mask, "padding_mask", past)
+        self.check_inputs("input_ids", input_ids, padding_mask, "padding_mask", cache)
         hidden = self.run(input_ids, padding_mask=padding_mask, position_ids=position_ids, cache=cache)
         logits = self.logits(self.lm_head(hidden)) if hasattr(self, "lm_head") else None
         return DecoderOutput(logits=logits, last_hidden_state=hidden, cache=cache)
@@ -308,8 +310,7 @@ class EncoderDecoderModel(nn.Module, _Saveable):
 
     def decode(self, tgt_ids, memory, src_padding_mask=None, tgt_padding_mask=None, cache=None) -> torch.Tensor:
         """tgt_ids [B, T] and memory [B, S, E] -> logits [B, T, V]."""
-        past = cache.length if cache is not None else 0
-        self.decoder.check_inputs("tgt_ids", tgt_ids, tgt_padding_mask, "tgt_padding_mask", past)
+        self.decoder.check_inputs("tgt_ids", tgt_ids, tgt_padding_mask, "tgt_padding_mask", cache)
         if memory.size(0) != tgt_ids.size(0):
             raise ValueError(f"memory has batch {memory.size(0)} but tgt_ids has batch {tgt_ids.size(0)}")
         hidden = self.decoder.run(
