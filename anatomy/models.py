@@ -132,9 +132,9 @@ class Stack(nn.Module):
         mask, is_causal = masks.self_attention_mask(padding_mask, n_new, causal=self.causal, past_length=past)
         bias = None
         if config.pos_encoding == "alibi":
+            # Distances between slots in the sequence: unchanged by left padding, so no position_ids.
             key_positions = torch.arange(past + n_new, device=input_ids.device)
-            query_positions = position_ids if position_ids.dim() == 1 else position_ids[0]
-            bias = alibi_bias(self.alibi_slopes, query_positions, key_positions).to(x.dtype)  # (H, T, S)
+            bias = alibi_bias(self.alibi_slopes, key_positions[past:], key_positions).to(x.dtype)  # (H, T, S)
             if is_causal:  # a kernel given a bias needs the causal mask spelled out beside it
                 mask, is_causal = masks.causal_mask(n_new, device=input_ids.device), False
         memory_mask = masks.cross_attention_mask(memory_padding_mask)
@@ -231,7 +231,8 @@ class EncoderModel(Stack, _Saveable):
         elif config.head in ("sequence-classification", "token-classification"):
             self.classifier_dropout = nn.Dropout(config.dropout)
             self.classifier = nn.Linear(config.d_model, config.num_labels)
-        self.logits = TracePoint("batch pos vocab" if config.head != "sequence-classification" else "batch label")
+        logit_axes = {"sequence-classification": "batch label", "token-classification": "batch pos label"}
+        self.logits = TracePoint(logit_axes.get(config.head, "batch pos vocab"))
 
     def forward(self, input_ids, padding_mask=None, token_type_ids=None, position_ids=None) -> EncoderOutput:
         self.check_inputs("input_ids", input_ids, padding_mask, "padding_mask")
