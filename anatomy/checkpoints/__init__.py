@@ -1,0 +1,150 @@
+"""Real checkpoints: load and save Hugging Face-format BERT, GPT-2, Marian and Llama.
+
+    model = anatomy.from_pretrained("path/to/dir")        # or "minilm"
+    tokenizer = anatomy.load_tokenizer("path/to/dir")
+    anatomy.save_pretrained(model, "out/")                # transformers can load it back
+
+Each architecture is a file of data (bert.py, gpt2.py, marian.py, llama.py): a function from the
+Hugging Face config to a ModelConfig, and a table of weight names, splits and transposes. The
+engine (engine.py) applies any table in both directions. Every problem is a CheckpointError,
+raised before a model is returned.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..config import ConfigError, ModelConfig
+from ..models import FAMILIES
+from . import bert, gpt2, llama, marian
+from .engine import Architecture, Rule, expand, export, load_into
+from .files import CheckpointError, Weights, read_json, resolve, write_safetensors
+from .tokenizer import load_tokenizer, sentence_embeddings
+
+ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
+    bert.ARCHITECTURE, gpt2.ARCHITECTURE, marian.ARCHITECTURE, llama.ARCHITECTURE,
+)}
+
+__all__ = [
+    "ARCHITECTURES", "CheckpointError", "from_pretrained", "load_tokenizer", "save_pretrained",
+    "sentence_embeddings", "read_config", "architecture_of",
+]
+
+
+def read_config(path: str | Path) -> tuple[dict, Architecture, str]:
+    """config.json of a checkpoint -> (the HF config dict, its Architecture, its HF class name)."""
+    directory = resolve(path)
+    hf = read_json(directory / "config.json", "config file")
+    model_type = hf.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise CheckpointError(
+            f"model_type={model_type!r} in {str(directory / 'config.json')!r} is not supported; "
+            f"supported: {', '.join(sorted(ARCHITECTURES))}"
+        )
+    arch = ARCHITECTURES[model_type]
+    names = hf.get("architectures") or [next(iter(arch.classes))]
+    known = [n for n in names if n in arch.classes]
+    if not known:
+        raise CheckpointError(
+            f"architectures={names} in config.json: anatomy implements {', '.join(arch.classes)} for {model_type}"
+        )
+    return hf, arch, known[0]
+
+
+def _rules(arch: Architecture, config: ModelConfig, prefixed: bool) -> list[Rule]:
+    """The table for this config, with "{i}" expanded and the base prefix kept or dropped."""
+    rules = expand(arch.table(config), config.n_layers)
+    if prefixed:
+        return rules
+    start = arch.base_prefix + "."
+    return [Rule(r.hf[len(start):] if r.hf.startswith(start) else r.hf, r.ours, transpose=r.transpose,
+                 view=r.view, derived=r.derived) for r in rules]
+
+
+def from_pretrained(path: str | Path, *, dtype: torch.dtype = torch.float32, attn_impl: str | None = None) -> nn.Module:
+    """Build the anatomy model a Hugging Face-format directory describes and load its weights.
+
+    path: a directory with config.json and model.safetensors (or pytorch_model.bin, or a sharded
+    *.index.json), or "minilm". Returns the model in eval mode, in `dtype`.
+    Raises CheckpointError for a missing directory or file, an unsupported model_type, a
+    missing/unexpected/mis-shaped/non-finite tensor (each named) or a corrupt weights file.
+    """
+    directory = resolve(path)
+    hf, arch, class_name = read_config(directory)
+    weights = Weights(directory)
+    keys = set(weights)
+    try:
+        config = arch.to_config(hf, class_name, keys)
+        if attn_impl is not None:
+            config = config.replace(attn_impl=attn_impl)
+    except ConfigError as error:
+        raise CheckpointError(f"config.json of {str(directory)!r} describes an invalid model: {error}") from None
+    extra = {"hf_config": hf, "hf_class": class_name, "source": str(directory)}
+    st = _sentence_transformers_config(directory)
+    if st:
+        extra["sentence_transformers"] = st
+    config.extra.update(extra)
+    model = FAMILIES[config.arch](config)
+    prefixed = any(k.startswith(arch.base_prefix + ".") for k in keys)
+    load_into(model, _rules(arch, config, prefixed), weights, arch.ignore, arch.model_type)
+    return model.to(dtype).eval()
+
+
+def architecture_of(config: ModelConfig) -> tuple[Architecture, str]:
+    """The HF architecture and class that can express `config` (the one it was loaded from, if any)."""
+    source = config.extra.get("hf_config", {}).get("model_type")
+    candidates = [ARCHITECTURES[source]] if source in ARCHITECTURES else list(ARCHITECTURES.values())
+    reasons = []
+    for arch in candidates:
+        try:
+            class_name = arch.class_for(config)
+            arch.to_hf_config(config, class_name)
+            return arch, class_name
+        except CheckpointError as error:
+            reasons.append(f"{arch.model_type}: {error}")
+    raise CheckpointError("no Hugging Face architecture expresses this config:\n  " + "\n  ".join(reasons))
+
+
+def save_pretrained(model: nn.Module, directory: str | Path) -> Path:
+    """Write `model` as a Hugging Face checkpoint: config.json (with model_type and architectures)
+    and model.safetensors. transformers' from_pretrained loads it and computes the same outputs.
+
+    Raises CheckpointError when no supported architecture can express the model's config.
+    """
+    config: ModelConfig = model.config
+    arch, class_name = architecture_of(config)
+    hf = dict(config.extra.get("hf_config", {})) if config.extra.get("hf_config", {}).get("model_type") == arch.model_type else {}
+    hf.update(arch.to_hf_config(config, class_name))
+    hf.update(model_type=arch.model_type, architectures=[class_name])
+    hf.pop("transformers_version", None)
+    tensors = export(model, _rules(arch, config, prefixed=class_name not in arch.base_classes))
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    write_safetensors({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, out / "model.safetensors")
+    return out
+
+
+def _sentence_transformers_config(directory: Path) -> dict | None:
+    """Pooling and normalisation from a sentence-transformers folder (modules.json), if it is one."""
+    if not (directory / "modules.json").is_file():
+        return None
+    modules = json.loads((directory / "modules.json").read_text())
+    out = {"pooling": "mean", "normalize": False, "max_seq_length": None}
+    for module in modules:
+        kind = module.get("type", "").rsplit(".", 1)[-1]
+        if kind == "Pooling":
+            pooling = read_json(directory / module["path"] / "config.json", "pooling config")
+            modes = [m for m in ("cls_token", "mean_tokens", "max_tokens") if pooling.get(f"pooling_mode_{m}")]
+            if len(modes) != 1:
+                raise CheckpointError(f"pooling config asks for {modes or 'no mode'}; anatomy supports exactly one of cls/mean/max")
+            out["pooling"] = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}[modes[0]]
+        elif kind == "Normalize":
+            out["normalize"] = True
+    if (directory / "sentence_bert_config.json").is_file():
+        out["max_seq_length"] = json.loads((directory / "sentence_bert_config.json").read_text()).get("max_seq_length")
+    return out

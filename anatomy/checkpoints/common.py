@@ -1,0 +1,53 @@
+"""Small helpers shared by the architecture files: reading HF config fields, activation names."""
+
+from __future__ import annotations
+
+from .files import CheckpointError
+
+# Hugging Face activation name -> anatomy activation (only those that compute the same function).
+HF_ACTIVATIONS = {
+    "gelu": "gelu",
+    "relu": "relu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "silu": "silu",
+    "swish": "silu",
+}
+# anatomy activation -> the name written back to config.json
+TO_HF_ACTIVATION = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new", "silu": "silu"}
+
+
+def field(hf: dict, name: str, model_type: str, default=None):
+    """hf[name], or `default`; CheckpointError naming the field when it is absent and has no default."""
+    value = hf.get(name, default)
+    if value is None and default is None and name not in hf:
+        raise CheckpointError(f"config.json of this {model_type} checkpoint lacks the field {name!r}")
+    return value
+
+
+def activation(hf: dict, name: str, model_type: str, default: str) -> str:
+    value = hf.get(name, default)
+    if value not in HF_ACTIVATIONS:
+        raise CheckpointError(
+            f"{model_type} config has {name}={value!r}; supported: {', '.join(sorted(HF_ACTIVATIONS))}"
+        )
+    return HF_ACTIVATIONS[value]
+
+
+def to_hf_activation(act: str, model_type: str) -> str:
+    if act not in TO_HF_ACTIVATION:
+        raise CheckpointError(f"a {model_type} checkpoint cannot express activation={act!r}")
+    return TO_HF_ACTIVATION[act]
+
+
+def unsupported(model_type: str, hf: dict, **allowed) -> None:
+    """Raise for any HF option that changes the computation in a way anatomy does not model."""
+    wrong = [f"{name}={hf[name]!r} (supported: {value!r})" for name, value in allowed.items()
+             if name in hf and hf[name] is not None and hf[name] != value]
+    if wrong:
+        raise CheckpointError(f"this {model_type} checkpoint uses options anatomy does not implement: {', '.join(wrong)}")
+
+
+def num_labels(hf: dict) -> int:
+    labels = hf.get("id2label")
+    return len(labels) if isinstance(labels, dict) and labels else int(hf.get("num_labels", 2))

@@ -1,0 +1,210 @@
+"""The one engine that applies an architecture's mapping table, in both directions.
+
+An architecture (bert.py, gpt2.py, marian.py, llama.py) is data: how a Hugging Face config becomes
+a ModelConfig, and a table of Rules saying which checkpoint tensor holds which anatomy parameter.
+Nothing here knows a model name.
+
+A Rule relates one checkpoint tensor to one or more anatomy tensors:
+    Rule("h.{i}.attn.c_attn.weight", ("blocks.{i}.attn.q_proj.weight", ...k, ...v), transpose=True)
+reads:  checkpoint [E, 3E] --transpose--> [3E, E] --split along dim 0--> q, k, v [E, E] each.
+Saving runs the same steps backwards: concatenate, transpose, reshape.
+
+`derived=True` marks a checkpoint tensor that is a copy of something the model already has (an
+embedding tied to another, a sinusoid table that is a formula): it may be absent; if present it
+must equal what the model computes; it is not written back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from .files import CheckpointError, Weights
+
+# How closely a derived tensor in a checkpoint must match the model's own (a formula, a tied copy).
+DERIVED_ATOL = 1e-6
+
+
+@dataclass(frozen=True)
+class Rule:
+    hf: str  # checkpoint name; "{i}" stands for the layer index
+    ours: tuple[str, ...]  # anatomy tensor names; several = fused along dim 0 in the checkpoint
+    transpose: bool = False  # the checkpoint stores [in, out] (GPT-2's Conv1D), anatomy [out, in]
+    view: tuple[int, ...] | None = None  # the checkpoint's tensor is ours reshaped to this (e.g. (1, -1))
+    derived: bool = False  # a copy of something the model has: optional on load, checked, not saved
+
+    def __init__(self, hf: str, ours: str | tuple[str, ...], *, transpose: bool = False,
+                 view: tuple[int, ...] | None = None, derived: bool = False):
+        object.__setattr__(self, "hf", hf)
+        object.__setattr__(self, "ours", (ours,) if isinstance(ours, str) else tuple(ours))
+        object.__setattr__(self, "transpose", transpose)
+        object.__setattr__(self, "view", view)
+        object.__setattr__(self, "derived", derived)
+
+    def layer(self, i: int) -> "Rule":
+        return Rule(self.hf.format(i=i), tuple(n.format(i=i) for n in self.ours),
+                    transpose=self.transpose, view=self.view, derived=self.derived)
+
+    # the two directions ------------------------------------------------------------------------
+    def to_checkpoint(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """anatomy tensors -> the checkpoint tensor: concatenate (dim 0), transpose, reshape."""
+        t = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+        if self.transpose:
+            t = t.t()
+        if self.view is not None:
+            t = t.reshape(self.view)
+        return t
+
+    def from_checkpoint(self, t: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor]:
+        """The checkpoint tensor -> anatomy tensors of `shapes`: reshape, transpose, split (dim 0)."""
+        if self.view is not None:
+            t = t.reshape(shapes[0])
+        if self.transpose:
+            t = t.t()
+        if len(shapes) == 1:
+            return [t]
+        return list(torch.split(t, [s[0] for s in shapes], dim=0))
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A Hugging Face model_type, as data.
+
+    classes: HF class name -> anatomy head ("none", "lm", "masked-lm", ...).
+    base_prefix: the prefix a head class puts before the base model's tensors ("bert", "model").
+    to_config(hf_config, class_name, checkpoint_keys) -> ModelConfig.
+    to_hf_config(config, class_name) -> the HF config fields (raises CheckpointError if inexpressible).
+    table(config) -> [Rule], with "{i}" rules repeated per layer by `expand`.
+    ignore: regexes of checkpoint names that are buffers, not weights (causal masks, position ids).
+    """
+
+    model_type: str
+    classes: dict[str, str]
+    base_prefix: str
+    to_config: Callable[[dict, str, set[str]], ModelConfig]
+    to_hf_config: Callable[[ModelConfig, str], dict]
+    table: Callable[[ModelConfig], list[Rule]]
+    ignore: tuple[str, ...] = ()
+    base_classes: tuple[str, ...] = field(default=())  # classes saved without base_prefix
+
+    def class_for(self, config: ModelConfig) -> str:
+        for name, head in self.classes.items():
+            if head == config.head:
+                return name
+        raise CheckpointError(
+            f"{self.model_type} has no class for head={config.head!r}; heads: {sorted(set(self.classes.values()))}"
+        )
+
+
+def require(model_type: str, config: ModelConfig, **expected) -> None:
+    """Raise CheckpointError listing every field of `config` that `model_type` cannot express."""
+    wrong = [f"{name}={value!r} (this config has {getattr(config, name)!r})"
+             for name, value in expected.items() if getattr(config, name) != value]
+    if wrong:
+        raise CheckpointError(f"a {model_type} checkpoint needs " + ", ".join(wrong))
+
+
+def expand(rules: list[Rule], n_layers: int) -> list[Rule]:
+    out = []
+    for rule in rules:
+        out += [rule.layer(i) for i in range(n_layers)] if "{i}" in rule.hf else [rule]
+    return out
+
+
+def with_prefix(rules: list[Rule], prefix: str, base_names: Callable[[str], bool]) -> list[Rule]:
+    """Put `prefix.` before the base model's names (those for which base_names(name) is true)."""
+    return [Rule(f"{prefix}.{r.hf}" if base_names(r.hf) else r.hf, r.ours, transpose=r.transpose,
+                 view=r.view, derived=r.derived) for r in rules]
+
+
+def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer by every name it has (a tied matrix has several)."""
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors.update(dict(model.named_buffers(remove_duplicate=False)))
+    return tensors
+
+
+def _shape_str(shape) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def check_coverage(model: nn.Module, rules: list[Rule], model_type: str) -> None:
+    """Every parameter of the model must be written by a non-derived rule (a table bug otherwise)."""
+    tensors = _tensors(model)
+    unknown = sorted({n for r in rules for n in r.ours if n not in tensors})
+    covered = {id(tensors[n]) for r in rules if not r.derived for n in r.ours if n in tensors}
+    uncovered = [n for n, p in model.named_parameters() if id(p) not in covered]
+    if unknown or uncovered:
+        raise CheckpointError(
+            f"the {model_type} mapping table does not fit the model: "
+            + (f"names the model lacks: {unknown}; " if unknown else "")
+            + (f"parameters no rule fills: {uncovered}" if uncovered else "")
+        )
+
+
+def load_into(model: nn.Module, rules: list[Rule], weights: Weights, ignore: tuple[str, ...], model_type: str) -> None:
+    """Fill `model` from `weights` by `rules`, after checking everything; never half-loads.
+
+    Raises one CheckpointError that lists every missing, unexpected, mis-shaped, non-finite or
+    inconsistent tensor by name (with both shapes where they differ).
+    """
+    check_coverage(model, rules, model_type)
+    tensors = _tensors(model)
+    missing, mismatched, nonfinite, inconsistent = [], [], [], []
+    staged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(target) -> (target, new value)
+    present: list[tuple[Rule, torch.Tensor]] = []
+    for rule in rules:
+        targets = [tensors[n] for n in rule.ours]
+        with torch.device("meta"):
+            expected = tuple(rule.to_checkpoint([torch.empty(t.shape) for t in targets]).shape)
+        if rule.hf not in weights:
+            if not rule.derived:
+                missing.append(f"{rule.hf} {_shape_str(expected)} (for {', '.join(rule.ours)})")
+            continue
+        got = weights.shape(rule.hf)
+        if got != expected:
+            mismatched.append(f"{rule.hf}: checkpoint has {_shape_str(got)}, model expects {_shape_str(expected)}")
+            continue
+        value = weights.get(rule.hf)
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            n_nan, n_inf = int(torch.isnan(value).sum()), int(torch.isinf(value).sum())
+            nonfinite.append(f"{rule.hf} ({n_nan} NaN, {n_inf} Inf)")
+            continue
+        present.append((rule, value))
+        if not rule.derived:
+            for target, part in zip(targets, rule.from_checkpoint(value, [t.shape for t in targets])):
+                staged[id(target)] = (target, part)
+    # A derived tensor is compared with what the model will hold once loaded.
+    for rule, value in present:
+        if rule.derived:
+            ours = [staged.get(id(tensors[n]), (None, tensors[n].detach()))[1] for n in rule.ours]
+            difference = (rule.to_checkpoint(ours).float() - value.float()).abs().max().item() if value.numel() else 0.0
+            if difference > DERIVED_ATOL:
+                inconsistent.append(f"{rule.hf} differs from {', '.join(rule.ours)} by up to {difference:.3g}")
+    known = {r.hf for r in rules}
+    patterns = [re.compile(p) for p in ignore]
+    unexpected = [k for k in weights if k not in known and not any(p.search(k) for p in patterns)]
+    sections = [
+        ("missing tensors", missing),
+        ("unexpected tensors", [f"{k} {_shape_str(weights.shape(k))}" for k in unexpected]),
+        ("mis-shaped tensors", mismatched),
+        ("tensors with NaN or Inf", nonfinite),
+        ("tensors that should be copies of others", inconsistent),
+    ]
+    problems = [f"{title} ({len(items)}):\n    " + "\n    ".join(items) for title, items in sections if items]
+    if problems:
+        raise CheckpointError(f"{weights.source} does not fit this {model_type} model:\n  " + "\n  ".join(problems))
+    with torch.no_grad():
+        for target, value in staged.values():
+            target.copy_(value.to(target.dtype))
+
+
+def export(model: nn.Module, rules: list[Rule]) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors, by the same rules run backwards (derived ones are not written)."""
+    tensors = _tensors(model)
+    return {r.hf: r.to_checkpoint([tensors[n].detach() for n in r.ours]) for r in rules if not r.derived}

@@ -1,0 +1,206 @@
+"""`anatomy parity PATH`: run one input through Hugging Face transformers and through anatomy, and
+compare every intermediate the two can pair: the embeddings, each layer's hidden state and
+attention weights, the final hidden state, the pooled vector and the logits.
+
+anatomy's side comes from trace points (`blocks.0.attn.pattern`, ...), transformers' side from
+output_hidden_states / output_attentions with the eager attention kernel. With padding, only real
+positions are compared (padded queries compute values nobody reads).
+
+    rows = parity_rows("minilm", texts=["Hello world."], pad=True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..trace import trace
+from . import from_pretrained, read_config
+from .files import CheckpointError, resolve
+from .tokenizer import load_tokenizer
+
+DEFAULT_TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello world."]
+
+
+@dataclass
+class ParityRow:
+    name: str  # anatomy trace point
+    reference: str  # the transformers output it is compared with
+    shape: tuple[int, ...]
+    max_abs_diff: float
+    ok: bool
+
+
+@dataclass
+class _Inputs:
+    ids: torch.Tensor  # (B, T): the source for an encoder-decoder
+    mask: torch.Tensor  # (B, T) bool, True = real token
+    token_types: torch.Tensor | None = None
+    tgt_ids: torch.Tensor | None = None  # encoder-decoder only
+    tgt_mask: torch.Tensor | None = None
+
+
+def _pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(map(len, rows))
+    ids = torch.tensor([r + [pad_id] * (length - len(r)) for r in rows])
+    mask = torch.tensor([[True] * len(r) + [False] * (length - len(r)) for r in rows])
+    return ids, mask  # (B, T), (B, T)
+
+
+def _random_rows(vocab: int, lengths: list[int], avoid: int | None, generator) -> list[list[int]]:
+    rows = []
+    for n in lengths:
+        row = torch.randint(0, vocab, (n,), generator=generator)
+        if avoid is not None:
+            row = torch.where(row == avoid, (row + 1) % vocab, row)
+        rows.append(row.tolist())
+    return rows
+
+
+def make_inputs(directory: Path, config, texts=None, text_b=None, pad=False, seed=0) -> _Inputs:
+    """Token ids from the checkpoint's tokenizer, or random ids when it ships none."""
+    texts = list(texts or DEFAULT_TEXTS[:1])
+    if pad and len(texts) == 1:
+        texts.append(DEFAULT_TEXTS[1] if texts[0] != DEFAULT_TEXTS[1] else DEFAULT_TEXTS[0])
+    pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+    generator = torch.Generator().manual_seed(seed)
+    try:
+        tokenizer = load_tokenizer(directory)
+        tokenizer.no_padding()
+    except CheckpointError:
+        tokenizer = None
+    types = None
+    if tokenizer is not None:
+        pairs = [(t, text_b) for t in texts] if text_b and config.arch == "encoder" else texts
+        encodings = tokenizer.encode_batch(pairs)
+        ids, mask = _pad([e.ids for e in encodings], pad_id)
+        if config.type_vocab_size:
+            types, _ = _pad([e.type_ids for e in encodings], 0)
+    else:
+        lengths = [7, 4, 6][: len(texts)] if pad else [7]
+        ids, mask = _pad(_random_rows(config.vocab_size, lengths, config.pad_token_id, generator), pad_id)
+        if config.type_vocab_size:
+            types = torch.randint(0, config.type_vocab_size, ids.shape, generator=generator) * mask
+    inputs = _Inputs(ids, mask, types)
+    if config.arch == "encoder-decoder":
+        start = config.extra.get("hf_config", {}).get("decoder_start_token_id", pad_id)
+        if tokenizer is not None:
+            encodings = tokenizer.encode_batch([text_b or t for t in texts])
+            rows = [[start] + e.ids for e in encodings]
+        else:
+            lengths = [5, 3, 4][: len(texts)] if pad else [5]
+            rows = [[start] + r for r in _random_rows(config.vocab_size, lengths, config.pad_token_id, generator)]
+        inputs.tgt_ids, inputs.tgt_mask = _pad(rows, pad_id)
+    return inputs
+
+
+def _stack_pairs(prefix: str, hf_prefix: str, config, states, attentions, mask, final: str):
+    """(anatomy name, transformers name, transformers tensor, mask) for one stack."""
+    n = config.n_layers
+    pairs = [(f"{prefix}blocks.0.resid_pre", f"{hf_prefix}hidden_states[0]", states[0], mask)]
+    for i in range(n):
+        pairs.append((f"{prefix}blocks.{i}.attn.pattern", f"{hf_prefix}attentions[{i}]", attentions[i], mask))
+        name = f"{prefix}blocks.{i}.resid_post" if i < n - 1 else final
+        pairs.append((name, f"{hf_prefix}hidden_states[{i + 1}]", states[i + 1], mask))
+    return pairs
+
+
+def _final(prefix: str, config) -> str:
+    return f"{prefix}final_norm.out" if config.final_norm else f"{prefix}blocks.{config.n_layers - 1}.resid_post"
+
+
+def _max_diff(ours: torch.Tensor, theirs: torch.Tensor, mask: torch.Tensor | None, axes: tuple[str, ...]) -> float:
+    """max |ours - theirs| over real positions: the mask [B, T] selects along batch and the
+    position (or query) axis; key columns of padding are zero on both sides."""
+    diff = (ours.float() - theirs.float()).abs()
+    if mask is not None and len(axes) >= 2 and axes[0] == "batch":
+        axis = 2 if axes[1] == "head" else 1
+        diff = diff.movedim(axis, 1)[mask]
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+def parity_rows(path: str | Path, texts=None, text_b: str | None = None, pad: bool = False,
+                tol: float = 1e-5, seed: int = 0) -> list[ParityRow]:
+    """Compare every pairable intermediate of anatomy and transformers on one input; one row each."""
+    import transformers
+
+    directory = resolve(path)
+    _, _, class_name = read_config(directory)
+    ours = from_pretrained(directory, dtype=torch.float32)
+    theirs = getattr(transformers, class_name).from_pretrained(
+        str(directory), attn_implementation="eager", dtype=torch.float32
+    ).eval()
+    config = ours.config
+    x = make_inputs(directory, config, texts, text_b, pad, seed)
+    padded = not bool(x.mask.all()) or (x.tgt_mask is not None and not bool(x.tgt_mask.all()))
+    flags = dict(output_hidden_states=True, output_attentions=True, return_dict=True)
+    with torch.no_grad():
+        if config.arch == "encoder-decoder":
+            out = theirs(input_ids=x.ids, attention_mask=x.mask.long(), decoder_input_ids=x.tgt_ids,
+                         decoder_attention_mask=x.tgt_mask.long(), **flags)
+            pairs = _stack_pairs("encoder.", "encoder_", config, out.encoder_hidden_states,
+                                 out.encoder_attentions, x.mask, _final("encoder.", config))
+            pairs += _stack_pairs("decoder.", "decoder_", config, out.decoder_hidden_states,
+                                  out.decoder_attentions, x.tgt_mask, _final("decoder.", config))
+            pairs += [(f"decoder.blocks.{i}.cross_attn.pattern", f"cross_attentions[{i}]", a, x.tgt_mask)
+                      for i, a in enumerate(out.cross_attentions)]
+            pairs.append(("logits", "logits", out.logits, x.tgt_mask))
+        else:
+            kwargs = {"token_type_ids": x.token_types} if x.token_types is not None else {}
+            out = theirs(input_ids=x.ids, attention_mask=x.mask.long(), **kwargs, **flags)
+            pairs = _stack_pairs("", "", config, out.hidden_states, out.attentions, x.mask, _final("", config))
+            if getattr(out, "pooler_output", None) is not None and config.pooler:
+                pairs.append(("pooled", "pooler_output", out.pooler_output, None))
+            if getattr(out, "logits", None) is not None:
+                pairs.append(("logits", "logits", out.logits, x.mask if out.logits.dim() == 3 else None))
+        with trace(ours, [p[0] for p in pairs]) as t:
+            if config.arch == "encoder-decoder":
+                ours(x.ids, x.tgt_ids, x.mask if padded else None, x.tgt_mask if padded else None)
+            elif config.arch == "encoder":
+                ours(x.ids, padding_mask=x.mask if padded else None, token_type_ids=x.token_types)
+            else:
+                ours(x.ids, padding_mask=x.mask if padded else None)
+    rows = []
+    for name, reference, value, mask in pairs:
+        mine = t[name]
+        if tuple(mine.shape) != tuple(value.shape):
+            rows.append(ParityRow(name, reference, tuple(mine.shape), float("inf"), False))
+            continue
+        diff = _max_diff(mine, value, mask if padded else None, t.axes(name))
+        rows.append(ParityRow(name, reference, tuple(mine.shape), diff, diff <= tol))
+    return rows
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("path", help='a Hugging Face-format checkpoint directory, or "minilm"')
+    parser.add_argument("--text", action="append", help="input text (repeat for a batch); default: a pangram")
+    parser.add_argument("--text-b", help="second segment (BERT) or target text (Marian)")
+    parser.add_argument("--tol", type=float, default=1e-5, help="largest allowed max |difference| (default 1e-5)")
+    parser.add_argument("--pad", action="store_true", help="batch two texts of different lengths, with padding")
+    parser.add_argument("--seed", type=int, default=0, help="seed for random ids when the checkpoint has no tokenizer")
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    try:
+        rows = parity_rows(args.path, args.text, args.text_b, args.pad, args.tol, args.seed)
+    except CheckpointError as error:
+        console.print(f"[red]anatomy parity: {error}[/red]")
+        return 2
+    table = Table(title=f"anatomy vs transformers: {args.path}" + (" (padded batch)" if args.pad else ""))
+    for column in ("anatomy", "transformers", "shape", "max |diff|", ""):
+        table.add_column(column, justify="right" if column in ("max |diff|",) else "left")
+    for row in rows:
+        table.add_row(row.name, row.reference, "×".join(map(str, row.shape)), f"{row.max_abs_diff:.2e}",
+                      "[green]ok[/green]" if row.ok else "[red]FAIL[/red]")
+    console.print(table)
+    failed = [r for r in rows if not r.ok]
+    worst = max(r.max_abs_diff for r in rows)
+    console.print(f"{len(rows)} intermediates, worst {worst:.2e}, tolerance {args.tol:.0e}: "
+                  + ("[green]all within[/green]" if not failed else f"[red]{len(failed)} beyond[/red]"))
+    return 1 if failed else 0
