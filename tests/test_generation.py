@@ -1,0 +1,364 @@
+"""Generation: each strategy does what its definition says, with or without the cache."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import anatomy
+from anatomy import ModelConfig
+from anatomy.generation import generate, sampling_distribution, top_k_filter, top_p_filter
+
+TINY = dict(vocab_size=13, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq_len=32)
+
+
+def decoder(**changes):
+    return anatomy.build_model(ModelConfig(arch="decoder", **{**TINY, **changes}), seed=0).eval()
+
+
+def seq2seq(**changes):
+    return anatomy.build_model(ModelConfig(arch="encoder-decoder", **{**TINY, **changes}), seed=0).eval()
+
+
+def ids(batch, length, seed=1, vocab=TINY["vocab_size"]):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def sequence_log_prob(model, prompt, new, *, stop=None):
+    """log p(new | prompt) for one prompt [T] and many continuations [N, L], by one full pass."""
+    full = torch.cat([prompt.expand(new.size(0), -1), new], dim=1)
+    with torch.no_grad():
+        log_p = torch.log_softmax(model(full).logits.float(), dim=-1)
+    picked = log_p[:, prompt.numel() - 1:-1].gather(2, new[:, :, None]).squeeze(2)  # (N, L)
+    return picked.sum(dim=1)
+
+
+# The cache changes the cost, never the tokens --------------------------------------------------
+
+@pytest.mark.parametrize("pos", ["learned", "rotary", "alibi"])
+def test_cache_and_no_cache_give_the_same_greedy_tokens(pos):
+    model = decoder(pos_encoding=pos)
+    prompt = ids(2, 4)
+    with_cache = generate(model, prompt, max_new_tokens=10)
+    without = generate(model, prompt, max_new_tokens=10, use_cache=False)
+    assert torch.equal(with_cache.sequences, without.sequences)
+    torch.testing.assert_close(with_cache.scores, without.scores, atol=1e-4, rtol=1e-4)
+
+
+def test_cache_and_no_cache_give_the_same_samples():
+    model = decoder(pos_encoding="rotary", n_kv_heads=2)
+    prompt = ids(3, 4)
+    kwargs = dict(max_new_tokens=10, strategy="sample", temperature=1.5, top_k=8, top_p=0.95, seed=7)
+    assert torch.equal(generate(model, prompt, **kwargs).sequences,
+                       generate(model, prompt, use_cache=False, **kwargs).sequences)
+
+
+def test_greedy_picks_the_argmax_at_every_step():
+    model = decoder()
+    out = generate(model, ids(1, 3), max_new_tokens=6)
+    with torch.no_grad():
+        logits = model(out.sequences).logits  # (1, T, V)
+    predicted = logits[0, out.prompt_length - 1:-1].argmax(-1)
+    assert torch.equal(predicted, out.new_tokens[0])
+    log_p = torch.log_softmax(logits[0, out.prompt_length - 1:-1], -1).gather(1, predicted[:, None]).sum()
+    torch.testing.assert_close(out.scores[0], log_p, atol=1e-4, rtol=1e-4)
+
+
+# Sampling --------------------------------------------------------------------------------------
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.tensor([0.1, 0.45, 0.05, 0.25, 0.15])
+    logits = probs.log()
+    kept = lambda p: torch.isfinite(top_p_filter(logits, p)).nonzero().flatten().tolist()  # noqa: E731
+    assert kept(0.3) == [1]  # 0.45 >= 0.3 alone
+    assert kept(0.6) == [1, 3]  # 0.45 + 0.25 = 0.70 >= 0.6
+    assert kept(0.8) == [1, 3, 4]  # 0.85
+    assert kept(0.9) == [0, 1, 3, 4]  # 0.95
+    assert kept(1.0) == [0, 1, 2, 3, 4]
+    # the property itself, on random rows: the kept set reaches p, and is the smallest that does
+    rows = torch.randn(50, 20, generator=torch.Generator().manual_seed(0)) * 3
+    for p in (0.2, 0.5, 0.9):
+        filtered = top_p_filter(rows, p)
+        for row, out in zip(rows.softmax(-1), filtered):
+            keep = torch.isfinite(out)
+            assert row[keep].sum() >= p - 1e-6
+            assert row[keep].sum() - row[keep].min() < p  # dropping the least likely kept token falls short
+            assert (~keep).all() or row[keep].min() >= row[~keep].max()  # the kept are the most probable
+
+
+def test_top_k_keeps_the_k_largest():
+    logits = torch.tensor([[0.1, 2.0, -1.0, 1.5, 0.3]])
+    assert torch.isfinite(top_k_filter(logits, 2)).tolist() == [[False, True, False, True, False]]
+    assert torch.isfinite(top_k_filter(logits, 99)).all()
+    probs = sampling_distribution(logits, temperature=0.5, top_k=2)
+    torch.testing.assert_close(probs[0, [1, 3]], torch.softmax(logits[0, [1, 3]] / 0.5, -1))
+
+
+def test_top_k_one_is_greedy():
+    model = decoder()
+    prompt = ids(2, 3)
+    sampled = generate(model, prompt, max_new_tokens=8, strategy="sample", top_k=1, seed=0)
+    assert torch.equal(sampled.sequences, generate(model, prompt, max_new_tokens=8).sequences)
+
+
+def test_seeds_reproduce_and_differ_without_touching_the_global_rng():
+    model = decoder()
+    prompt = ids(1, 3)
+    kwargs = dict(max_new_tokens=12, strategy="sample", temperature=2.0)
+    state = torch.get_rng_state()
+    first = generate(model, prompt, seed=1, **kwargs)
+    assert torch.equal(first.sequences, generate(model, prompt, seed=1, **kwargs).sequences)
+    assert not torch.equal(first.sequences, generate(model, prompt, seed=2, **kwargs).sequences)
+    generator = torch.Generator().manual_seed(1)
+    assert torch.equal(first.sequences, generate(model, prompt, generator=generator, **kwargs).sequences)
+    unseeded = generate(model, prompt, **kwargs)  # a fresh seed, reported so the run can be repeated
+    assert torch.equal(unseeded.sequences, generate(model, prompt, seed=unseeded.seed, **kwargs).sequences)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+# Beam search -----------------------------------------------------------------------------------
+
+def test_one_beam_is_greedy():
+    model = decoder()
+    prompt = ids(2, 3)
+    beam = generate(model, prompt, max_new_tokens=8, strategy="beam", num_beams=1)
+    assert torch.equal(beam.sequences, generate(model, prompt, max_new_tokens=8).sequences)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_beam_search_equals_exhaustive_search(use_cache):
+    """Vocabulary 4, 3 new tokens: with 16 beams nothing is pruned that could win."""
+    model = decoder(vocab_size=4, pos_encoding="rotary")
+    every = torch.tensor(list(itertools.product(range(4), repeat=3)))  # (64, 3)
+    for seed in range(4):
+        prompt = ids(1, 2, seed=seed, vocab=4)
+        log_p = sequence_log_prob(model, prompt[0], every)
+        beam = generate(model, prompt, max_new_tokens=3, num_beams=16, use_cache=use_cache)
+        greedy = generate(model, prompt, max_new_tokens=3)
+        assert torch.equal(beam.new_tokens[0], every[log_p.argmax()])
+        torch.testing.assert_close(beam.scores[0], log_p.max() / 3, atol=1e-5, rtol=1e-5)
+        assert beam.scores[0] * 3 >= greedy.scores[0] - 1e-5
+
+
+def bigram_model(table):
+    """A decoder that is exactly the bigram model p(next = j | current = i) = table[i, j].
+
+    Embeddings are one-hot, every sublayer's output projection is zero (so the residual stream is
+    just the current token's one-hot vector), no final norm, and the LM head holds log table^T.
+    """
+    vocab = table.size(0)
+    config = ModelConfig(arch="decoder", vocab_size=vocab, d_model=vocab, n_heads=1, n_layers=1, d_ff=4,
+                         max_seq_len=16, pos_encoding="none", final_norm=False, tie_embeddings=False)
+    model = anatomy.build_model(config, seed=0).eval()
+    with torch.no_grad():
+        model.token_embedding.weight.copy_(torch.eye(vocab))
+        for linear in (model.blocks[0].attn.o_proj, model.blocks[0].mlp.fc_out):
+            linear.weight.zero_()
+            linear.bias.zero_()
+        model.lm_head.proj.weight.copy_(table.log().T)
+    return model
+
+
+def test_beam_search_beats_greedy_where_the_best_first_token_is_a_trap():
+    """From token 0, greedy takes 1 (p 0.5), after which everything is uniform: 0.5 * 0.25 = 0.125.
+    Starting with 2 (p 0.4) leads to 3 with p 0.99: 0.4 * 0.99 = 0.396. Two beams find it."""
+    table = torch.tensor([[0.02, 0.50, 0.40, 0.08],
+                          [0.25, 0.25, 0.25, 0.25],
+                          [0.005, 0.0025, 0.0025, 0.99],
+                          [0.25, 0.25, 0.25, 0.25]])
+    model = bigram_model(table)
+    start = torch.tensor([[0]])
+    greedy = generate(model, start, max_new_tokens=2)
+    beam = generate(model, start, max_new_tokens=2, num_beams=2, length_penalty=0.0)
+    assert greedy.new_tokens.tolist()[0][0] == 1
+    assert beam.new_tokens.tolist() == [[2, 3]]
+    torch.testing.assert_close(beam.scores, torch.tensor([0.396]).log())
+    assert beam.scores[0] > greedy.scores[0]
+
+
+def test_beam_search_with_a_stop_token_equals_exhaustive_search():
+    """Hypotheses end at the stop token (3) or at 3 new tokens; ranked by log p / length^alpha."""
+    model = decoder(vocab_size=4, pos_encoding="learned")
+    stop = 3
+    by_length = {n: torch.tensor([h for h in itertools.product(range(4), repeat=n)
+                                  if stop not in h[:-1] and (n == 3 or h[-1] == stop)]) for n in (1, 2, 3)}
+    for seed in range(3):
+        prompt = ids(1, 2, seed=seed, vocab=4)
+        log_p = {n: sequence_log_prob(model, prompt[0], hyps) for n, hyps in by_length.items()}
+        for length_penalty in (0.0, 1.0, 2.0):
+            score, n, i = max((float(s) / n ** length_penalty, n, i) for n in log_p for i, s in enumerate(log_p[n]))
+            best = tuple(by_length[n][i].tolist())
+            beam = generate(model, prompt, max_new_tokens=3, num_beams=16, stop_tokens=stop,
+                            length_penalty=length_penalty, pad_token_id=0)
+            length = int(beam.padding_mask[0].sum()) - beam.prompt_length
+            assert tuple(beam.new_tokens[0, :length].tolist()) == best
+            assert beam.scores[0].item() == pytest.approx(score, abs=1e-5)
+            assert bool(beam.finished[0]) == (best[-1] == stop)
+
+
+def test_beam_search_batch_equals_each_prompt_alone():
+    model = decoder(pos_encoding="rotary")
+    prompts = [torch.tensor([[5, 1, 7, 2]]), torch.tensor([[9, 4]])]
+    batch = torch.tensor([[5, 1, 7, 2], [0, 0, 9, 4]])
+    mask = torch.tensor([[True] * 4, [False, False, True, True]])
+    kwargs = dict(max_new_tokens=6, num_beams=3, stop_tokens=[11], pad_token_id=0)
+    together = generate(model, batch, padding_mask=mask, **kwargs)
+    for row, prompt in enumerate(prompts):
+        alone = generate(model, prompt, **kwargs)
+        n = alone.new_tokens.size(1)
+        assert torch.equal(together.new_tokens[row, :n], alone.new_tokens[0])
+        torch.testing.assert_close(together.scores[row], alone.scores[0], atol=1e-5, rtol=1e-5)
+
+
+# Stopping, padding, batching -------------------------------------------------------------------
+
+def test_stop_tokens_end_a_row_and_pad_the_rest():
+    model = decoder()
+    prompt = ids(2, 3, seed=5)
+    free = generate(model, prompt, max_new_tokens=8)
+    stop = int(free.new_tokens[0, 2])  # row 0's third new token
+    stopped = generate(model, prompt, max_new_tokens=8, stop_tokens=[stop], pad_token_id=0)
+    first = (free.new_tokens[0] == stop).nonzero()[0, 0].item()
+    assert torch.equal(stopped.new_tokens[0, :first + 1], free.new_tokens[0, :first + 1])
+    assert (stopped.new_tokens[0, first + 1:] == 0).all()
+    assert stopped.finished[0]
+    assert stopped.padding_mask[0, 3:].tolist() == [i <= first for i in range(stopped.new_tokens.size(1))]
+    ended = (free.new_tokens[1] == stop).any()
+    assert bool(stopped.finished[1]) == bool(ended)
+    if not ended:  # the other row runs to max_new_tokens
+        assert torch.equal(stopped.new_tokens[1], free.new_tokens[1])
+
+
+def test_generation_ends_when_every_row_has_stopped():
+    model = decoder()
+    prompt = ids(1, 3)
+    first = int(generate(model, prompt, max_new_tokens=1).new_tokens[0, 0])
+    out = generate(model, prompt, max_new_tokens=10, stop_tokens=first)
+    assert out.new_tokens.tolist() == [[first]] and out.finished.all()
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rotary", "alibi"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_left_padded_batch_equals_each_row_alone(pos, use_cache):
+    model = decoder(pos_encoding=pos)
+    prompts = [[4, 8, 1, 5, 2], [7, 3], [12, 6, 9]]
+    width = max(map(len, prompts))
+    batch = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
+    together = generate(model, batch, padding_mask=mask, max_new_tokens=8, use_cache=use_cache)
+    assert torch.equal(together.padding_mask[:, :width], mask)
+    for row, prompt in enumerate(prompts):
+        alone = generate(model, torch.tensor([prompt]), max_new_tokens=8)
+        assert torch.equal(together.new_tokens[row], alone.new_tokens[0])
+        torch.testing.assert_close(together.scores[row], alone.scores[0], atol=1e-5, rtol=1e-5)
+
+
+def test_streamer_sees_every_token_as_it_is_chosen():
+    model = decoder()
+    seen = []
+    out = generate(model, ids(2, 3), max_new_tokens=5, streamer=seen.append)
+    assert torch.equal(torch.tensor(seen).T, out.new_tokens)
+
+
+def test_model_mode_is_restored_and_dropout_is_off():
+    model = decoder(dropout=0.5).train()
+    prompt = ids(1, 3)
+    first = generate(model, prompt, max_new_tokens=6)
+    assert model.training
+    assert torch.equal(first.sequences, generate(model, prompt, max_new_tokens=6).sequences)
+
+
+# Encoder-decoder -------------------------------------------------------------------------------
+
+def test_encoder_decoder_generation():
+    model = seq2seq(pos_encoding="sinusoidal", n_kv_heads=2)
+    src = torch.tensor([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]])
+    src_mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    kwargs = dict(src_ids=src, src_padding_mask=src_mask, max_new_tokens=7, decoder_start_token_id=2)
+    greedy = generate(model, **kwargs)
+    assert greedy.prompt_length == 1 and (greedy.sequences[:, 0] == 2).all()
+    assert torch.equal(greedy.sequences, generate(model, use_cache=False, **kwargs).sequences)
+    alone = generate(model, src_ids=src[1:, :3], max_new_tokens=7, decoder_start_token_id=2)
+    assert torch.equal(greedy.sequences[1], alone.sequences[0])  # source padding changes nothing
+    # greedy = the argmax of the full teacher-forced pass at every position
+    with torch.no_grad():
+        logits = model(src, greedy.sequences, src_padding_mask=src_mask).logits
+    assert torch.equal(logits[:, :-1].argmax(-1), greedy.sequences[:, 1:])
+    beam = generate(model, num_beams=4, stop_tokens=3, **kwargs)
+    one_beam = generate(model, num_beams=1, strategy="beam", **kwargs)
+    assert torch.equal(one_beam.sequences, greedy.sequences)
+    assert beam.sequences.size(0) == 2 and (beam.scores > -math.inf).all()
+    sampled = generate(model, strategy="sample", seed=3, **kwargs)
+    assert torch.equal(sampled.sequences, generate(model, strategy="sample", seed=3, use_cache=False,
+                                                   **kwargs).sequences)
+
+
+# Clear errors ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(strategy="sample", temperature=0.0), "temperature must be > 0"),
+    (dict(strategy="sample", top_p=0.0), r"top_p must be None or in \(0, 1\]"),
+    (dict(strategy="sample", top_p=1.5), r"top_p must be None or in \(0, 1\]"),
+    (dict(strategy="sample", top_k=0), "top_k must be None or an integer >= 1"),
+    (dict(num_beams=0), "num_beams must be an integer >= 1"),
+    (dict(strategy="nucleus"), "allowed values: 'greedy', 'sample', 'beam'"),
+    (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
+    (dict(max_new_tokens=31), r"allowed: max_new_tokens <= 30"),
+    (dict(temperature=0.7), "only apply to strategy='sample'"),
+    (dict(stop_tokens=[13]), r"outside \[0, vocab_size=13\)"),
+    (dict(padding_mask=torch.tensor([[True, False]])), "left-padded"),
+    (dict(num_beams=2, streamer=print), "streaming needs strategy"),
+])
+def test_bad_arguments_raise_a_clear_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate(decoder(), torch.tensor([[1, 2]]), **kwargs)
+
+
+def test_encoder_decoder_needs_a_start_token():
+    with pytest.raises(ValueError, match="decoder_start_token_id"):
+        generate(seq2seq(), src_ids=torch.tensor([[1, 2]]))
+
+
+# Parity with Hugging Face ------------------------------------------------------------------------
+
+def test_greedy_matches_transformers_gpt2(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    checkpoints = pytest.importorskip("anatomy.checkpoints")
+    if not hasattr(checkpoints, "from_pretrained"):
+        pytest.skip("anatomy.checkpoints.from_pretrained is not available yet")
+    config = transformers.GPT2Config(vocab_size=50, n_positions=40, n_embd=32, n_layer=2, n_head=4,
+                                     eos_token_id=49, bos_token_id=49, pad_token_id=49)
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    hf.save_pretrained(tmp_path)
+    model = anatomy.from_pretrained(tmp_path)
+    prompt = torch.tensor([[3, 14, 15, 9, 26]])
+    expected = hf.generate(prompt, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(prompt),
+                           eos_token_id=None, pad_token_id=49)
+    assert torch.equal(generate(model, prompt, max_new_tokens=12).sequences, expected)
+
+
+# The command line -------------------------------------------------------------------------------
+
+class CharTokenizer:
+    """A stand-in for a trained tokenizer: one id per letter, <SOS>=2 and <EOS>=3 as anatomy's."""
+    bos_id, eos_id, pad_id = 2, 3, 0
+
+    def encode(self, text):
+        return [4 + ord(c) % 9 for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + i - 4) for i in ids if i >= 4)
+
+
+def test_cli_streams_the_decoded_text(monkeypatch, capsys):
+    from anatomy import cli, generation_cli
+
+    model = decoder()
+    monkeypatch.setattr(generation_cli, "load", lambda path: (model, CharTokenizer()))
+    assert cli.main(["generate", "--model", "somewhere", "--prompt", "hello", "--max-new-tokens", "6",
+                     "--no-stop"]) == 0
+    printed = capsys.readouterr().out
+    expected = generate(model, torch.tensor([CharTokenizer().encode("hello")]), max_new_tokens=6)
+    assert CharTokenizer().decode(expected.new_tokens[0].tolist()) in printed
