@@ -28,6 +28,9 @@ from ..trace import Trace, trace
 
 # How the recomputation may differ from the model: float32 against float64 round-off.
 RELATIVE_TOLERANCE = 1e-5
+# Up to this many vocabulary entries, one-hot columns and embedding rows are all shown; above it,
+# only those of the tokens in the sentence (the rest of a one-hot row is zeros anyway).
+FULL_VOCAB = 16
 
 
 # What a step shows ------------------------------------------------------------------------------
@@ -232,14 +235,17 @@ class _Builder:
         self.steps: list[Step] = []
         self.param_names = {id(param): name for name, param in model.named_parameters()}
 
-    def param(self, name: str, latex: str, param: torch.Tensor, rows: slice | None = None,
-              transpose: bool = True, labels=None) -> Matrix:
+    def param(self, name: str, latex: str, param: torch.Tensor, rows: slice | list[int] | None = None,
+              transpose: bool = True, labels=None, note: str = "") -> Matrix:
         """A weight as the equations use it: W (in × out), i.e. the module's weight transposed."""
         values = _f64(param)
         where = self.param_names.get(id(param), "parameter")
-        if rows is not None:
+        if isinstance(rows, slice):
             values = values[rows]
             where += f"[{rows.start}:{rows.stop}]"
+        elif rows is not None:
+            values = values[rows]
+            where += note
         if transpose and values.dim() == 2:
             values, where = values.T, where + "ᵀ"
         if values.dim() == 1:
@@ -289,6 +295,9 @@ class _Builder:
         lookup = table[ids_t] * scale
         scale_text = f" × √d_model (= {scale:.4f}, the paper §3.4)" if scale != 1.0 else ""
         scale_latex = r" \sqrt{d_{model}}" if scale != 1.0 else ""
+        shown_ids = list(range(V)) if V <= FULL_VOCAB else sorted(set(ids))
+        shown_labels = vocab if V <= FULL_VOCAB else [f"{vocab[i]} ({i})" for i in shown_ids]
+        subset = "" if V <= FULL_VOCAB else f"; only the {len(shown_ids)} of {V} entries this sentence uses"
         if one_hot:
             onehot = torch.zeros(T, V, dtype=torch.float64)
             onehot[torch.arange(T), ids_t] = 1.0
@@ -298,7 +307,8 @@ class _Builder:
                 "orthogonal, and they carry no notion of similarity yet.",
                 "O[t, v] = 1 if v = ids[t] else 0,   O ∈ {0,1}^(T×V)",
                 r"O_{t,v} = [v = \text{ids}_t], \quad O \in \{0,1\}^{" + f"{T} \\times {V}" + "}",
-                [Matrix("O", "O", onehot, rows=list(tokens), cols=vocab, kind="int", note="built from the ids")],
+                [Matrix("O", "O", onehot[:, shown_ids], rows=list(tokens), cols=shown_labels, kind="int",
+                        note="built from the ids" + subset + (" (every other column is 0)" if subset else ""))],
                 self.check("O · W_E" + (" · √d_model" if scale != 1.0 else ""), f"the model's {p}embed",
                            onehot @ table * scale, embed),
             )
@@ -308,7 +318,8 @@ class _Builder:
             "the embedding layer is a lookup table, one learned vector per token.",
             "E = O · W_E" + scale_text,
             r"E = O\, W_E" + scale_latex,
-            [self.param("W_E", "W_E", stack.token_embedding.weight, transpose=False, labels=vocab),
+            [self.param("W_E", "W_E", stack.token_embedding.weight, transpose=False, labels=shown_labels,
+                        rows=None if V <= FULL_VOCAB else shown_ids, note=subset),
              Matrix("E", "E", embed, rows=list(tokens), point=f"{p}embed", index=(0,))],
             self.check("rows ids of W_E" + (" × √d_model" if scale != 1.0 else ""), f"the model's {p}embed",
                        lookup, embed),
@@ -854,6 +865,43 @@ class _Builder:
                     "(mean pooling, as sentence-transformers do for MiniLM). Two sentences are then compared "
                     "by the cosine of their vectors.")
         self.add(section, "Pooled sentence vector", text, equation, latex, [matrix], check)
+        settings = (getattr(config, "extra", None) or {}).get("sentence_transformers")
+        if settings:
+            self.sentence_embedding_step(hidden_point, settings, section)
+
+    def sentence_embedding_step(self, hidden_point: str, settings: dict, section: str) -> None:
+        """The vector sentence-transformers uses (MiniLM): pooled hidden states, then unit length."""
+        from ..models import pool
+
+        how = settings.get("pooling", "mean")
+        hidden = self.get(hidden_point, 0)
+        if how == "max":
+            mine = hidden.max(dim=0).values
+        else:
+            mine = hidden[0] if how in ("cls", "first") else hidden.mean(dim=0)
+        traced = self.t[hidden_point]
+        if how == "max":
+            theirs = traced.max(dim=1).values
+        else:
+            theirs = pool(traced, None, "first" if how in ("cls", "first") else "mean")
+        equation = {"mean": "e = (1/T) Σ_t h_t", "max": "e = max_t h_t"}.get(how, "e = h_0")
+        latex = {"mean": r"e = \frac{1}{T}\sum_t h_t", "max": r"e = \max_t h_t"}.get(how, "e = h_0")
+        if settings.get("normalize"):
+            mine = mine / mine.norm()
+            theirs = torch.nn.functional.normalize(theirs, dim=-1)
+            equation += ",   e ← e / ‖e‖"
+            latex += r", \quad e \leftarrow e / \lVert e \rVert"
+        self.add(
+            section, "Sentence embedding (sentence-transformers)",
+            f"The checkpoint says how its sentence vectors are made: {how} pooling over the last hidden "
+            "states" + (", then scaled to unit length, so that a dot product is a cosine" if settings.get("normalize")
+                        else "") + ". This is the vector used for semantic search and similarity.",
+            equation, latex,
+            [Matrix("e", "e", mine[None, :], rows=["e"], note=f"computed from {hidden_point}[0]")],
+            self.check(f"{how} pooling" + (" and normalisation" if settings.get("normalize") else ""),
+                       "anatomy's pool() and torch's normalize on the traced hidden states",
+                       mine, _f64(theirs[0])),
+        )
 
 
 # The entry point -------------------------------------------------------------------------------
