@@ -131,8 +131,8 @@ def split_tokens(ids: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.n
 class LMBatches:
     """Random contiguous blocks from a token stream: x = ids[o : o+T], y = ids[o+1 : o+T+1].
 
-    `batch(step, micro)` draws the global batch's B * world_size offsets from a generator seeded
-    with (seed, step, micro), and this rank keeps its B of them.
+    `batch(k)` (k counts micro-batches from the start of training) draws the global batch's
+    B * world_size offsets from a generator seeded with (seed, k); this rank keeps its B of them.
     """
 
     def __init__(self, ids: np.ndarray, block_size: int, batch_size: int, seed: int = 0,
@@ -143,8 +143,8 @@ class LMBatches:
         self.ids, self.block_size, self.batch_size = ids, block_size, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
 
-    def batch(self, step: int, micro: int = 0) -> dict[str, torch.Tensor]:
-        rng = np.random.default_rng([self.seed, step, micro])
+    def batch(self, k: int) -> dict[str, torch.Tensor]:
+        rng = np.random.default_rng([self.seed, k])
         offsets = rng.integers(0, len(self.ids) - self.block_size, size=self.batch_size * self.world_size)
         offsets = offsets[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
         block = np.stack([np.asarray(self.ids[o:o + self.block_size + 1], dtype=np.int64) for o in offsets])
@@ -154,7 +154,7 @@ class LMBatches:
     def eval_batches(self, n_batches: int):
         """`n_batches` fixed batches (the same every call), for a comparable validation loss."""
         for i in range(n_batches):
-            yield self.batch(step=-1 - i)
+            yield self.batch(2**62 + i)  # far beyond any training k
 
 
 # ---- variable-length examples (translation, classification) --------------------------------------

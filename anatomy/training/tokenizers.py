@@ -123,6 +123,12 @@ class Tokenizer:
         return path
 
     @classmethod
+    def from_hf(cls, hf: HFTokenizer) -> "Tokenizer":
+        """Wrap a `tokenizers.Tokenizer` (e.g. `anatomy.load_tokenizer("minilm")`); the kind is read
+        off its structure."""
+        return cls(hf, _kind_of(json.loads(hf.to_str())))
+
+    @classmethod
     def load(cls, path: str | os.PathLike) -> "Tokenizer":
         """Read a directory holding `tokenizer.json`, or the file itself.
 
@@ -209,6 +215,8 @@ def train_tokenizer(
         for f in files:
             if not Path(f).is_file():
                 raise FileNotFoundError(f"no such file: {f}")
+            if Path(f).stat().st_size == 0:
+                raise ValueError(f"{f} is empty: there is nothing to train on")
         hf.train_from_iterator(_lines(files), trainer)
     else:
         hf.train_from_iterator(texts, trainer)

@@ -63,9 +63,9 @@ def test_lm_tokens_are_memory_mapped_once_and_equal_encode(corpus, tmp_path):
 def test_lm_targets_are_inputs_shifted_and_ranks_split_one_global_batch(corpus, tmp_path):
     tok = train_tokenizer("char", files=[corpus])
     ids = tokenize_to_memmap(corpus, tok, cache_dir=tmp_path)
-    whole = LMBatches(ids, block_size=16, batch_size=8, seed=3).batch(step=5)
+    whole = LMBatches(ids, block_size=16, batch_size=8, seed=3).batch(5)
     assert (whole["input_ids"][:, 1:] == whole["labels"][:, :-1]).all()
-    halves = [LMBatches(ids, 16, 4, seed=3, rank=r, world_size=2).batch(step=5) for r in (0, 1)]
+    halves = [LMBatches(ids, 16, 4, seed=3, rank=r, world_size=2).batch(5) for r in (0, 1)]
     assert (np.concatenate([h["input_ids"] for h in halves]) == whole["input_ids"].numpy()).all()
 
 
@@ -87,8 +87,11 @@ def test_empty_files_are_refused_with_their_name(tmp_path):
         parallel_text(empty, empty, tok, tok, cache_dir=tmp_path)
     with pytest.raises(ValueError, match="empty.txt is empty"):
         read_tsv(empty)
-    with pytest.raises(ValueError, match="holds no text"):
+    with pytest.raises(ValueError, match="empty.txt is empty"):
         train_tokenizer("word", files=[empty])
+    (tmp_path / "blank.txt").write_text("\n \n")
+    with pytest.raises(ValueError, match="blank.txt holds no text"):
+        train_tokenizer("word", files=[tmp_path / "blank.txt"])
 
 
 def test_parallel_files_of_different_lengths_name_both_counts(tmp_path):

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Character-level language model on tinyshakespeare: nanoGPT's CPU recipe, in anatomy.
+# 4 layers, 4 heads, d_model 128, context 64, batch 12, 2000 steps, lr 1e-3 -> 1e-4 (cosine,
+# 100 warmup), AdamW (0.9, 0.99), weight decay 0.1, clip 1.0, no dropout.
+# First 90% of the characters train, the last 10% validate.
+# usage: recipes/char_shakespeare.sh [OUT_DIR] [extra anatomy-train arguments...]
+set -euo pipefail
+DATA=${DATA:-/work/shared/data/tinyshakespeare/input.txt}
+OUT=${1:-runs/char-shakespeare}
+shift || true
+python -m anatomy.cli train lm --data "$DATA" --val-fraction 0.1 --tokenizer char --out "$OUT" \
+  --n-layers 4 --n-heads 4 --d-model 128 --context 64 --batch-size 12 --dropout 0.0 \
+  --max-steps 2000 --lr 1e-3 --min-lr-ratio 0.1 --warmup 100 --beta2 0.99 --weight-decay 0.1 --clip 1.0 \
+  --eval-every 250 --eval-batches 50 --save-every 500 --log-every 50 --threads "${THREADS:-1}" --no-progress "$@"
