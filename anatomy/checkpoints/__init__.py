@@ -12,6 +12,7 @@ raised before a model is returned.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -61,8 +62,7 @@ def _rules(arch: Architecture, config: ModelConfig, prefixed: bool) -> list[Rule
     if prefixed:
         return rules
     start = arch.base_prefix + "."
-    return [Rule(r.hf[len(start):] if r.hf.startswith(start) else r.hf, r.ours, transpose=r.transpose,
-                 view=r.view, derived=r.derived) for r in rules]
+    return [dataclasses.replace(r, hf=r.hf[len(start):]) if r.hf.startswith(start) else r for r in rules]
 
 
 def from_pretrained(path: str | Path, *, dtype: torch.dtype = torch.float32, attn_impl: str | None = None) -> nn.Module:

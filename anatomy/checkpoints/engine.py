@@ -16,6 +16,7 @@ must equal what the model computes; it is not written back.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,8 +48,7 @@ class Rule:
         object.__setattr__(self, "derived", derived)
 
     def layer(self, i: int) -> "Rule":
-        return Rule(self.hf.format(i=i), tuple(n.format(i=i) for n in self.ours),
-                    transpose=self.transpose, view=self.view, derived=self.derived)
+        return dataclasses.replace(self, hf=self.hf.format(i=i), ours=tuple(n.format(i=i) for n in self.ours))
 
     # the two directions ------------------------------------------------------------------------
     def to_checkpoint(self, tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -114,12 +114,6 @@ def expand(rules: list[Rule], n_layers: int) -> list[Rule]:
     for rule in rules:
         out += [rule.layer(i) for i in range(n_layers)] if "{i}" in rule.hf else [rule]
     return out
-
-
-def with_prefix(rules: list[Rule], prefix: str, base_names: Callable[[str], bool]) -> list[Rule]:
-    """Put `prefix.` before the base model's names (those for which base_names(name) is true)."""
-    return [Rule(f"{prefix}.{r.hf}" if base_names(r.hf) else r.hf, r.ours, transpose=r.transpose,
-                 view=r.view, derived=r.derived) for r in rules]
 
 
 def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
