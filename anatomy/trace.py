@@ -49,7 +49,11 @@ class TracePoint(nn.Module):
 
 
 def trace_points(model: nn.Module) -> dict[str, TracePoint]:
-    """Every trace point of `model`, by name, in the order the forward pass reaches them."""
+    """Every trace point of `model`, by name, in the order the modules declare them.
+
+    That is the order a pre-norm pass reaches them; a post-norm block reaches each norm's point
+    after its sublayer's. A Trace iterates in the order its pass actually recorded.
+    """
     return {name: module for name, module in model.named_modules() if isinstance(module, TracePoint)}
 
 

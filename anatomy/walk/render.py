@@ -152,13 +152,25 @@ def render_text(walk: Walkthrough, width: int = 110) -> str:
 
 _LATEX_SPECIAL = {
     "\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#",
-    "^": r"\^{}", "_": r"\_", "%": r"\%", "~": r"\~{}", "<": r"\textless{}", ">": r"\textgreater{}",
+    "^": r"\^{}", "_": r"\_", "%": r"\%", "~": r"\~{}",
 }
+_LATEX_MATH = {"<": r"{\lt}", ">": r"{\gt}"}  # outside \text: understood by MathJax and KaTeX alike
 
 
 def latex_text(s: str) -> str:
-    """A token as LaTeX text: every special character escaped."""
-    return r"\text{" + "".join(_LATEX_SPECIAL.get(ch, ch) for ch in s) + "}"
+    """A token as LaTeX: its characters inside \text{}, every special one escaped."""
+    parts, run = [], ""
+    for ch in s:
+        if ch in _LATEX_MATH:
+            if run:
+                parts.append(r"\text{" + run + "}")
+            parts.append(_LATEX_MATH[ch])
+            run = ""
+        else:
+            run += _LATEX_SPECIAL.get(ch, ch)
+    if run or not parts:
+        parts.append(r"\text{" + run + "}")
+    return "".join(parts)
 
 
 def _md_escape(s: str) -> str:
@@ -212,9 +224,11 @@ def render_markdown(walk: Walkthrough) -> str:
                 shown = ", ".join("…" if c is None else c for c in col_labels)
                 note += f"; columns: {_md_escape(shown)}"
             if matrix.name == "ids":
-                pairs = ", ".join(f"{_md_escape(t)} → {int(i)}" for t, i in zip(matrix.cols, matrix.values[0]))
-                out += [f"| token → id |", "|---|", f"| {pairs} |", ""]
-            out += ["$$", _bmatrix(matrix), "$$", "", f"<sub>{matrix.name and _md_escape(matrix.name)}: {note}</sub>", ""]
+                out += ["| token | " + " | ".join(_md_escape(t).replace("|", "\\|") for t in matrix.cols) + " |",
+                        "|---" * (len(matrix.cols) + 1) + "|",
+                        "| id | " + " | ".join(str(int(i)) for i in matrix.values[0]) + " |", ""]
+                continue
+            out += ["$$", _bmatrix(matrix), "$$", "", f"<sub>{_md_escape(matrix.name)}: {note}</sub>", ""]
         if step.check is not None:
             out += [f"> {_md_escape(step.check.summary)}", ""]
     out += ["---", "", _md_escape(_footer(walk)), ""]
