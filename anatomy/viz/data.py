@@ -108,7 +108,7 @@ def stack_layers(attention) -> np.ndarray:
             raise ValueError("a view shows one sequence: pass per-layer weights with a batch of 1, [1, H, T, S]")
         layers = [layer[0] if layer.ndim == 4 else layer for layer in layers]
         return np.stack(layers).astype(np.float32)
-    return to_numpy(attention).astype(np.float32)
+    return to_numpy(attention).astype(np.float32, copy=False)
 
 
 def to_numpy(array) -> np.ndarray:

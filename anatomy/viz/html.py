@@ -31,12 +31,13 @@ ASSETS = resources.files("anatomy.viz") / "assets"
 
 def pack(array: np.ndarray) -> str:
     """base64(deflate(bytes)) of a contiguous array; the page inflates it with DecompressionStream."""
-    return base64.b64encode(zlib.compress(np.ascontiguousarray(array).tobytes(), 6)).decode("ascii")
+    # Level 1: several times faster than the default and within a third of its size on attention.
+    return base64.b64encode(zlib.compress(np.ascontiguousarray(array).tobytes(), 1)).decode("ascii")
 
 
 def quantise(weights: np.ndarray) -> np.ndarray:
     """Weights in [0, 1] -> uint8 round(255 w); the page reads byte / 255."""
-    return np.rint(np.clip(weights, 0.0, 1.0) * 255).astype(np.uint8)
+    return (np.clip(weights, 0.0, 1.0) * 255 + 0.5).astype(np.uint8)
 
 
 def map_payload(attention: AttentionMap, vectors: bool = False) -> dict:

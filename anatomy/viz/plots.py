@@ -23,6 +23,7 @@ from anatomy.viz.data import AttentionMap  # noqa: E402
 
 IMAGE_FORMATS = (".png", ".svg")
 MAX_TICK_LABELS = 64  # beyond this, label every n-th token so the labels stay legible
+MAX_LABEL_CHARS = 24  # longer tokens are cut with "…"
 
 
 def attention_heatmap(weights, queries: Sequence[str], keys: Sequence[str], title: str = "") -> Figure:
@@ -52,7 +53,8 @@ def _token_ticks(set_ticks, set_labels, tokens: Sequence[str], rotation: int) ->
     positions = list(range(0, len(tokens), step))
     set_ticks(positions)
     # Tokens are text to matplotlib; "$" would start mathtext, so it is escaped.
-    set_labels([tokens[i].replace("$", r"\$") for i in positions], rotation=rotation, fontsize=8)
+    labels = [tokens[i] if len(tokens[i]) <= MAX_LABEL_CHARS else tokens[i][: MAX_LABEL_CHARS - 1] + "…" for i in positions]
+    set_labels([label.replace("$", r"\$") for label in labels], rotation=rotation, fontsize=8)
 
 
 def map_heatmap(attention: AttentionMap, layer: int, head: int) -> Figure:

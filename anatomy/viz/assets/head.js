@@ -5,6 +5,7 @@
 const STAGE_WIDTH = 300;  // CSS pixels between the two token columns
 const BAND = 8;           // width of one head's cell in the band beside the keys
 const HIDDEN_BELOW = 4;   // bytes (weight < 4/255): lines too faint to see are not drawn unless focused
+const LINE_BUDGET = 4000; // at most this many lines without focus: the strongest
 
 const state = {
   map: INITIAL.map,
@@ -103,36 +104,52 @@ async function draw() {
   const y = (position) => position * rowHeight + rowHeight / 2;
 
   ctx.clearRect(0, 0, STAGE_WIDTH, height);
-  stageTitle.textContent = `layer ${state.layer} · ${heads.length} of ${map.nHeads} heads`;
   queryNodes.forEach((node, a) => node.classList.toggle("focus", focus !== null && focus.side === "query" && focus.index === a));
   keyNodes.forEach((node, b) => node.classList.toggle("focus", focus !== null && focus.side === "key" && focus.index === b));
 
-  ctx.lineWidth = focus ? 2 : 1.25;
-  for (const h of heads) {
-    // Group the lines of one head by opacity, 16 levels, so each level is a single stroke.
-    const levels = Array.from({ length: 16 }, () => []);
-    for (let a = 0; a < rows.length; a++) {
-      if (focus && focus.side === "query" && focus.index !== a) continue;
-      const base = (h * T + rows[a]) * S;
-      for (let b = 0; b < cols.length; b++) {
-        if (focus && focus.side === "key" && focus.index !== b) continue;
-        const w = bytes[base + cols[b]];
-        if (w === 0 || (!focus && w < HIDDEN_BELOW)) continue;
-        levels[w >> 4].push(a, b);
+  // Each (head, query, key) whose weight byte reaches `lowest` gets a line. Without focus, `lowest` rises
+  // until at most LINE_BUDGET lines remain: the strongest ones (long lines are slow to draw, and a
+  // thousand-token tangle shows nothing). A focused token shows all its lines.
+  const visit = (fn) => {
+    for (const h of heads) {
+      for (let a = 0; a < rows.length; a++) {
+        if (focus && focus.side === "query" && focus.index !== a) continue;
+        const base = (h * T + rows[a]) * S;
+        for (let b = 0; b < cols.length; b++) {
+          if (focus && focus.side === "key" && focus.index !== b) continue;
+          fn(h, a, b, bytes[base + cols[b]]);
+        }
       }
     }
+  };
+  let lowest = 1;
+  if (!focus) {
+    const counts = new Uint32Array(256);
+    visit((h, a, b, w) => { counts[w] += 1; });
+    let kept = 0;
+    lowest = 256;
+    while (lowest > HIDDEN_BELOW && (kept === 0 || kept + counts[lowest - 1] <= LINE_BUDGET)) kept += counts[--lowest];
+  }
+  // One stroke per (head, opacity level): 16 levels.
+  const levels = heads.map(() => Array.from({ length: 16 }, () => []));
+  const slot = new Map(heads.map((h, n) => [h, n]));
+  visit((h, a, b, w) => { if (w >= lowest) levels[slot.get(h)][w >> 4].push(a, b); });
+  ctx.lineWidth = focus ? 1.5 : 1;  // width 1 takes the fast hairline path
+  heads.forEach((h, n) => {
     const [r, g, bl] = headRgb(h);
-    levels.forEach((segments, level) => {
+    levels[n].forEach((segments, level) => {
       if (segments.length === 0) return;
       ctx.strokeStyle = `rgba(${r},${g},${bl},${((level * 16 + 8) / 255).toFixed(3)})`;
       ctx.beginPath();
-      for (let n = 0; n < segments.length; n += 2) {
-        ctx.moveTo(x0, y(segments[n]));
-        ctx.lineTo(x1, y(segments[n + 1]));
+      for (let k = 0; k < segments.length; k += 2) {
+        ctx.moveTo(x0, y(segments[k]));
+        ctx.lineTo(x1, y(segments[k + 1]));
       }
       ctx.stroke();
     });
-  }
+  });
+  stageTitle.textContent = `layer ${state.layer} · ${heads.length} of ${map.nHeads} heads` +
+    (lowest > HIDDEN_BELOW && !focus ? ` · weights ≥ ${(lowest / 255).toFixed(2)}` : "");
 
   if (focus && focus.side === "query") {
     heads.forEach((h) => {

@@ -8,14 +8,24 @@ window.anatomyView.state = state;
 const main = document.getElementById("main");
 const controls = document.getElementById("controls");
 
-// lut[h][byte]: the [r, g, b] of weight byte/255 in head h's ramp.
+// lut(h)[byte]: the [r, g, b] of weight byte/255 in head h's ramp; pixels(h)[byte]: the same as one
+// RGBA pixel in a Uint32 (little-endian: alpha in the high byte), to fill images one word at a time.
 const luts = [];
+const pixelLuts = [];
 function lut(head) {
   if (!luts[head]) {
     const color = headRgb(head);
     luts[head] = Array.from({ length: 256 }, (_, byte) => ramp(color, Math.sqrt(byte / 255)));
   }
   return luts[head];
+}
+
+function pixels(head) {
+  if (!pixelLuts[head]) {
+    pixelLuts[head] = Uint32Array.from(lut(head), ([r, g, b]) =>
+      ((255 << 24) | (Math.round(b) << 16) | (Math.round(g) << 8) | Math.round(r)) >>> 0);
+  }
+  return pixelLuts[head];
 }
 
 // One head of one layer as an image, one pixel per (query, key).
@@ -25,15 +35,10 @@ function headImage(bytes, head, T, S) {
   canvas.height = T;
   const ctx = canvas.getContext("2d");
   const image = ctx.createImageData(S, T);
-  const colors = lut(head);
+  const out = new Uint32Array(image.data.buffer);
+  const colors = pixels(head);
   const offset = head * T * S;
-  for (let p = 0; p < T * S; p++) {
-    const [r, g, b] = colors[bytes[offset + p]];
-    image.data[4 * p] = r;
-    image.data[4 * p + 1] = g;
-    image.data[4 * p + 2] = b;
-    image.data[4 * p + 3] = 255;
-  }
+  for (let p = 0; p < T * S; p++) out[p] = colors[bytes[offset + p]];
   ctx.putImageData(image, 0, 0);
   return canvas;
 }

@@ -1,0 +1,43 @@
+"""From the traced forward pass of a real (toy) model to the views' data."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from anatomy.viz.adapters import attention_from_ids, seq2seq_attention
+from anatomy.walk.toy import SENTENCE, TRANSLATION, seed004_vocab, seed004_words, seq2seq_vocab, toy_model
+
+
+def softmax(scores: np.ndarray) -> np.ndarray:
+    scores = scores - scores.max(-1, keepdims=True)
+    return np.exp(scores) / np.exp(scores).sum(-1, keepdims=True)
+
+
+def test_neuron_view_arithmetic_is_the_models():
+    """softmax(q·k/√D) from the traced q and k equals the traced pattern: the neuron view shows the real thing."""
+    words, vocab = seed004_words(), seed004_vocab()
+    (attention,) = attention_from_ids(toy_model(len(vocab), arch="encoder"), vocab.encode(words), words)
+    assert attention.weights.shape == (2, 2, len(words), len(words))
+    d_head = attention.q.shape[-1]
+    recomputed = softmax(attention.q @ attention.k.transpose(0, 1, 3, 2) / np.sqrt(d_head))
+    np.testing.assert_allclose(recomputed, attention.weights, atol=1e-5)
+
+
+def test_decoder_attention_is_causal():
+    words, vocab = seed004_words(), seed004_vocab()
+    (attention,) = attention_from_ids(toy_model(len(vocab)), vocab.encode(words), words)
+    future = np.triu(np.ones((len(words), len(words)), bool), k=1)
+    assert np.all(attention.weights[..., future] == 0)
+    np.testing.assert_allclose(attention.weights.sum(-1), 1, atol=1e-5)
+
+
+def test_encoder_decoder_gives_three_maps_with_their_shapes():
+    vocab = seq2seq_vocab()
+    source, target = seed004_words(SENTENCE), seed004_words(TRANSLATION, eos=False)
+    model = toy_model(len(vocab), arch="encoder-decoder")
+    encoder, decoder, cross = seq2seq_attention(model, vocab.encode(source), source, vocab.encode(target), target)
+    assert encoder.weights.shape[2:] == (len(source), len(source))
+    assert decoder.weights.shape[2:] == (len(target), len(target))
+    assert cross.weights.shape[2:] == (len(target), len(source))
+    assert cross.cross and (cross.queries, cross.keys) == (target, source)
+    assert cross.k.shape[2] == len(source)
