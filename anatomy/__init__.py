@@ -25,13 +25,20 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # Checkpoints, generation and views import lazily: `import anatomy` stays light.
+    # Checkpoints, generation, views and the walkthrough import lazily: `import anatomy` stays light.
     lazy = {
         "from_pretrained": ("anatomy.checkpoints", "from_pretrained"),
         "load_tokenizer": ("anatomy.checkpoints", "load_tokenizer"),
         "save_pretrained": ("anatomy.checkpoints", "save_pretrained"),
         "sentence_embeddings": ("anatomy.checkpoints", "sentence_embeddings"),
         "generate": ("anatomy.generation", "generate"),
+        "head_view": ("anatomy.viz", "head_view"),
+        "model_view": ("anatomy.viz", "model_view"),
+        "neuron_view": ("anatomy.viz", "neuron_view"),
+        "generation_view": ("anatomy.viz", "generation_view"),
+        "AttentionMap": ("anatomy.viz", "AttentionMap"),
+        "attention_from_model": ("anatomy.viz.adapters", "attention_from_model"),
+        "walkthrough": ("anatomy.walk", "walkthrough"),
     }
     if name in lazy:
         import importlib
