@@ -47,12 +47,24 @@ def load(path: str):
     return anatomy.from_pretrained(path), anatomy.load_tokenizer(path)
 
 
-def _special_id(tokenizer, role: str) -> int | None:
-    """The id of "bos" or "eos": anatomy's tokenizers call it eos_id, Hugging Face's eos_token_id."""
-    for name in (f"{role}_id", f"{role}_token_id"):
-        value = getattr(tokenizer, name, None)
-        if value is not None:
-            return int(value)
+# anatomy's own special tokens first (training/tokenizers.py), then those of common checkpoints.
+SPECIAL_TOKENS = {"bos": ("<SOS>", "<s>", "<|endoftext|>", "[CLS]"), "eos": ("<EOS>", "</s>", "<|endoftext|>", "[SEP]")}
+
+
+def _special_id(model, tokenizer, role: str) -> int | None:
+    """The id of the "bos" or "eos" token: anatomy's <SOS>/<EOS> if the vocabulary has it (the model
+    was trained with it), else the checkpoint's config.json value, else a conventional token name."""
+    own = tokenizer.token_to_id(SPECIAL_TOKENS[role][0])
+    if own is not None:
+        return own
+    hf_config = model.config.extra.get("hf_config", {})
+    names = ("decoder_start_token_id", "bos_token_id") if role == "bos" else ("eos_token_id",)
+    for name in names:
+        if isinstance(hf_config.get(name), int):
+            return hf_config[name]
+    for token in SPECIAL_TOKENS[role][1:]:
+        if tokenizer.token_to_id(token) is not None:
+            return tokenizer.token_to_id(token)
     return None
 
 
@@ -86,14 +98,18 @@ class TextStreamer:
 
 
 def run(args: argparse.Namespace) -> int:
-    model, tokenizer = load(args.model)
+    try:
+        model, tokenizer = load(args.model)
+    except (ValueError, OSError) as error:  # CheckpointError is a ValueError
+        print(f"anatomy generate: {error}", file=sys.stderr)
+        return 2
     config = model.config
     encoder_decoder = config.arch == "encoder-decoder"
     if config.arch == "encoder":
         print(f"anatomy generate: {args.model} is an encoder; generation needs a decoder or an encoder-decoder",
               file=sys.stderr)
         return 2
-    eos, bos = _special_id(tokenizer, "eos"), _special_id(tokenizer, "bos")
+    eos, bos = _special_id(model, tokenizer, "eos"), _special_id(model, tokenizer, "bos")
 
     prompt = _encode(tokenizer, args.prompt) if args.prompt else []
     kwargs = {}
@@ -103,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         kwargs["src_ids"] = torch.tensor([_encode(tokenizer, args.src)])
         # The decoder was trained to read <SOS> y1 y2 ...: it starts from <SOS>.
-        start = bos if bos is not None else config.extra.get("decoder_start_token_id")
+        start = bos
         if start is None:
             print("anatomy generate: the tokenizer has no start-of-sequence token", file=sys.stderr)
             return 2
@@ -158,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
     if streamer is None:
         sys.stdout.write(tokenizer.decode(out.new_tokens[0, :n_new].tolist()))
     sys.stdout.write("\n")
+    sys.stdout.flush()  # the text first, then the summary on stderr
     seed = f", seed {out.seed}" if out.seed is not None else ""
     print(f"[{n_new} tokens in {seconds:.2f} s, {n_new / seconds:.1f} tokens/s; {strategy}{seed}; "
           f"cache {'off' if args.no_cache else 'on'}]", file=sys.stderr)

@@ -13,6 +13,15 @@ from anatomy.generation import generate, sampling_distribution, top_k_filter, to
 TINY = dict(vocab_size=13, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq_len=32)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Models this small run faster on one intra-op thread than on two fighting over a shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def decoder(**changes):
     return anatomy.build_model(ModelConfig(arch="decoder", **{**TINY, **changes}), seed=0).eval()
 
@@ -341,24 +350,28 @@ def test_greedy_matches_transformers_gpt2(tmp_path):
 
 # The command line -------------------------------------------------------------------------------
 
-class CharTokenizer:
-    """A stand-in for a trained tokenizer: one id per letter, <SOS>=2 and <EOS>=3 as anatomy's."""
-    bos_id, eos_id, pad_id = 2, 3, 0
+def test_cli_generates_from_a_saved_model_directory(tmp_path, capsys):
+    """The whole path: a model saved as a checkpoint, its tokenizer beside it, streamed text out."""
+    pytest.importorskip("anatomy.checkpoints")
+    from anatomy import cli
+    from anatomy.training.tokenizers import train_tokenizer
 
-    def encode(self, text):
-        return [4 + ord(c) % 9 for c in text]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(ord("a") + i - 4) for i in ids if i >= 4)
-
-
-def test_cli_streams_the_decoded_text(monkeypatch, capsys):
-    from anatomy import cli, generation_cli
-
-    model = decoder()
-    monkeypatch.setattr(generation_cli, "load", lambda path: (model, CharTokenizer()))
-    assert cli.main(["generate", "--model", "somewhere", "--prompt", "hello", "--max-new-tokens", "6",
-                     "--no-stop"]) == 0
-    printed = capsys.readouterr().out
-    expected = generate(model, torch.tensor([CharTokenizer().encode("hello")]), max_new_tokens=6)
-    assert CharTokenizer().decode(expected.new_tokens[0].tolist()) in printed
+    tokenizer = train_tokenizer("char", texts=["the quick brown fox jumps over the lazy dog"])
+    config = ModelConfig(arch="decoder", vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, n_layers=2,
+                         d_ff=64, max_seq_len=24, pos_encoding="learned", activation="gelu_tanh")
+    model = anatomy.build_model(config, seed=0).eval()
+    model.save_pretrained(tmp_path)
+    tokenizer.save(tmp_path)
+    prompt = "the fox"
+    assert cli.main(["generate", "--model", str(tmp_path), "--prompt", prompt, "--max-new-tokens", "40"]) == 0
+    captured = capsys.readouterr()
+    assert "lowered to 17" in captured.err  # 7 prompt tokens + 17 = max_seq_len 24
+    expected = generate(model, torch.tensor([tokenizer.encode(prompt)]), max_new_tokens=17,
+                        stop_tokens=tokenizer.eos_id)
+    new = expected.new_tokens[0][expected.padding_mask[0, expected.prompt_length:]]
+    assert captured.out == prompt + tokenizer.decode(new.tolist()) + "\n"
+    assert cli.main(["generate", "--model", str(tmp_path), "--prompt", prompt, "--strategy", "beam",
+                     "--num-beams", "3", "--max-new-tokens", "5"]) == 0
+    assert cli.main(["generate", "--model", str(tmp_path), "--prompt", prompt, "--top-p", "0.9",
+                     "--seed", "1", "--max-new-tokens", "5"]) == 0
+    assert "seed 1" in capsys.readouterr().err
