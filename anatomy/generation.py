@@ -170,6 +170,11 @@ def _check_arguments(model, input_ids, padding_mask, src_ids, *, strategy, max_n
             raise ValueError("src_ids are for encoder-decoder models; a decoder-only model takes input_ids")
         if input_ids is None:
             raise ValueError("a decoder-only model needs input_ids (the prompt) [B, T]")
+    if input_ids is not None and not (torch.is_tensor(input_ids) and input_ids.dim() == 2
+                                      and not input_ids.dtype.is_floating_point):
+        raise ValueError("input_ids must be an integer tensor [batch, positions] of token ids, got "
+                         + (f"shape {tuple(input_ids.shape)}, dtype {input_ids.dtype}" if torch.is_tensor(input_ids)
+                            else type(input_ids).__name__))
     if padding_mask is not None and input_ids is not None:
         if not torch.is_tensor(padding_mask) or padding_mask.dtype != torch.bool \
                 or padding_mask.shape != input_ids.shape:
@@ -270,8 +275,9 @@ def generate(
     Decoder-only: input_ids [B, T] is the prompt; a batch of prompts of different lengths is
     left-padded, with padding_mask [B, T] (True = real token).
     Encoder-decoder: src_ids [B, S] (and src_padding_mask [B, S]) is the source, encoded once;
-    the decoder starts from decoder_start_token_id (default: model.config.extra's
-    "decoder_start_token_id"), or from input_ids [B, T] if given (a forced prefix).
+    the decoder starts from decoder_start_token_id (default: "decoder_start_token_id" in
+    model.config.extra, or in the config.json it was loaded from), or from input_ids [B, T] if
+    given (a forced prefix).
 
     strategy: "greedy", "sample" or "beam"; None means "beam" when num_beams > 1, else "greedy".
     Sampling uses temperature, top_k and top_p (see `sampling_distribution`) and draws from
@@ -309,8 +315,9 @@ def generate(
         pad_token_id = config.pad_token_id if config.pad_token_id is not None else (stops[0] if stops else 0)
 
     if encoder_decoder and input_ids is None:
-        if decoder_start_token_id is None:
-            decoder_start_token_id = config.extra.get("decoder_start_token_id")
+        if decoder_start_token_id is None:  # set by the caller, or by a Hugging Face config.json
+            decoder_start_token_id = config.extra.get(
+                "decoder_start_token_id", config.extra.get("hf_config", {}).get("decoder_start_token_id"))
         if decoder_start_token_id is None:
             raise ValueError("an encoder-decoder model needs decoder_start_token_id (e.g. the <SOS> id), "
                              "or input_ids to start the decoder from")

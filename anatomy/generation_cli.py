@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         prompt = [start]
 
     max_new_tokens = args.max_new_tokens
-    limit = config.max_seq_len if config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
+    limit = (model.decoder if encoder_decoder else model).max_positions  # None: no position table
     if limit is not None and len(prompt) + max_new_tokens > limit:
         max_new_tokens = limit - len(prompt)
         if max_new_tokens < 1:

@@ -318,10 +318,12 @@ def test_encoder_decoder_generation():
     (dict(stop_tokens=[13]), r"outside \[0, vocab_size=13\)"),
     (dict(padding_mask=torch.tensor([[True, False]])), "left-padded"),
     (dict(num_beams=2, streamer=print), "streaming needs strategy"),
+    (dict(input_ids=[[1, 2]]), r"input_ids must be an integer tensor \[batch, positions\]"),
 ])
 def test_bad_arguments_raise_a_clear_error(kwargs, message):
+    kwargs = {"input_ids": torch.tensor([[1, 2]]), **kwargs}
     with pytest.raises(ValueError, match=message):
-        generate(decoder(), torch.tensor([[1, 2]]), **kwargs)
+        generate(decoder(), **kwargs)
 
 
 def test_encoder_decoder_needs_a_start_token():
