@@ -333,21 +333,42 @@ def test_encoder_decoder_needs_a_start_token():
 
 # Parity with Hugging Face ------------------------------------------------------------------------
 
-def test_greedy_matches_transformers_gpt2(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    checkpoints = pytest.importorskip("anatomy.checkpoints")
-    if not hasattr(checkpoints, "from_pretrained"):
-        pytest.skip("anatomy.checkpoints.from_pretrained is not available yet")
-    config = transformers.GPT2Config(vocab_size=50, n_positions=40, n_embd=32, n_layer=2, n_head=4,
-                                     eos_token_id=49, bos_token_id=49, pad_token_id=49)
+def hf_model_in_anatomy(model_class, config, directory):
+    """A random-init transformers model, saved and loaded back by anatomy.from_pretrained."""
+    pytest.importorskip("anatomy.checkpoints")
     torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(config).eval()
-    hf.save_pretrained(tmp_path)
-    model = anatomy.from_pretrained(tmp_path)
-    prompt = torch.tensor([[3, 14, 15, 9, 26]])
-    expected = hf.generate(prompt, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(prompt),
-                           eos_token_id=None, pad_token_id=49)
-    assert torch.equal(generate(model, prompt, max_new_tokens=12).sequences, expected)
+    hf = model_class(config).eval()
+    hf.save_pretrained(directory)
+    return hf, anatomy.from_pretrained(directory)
+
+
+def test_greedy_matches_transformers_gpt2_on_a_left_padded_batch(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    # initializer_range 0.3, not 0.02: confident enough predictions that the tokens vary
+    config = transformers.GPT2Config(vocab_size=50, n_positions=40, n_embd=32, n_layer=2, n_head=4,
+                                     initializer_range=0.3, bos_token_id=49, eos_token_id=49)
+    hf, model = hf_model_in_anatomy(transformers.GPT2LMHeadModel, config, tmp_path)
+    prompt = torch.tensor([[0, 0, 3, 14, 15], [9, 26, 5, 35, 8]])
+    mask = torch.tensor([[False, False, True, True, True], [True] * 5])
+    expected = hf.generate(prompt, attention_mask=mask.long(), max_new_tokens=12, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)
+    assert torch.equal(generate(model, prompt, padding_mask=mask, max_new_tokens=12).sequences, expected)
+
+
+def test_greedy_matches_transformers_marian(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MarianConfig(
+        vocab_size=40, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
+        pad_token_id=39, decoder_start_token_id=39, eos_token_id=0, forced_eos_token_id=None, init_std=0.3)
+    hf, model = hf_model_in_anatomy(transformers.MarianMTModel, config, tmp_path)
+    src = torch.tensor([[5, 6, 7, 8, 0], [9, 10, 11, 0, 39]])
+    src_mask = src != 39
+    expected = hf.generate(input_ids=src, attention_mask=src_mask.long(), max_new_tokens=10, do_sample=False,
+                           eos_token_id=None, bad_words_ids=None)
+    # the start token comes from the loaded config.json (decoder_start_token_id=39)
+    got = generate(model, src_ids=src, src_padding_mask=src_mask, max_new_tokens=10)
+    assert torch.equal(got.sequences, expected)
 
 
 # The command line -------------------------------------------------------------------------------
