@@ -4,7 +4,7 @@ a LayerNorm after the embeddings, a pooler (tanh(W h_[CLS] + b)) and the masked-
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .common import activation, field, num_labels, to_hf_activation, unsupported
+from .common import activation, field, num_labels, pad_id, to_hf_activation, unsupported
 from .engine import Architecture, Rule, require
 
 # What every BERT is, whatever its size.
@@ -36,7 +36,7 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
         max_seq_len=field(hf, "max_position_embeddings", "bert", 512),
         activation=activation(hf, "hidden_act", "bert", "gelu"),
         norm_eps=hf.get("layer_norm_eps", 1e-12), type_vocab_size=hf.get("type_vocab_size", 2),
-        pad_token_id=hf.get("pad_token_id"),
+        pad_token_id=pad_id(hf),
         dropout=hf.get("hidden_dropout_prob", 0.1), attn_dropout=hf.get("attention_probs_dropout_prob", 0.1),
         head=head, pooler=pooler, lm_head_transform=head == "masked-lm", lm_head_bias=head == "masked-lm",
         tie_embeddings=hf.get("tie_word_embeddings", True), num_labels=num_labels(hf),

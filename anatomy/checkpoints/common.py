@@ -51,3 +51,9 @@ def unsupported(model_type: str, hf: dict, **allowed) -> None:
 def num_labels(hf: dict) -> int:
     labels = hf.get("id2label")
     return len(labels) if isinstance(labels, dict) and labels else int(hf.get("num_labels", 2))
+
+
+def pad_id(hf: dict) -> int | None:
+    """pad_token_id when it names a real token (GPT-2 configs often leave it unset or out of range)."""
+    pad = hf.get("pad_token_id")
+    return pad if isinstance(pad, int) and 0 <= pad < hf.get("vocab_size", 0) else None

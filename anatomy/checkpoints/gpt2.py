@@ -5,7 +5,7 @@ matrix c_attn [E, 3E]: the table transposes and splits them."""
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .common import activation, field, to_hf_activation, unsupported
+from .common import activation, field, pad_id, to_hf_activation, unsupported
 from .engine import Architecture, Rule, require
 
 FLAGS = dict(
@@ -28,7 +28,7 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
         norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         dropout=hf.get("resid_pdrop", 0.1), attn_dropout=hf.get("attn_pdrop", 0.1),
         head=CLASSES[class_name], tie_embeddings=hf.get("tie_word_embeddings", True),
-        pad_token_id=hf.get("pad_token_id") if (hf.get("pad_token_id") or 0) < hf["vocab_size"] else None,
+        pad_token_id=pad_id(hf),
     )
 
 

@@ -4,7 +4,7 @@ attention, no biases; the LM head is tied to the embeddings or not, as the confi
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .common import field, unsupported
+from .common import field, pad_id, unsupported
 from .engine import Architecture, Rule, require
 from .files import CheckpointError
 
@@ -28,7 +28,6 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     unsupported("llama", hf, hidden_act="silu")
     n_heads = field(hf, "num_attention_heads", "llama")
     d_model = field(hf, "hidden_size", "llama")
-    pad = hf.get("pad_token_id")
     return ModelConfig(
         **FLAGS,
         vocab_size=field(hf, "vocab_size", "llama"), d_model=d_model, n_heads=n_heads,
@@ -39,7 +38,7 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
         attn_out_bias=bool(hf.get("attention_bias", False)), mlp_bias=bool(hf.get("mlp_bias", False)),
         dropout=0.0, attn_dropout=hf.get("attention_dropout", 0.0), head=CLASSES[class_name],
         tie_embeddings=hf.get("tie_word_embeddings", False),
-        pad_token_id=pad if pad is not None and 0 <= pad < hf["vocab_size"] else None,
+        pad_token_id=pad_id(hf),
     )
 
 

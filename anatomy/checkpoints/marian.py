@@ -6,7 +6,7 @@ logits (final_logits_bias). The activation is the config's (the released checkpo
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .common import activation, field, to_hf_activation, unsupported
+from .common import activation, field, pad_id, to_hf_activation, unsupported
 from .engine import Architecture, Rule, require
 from .files import CheckpointError
 
@@ -34,7 +34,7 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
         n_heads=field(hf, "encoder_attention_heads", "marian"), n_layers=field(hf, "encoder_layers", "marian"),
         d_ff=field(hf, "encoder_ffn_dim", "marian"), max_seq_len=field(hf, "max_position_embeddings", "marian", 1024),
         activation=activation(hf, "activation_function", "marian", "gelu"),
-        scale_embeddings=bool(hf.get("scale_embedding", False)), pad_token_id=hf.get("pad_token_id"),
+        scale_embeddings=bool(hf.get("scale_embedding", False)), pad_token_id=pad_id(hf),
         dropout=hf.get("dropout", 0.1), attn_dropout=hf.get("attention_dropout", 0.0),
         tie_embeddings=hf.get("tie_word_embeddings", True),
     )

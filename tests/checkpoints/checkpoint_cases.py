@@ -57,6 +57,6 @@ def randomise(model, seed: int = 0) -> None:
         tensors = dict(model.named_parameters())
         tensors.update({n: b for n, b in model.named_buffers() if n.endswith("final_logits_bias")})
         for name, tensor in tensors.items():
-            noise = torch.randn(tensor.shape, generator=generator) * 0.3
+            noise = torch.randn(tensor.shape, generator=generator) * 0.2
             is_gain = ("norm" in name.lower()) and name.endswith("weight")
             tensor.copy_(1.0 + noise if is_gain else noise)
