@@ -13,15 +13,6 @@ from anatomy.generation import generate, sampling_distribution, top_k_filter, to
 TINY = dict(vocab_size=13, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq_len=32)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Models this small run faster on one intra-op thread than on two fighting over a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def decoder(**changes):
     return anatomy.build_model(ModelConfig(arch="decoder", **{**TINY, **changes}), seed=0).eval()
 
