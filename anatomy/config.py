@@ -22,6 +22,7 @@ from typing import Any
 
 # Fields that default to None and are derived from the others when the config is made.
 DERIVED_FIELDS = ("head", "final_norm", "n_kv_heads", "d_head")
+SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 # The allowed values of every option: the error for a bad value lists them.
 ARCHS = ("encoder", "decoder", "encoder-decoder")
 POS_ENCODINGS = ("sinusoidal", "learned", "rotary", "alibi", "none")
@@ -93,6 +94,9 @@ class ModelConfig:
     sinusoid_layout: str = "interleaved"  # "interleaved": sin,cos,sin,cos (paper); "halves": all sin then all cos
     type_vocab_size: int = 0  # segment (token type) embeddings, 0 = none
     pad_token_id: int | None = None
+    bos_token_id: int | None = None  # special ids the model was trained with (metadata for generation)
+    eos_token_id: int | None = None
+    decoder_start_token_id: int | None = None  # the first decoder input of an encoder-decoder
     tie_embeddings: bool = True  # output head shares the input embedding matrix
     share_encoder_decoder_embeddings: bool = True  # encoder-decoder: one token embedding for both
     # output heads
@@ -153,8 +157,10 @@ class ModelConfig:
             raise ConfigError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
         if self.norm_eps <= 0:
             raise ConfigError(f"norm_eps must be > 0, got {self.norm_eps}")
-        if self.pad_token_id is not None and not (0 <= self.pad_token_id < self.vocab_size):
-            raise ConfigError(f"pad_token_id={self.pad_token_id} is outside [0, vocab_size={self.vocab_size})")
+        for name in SPECIAL_TOKEN_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
+                raise ConfigError(f"{name}={value!r} is outside [0, vocab_size={self.vocab_size})")
 
     # derived values --------------------------------------------------------------------------
     @property

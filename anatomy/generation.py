@@ -275,9 +275,8 @@ def generate(
     Decoder-only: input_ids [B, T] is the prompt; a batch of prompts of different lengths is
     left-padded, with padding_mask [B, T] (True = real token).
     Encoder-decoder: src_ids [B, S] (and src_padding_mask [B, S]) is the source, encoded once;
-    the decoder starts from decoder_start_token_id (default: "decoder_start_token_id" in
-    model.config.extra, or in the config.json it was loaded from), or from input_ids [B, T] if
-    given (a forced prefix).
+    the decoder starts from decoder_start_token_id (default: model.config.decoder_start_token_id,
+    read from config.json by from_pretrained), or from input_ids [B, T] if given (a forced prefix).
 
     strategy: "greedy", "sample" or "beam"; None means "beam" when num_beams > 1, else "greedy".
     Sampling uses temperature, top_k and top_p (see `sampling_distribution`) and draws from
@@ -315,9 +314,8 @@ def generate(
         pad_token_id = config.pad_token_id if config.pad_token_id is not None else (stops[0] if stops else 0)
 
     if encoder_decoder and input_ids is None:
-        if decoder_start_token_id is None:  # set by the caller, or by a Hugging Face config.json
-            decoder_start_token_id = config.extra.get(
-                "decoder_start_token_id", config.extra.get("hf_config", {}).get("decoder_start_token_id"))
+        if decoder_start_token_id is None:  # set by the caller, or by the model's config
+            decoder_start_token_id = config.decoder_start_token_id
         if decoder_start_token_id is None:
             raise ValueError("an encoder-decoder model needs decoder_start_token_id (e.g. the <SOS> id), "
                              "or input_ids to start the decoder from")

@@ -53,15 +53,14 @@ SPECIAL_TOKENS = {"bos": ("<SOS>", "<s>", "<|endoftext|>", "[CLS]"), "eos": ("<E
 
 def _special_id(model, tokenizer, role: str) -> int | None:
     """The id of the "bos" or "eos" token: anatomy's <SOS>/<EOS> if the vocabulary has it (the model
-    was trained with it), else the checkpoint's config.json value, else a conventional token name."""
+    was trained with it), else the model config's value (from config.json), else a conventional token name."""
     own = tokenizer.token_to_id(SPECIAL_TOKENS[role][0])
     if own is not None:
         return own
-    hf_config = model.config.extra.get("hf_config", {})
     names = ("decoder_start_token_id", "bos_token_id") if role == "bos" else ("eos_token_id",)
     for name in names:
-        if isinstance(hf_config.get(name), int):
-            return hf_config[name]
+        if getattr(model.config, name) is not None:
+            return getattr(model.config, name)
     for token in SPECIAL_TOKENS[role][1:]:
         if tokenizer.token_to_id(token) is not None:
             return tokenizer.token_to_id(token)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import ConfigError, ModelConfig
+from ..config import SPECIAL_TOKEN_FIELDS, ConfigError, ModelConfig
 from ..models import FAMILIES
 from . import bert, gpt2, llama, marian
 from .engine import Architecture, Rule, expand, export, load_into
@@ -79,6 +79,7 @@ def from_pretrained(path: str | Path, *, dtype: torch.dtype = torch.float32, att
     keys = set(weights)
     try:
         config = arch.to_config(hf, class_name, keys)
+        config = config.replace(**_special_ids(hf, config.vocab_size, exclude=config.to_dict()))
         if attn_impl is not None:
             config = config.replace(attn_impl=attn_impl)
     except ConfigError as error:
@@ -92,6 +93,13 @@ def from_pretrained(path: str | Path, *, dtype: torch.dtype = torch.float32, att
     prefixed = any(k.startswith(arch.base_prefix + ".") for k in keys)
     load_into(model, _rules(arch, config, prefixed), weights, arch.ignore, arch.model_type)
     return model.to(dtype).eval()
+
+
+def _special_ids(hf: dict, vocab_size: int, exclude: dict) -> dict:
+    """bos/eos/decoder-start ids from config.json, where they name a real token and the
+    architecture's own reader has not set them."""
+    return {name: hf[name] for name in SPECIAL_TOKEN_FIELDS
+            if exclude.get(name) is None and isinstance(hf.get(name), int) and 0 <= hf[name] < vocab_size}
 
 
 def architecture_of(config: ModelConfig) -> tuple[Architecture, str]:
@@ -119,6 +127,7 @@ def save_pretrained(model: nn.Module, directory: str | Path) -> Path:
     arch, class_name = architecture_of(config)
     hf = dict(config.extra.get("hf_config", {})) if config.extra.get("hf_config", {}).get("model_type") == arch.model_type else {}
     hf.update(arch.to_hf_config(config, class_name))
+    hf.update({name: getattr(config, name) for name in SPECIAL_TOKEN_FIELDS if getattr(config, name) is not None})
     hf.update(model_type=arch.model_type, architectures=[class_name])
     hf.pop("transformers_version", None)
     tensors = export(model, _rules(arch, config, prefixed=class_name not in arch.base_classes))

@@ -85,7 +85,7 @@ def make_inputs(directory: Path, config, texts=None, text_b=None, pad=False, see
             types = torch.randint(0, config.type_vocab_size, ids.shape, generator=generator) * mask
     inputs = _Inputs(ids, mask, types)
     if config.arch == "encoder-decoder":
-        start = config.extra.get("hf_config", {}).get("decoder_start_token_id", pad_id)
+        start = config.decoder_start_token_id if config.decoder_start_token_id is not None else pad_id
         if tokenizer is not None:
             encodings = tokenizer.encode_batch([text_b or t for t in texts])
             rows = [[start] + e.ids for e in encodings]
