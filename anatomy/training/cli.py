@@ -198,7 +198,10 @@ def _seq2seq(args, run_dir, info):
         bleu_set = (test_src, [r.strip() for r in refs])
     model = _build_model(args, run_dir, model_config(
         args, arch="encoder-decoder", vocab_size=tok.vocab_size, max_seq_len=args.max_len + 1,
-        scale_embeddings=True, pad_token_id=tok.pad_id))
+        # the paper multiplies embeddings by sqrt(d_model) so that tokens are not drowned by the
+        # unit-amplitude sinusoids; against learned positions (initialised as small as the tokens) it
+        # would drown the positions instead
+        scale_embeddings=args.pos_encoding == "sinusoidal", pad_token_id=tok.pad_id))
     task = Seq2SeqTask(src, tgt, tok, args.batch_size, args.max_len, args.seed, info.rank, info.world_size,
                        val=val, bleu_set=bleu_set, bleu_max=args.bleu_samples)
     return model, task, tok

@@ -1,0 +1,45 @@
+"""Two gloo ranks on localhost train exactly like one process that sees the same global batch."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from anatomy.training import distributed
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
+def test_two_ranks_match_each_other_and_one_process_with_the_same_global_batch(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(HERE / "ddp_worker.py"), str(tmp_path / "ddp"), "4"],
+        env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    sys.path.insert(0, str(HERE))
+    from ddp_worker import train
+
+    train(tmp_path / "single", 8, distributed.DistInfo(0, 1, 0, torch.device("cpu")))  # 1 rank x 8 = 2 ranks x 4
+
+    rank0, rank1 = (load_file(str(tmp_path / "ddp" / f"rank{r}.safetensors")) for r in (0, 1))
+    single = load_file(str(tmp_path / "single" / "rank0.safetensors"))
+    for name in single:
+        assert torch.equal(rank0[name], rank1[name]), f"ranks diverged at {name}"
+        torch.testing.assert_close(rank0[name], single[name], rtol=1e-4, atol=1e-5, msg=name)
+    ddp_losses = json.loads((tmp_path / "ddp" / "rank0.json").read_text())
+    single_losses = json.loads((tmp_path / "single" / "rank0.json").read_text())
+    assert ddp_losses == pytest.approx(single_losses, rel=1e-5)
+    assert single_losses[-1] < single_losses[0]  # it did learn something
+    # only rank 0 wrote the run directory
+    assert (tmp_path / "ddp" / "run" / "metrics.jsonl").is_file()
+    assert len(list((tmp_path / "ddp" / "run" / "checkpoints").glob("step-*"))) == 1
