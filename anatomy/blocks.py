@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .attention import MultiHeadAttention
-from .layers import FeedForward, make_norm
+from .layers import Dropout, FeedForward, make_norm
 from .positional import RotaryEmbedding
 from .trace import TracePoint
 
@@ -40,7 +40,7 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(config)
         self.mlp = FeedForward(config)
         self.resid_post = TracePoint("batch pos d_model")
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer, **kwargs) -> torch.Tensor:
         if self.pre_norm:

@@ -45,6 +45,20 @@ class RMSNorm(nn.Module):
 NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
 
 
+class Dropout(nn.Dropout):
+    """nn.Dropout that is free where it is the identity: in evaluation, or with p = 0.
+
+    A module call costs a few microseconds of Python (hooks, dispatch) even when it returns its
+    input; a layer makes three such calls, a 1 x 16 MiniLM pass nineteen. Like TracePoint,
+    `__call__` is overridden so that this path reads two attributes and nothing else.
+    """
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if not self.training or self.p == 0.0:
+            return x
+        return super().__call__(x)
+
+
 def make_norm(config) -> nn.Module:
     return NORMS[config.norm](config.d_model, eps=config.norm_eps)
 
@@ -81,7 +95,7 @@ class FeedForward(nn.Module):
         if self.gated:
             self.fc_gate = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
         self.fc_out = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)  # W_2
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.pre = TracePoint("batch pos d_ff")
         self.post = TracePoint("batch pos d_ff")
         self.out = TracePoint("batch pos d_model")

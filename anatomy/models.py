@@ -25,7 +25,7 @@ from .blocks import Block
 from .cache import KVCache
 from .config import ModelConfig
 from .inputs import check_ids, check_mask, check_token_types
-from .layers import ACTIVATIONS, make_norm
+from .layers import ACTIVATIONS, Dropout, make_norm
 from .positional import LearnedPositions, RotaryEmbedding, SinusoidalPositions, alibi_bias, alibi_slopes
 from .trace import TracePoint
 
@@ -82,7 +82,7 @@ class Stack(nn.Module):
             self.type_embed = TracePoint("batch pos d_model")
         if config.embed_norm:
             self.embed_norm = make_norm(config)
-        self.embed_dropout = nn.Dropout(config.dropout)
+        self.embed_dropout = Dropout(config.dropout)
         rotary = None
         if config.pos_encoding == "rotary":
             rotary = RotaryEmbedding(config.d_head, config.max_seq_len, config.rope_theta)
@@ -229,7 +229,7 @@ class EncoderModel(Stack, _Saveable):
         if config.head == "masked-lm":
             self.lm_head = LMHead(config, self.token_embedding)
         elif config.head in ("sequence-classification", "token-classification"):
-            self.classifier_dropout = nn.Dropout(config.dropout)
+            self.classifier_dropout = Dropout(config.dropout)
             self.classifier = nn.Linear(config.d_model, config.num_labels)
         logit_axes = {"sequence-classification": "batch label", "token-classification": "batch pos label"}
         self.logits = TracePoint(logit_axes.get(config.head, "batch pos vocab"))

@@ -1,0 +1,63 @@
+"""The benchmark commands run and print their tables (quick mode: tiny shapes, 2 repeats).
+
+Nothing here asserts a time: a test on a shared machine cannot. What is asserted is what the
+numbers rest on: both libraries computed the same thing (same tokens, same loss, outputs close).
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from anatomy.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def quick_table():
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["bench", "--quick"]) == 0
+    return out.getvalue()
+
+
+def test_quick_suite_prints_every_row(quick_table):
+    assert "| case | unit | anatomy | transformers | speed-up | notes |" in quick_table
+    for case in ("encoder: latency", "encoder: throughput", "generate:", "train: step", "trace: trace points off"):
+        assert re.search(rf"^\| {re.escape(case)}", quick_table, re.M), f"no row for {case!r}:\n{quick_table}"
+    assert "matmul peak" in quick_table and "bandwidth" in quick_table
+
+
+def test_both_sides_computed_the_same_thing(quick_table):
+    assert "same tokens: yes" in quick_table
+    for diff in re.findall(r"max \|diff\| ([0-9.e+-]+)", quick_table):
+        assert float(diff) < 1e-4
+    losses = re.search(r"first loss ([0-9.]+) vs ([0-9.]+)", quick_table)
+    assert losses and abs(float(losses[1]) - float(losses[2])) < 1e-4
+
+
+def test_only_runs_the_named_group():
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["bench", "--quick", "--only", "trace"]) == 0
+    text = out.getvalue()
+    assert "trace: trace points off" in text and "encoder:" not in text
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "bench").glob("*.py")))
+def test_bench_scripts_run_quick(script):
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "|" in result.stdout  # every script ends with a table
