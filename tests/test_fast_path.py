@@ -2,8 +2,9 @@
 
 The fast paths of the hot loop (see BENCHMARKS.md for what each one measured):
 - Dropout skips its module call where it is the identity (evaluation, or p = 0);
-- ...
-Each is checked against the slow path it replaces, on every family, within 1e-5.
+- DecoderModel.loss / LMHead.loss compute the LM head and the cross-entropy a chunk of positions
+  at a time (chunked_cross_entropy), with their gradients, never holding all the logits.
+Each is checked against the plain path it replaces within 1e-5: outputs, losses and gradients.
 """
 
 import pytest
@@ -12,7 +13,10 @@ from torch import nn
 
 import anatomy
 from anatomy import ModelConfig, build_model
+import torch.nn.functional as F
+
 from anatomy.layers import Dropout
+from anatomy.models import chunked_cross_entropy
 
 TINY = dict(vocab_size=23, d_model=16, n_heads=4, n_layers=2, d_ff=32, max_seq_len=32)
 FAMILIES = ["encoder", "decoder", "encoder-decoder"]
@@ -68,3 +72,41 @@ def test_training_with_dropout_differs_from_evaluation():
         trained = run(model.train(), ids())
         evaluated = run(model.eval(), ids())
     assert not torch.allclose(trained, evaluated)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("grad", [True, False])
+def test_chunked_cross_entropy_equals_cross_entropy_of_the_logits(with_bias, grad):
+    """Many chunks (3 rows each, the last one short), ignored rows included: same loss, same gradients."""
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(20, 8, generator=generator, requires_grad=True)
+    weight = torch.randn(11, 8, generator=generator, requires_grad=True)
+    bias = torch.randn(11, generator=generator, requires_grad=True) if with_bias else None
+    targets = torch.randint(0, 11, (20,), generator=generator)
+    targets[[0, 7, 19]] = -100
+    leaves = [t for t in (hidden, weight, bias) if t is not None]
+    expected = F.cross_entropy(F.linear(hidden, weight, bias), targets, ignore_index=-100)
+    with torch.set_grad_enabled(grad):
+        loss = chunked_cross_entropy(hidden, weight, bias, targets, chunk_bytes=3 * 11 * 4)
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-5)
+    if grad:
+        for ours, plain in zip(torch.autograd.grad(2.5 * loss, leaves), torch.autograd.grad(2.5 * expected, leaves)):
+            torch.testing.assert_close(ours, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("config", [dict(), dict(tie_embeddings=False, lm_head_bias=True)], ids=["tied", "untied"])
+def test_decoder_loss_equals_cross_entropy_of_forward_logits(config):
+    """Next-token targets, left padding ignored: the loss and every parameter's gradient match."""
+    model = build_model(ModelConfig(arch="decoder", **TINY, **config), seed=0)
+    batch = ids(3, 9)
+    mask = torch.ones(3, 9, dtype=torch.bool)
+    mask[0, :3] = False  # left padding
+    targets = F.pad(batch[:, 1:], (0, 1), value=-100)
+    targets = targets.masked_fill(~F.pad(mask[:, 1:] & mask[:, :-1], (0, 1), value=False), -100)
+    logits = model(batch, padding_mask=mask).logits
+    expected = F.cross_entropy(logits.reshape(-1, TINY["vocab_size"]), targets.reshape(-1))
+    loss = model.loss(batch, padding_mask=mask)
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-5)
+    params = list(model.parameters())
+    for ours, plain in zip(torch.autograd.grad(loss, params), torch.autograd.grad(expected, params)):
+        torch.testing.assert_close(ours, plain, atol=1e-5, rtol=1e-5)
