@@ -267,11 +267,12 @@ def run(args) -> int:
     info = distributed.setup(args.device)
     run_dir = Path(args.out)
     try:
+        # every rank checks (reading only), so that all of them stop, not just rank 0
+        if not args.resume and find_checkpoint(run_dir) is not None:
+            raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, "
+                             f"or choose another --out")
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
-            if not args.resume and find_checkpoint(run_dir) is not None:
-                raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, "
-                                 f"or choose another --out")
             if not args.resume:  # a fresh run forgets any half-started one in the same directory
                 for stale in ("config.json", "tokenizer.json", "metrics.jsonl"):
                     (run_dir / stale).unlink(missing_ok=True)

@@ -20,7 +20,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -263,15 +263,15 @@ class Trainer:
         path = find_checkpoint(self.run_dir)
         if path is None:
             self._say(f"no checkpoint in {self.run_dir}/checkpoints: starting from step 0")
-            return
-        state = load_checkpoint(path, self.model, self.optimizer, self.scheduler, self.scaler)
-        self.step = state["step"]
+        else:
+            self.step = load_checkpoint(path, self.model, self.optimizer, self.scheduler, self.scaler)["step"]
         # steps after the checkpoint were lost with the kill; they will be run again
         self.history = [r for r in read_metrics(self.run_dir) if r["step"] <= self.step]
         if self.dist.is_main:
             write_text_atomically(self.run_dir / "metrics.jsonl",
                                   "".join(json.dumps(r) + "\n" for r in self.history))
-        self._say(f"resumed from {path} (step {self.step})")
+        if path is not None:
+            self._say(f"resumed from {path} (step {self.step})")
 
     # -- one update --
     def _autocast(self):
@@ -383,8 +383,11 @@ class _Progress:
     """A rich progress bar showing loss, tokens/s and ETA; does nothing when disabled."""
 
     def __init__(self, total: int, start: int, enabled: bool):
-        self.enabled = enabled
-        if not enabled:
+        from rich.console import Console
+
+        # not a terminal (a log file, nohup): plain log lines are more useful than a frozen bar
+        self.enabled = enabled and Console().is_terminal
+        if not self.enabled:
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
             TimeRemainingColumn
@@ -454,7 +457,3 @@ def plot_metrics(run_dir: str | os.PathLike, history: list[dict]) -> Path | None
     plt.close(fig)
     os.replace(tmp, out)
     return out
-
-
-def config_dict(config: TrainConfig) -> dict:
-    return asdict(config)

@@ -39,7 +39,6 @@ def test_two_ranks_match_each_other_and_one_process_with_the_same_global_batch(t
     ddp_losses = json.loads((tmp_path / "ddp" / "rank0.json").read_text())
     single_losses = json.loads((tmp_path / "single" / "rank0.json").read_text())
     assert ddp_losses == pytest.approx(single_losses, rel=1e-5)
-    assert single_losses[-1] < single_losses[0]  # it did learn something
     # only rank 0 wrote the run directory
     assert (tmp_path / "ddp" / "run" / "metrics.jsonl").is_file()
     assert len(list((tmp_path / "ddp" / "run" / "checkpoints").glob("step-*"))) == 1

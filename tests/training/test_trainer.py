@@ -1,7 +1,6 @@
 """The trainer: it learns, it resumes exactly, its checkpoints never half-load, its schedules are the paper's."""
 
 import json
-import math
 
 import pytest
 import torch
