@@ -218,7 +218,8 @@ def _classify(args, run_dir, info):
         classification_data(args.train, tok, labels, cache_dir=args.cache_dir)
     distributed.barrier()
     seqs, y, names = classification_data(args.train, tok, labels, cache_dir=args.cache_dir)
-    write_text_atomically(run_dir / "labels.json", json.dumps(names)) if info.is_main else None
+    if info.is_main:
+        write_text_atomically(run_dir / "labels.json", json.dumps(names))
     val = None
     if args.val:
         val_seqs, val_y, _ = classification_data(args.val, tok, names, cache_dir=args.cache_dir)

@@ -447,7 +447,7 @@ def plot_metrics(run_dir: str | os.PathLike, history: list[dict]) -> Path | None
     if val:
         ax.plot(*zip(*val), "o-", label="val loss", lw=1.5, ms=3)
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_ylabel("cross-entropy (nats per prediction)")
     ax.grid(alpha=0.3)
     ax.legend()
     out = Path(run_dir) / "loss.png"
