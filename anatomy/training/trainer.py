@@ -286,7 +286,7 @@ class Trainer:
         ks = range(self.step * c.grad_accum, (self.step + 1) * c.grad_accum)
         batches = [to_device(self.task.batch(k), self.device) for k in ks]
         local_count = sum(count_targets(b) for b in batches)
-        global_count = distributed.all_reduce_sum(torch.tensor(float(local_count))).item()
+        global_count = distributed.all_reduce_sum(torch.tensor(float(local_count), device=self.device)).item()
         loss_sum = torch.zeros((), device=self.device)
         for m, batch in enumerate(batches):
             # skip the gradient all-reduce on all but the last micro-batch: gradients just accumulate
