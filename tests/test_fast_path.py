@@ -16,7 +16,7 @@ from anatomy import ModelConfig, build_model
 import torch.nn.functional as F
 
 from anatomy.layers import Dropout
-from anatomy.models import chunked_cross_entropy
+from anatomy.losses import chunked_cross_entropy
 
 TINY = dict(vocab_size=23, d_model=16, n_heads=4, n_layers=2, d_ff=32, max_seq_len=32)
 FAMILIES = ["encoder", "decoder", "encoder-decoder"]
