@@ -24,6 +24,7 @@ from ..models import FAMILIES
 from . import bert, gpt2, llama, marian
 from .engine import Architecture, Rule, expand, export, load_into
 from .files import CheckpointError, Weights, read_json, resolve, write_safetensors
+from .native import NATIVE_CONFIG, load_native, save_native
 from .tokenizer import load_tokenizer, sentence_embeddings
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
@@ -69,11 +70,14 @@ def from_pretrained(path: str | Path, *, dtype: torch.dtype = torch.float32, att
     """Build the anatomy model a Hugging Face-format directory describes and load its weights.
 
     path: a directory with config.json and model.safetensors (or pytorch_model.bin, or a sharded
-    *.index.json), or "minilm". Returns the model in eval mode, in `dtype`.
+    *.index.json), or anatomy's own anatomy_config.json + model.safetensors, or "minilm".
+    Returns the model in eval mode, in `dtype`.
     Raises CheckpointError for a missing directory or file, an unsupported model_type, a
     missing/unexpected/mis-shaped/non-finite tensor (each named) or a corrupt weights file.
     """
     directory = resolve(path)
+    if not (directory / "config.json").is_file() and (directory / NATIVE_CONFIG).is_file():
+        return load_native(directory).to(dtype).eval()
     hf, arch, class_name = read_config(directory)
     weights = Weights(directory)
     keys = set(weights)
@@ -117,14 +121,29 @@ def architecture_of(config: ModelConfig) -> tuple[Architecture, str]:
     raise CheckpointError("no Hugging Face architecture expresses this config:\n  " + "\n  ".join(reasons))
 
 
-def save_pretrained(model: nn.Module, directory: str | Path) -> Path:
-    """Write `model` as a Hugging Face checkpoint: config.json (with model_type and architectures)
-    and model.safetensors. transformers' from_pretrained loads it and computes the same outputs.
+SAVE_FORMATS = ("auto", "hf", "anatomy")
 
-    Raises CheckpointError when no supported architecture can express the model's config.
+
+def save_pretrained(model: nn.Module, directory: str | Path, format: str = "auto") -> Path:
+    """Write `model` to `directory`; from_pretrained(directory) gives it back.
+
+    format "hf": a Hugging Face checkpoint, config.json (with model_type and architectures) and
+    model.safetensors, that transformers loads and computes the same outputs with; raises
+    CheckpointError, with each architecture's reason, when none of them expresses the config.
+    format "anatomy": anatomy_config.json + model.safetensors (anatomy's own names).
+    format "auto" (default): "hf" when an architecture expresses the config, else "anatomy".
     """
+    if format not in SAVE_FORMATS:
+        raise ValueError(f"format={format!r} is not supported; allowed values: {', '.join(map(repr, SAVE_FORMATS))}")
     config: ModelConfig = model.config
-    arch, class_name = architecture_of(config)
+    if format == "anatomy":
+        return save_native(model, directory)
+    try:
+        arch, class_name = architecture_of(config)
+    except CheckpointError:
+        if format == "hf":
+            raise
+        return save_native(model, directory)
     hf = dict(config.extra.get("hf_config", {})) if config.extra.get("hf_config", {}).get("model_type") == arch.model_type else {}
     hf.update(arch.to_hf_config(config, class_name))
     hf.update({name: getattr(config, name) for name in SPECIAL_TOKEN_FIELDS if getattr(config, name) is not None})

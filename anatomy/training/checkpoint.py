@@ -202,27 +202,16 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer=None, schedule
 
 
 # ---- the trained model, for use after training ------------------------------------------------
-NATIVE_CONFIG = "anatomy_config.json"
-
 
 def save_trained(model: torch.nn.Module, tokenizer, directory: str | os.PathLike) -> Path:
     """Write the trained model and its tokenizer to `directory`.
 
-    In Hugging Face format (`anatomy.save_pretrained`: config.json + model.safetensors, loadable by
-    `anatomy.from_pretrained` and by transformers) when a supported architecture expresses the
-    config; otherwise in anatomy's own format (anatomy_config.json + model.safetensors).
-    `load_trained` reads either."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        from anatomy.checkpoints import save_pretrained
+    `anatomy.save_pretrained` writes Hugging Face format (loadable by transformers too) when a
+    supported architecture expresses the config, and anatomy's own format otherwise;
+    `anatomy.from_pretrained` and `load_trained` read either."""
+    from anatomy.checkpoints import save_pretrained
 
-        save_pretrained(model, out)
-    except Exception as error:  # an architecture HF has no class for: keep anatomy's own format
-        if type(error).__name__ != "CheckpointError" and not isinstance(error, ImportError):
-            raise
-        save_model(model, str(out / "model.safetensors"))
-        write_text_atomically(out / NATIVE_CONFIG, model.config.to_json())
+    out = save_pretrained(model, directory)
     tokenizer.save(out)
     return out
 
@@ -233,10 +222,4 @@ def load_trained(directory: str | os.PathLike):
 
     from .tokenizers import Tokenizer
 
-    directory = Path(directory)
-    if (directory / NATIVE_CONFIG).is_file():
-        model = anatomy.build_model(anatomy.ModelConfig.from_json((directory / NATIVE_CONFIG).read_text()))
-        load_model(model, str(directory / "model.safetensors"), strict=True)
-    else:
-        model = anatomy.from_pretrained(directory)
-    return model.eval(), Tokenizer.load(directory)
+    return anatomy.from_pretrained(directory), Tokenizer.load(directory)

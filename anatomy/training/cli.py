@@ -5,7 +5,7 @@
     anatomy train classify --train train.tsv --val dev.tsv --init minilm --out runs/sst2
 
 The same command under `torchrun --nproc_per_node=N` trains with DistributedDataParallel.
-A run directory holds config.json, tokenizer.json, metrics.jsonl, loss.png, checkpoints/ and, at the
+A run directory holds model_config.json, tokenizer.json, metrics.jsonl, loss.png, checkpoints/ and, at the
 end, model/ (weights + config + tokenizer). `--resume` continues a killed run from its last checkpoint.
 """
 
@@ -156,11 +156,15 @@ def _tokenizer(args, run_dir: Path, files: list[str], info) -> Tokenizer:
     return Tokenizer.load(saved)
 
 
+# The run's model shape, fixed at its start (not config.json: the finished model/ holds that).
+RUN_CONFIG = "model_config.json"
+
+
 def _build_model(args, run_dir: Path, cfg):
     """A fresh model of `cfg`, or of the run's saved config when resuming (the run's shape wins)."""
     import anatomy
 
-    saved = run_dir / "config.json"
+    saved = run_dir / RUN_CONFIG
     if saved.exists():
         cfg = anatomy.ModelConfig.from_json(saved.read_text())
     elif distributed.is_main():
@@ -257,7 +261,7 @@ def _pretrained_classifier(args, run_dir: Path, labels: list[str] | None):
         raise ValueError(f"{args.init}: pretrained weights lack {not_head[:5]}")
     if unexpected:
         print(f"fine-tuning {args.init}: dropped weights the classifier does not use: {', '.join(unexpected)}")
-    write_text_atomically(run_dir / "config.json", cfg.to_json())
+    write_text_atomically(run_dir / RUN_CONFIG, cfg.to_json())
     tok.save(run_dir)
     return model, tok
 
@@ -275,7 +279,7 @@ def run(args) -> int:
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             if not args.resume:  # a fresh run forgets any half-started one in the same directory
-                for stale in ("config.json", "tokenizer.json", "metrics.jsonl"):
+                for stale in (RUN_CONFIG, "tokenizer.json", "metrics.jsonl"):
                     (run_dir / stale).unlink(missing_ok=True)
         distributed.barrier()
         random.seed(args.seed)

@@ -84,9 +84,39 @@ def test_a_model_built_by_anatomy_loads_in_transformers(transformers, tmp_path, 
     assert (ours - reference).abs().max() < 1e-5
 
 
-def test_a_config_no_architecture_expresses_is_refused(tmp_path):
+def test_a_config_no_architecture_expresses_is_refused_in_hf_format(tmp_path):
     model = anatomy.build_model(anatomy.preset("toy"))  # post-norm decoder with sinusoids: none of the four
     with pytest.raises(CheckpointError, match="no Hugging Face architecture") as error:
-        model.save_pretrained(tmp_path)
+        model.save_pretrained(tmp_path, format="hf")
     assert "gpt2" in str(error.value) and "llama" in str(error.value)
     assert not (tmp_path / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("config", [
+    anatomy.preset("toy"),
+    anatomy.preset("toy", arch="encoder-decoder", norm_position="pre"),
+    anatomy.preset("toy", arch="encoder", head="sequence-classification", pooling="mean", num_labels=3),
+])
+def test_anatomys_own_format_round_trips_what_hf_cannot_express(tmp_path, config):
+    model = anatomy.build_model(config, seed=0).eval()
+    saved = model.save_pretrained(tmp_path)  # format="auto": no HF class, so anatomy's own
+    assert (saved / "anatomy_config.json").is_file() and not (saved / "config.json").exists()
+    loaded = anatomy.from_pretrained(saved)
+    assert loaded.config == config
+    ids = torch.tensor([[1, 3, 4, 6, 5]])
+    with torch.no_grad():
+        if config.arch == "encoder-decoder":
+            ours, theirs = model(ids, ids[:, :3]).logits, loaded(ids, ids[:, :3]).logits
+        else:
+            ours, theirs = model(ids).logits, loaded(ids).logits
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def test_anatomys_own_format_is_checked_like_any_checkpoint(tmp_path):
+    model = anatomy.build_model(anatomy.preset("toy"), seed=0)
+    model.save_pretrained(tmp_path, format="anatomy")
+    other = anatomy.preset("toy").replace(d_ff=16)
+    other.to_json(tmp_path / "anatomy_config.json")
+    with pytest.raises(CheckpointError, match=r"mis-shaped tensors \(6\)") as error:
+        anatomy.from_pretrained(tmp_path)
+    assert "blocks.0.mlp.fc_in.weight: checkpoint has [8, 4], model expects [16, 4]" in str(error.value)
