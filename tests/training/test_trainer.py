@@ -178,3 +178,31 @@ def test_bad_inputs_are_reported_by_the_command_not_as_a_traceback(tmp_path, cap
     assert main(["train", "classify", "--train", str(tmp_path / "t.tsv"), "--val", str(tmp_path / "v.tsv"),
                  "--tokenizer", "word", "--out", str(tmp_path / "r3"), "--batch-size", "2", *common]) == 2
     assert "v.tsv:2: unknown label 'neutral'; allowed labels are 'neg', 'pos'" in capsys.readouterr().err
+
+
+def test_accumulated_micro_batches_equal_one_large_batch(tmp_path):
+    """2 micro-batches of 8 accumulated give the update of one batch of 16 (same rows, same order)."""
+    from anatomy.training.trainer import LMTask, TrainConfig, Trainer
+
+    rows = torch.randint(0, 20, (16, 9), generator=torch.Generator().manual_seed(0))
+
+    class FixedRows(LMTask):
+        def __init__(self, per_micro_batch):
+            super().__init__(train=None)
+            self.per = per_micro_batch
+
+        def batch(self, k):
+            start = (k % (16 // self.per)) * self.per
+            block = rows[start:start + self.per]
+            return {"input_ids": block[:, :-1], "labels": block[:, 1:]}
+
+    finals = {}
+    for per, accum in [(16, 1), (8, 2)]:
+        model = anatomy.build_model(anatomy.ModelConfig(arch="decoder", vocab_size=20, d_model=16, n_heads=2,
+                                                        n_layers=1, d_ff=32, max_seq_len=8), seed=0)
+        config = TrainConfig(max_steps=3, batch_size=per, grad_accum=accum, lr=1e-2, warmup=1, eval_every=0,
+                             log_every=1, progress=False, quiet=True)
+        Trainer(model, FixedRows(per), config, tmp_path / f"run-{per}x{accum}").fit()
+        finals[accum] = model.state_dict()
+    for name, value in finals[1].items():
+        torch.testing.assert_close(finals[2][name], value, atol=1e-5, rtol=1e-4, msg=name)
