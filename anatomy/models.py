@@ -25,7 +25,7 @@ from . import masks
 from .blocks import Block
 from .cache import KVCache
 from .config import ModelConfig
-from .inputs import check_ids, check_mask, check_token_types
+from .inputs import InputError, check_ids, check_mask, check_token_types
 from .layers import ACTIVATIONS, Dropout, make_norm
 from .losses import chunked_cross_entropy
 from .positional import LearnedPositions, RotaryEmbedding, SinusoidalPositions, alibi_bias, alibi_slopes
@@ -307,12 +307,14 @@ class DecoderModel(Stack, _Saveable):
         """
         if not hasattr(self, "lm_head"):
             raise ValueError("loss needs an LM head; this model has head='none'")
+        self.check_inputs("input_ids", input_ids, padding_mask, "padding_mask")
+        if targets is not None and tuple(targets.shape) != tuple(input_ids.shape):
+            raise InputError(f"targets has shape {tuple(targets.shape)} but input_ids has {tuple(input_ids.shape)}")
         if targets is None:
             targets = F.pad(input_ids[:, 1:], (0, 1), value=-100)  # (B, T): the next token
             if padding_mask is not None:
                 both_real = F.pad(padding_mask[:, 1:] & padding_mask[:, :-1], (0, 1), value=False)
                 targets = targets.masked_fill(~both_real, -100)
-        self.check_inputs("input_ids", input_ids, padding_mask, "padding_mask")
         return self.lm_head.loss(self.run(input_ids, padding_mask=padding_mask), targets)
 
 
