@@ -123,8 +123,8 @@ def test_generation_view_steps_through_the_output(open_view, tmp_path):
 def test_512_tokens_12_layers_12_heads_render_and_respond(open_view, tmp_path):
     """BERT-base-sized attention renders and answers a click, for the head and the model view.
 
-    Its first paint is reported here and measured against the 2 s budget by
-    `python bench/viz_first_paint.py` (BENCHMARKS.md): tests never assert wall-clock times.
+    Its first paint is printed (`pytest tests/viz -k 512 -s`) and recorded against the 2 s
+    budget in BENCHMARKS.md: tests never assert wall-clock times.
     """
     weights = bert_sized_attention()
     tokens = [f"token{i}" for i in range(weights.shape[-1])]
