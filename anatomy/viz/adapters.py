@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+import anatomy
 from anatomy.trace import trace, trace_points
 from anatomy.viz.data import AttentionMap, to_numpy
 
@@ -143,9 +144,4 @@ def greedy_continuation(model, ids: Sequence[int], n_new: int) -> list[int]:
     limit = model.config.max_seq_len
     if len(ids) + n_new > limit:
         raise ValueError(f"{len(ids)} prompt tokens + {n_new} new ones exceed the model's max_seq_len {limit}")
-    ids = list(ids)
-    with torch.no_grad():
-        for _ in range(n_new):
-            logits = model(torch.tensor([ids])).logits  # (1, T, V)
-            ids.append(int(logits[0, -1].argmax()))
-    return ids
+    return anatomy.generate(model, torch.tensor([list(ids)]), max_new_tokens=n_new, strategy="greedy").sequences[0].tolist()
