@@ -17,8 +17,8 @@ SUBCOMMANDS = {
     "viz": ("anatomy.viz.cli", "write a self-contained attention view (HTML) or a static image"),
     "parity": ("anatomy.checkpoints.parity", "compare every intermediate with Hugging Face transformers"),
     "train": ("anatomy.training.cli", "train a language model, a translator or a classifier"),
-    "generate": ("anatomy.generation_cli", "generate text from a trained or pretrained model"),
-    "bench": ("anatomy.bench_cli", "benchmark anatomy against Hugging Face transformers"),
+    "generate": ("anatomy.generation.cli", "generate text from a trained or pretrained model"),
+    "bench": ("anatomy.bench.cli", "benchmark anatomy against Hugging Face transformers"),
 }
 
 

@@ -6,8 +6,8 @@ compute x W. Same bytes, same flops, different kernels: this script times both o
 one GPT-2 124M token (12 layers and the tied LM head, 496 MB, far beyond the caches) and reports
 the bandwidth each reaches.
 
-    python bench/gemv.py            # 12 sweeps per layout, interleaved
-    python bench/gemv.py --quick    # 2 sweeps of a 1-layer, narrower set: checks that it runs
+    python -m anatomy.bench.gemv            # 12 sweeps per layout, interleaved
+    python -m anatomy.bench.gemv --quick    # 2 sweeps of a 1-layer, narrower set: checks that it runs
 """
 
 from __future__ import annotations

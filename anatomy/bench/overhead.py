@@ -6,8 +6,8 @@ dispatcher, not by the kernels. This script makes the models of the suite 16 to 
 module calls, trace points reached, top-level aten ops (each one a dispatch, and on 2 threads
 possibly an OpenMP fork/join), and the time of a pass, for anatomy and for transformers.
 
-    python bench/overhead.py            # 2000 passes each, interleaved
-    python bench/overhead.py --quick    # 20 passes: checks that it runs
+    python -m anatomy.bench.overhead            # 2000 passes each, interleaved
+    python -m anatomy.bench.overhead --quick    # 20 passes: checks that it runs
 
 Times are the 5th percentile of interleaved single passes: on a shared machine the noise only
 ever adds, so a low percentile estimates the uncontended cost.
@@ -23,7 +23,7 @@ from collections import Counter
 import torch
 from torch import nn
 
-from anatomy import bench_cli
+from . import cli as bench_cli
 
 
 def count_module_calls(fn) -> int:

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from .generation import STRATEGIES, generate
+from .generate import STRATEGIES, generate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

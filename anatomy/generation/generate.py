@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .models import DecoderModel, EncoderDecoderModel
+from ..models import DecoderModel, EncoderDecoderModel
 
 STRATEGIES = ("greedy", "sample", "beam")
 Streamer = Callable[[list[int]], None]
