@@ -378,7 +378,7 @@ def bench_trace(settings: Settings) -> list[Row]:
     an idle point through its parent module (attribute lookup included), over the time of a pass;
     both times are the fastest of their runs.
     """
-    from .trace import TracePoint, trace_points
+    from ..trace import TracePoint, trace_points
 
     ours, _ = minilm_pair(tiny=settings.quick)
     ids = torch.randint(1, ours.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
