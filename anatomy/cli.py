@@ -1,15 +1,28 @@
-"""The `anatomy` command.
+"""The `anatomy` command: one dispatcher, and the argument helpers every subcommand shares.
 
-Each subcommand lives beside the concept it exposes and provides two functions:
-`add_arguments(parser)` and `run(args) -> int`. They are imported only when used, so
-`anatomy walk` never pays for importing the trainer or the browser views.
+Each subcommand lives in its floor's cli.py and provides two functions: `add_arguments(parser)` and
+`run(args) -> int`. They are imported only when used, so `anatomy walk` never pays for importing the
+trainer or the browser views.
+
+A mistake on the command line, or an input the model refuses, ends in one line on stderr and exit
+status 2, never a traceback (ANATOMY_DEBUG=1 shows the traceback):
+
+    $ anatomy generate --model toy --temperature -1
+    anatomy generate: error: argument --temperature: -1 is not a positive number
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import math
+import os
 import sys
+import traceback
+
+import torch
+
+from . import __version__
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
@@ -21,13 +34,131 @@ SUBCOMMANDS = {
     "bench": ("anatomy.bench.cli", "benchmark anatomy against Hugging Face transformers"),
 }
 
+# What --model accepts by name; anything else is a folder, a .gguf file or a Hub id (org/name).
+BUILTIN_MODEL_NAMES = ("toy", "toy-encoder", "toy-seq2seq", "minilm", "smollm2")
+
+
+# Typed, ranged argument values -------------------------------------------------------------------
+# Each is an argparse `type=`: a bad value becomes "argument --x: <why>" and exit status 2.
+
+
+def _number(text: str, kind=float):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer (1 or more)")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative (0 or more)")
+    return value
+
+
+def finite_float(text: str) -> float:
+    return _number(text)
+
+
+def positive_float(text: str) -> float:
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative (0 or more)")
+    return value
+
+
+def probability(text: str) -> float:
+    value = _number(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a probability (0 to 1)")
+    return value
+
+
+# --model and --device -----------------------------------------------------------------------------
+
+
+def add_model_argument(parser: argparse.ArgumentParser, default: str | None = "toy", help: str = "") -> None:
+    """--model NAME_OR_PATH, resolved by anatomy.from_pretrained / anatomy.load_tokenizer."""
+    names = ", ".join(BUILTIN_MODEL_NAMES)
+    where = f" (default: {default})" if default else ""
+    parser.add_argument(
+        "--model", default=default, required=default is None, metavar="NAME_OR_PATH",
+        help=(help + "; " if help else "") + f"a built-in model ({names}), a checkpoint folder, a .gguf file "
+        f"or a Hugging Face Hub id org/name{where}; `anatomy models` lists them",
+    )
+
+
+def device(text: str) -> str:
+    """An argparse type: a torch device that exists on this machine ('auto': cuda, then mps, then cpu)."""
+    if text == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
+    try:
+        parsed = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (cpu, cuda, cuda:N, mps or auto)") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(f"{text}: no CUDA GPU is available on this machine (use cpu)")
+        if parsed.index is not None and parsed.index >= count:
+            raise argparse.ArgumentTypeError(f"{text}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    elif parsed.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise argparse.ArgumentTypeError(f"{text}: Apple's MPS is not available on this machine (use cpu)")
+    elif parsed.type != "cpu":
+        raise argparse.ArgumentTypeError(f"{text!r}: anatomy runs on cpu, cuda, cuda:N or mps")
+    return str(parsed)
+
+
+def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -> None:
+    """--device cpu|cuda|cuda:N|mps|auto, checked to exist before anything is computed."""
+    parser.add_argument("--device", type=device, default=default, metavar="DEVICE",
+                        help=f"cpu, cuda, cuda:N, mps or auto (default: {default})")
+
+
+# The dispatcher ----------------------------------------------------------------------------------
+
+
+def one_line(text: str) -> str:
+    """`text` as one printable line: newlines joined, control characters shown as escapes (never sent
+    to the terminal, where they could move the cursor or retitle the window)."""
+    text = " ".join(str(text).split("\n"))
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a mistake reported in one line ("prog: error: ...; see prog --help")."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only `command`'s module is imported (None: list commands only)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="anatomy",
         description="The Transformer, taken apart: run, trace, narrate and view every step.",
     )
+    parser.add_argument("--version", action="version", version=f"anatomy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -36,6 +167,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as error:
+            if (error.name or "").startswith("anatomy"):
+                raise
             # An optional extra is missing: say which, instead of a traceback.
             sub_parser.set_defaults(_missing=str(error))
             continue
@@ -47,13 +180,47 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        argv = ["walk"]  # the main job: narrate the seed 004 toy model
+        argv = ["walk"]  # the main job: narrate the toy model
     command = argv[0] if argv[0] in SUBCOMMANDS else None
-    parser = build_parser(command)
-    args = parser.parse_args(argv)
-    if getattr(args, "_missing", None):
-        parser.exit(2, f"anatomy {args.command}: unavailable, a dependency is missing ({args._missing})\n")
-    return int(args._run(args) or 0)
+    prog = f"anatomy {command}" if command else "anatomy"
+    try:
+        parser = build_parser(command)
+        args = parser.parse_args(argv)
+        if getattr(args, "_missing", None):
+            parser.exit(2, f"{prog}: unavailable, a dependency is missing ({args._missing})\n")
+        if not hasattr(args, "_run"):
+            parser.error("name a command")
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`anatomy walk | head`): nothing more to say, and nowhere to say it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (ValueError, OSError, MemoryError) as error:
+        # anatomy's errors (ConfigError, InputError, CheckpointError, CacheFullError) are ValueErrors
+        # whose message names the argument and the allowed values; OSError: a file or a folder.
+        if os.environ.get("ANATOMY_DEBUG"):
+            raise
+        print(f"{prog}: error: {one_line(_describe(error))}", file=sys.stderr)
+        return 2
+    except Exception as error:  # a bug in anatomy, not the user's mistake: still one line, status 1
+        if os.environ.get("ANATOMY_DEBUG"):
+            raise
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        print(f"{prog}: internal error: {type(error).__name__}: {one_line(str(error))} "
+              f"(at {os.path.basename(where.filename)}:{where.lineno}; ANATOMY_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"{error.strerror or error}: {error.filename}"
+    if isinstance(error, MemoryError):
+        return "out of memory"
+    return str(error) or type(error).__name__
 
 
 if __name__ == "__main__":

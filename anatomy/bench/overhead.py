@@ -1,13 +1,13 @@
 """Per-pass overhead: what a forward pass costs when its arithmetic costs nothing.
 
 A small input (one 16-token sentence, one decoded token) is dominated by Python and the torch
-dispatcher, not by the kernels. This script makes the models of the suite 16 to 32 times narrower
+dispatcher, not by the kernels. This group makes the models of the suite 16 to 32 times narrower
 (d_model 24 or 48, same layers and heads), so that what remains is overhead, and reports per pass:
 module calls, trace points reached, top-level aten ops (each one a dispatch, and on 2 threads
 possibly an OpenMP fork/join), and the time of a pass, for anatomy and for transformers.
 
-    python -m anatomy.bench.overhead            # 2000 passes each, interleaved
-    python -m anatomy.bench.overhead --quick    # 20 passes: checks that it runs
+    anatomy bench --only overhead            # 2000 passes each, interleaved
+    anatomy bench --only overhead --quick    # 20 passes: checks that it runs
 
 Times are the 5th percentile of interleaved single passes: on a shared machine the noise only
 ever adds, so a low percentile estimates the uncontended cost.
@@ -15,7 +15,6 @@ ever adds, so a low percentile estimates the uncontended cost.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections import Counter
@@ -23,7 +22,8 @@ from collections import Counter
 import torch
 from torch import nn
 
-from . import cli as bench_cli
+from ..trace import trace_points
+from .common import Row, Settings, gpt2_pair, pair
 
 
 def count_module_calls(fn) -> int:
@@ -42,8 +42,6 @@ def count_module_calls(fn) -> int:
 
 
 def count_trace_points(model, fn) -> int:
-    from anatomy.trace import trace_points
-
     reached = 0
 
     def count(x):
@@ -63,9 +61,7 @@ def count_trace_points(model, fn) -> int:
 
 
 def count_aten_ops(fn) -> Counter:
-    from torch.profiler import profile
-
-    with profile() as prof:
+    with torch.profiler.profile() as prof:
         fn()
     return Counter(e.name for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::"))
 
@@ -113,45 +109,39 @@ def decode_step(model, hf: bool):
     return run
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--passes", type=int, default=2000)
-    args = parser.parse_args(argv)
-    passes = 20 if args.quick else args.passes
+def bench_overhead(settings: Settings) -> list[Row]:
+    """Per-pass time (5th percentile, us), aten ops, module calls and trace points, both libraries."""
+    from transformers import BertConfig, BertModel  # optional extra: bench
+
+    passes = 20 if settings.quick else (settings.repeats or 2000)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # overhead is single-threaded Python; one thread keeps kernels out of it
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    from transformers import BertConfig, BertModel
-
-    enc_ours, enc_theirs = bench_cli._pair(BertModel(BertConfig(
-        vocab_size=99, hidden_size=24, num_hidden_layers=6, num_attention_heads=12, intermediate_size=48,
-        max_position_embeddings=64, attn_implementation="sdpa")))
-    dec_ours, dec_theirs = bench_cli.gpt2_pair(12, 48, 12, vocab_size=99, max_seq_len=128)
-    ids = torch.randint(1, 99, (1, 16), generator=torch.Generator().manual_seed(0))
-    rows = []
-    with torch.inference_mode():
-        cases = {
-            "encoder 1x16 (6 layers)": (6, enc_ours, lambda: enc_ours(ids), lambda: enc_theirs(ids)),
-            "decoder step (12 layers)": (12, dec_ours, decode_step(dec_ours, False), decode_step(dec_theirs, True)),
-        }
-        for name, (layers, model, ours, theirs) in cases.items():
-            ours(), theirs()
-            us = low_percentile_us({"anatomy": ours, "transformers": theirs}, passes)
-            ops = {side: sum(count_aten_ops(fn).values()) for side, fn in (("anatomy", ours), ("transformers", theirs))}
-            calls = {side: count_module_calls(fn) for side, fn in (("anatomy", ours), ("transformers", theirs))}
-            points = count_trace_points(model, ours)
-            rows.append((name, us, ops, calls, points, layers))
-    print("| pass | anatomy us | transformers us | ratio | aten ops (ours / theirs) | module calls | trace points |")
-    print("|---|---:|---:|---:|---|---|---:|")
-    for name, us, ops, calls, points, layers in rows:
-        print(f"| {name} | {us['anatomy']:.0f} | {us['transformers']:.0f} | {us['transformers'] / us['anatomy']:.2f}x "
-              f"| {ops['anatomy']} / {ops['transformers']} ({ops['anatomy'] / layers:.0f} / "
-              f"{ops['transformers'] / layers:.0f} per layer) | {calls['anatomy']} / {calls['transformers']} | {points} |")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        torch.manual_seed(0)
+        enc_ours, enc_theirs = pair(BertModel(BertConfig(
+            vocab_size=99, hidden_size=24, num_hidden_layers=6, num_attention_heads=12, intermediate_size=48,
+            max_position_embeddings=64, attn_implementation="sdpa")))
+        dec_ours, dec_theirs = gpt2_pair(12, 48, 12, vocab_size=99, max_seq_len=128)
+        ids = torch.randint(1, 99, (1, 16), generator=torch.Generator().manual_seed(0))
+        rows = []
+        with torch.inference_mode():
+            cases = {
+                "encoder 1x16 pass (6 layers)": (6, enc_ours, lambda: enc_ours(ids), lambda: enc_theirs(ids)),
+                "decoder step (12 layers)": (12, dec_ours, decode_step(dec_ours, False), decode_step(dec_theirs, True)),
+            }
+            for name, (layers, model, ours, theirs) in cases.items():
+                ours(), theirs()
+                us = low_percentile_us({"anatomy": ours, "transformers": theirs}, passes)
+                ops = {side: sum(count_aten_ops(fn).values()) for side, fn in (("anatomy", ours), ("transformers", theirs))}
+                calls = {side: count_module_calls(fn) for side, fn in (("anatomy", ours), ("transformers", theirs))}
+                row = Row("overhead", name, "us", us["anatomy"], us["transformers"], False)
+                row.notes = [
+                    f"aten ops {ops['anatomy']} vs {ops['transformers']} ({ops['anatomy'] / layers:.0f} vs "
+                    f"{ops['transformers'] / layers:.0f} per layer)",
+                    f"module calls {calls['anatomy']} vs {calls['transformers']}",
+                    f"trace points reached {count_trace_points(model, ours)}",
+                ]
+                rows.append(row)
+    finally:
+        torch.set_num_threads(threads)
+    return rows
