@@ -7,7 +7,11 @@ D head width (d_head), E model width (d_model).
     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
         head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)                      (section 3.2.2)
 
-Masks are boolean, True = may attend (see masks.py).
+Masks are boolean, True = may attend, and every one is built in masks.py, never in a kernel.
+
+Kernels share one signature, kernel(q, k, v, mask, *, is_causal, bias, scale, softcap, dropout_p,
+on_scores, on_pattern) -> (output, weights or None), and ATTENTION_KERNELS names them: the module
+calls the one config.attn_impl names, or eager_attention when only it can compute what is asked.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .masks import causal_mask
+from .layers import RMSNorm
 from .positional import RotaryEmbedding
 from .trace import TracePoint
 
@@ -48,27 +52,32 @@ def eager_attention(
     v: torch.Tensor,
     mask: torch.Tensor | None = None,
     *,
-    bias: torch.Tensor | None = None,
     is_causal: bool = False,
+    bias: torch.Tensor | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
     dropout_p: float = 0.0,
     on_scores: TensorFn | None = None,
     on_pattern: TensorFn | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The explicit computation, step by step; returns (output, weights).
 
-    q [B, H, T, D], k and v [B, H, S, D]; mask bool broadcastable to [B, H, T, S]; bias (ALiBi)
-    is added to the scaled scores. `on_scores` and `on_pattern` see (and may replace) the scaled
-    scores and the softmax weights: the trace points of the attention module.
+    q [B, H, T, D], k and v [B, H, S, D]; mask bool broadcastable to [B, H, T, S], the whole
+    constraint (is_causal only tells a fused kernel that mask is the causal triangle, so it is
+    refused here without a mask). scale defaults to 1/sqrt(D). softcap c bounds the scores,
+    c * tanh(scores / c) (Gemma 2); bias (ALiBi) is added to the scaled scores. `on_scores` and
+    `on_pattern` see (and may replace) the scores and the softmax weights: the trace points.
     """
-    scale = 1.0 / math.sqrt(q.size(-1))
+    if is_causal and mask is None:
+        raise ValueError("is_causal=True says `mask` is the causal triangle; give the mask (masks.self_attention_mask)")
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if bias is not None:
         scores = scores + bias
     if on_scores is not None:
         scores = on_scores(scores)
-    if is_causal:
-        n_queries, n_keys = scores.shape[-2:]
-        mask = causal_mask(n_queries, n_keys, offset=n_keys - n_queries, device=scores.device)
     if mask is not None:
         # Adding finfo.min (not -inf) to forbidden scores: exp() sends them to exactly 0.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
@@ -91,17 +100,26 @@ def sdpa_attention(
     v: torch.Tensor,
     mask: torch.Tensor | None = None,
     *,
-    bias: torch.Tensor | None = None,
     is_causal: bool = False,
+    bias: torch.Tensor | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
     dropout_p: float = 0.0,
+    on_scores: TensorFn | None = None,
+    on_pattern: TensorFn | None = None,
 ) -> tuple[torch.Tensor, None]:
     """torch's fused kernel (flash / memory-efficient / math, chosen by torch): same result as
-    eager_attention, without materialising the weights, which it therefore cannot return."""
-    attn_mask = mask
+    eager_attention, without materialising the weights, which it therefore cannot return, see or
+    soft-cap: asking for softcap, on_scores or on_pattern raises ValueError."""
+    if softcap is not None or on_scores is not None or on_pattern is not None:
+        raise ValueError("the fused kernel neither soft-caps nor exposes scores or weights; use eager_attention")
+    attn_mask = None if (is_causal and bias is None) else mask  # the kernel's own flag stands for the triangle
     if bias is not None:
         attn_mask = bias if mask is None else bias.masked_fill(~mask, torch.finfo(bias.dtype).min)
         attn_mask = attn_mask.to(q.dtype)
-    output = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+    output = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=attn_mask is None and is_causal, scale=scale
+    )
     if bias is not None and mask is not None:
         # With an additive mask the fused kernel cannot know a row was entirely forbidden.
         output = output.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
@@ -117,6 +135,10 @@ class MultiHeadAttention(nn.Module):
     Separate projections q_proj, k_proj, v_proj (E -> H*D, K*D, K*D) and o_proj (H*D -> E).
     With n_kv_heads < n_heads (grouped-query attention) each key/value head serves
     n_heads / n_kv_heads query heads.
+
+    Options (ModelConfig): qk_norm, an RMSNorm on queries and keys before the rotation, over each
+    head (q_norm, k_norm of width D) or over all heads at once (width H*D, K*D); scores scaled by
+    1/sqrt(query_pre_attn_scalar) instead of 1/sqrt(D); attn_softcap.
 
     Trace points: q, k, v [batch head pos d_head] (k, v with the key/value heads), q_rot, k_rot
     after rotary positions, scores and pattern [batch head query key], z [batch query head d_head]
@@ -136,6 +158,18 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(config.d_model, self.n_kv_heads * self.d_head, bias=config.attn_bias)
         self.v_proj = nn.Linear(config.d_model, self.n_kv_heads * self.d_head, bias=config.attn_bias)
         self.o_proj = nn.Linear(self.n_heads * self.d_head, config.d_model, bias=config.attn_out_bias)
+        self.qk_norm = config.qk_norm
+        if config.qk_norm != "none":
+            per_head = config.qk_norm == "per_head"
+            q_width, k_width = (self.d_head, self.d_head) if per_head else (
+                self.n_heads * self.d_head, self.n_kv_heads * self.d_head)
+            axes = ("batch head pos d_head", "batch kv_head pos d_head") if per_head else ("batch pos q_dim", "batch pos kv_dim")
+            self.q_norm = RMSNorm(q_width, config.norm_eps, plus_one=config.norm_plus_one, axes=axes[0])
+            self.k_norm = RMSNorm(k_width, config.norm_eps, plus_one=config.norm_plus_one, axes=axes[1])
+        self.scale = None if config.query_pre_attn_scalar is None else config.query_pre_attn_scalar ** -0.5
+        self.softcap = config.attn_softcap
+        # Why a pass may not take the fused kernel config.attn_impl names (None: nothing stops it).
+        self.why_not_fused = "attn_softcap: the fused kernel cannot soft-cap its scores" if self.softcap else None
         self.rotary = rotary  # shared by every layer of the stack; None unless pos_encoding="rotary"
         self.q = TracePoint("batch head query d_head")
         self.k = TracePoint("batch kv_head key d_head")
@@ -146,11 +180,30 @@ class MultiHeadAttention(nn.Module):
         self.scores = TracePoint("batch head query key")
         self.pattern = TracePoint("batch head query key")
         self.z = TracePoint("batch query head d_head")
+        self.head_out = TracePoint("batch query head d_model", on_request=True)
         self.out = TracePoint("batch query d_model")
 
     def _split_heads(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
         batch, length, _ = x.shape
         return x.view(batch, length, n_heads, self.d_head).transpose(1, 2)  # (B, heads, length, D)
+
+    def _heads(self, x: torch.Tensor, proj: nn.Linear, n_heads: int, norm: nn.Module | None = None) -> torch.Tensor:
+        """x [B, L, E] -> x W split into heads [B, heads, L, D], through the q/k norm if there is one."""
+        y = proj(x)  # (B, L, heads*D)
+        if norm is not None and self.qk_norm == "across_heads":
+            y = norm(y)
+        y = self._split_heads(y, n_heads)  # (B, heads, L, D)
+        if norm is not None and self.qk_norm == "per_head":
+            y = norm(y)
+        return y
+
+    def _kernel(self):
+        """The kernel for this pass: config.attn_impl's, unless only the explicit one computes what is asked."""
+        if self.scores.active or self.pattern.active:
+            return eager_attention  # scores and weights exist only in the explicit computation
+        if self.why_not_fused is not None:
+            return eager_attention
+        return ATTENTION_KERNELS[self.attn_impl]
 
     def forward(
         self,
@@ -170,15 +223,15 @@ class MultiHeadAttention(nn.Module):
         of them; cross-attention computes the encoder's keys and values once and reuses them.
         """
         batch, n_queries, _ = x.shape
-        q = self.q(self._split_heads(self.q_proj(x), self.n_heads))  # (B, H, T, D)
+        q = self.q(self._heads(x, self.q_proj, self.n_heads, getattr(self, "q_norm", None)))  # (B, H, T, D)
 
         cached = cache.cross_kv(self.layer_index) if (cache is not None and self.cross) else None
         if cached is not None:
             k, v = cached
         else:
             source = memory if self.cross else x
-            k = self.k(self._split_heads(self.k_proj(source), self.n_kv_heads))  # (B, K, S, D)
-            v = self.v(self._split_heads(self.v_proj(source), self.n_kv_heads))  # (B, K, S, D)
+            k = self.k(self._heads(source, self.k_proj, self.n_kv_heads, getattr(self, "k_norm", None)))  # (B, K, S, D)
+            v = self.v(self._heads(source, self.v_proj, self.n_kv_heads))  # (B, K, S, D)
             if self.rotary is not None and not self.cross:
                 q = self.q_rot(self.rotary(q, position_ids))
                 k = self.k_rot(self.rotary(k, position_ids))
@@ -190,16 +243,20 @@ class MultiHeadAttention(nn.Module):
             k = k.repeat_interleave(group, dim=1)  # (B, K, S, D) -> (B, H, S, D)
             v = v.repeat_interleave(group, dim=1)
 
-        dropout_p = self.dropout_p if self.training else 0.0
-        if self.attn_impl == "eager" or self.scores.active or self.pattern.active:
-            # Scores and weights exist only in the explicit computation.
-            z, _ = eager_attention(
-                q, k, v, mask, bias=bias, is_causal=is_causal, dropout_p=dropout_p,
-                on_scores=self.scores if self.scores.active else None,
-                on_pattern=self.pattern if self.pattern.active else None,
-            )
-        else:
-            z, _ = sdpa_attention(q, k, v, mask, bias=bias, is_causal=is_causal, dropout_p=dropout_p)
+        z, _ = self._kernel()(
+            q, k, v, mask, is_causal=is_causal, bias=bias, scale=self.scale, softcap=self.softcap,
+            dropout_p=self.dropout_p if self.training else 0.0,
+            on_scores=self.scores if self.scores.active else None,
+            on_pattern=self.pattern if self.pattern.active else None,
+        )  # (B, H, T, D)
         z = self.z(z.transpose(1, 2))  # (B, H, T, D) -> (B, T, H, D)
         concat = z.reshape(batch, n_queries, self.n_heads * self.d_head)  # (B, T, H*D): Concat(head_1..head_h)
+        if self.head_out.active:
+            # Concat(head_1..head_h) W^O = sum_i head_i W_i^O: each head's own write to the residual.
+            w_o = self.o_proj.weight.view(-1, self.n_heads, self.d_head)  # (E, H, D)
+            heads = torch.einsum("bthd,ehd->bthe", z, w_o)  # (B, T, H, E)
+            traced = self.head_out(heads)
+            if traced is not heads:  # an intervention replaced some head: the output is their sum
+                bias = self.o_proj.bias if self.o_proj.bias is not None else 0.0
+                return self.out(traced.sum(dim=2) + bias)
         return self.out(self.o_proj(concat))  # (B, T, E)

@@ -16,36 +16,119 @@ nn.Module hook machinery is never entered on the default path.
         x = x.clone(); x[:, :, 3] = 0; return x
     with anatomy.trace(model, interventions={"blocks.1.attn.z": zero_head_3}):
         model(ids)
+
+A trace belongs to the thread that opened it: the functions it installs live in thread-local
+state, so a forward pass in another thread, on the same model at the same time, neither sees
+an intervention nor records into this trace.
+
+TransformerLens names are accepted wherever a name or pattern is (`ALIASES` below), and
+`trace(..., grad=True)` keeps the recorded tensors in the autograd graph.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import re
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
+# TransformerLens hook name -> anatomy trace point, per block (L) or for the whole model. The
+# axes are anatomy's: q, k and v are [batch head pos d_head] here, [batch pos head d_head] there;
+# TransformerLens's attn_scores are masked (-inf above the diagonal), anatomy's `scores` are not.
+ALIASES = {
+    "hook_embed": "embed",
+    "hook_pos_embed": "pos_embed",
+    "hook_token_type_embed": "type_embed",
+    "blocks.L.hook_resid_pre": "blocks.L.resid_pre",
+    "blocks.L.hook_resid_mid": "blocks.L.resid_mid",
+    "blocks.L.hook_resid_post": "blocks.L.resid_post",
+    "blocks.L.ln1.hook_normalized": "blocks.L.attn_norm.out",
+    "blocks.L.ln2.hook_normalized": "blocks.L.mlp_norm.out",
+    "blocks.L.attn.hook_q": "blocks.L.attn.q",
+    "blocks.L.attn.hook_k": "blocks.L.attn.k",
+    "blocks.L.attn.hook_v": "blocks.L.attn.v",
+    "blocks.L.attn.hook_rot_q": "blocks.L.attn.q_rot",
+    "blocks.L.attn.hook_rot_k": "blocks.L.attn.k_rot",
+    "blocks.L.attn.hook_attn_scores": "blocks.L.attn.scores",
+    "blocks.L.attn.hook_pattern": "blocks.L.attn.pattern",
+    "blocks.L.attn.hook_z": "blocks.L.attn.z",
+    "blocks.L.attn.hook_result": "blocks.L.attn.head_out",
+    "blocks.L.hook_attn_out": "blocks.L.attn.out",
+    "blocks.L.mlp.hook_pre": "blocks.L.mlp.pre",
+    "blocks.L.mlp.hook_post": "blocks.L.mlp.post",
+    "blocks.L.hook_mlp_out": "blocks.L.mlp.out",
+    "ln_final.hook_normalized": "final_norm.out",
+}
+_ALIAS_PATTERNS = [
+    (re.compile("^" + re.escape(tl).replace("L", r"(\d+|\*)") + "$"), ours) for tl, ours in ALIASES.items()
+]
+
+
+def anatomy_name(name: str) -> str:
+    """The anatomy name for a TransformerLens hook name (or pattern); any other name unchanged."""
+    for pattern, ours in _ALIAS_PATTERNS:
+        match = pattern.match(name)
+        if match:
+            return ours.replace("L", match.group(1)) if match.groups() else ours
+    return name
+
+
+# Per-thread state: point -> the function this thread's trace installed on it.
+_local = threading.local()
+_count_lock = threading.Lock()
+
+
+def _functions() -> dict:
+    functions = getattr(_local, "functions", None)
+    if functions is None:
+        functions = _local.functions = {}
+    return functions
+
 
 class TracePoint(nn.Module):
-    """An identity function with a name, that a trace can listen to or intervene on."""
+    """An identity function with a name, that a trace can listen to or intervene on.
 
-    def __init__(self, axes: str):
+    `on_request` points (per-head outputs, H times the size of the residual) are computed and
+    recorded only when named, never by a trace of everything.
+    """
+
+    def __init__(self, axes: str, *, on_request: bool = False):
         super().__init__()
         self.axes = tuple(axes.split())
-        self.fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.on_request = on_request
+        self._n_threads = 0  # how many threads have a function on this point: 0 = the fast path
+
+    @property
+    def fn(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """This thread's function on the point (None: identity)."""
+        return _functions().get(self) if self._n_threads else None
+
+    @fn.setter
+    def fn(self, value: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+        functions = _functions()
+        with _count_lock:
+            self._n_threads += (value is not None) - (self in functions)
+            if value is None:
+                functions.pop(self, None)
+            else:
+                functions[self] = value
 
     @property
     def active(self) -> bool:
         return self.fn is not None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        fn = self.fn
+        if not self._n_threads:
+            return x
+        fn = _functions().get(self)
         return x if fn is None else fn(x)
 
     def extra_repr(self) -> str:
-        return " ".join(self.axes)
+        return " ".join(self.axes) + (", on request" if self.on_request else "")
 
 
 def trace_points(model: nn.Module) -> dict[str, TracePoint]:
@@ -60,10 +143,12 @@ def trace_points(model: nn.Module) -> dict[str, TracePoint]:
 def _select(points: Mapping[str, TracePoint], patterns: Iterable[str]) -> list[str]:
     selected: list[str] = []
     for pattern in patterns:
-        matches = [name for name in points if fnmatch.fnmatchcase(name, pattern)]
+        ours = anatomy_name(pattern)
+        matches = [name for name in points if fnmatch.fnmatchcase(name, ours)]
         if not matches:
+            alias = f" (TransformerLens {pattern!r} = anatomy {ours!r})" if ours != pattern else ""
             raise KeyError(
-                f"no trace point matches {pattern!r}; this model has {len(points)} points, e.g. "
+                f"no trace point matches {pattern!r}{alias}; this model has {len(points)} points, e.g. "
                 f"{', '.join(list(points)[:6])} (see anatomy.trace_points(model))"
             )
         selected += [name for name in matches if name not in selected]
@@ -75,22 +160,30 @@ class Trace(Mapping):
 
     `axes(name)` gives the axis names of that tensor. A point the pass never reached (e.g. the
     positions of a rotary model at `pos_embed`) is absent, and asking for it says so.
+    TransformerLens names work as keys too. `tokens` holds the string tokens when the inputs
+    were text (anatomy.run_with_cache).
     """
 
-    def __init__(self, points: Mapping[str, TracePoint], names: list[str]):
+    def __init__(self, points: Mapping[str, TracePoint], names: list[str], grad: bool = False):
         self._points = points
         self._names = names
+        self._grad = grad
         self._values: dict[str, torch.Tensor] = {}
+        self.tokens: list[list[str]] | None = None
 
     def _record(self, name: str, value: torch.Tensor) -> None:
-        self._values[name] = value.detach()
+        self._values[name] = value if self._grad else value.detach()
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        name = anatomy_name(name)
         if name in self._values:
             return self._values[name]
         if name in self._names:
             raise KeyError(f"trace point {name!r} was selected but the forward pass did not reach it")
         raise KeyError(f"{name!r} was not traced; traced points: {', '.join(self._names[:8])}...")
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and anatomy_name(name) in self._values
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._values)
@@ -99,7 +192,7 @@ class Trace(Mapping):
         return len(self._values)
 
     def axes(self, name: str) -> tuple[str, ...]:
-        return self._points[name].axes
+        return self._points[anatomy_name(name)].axes
 
     def __repr__(self) -> str:
         rows = [f"  {name}: {tuple(value.shape)} [{' '.join(self.axes(name))}]" for name, value in self._values.items()]
@@ -114,28 +207,43 @@ def trace(
     model: nn.Module,
     names: Iterable[str] | str | None = None,
     interventions: Mapping[str, Intervention] | None = None,
+    *,
+    grad: bool = False,
 ) -> Iterator[Trace]:
-    """Record the trace points matching `names` (glob patterns; None = all) during the block.
+    """Record the trace points matching `names` (glob patterns or TransformerLens names; None = all
+    but the on-request ones) during the block, in this thread only.
 
     `interventions` maps a point's name to a function of its tensor that returns a replacement
     (or None to keep it); the recorded value is the one after the intervention. Recording
     `attn.scores` or `attn.pattern` runs those layers with the eager kernel, which computes them;
-    the fused kernel never does. Everything is undone in a `finally`, even if the pass raises.
+    the fused kernel never does. With `grad=True` the recorded tensors stay in the autograd graph
+    (for torch.autograd.grad; the pass must run with gradients enabled). Everything is undone in a
+    `finally`, even if the pass raises.
 
-    Raises KeyError for a name or pattern that matches no point of this model.
+    Raises KeyError for a name or pattern that matches no point of this model, RuntimeError when
+    this thread already traces one of the points, ValueError when an intervention returns
+    something other than a tensor of the same shape, dtype and device.
     """
     points = trace_points(model)
     if isinstance(names, str):
         names = [names]
-    recorded = list(points) if names is None else _select(points, names)
-    interventions = dict(interventions or {})
-    for name in interventions:
-        if name not in points:
-            _select(points, [name])  # raises with the list of points
-    result = Trace(points, recorded)
-    busy = [name for name in set(recorded) | set(interventions) if points[name].fn is not None]
+    if names is None:
+        recorded = [name for name, point in points.items() if not point.on_request]
+    else:
+        recorded = _select(points, names)
+    resolved: dict[str, Intervention] = {}
+    for name, fn in (interventions or {}).items():
+        ours = anatomy_name(name)
+        if ours not in points:
+            _select(points, [name])  # raises, listing the points
+            raise KeyError(f"an intervention needs one exact point name, not the pattern {name!r}")
+        resolved[ours] = fn
+    interventions = resolved
+    result = Trace(points, recorded, grad=grad)
+    active = set(recorded) | set(interventions)
+    busy = sorted(name for name in active if points[name].fn is not None)
     if busy:
-        raise RuntimeError(f"trace points {busy} are already being traced; nested traces are not supported")
+        raise RuntimeError(f"trace points {busy} are already being traced in this thread; nested traces are not supported")
 
     def make_fn(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         intervene = interventions.get(name)
@@ -145,11 +253,7 @@ def trace(
             if intervene is not None:
                 replaced = intervene(x)
                 if replaced is not None:
-                    if replaced.shape != x.shape:
-                        raise ValueError(
-                            f"intervention on {name!r} returned shape {tuple(replaced.shape)}, "
-                            f"expected {tuple(x.shape)} ({' '.join(points[name].axes)})"
-                        )
+                    _check_replacement(name, points[name], x, replaced)
                     x = replaced
             if record:
                 result._record(name, x)
@@ -157,11 +261,23 @@ def trace(
 
         return fn
 
-    active = set(recorded) | set(interventions)
+    installed = []
     try:
         for name in active:
             points[name].fn = make_fn(name)
+            installed.append(name)
         yield result
     finally:
-        for name in active:
+        for name in installed:
             points[name].fn = None
+
+
+def _check_replacement(name: str, point: TracePoint, x: torch.Tensor, replaced) -> None:
+    expected = f"a tensor of shape {tuple(x.shape)} ({' '.join(point.axes)}), dtype {x.dtype}, on {x.device}"
+    if not torch.is_tensor(replaced):
+        raise ValueError(f"intervention on {name!r} returned {type(replaced).__name__}; expected {expected} or None")
+    if replaced.shape != x.shape:
+        raise ValueError(f"intervention on {name!r} returned shape {tuple(replaced.shape)}, expected {tuple(x.shape)} "
+                         f"({' '.join(point.axes)})")
+    if replaced.dtype != x.dtype or replaced.device != x.device:
+        raise ValueError(f"intervention on {name!r} returned dtype {replaced.dtype} on {replaced.device}; expected {expected}")
