@@ -21,16 +21,15 @@ from .models import (
 )
 from .trace import Trace, TracePoint, trace, trace_points
 
+# The lowest floor, imported eagerly: it registers the writer behind model.save_pretrained.
+from .checkpoints import CheckpointError, Tokenizer, from_pretrained, load_tokenizer, save_pretrained, sentence_embeddings  # noqa: E402
+
 __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # Checkpoints, generation, views and the walkthrough import lazily: `import anatomy` stays light.
+    # Generation, views and the walkthrough import lazily: `import anatomy` stays light.
     lazy = {
-        "from_pretrained": ("anatomy.checkpoints", "from_pretrained"),
-        "load_tokenizer": ("anatomy.checkpoints", "load_tokenizer"),
-        "save_pretrained": ("anatomy.checkpoints", "save_pretrained"),
-        "sentence_embeddings": ("anatomy.checkpoints", "sentence_embeddings"),
         "generate": ("anatomy.generation", "generate"),
         "head_view": ("anatomy.viz", "head_view"),
         "model_view": ("anatomy.viz", "model_view"),

@@ -65,3 +65,22 @@ def check_token_types(token_type_ids, *, shape: tuple[int, int], type_vocab_size
     if tuple(token_type_ids.shape) != tuple(shape):
         raise InputError(f"token_type_ids has shape {tuple(token_type_ids.shape)} but input_ids has {tuple(shape)}")
     return token_type_ids
+
+
+def pad_batch(rows, pad_id: int, side: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences of different lengths -> (ids [B, T] long, padding_mask [B, T] bool, True = real token).
+
+    T is the longest row (at least 1); shorter rows are filled with `pad_id` on the right (training,
+    encoders) or on the left (a decoder's prompts, so that every row's last token is its newest).
+    """
+    if side not in ("right", "left"):
+        raise ValueError(f"padding side must be 'right' or 'left', got {side!r}")
+    rows = [torch.as_tensor(row, dtype=torch.long).reshape(-1) for row in rows]
+    length = max([1] + [len(row) for row in rows])
+    ids = torch.full((len(rows), length), int(pad_id), dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(rows), length), dtype=torch.bool)  # (B, T)
+    for i, row in enumerate(rows):
+        span = slice(0, len(row)) if side == "right" else slice(length - len(row), length)
+        ids[i, span] = row
+        mask[i, span] = True
+    return ids, mask

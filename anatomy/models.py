@@ -206,22 +206,34 @@ class Pooler(nn.Module):
 
 
 def pool(hidden: torch.Tensor, padding_mask: torch.Tensor | None, how: str) -> torch.Tensor:
-    """[B, T, E] -> [B, E]: the first token's state, or the mean over real (unpadded) tokens."""
+    """[B, T, E] -> [B, E]: the first token's state ("first", BERT's [CLS]), the mean over real
+    (unpadded) tokens ("mean", sum_t m_t h_t / sum_t m_t), or their element-wise maximum ("max")."""
     if how == "first":
         return hidden[:, 0]
     if padding_mask is None:
-        return hidden.mean(dim=1)
+        return hidden.amax(dim=1) if how == "max" else hidden.mean(dim=1)
+    if how == "max":
+        return hidden.masked_fill(~padding_mask[:, :, None], torch.finfo(hidden.dtype).min).amax(dim=1)
     weights = padding_mask.to(hidden.dtype)[:, :, None]  # (B, T, 1)
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
 
+# Writing checkpoints is the job of the checkpoints floor, which registers its writer here when it
+# is imported (`import anatomy` imports it): model.save_pretrained works, and the core imports no floor.
+_SAVERS: list = []
+
+
+def register_saver(save) -> None:
+    """Make `save(model, directory, **options) -> Path` the writer behind model.save_pretrained."""
+    _SAVERS[:] = [save]
+
+
 class _Saveable:
-    """save_pretrained/from_pretrained are provided by anatomy.checkpoints (HF format)."""
-
     def save_pretrained(self, directory: str | Path, **kwargs) -> Path:
-        from .checkpoints import save_pretrained
-
-        return save_pretrained(self, directory, **kwargs)
+        """Write the model to `directory`: anatomy.save_pretrained(model, directory, **kwargs)."""
+        if not _SAVERS:
+            raise RuntimeError("saving needs anatomy.checkpoints, which registers itself on `import anatomy`")
+        return _SAVERS[0](self, directory, **kwargs)
 
 
 # Families ---------------------------------------------------------------------------------------

@@ -20,21 +20,27 @@ import torch
 from torch import nn
 
 from ..config import SPECIAL_TOKEN_FIELDS, ConfigError, ModelConfig
-from ..models import FAMILIES
+from ..models import FAMILIES, register_saver
 from . import bert, gpt2, llama, marian
 from .engine import Architecture, Rule, expand, export, load_into
 from .files import CheckpointError, Weights, read_json, resolve, write_safetensors
 from .native import NATIVE_CONFIG, load_native, save_native
-from .tokenizer import load_tokenizer, sentence_embeddings
+from .sentence import sentence_embeddings, sentence_transformers_config
+from .tokenizer import Tokenizer
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     bert.ARCHITECTURE, gpt2.ARCHITECTURE, marian.ARCHITECTURE, llama.ARCHITECTURE,
 )}
 
 __all__ = [
-    "ARCHITECTURES", "CheckpointError", "from_pretrained", "load_tokenizer", "save_pretrained",
+    "ARCHITECTURES", "CheckpointError", "Tokenizer", "from_pretrained", "load_tokenizer", "save_pretrained",
     "sentence_embeddings", "read_config", "architecture_of",
 ]
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer of a checkpoint folder (or "minilm"), as anatomy's one Tokenizer type."""
+    return Tokenizer.load(resolve(path))
 
 
 def read_config(path: str | Path) -> tuple[dict, Architecture, str]:
@@ -89,7 +95,7 @@ def from_pretrained(path: str | Path, *, dtype: torch.dtype = torch.float32, att
     except ConfigError as error:
         raise CheckpointError(f"config.json of {str(directory)!r} describes an invalid model: {error}") from None
     extra = {"hf_config": hf, "hf_class": class_name, "source": str(directory)}
-    st = _sentence_transformers_config(directory)
+    st = sentence_transformers_config(directory)
     if st:
         extra["sentence_transformers"] = st
     config.extra.update(extra)
@@ -157,22 +163,5 @@ def save_pretrained(model: nn.Module, directory: str | Path, format: str = "auto
     return out
 
 
-def _sentence_transformers_config(directory: Path) -> dict | None:
-    """Pooling and normalisation from a sentence-transformers folder (modules.json), if it is one."""
-    if not (directory / "modules.json").is_file():
-        return None
-    modules = json.loads((directory / "modules.json").read_text())
-    out = {"pooling": "mean", "normalize": False, "max_seq_length": None}
-    for module in modules:
-        kind = module.get("type", "").rsplit(".", 1)[-1]
-        if kind == "Pooling":
-            pooling = read_json(directory / module["path"] / "config.json", "pooling config")
-            modes = [m for m in ("cls_token", "mean_tokens", "max_tokens") if pooling.get(f"pooling_mode_{m}")]
-            if len(modes) != 1:
-                raise CheckpointError(f"pooling config asks for {modes or 'no mode'}; anatomy supports exactly one of cls/mean/max")
-            out["pooling"] = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}[modes[0]]
-        elif kind == "Normalize":
-            out["normalize"] = True
-    if (directory / "sentence_bert_config.json").is_file():
-        out["max_seq_length"] = json.loads((directory / "sentence_bert_config.json").read_text()).get("max_seq_length")
-    return out
+register_saver(save_pretrained)
+

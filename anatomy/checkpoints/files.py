@@ -57,15 +57,22 @@ def resolve(path: str | Path) -> Path:
     return directory
 
 
-def read_json(path: Path, what: str) -> dict:
+def read_json(path: Path, what: str, kind: type = dict):
+    """The JSON file at `path`, which must hold a `kind` (an object by default).
+
+    Raises CheckpointError naming the file when it is missing, not JSON, nested too deeply to read,
+    or of another type."""
     if not path.is_file():
         raise CheckpointError(f"{what} {str(path)!r} is missing")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{what} {str(path)!r} is not valid JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{what} {str(path)!r} must hold a JSON object, got {type(data).__name__}")
+    except RecursionError:
+        raise CheckpointError(f"{what} {str(path)!r} is nested too deeply to be a real configuration") from None
+    if not isinstance(data, kind):
+        names = {dict: "an object", list: "a list"}
+        raise CheckpointError(f"{what} {str(path)!r} must hold {names.get(kind, kind.__name__)}, got {type(data).__name__}")
     return data
 
 

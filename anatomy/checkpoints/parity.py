@@ -19,7 +19,7 @@ import torch
 from ..trace import trace
 from . import from_pretrained, read_config
 from .files import CheckpointError, resolve
-from .tokenizer import load_tokenizer
+from .tokenizer import Tokenizer
 
 DEFAULT_TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello world."]
 
@@ -67,8 +67,7 @@ def make_inputs(directory: Path, config, texts=None, text_b=None, pad=False, see
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
     generator = torch.Generator().manual_seed(seed)
     try:
-        tokenizer = load_tokenizer(directory)
-        tokenizer.no_padding()
+        tokenizer = Tokenizer.load(directory).backend  # pairs and token types come from the backend
     except CheckpointError:
         tokenizer = None
     types = None

@@ -1,105 +1,265 @@
-"""Tokenizers (through the HF `tokenizers` library, never hand-written) and sentence embeddings."""
+"""One tokenizer type for every model anatomy opens: text <-> token ids.
+
+Built on Hugging Face `tokenizers` (the Rust library behind transformers' fast tokenizers), never
+hand-written; the `tokenizers.Tokenizer` underneath is `.backend`. Every loader returns this type:
+checkpoint folders (tokenizer.json, BERT's vocab.txt, GPT-2's vocab.json + merges.txt), anatomy's
+trainers (char / word / BPE / WordPiece), GGUF files and the toy models.
+
+    tok = anatomy.load_tokenizer("minilm")
+    tok.encode("Hello world")          # [101, 7592, 2088, 102]   (the model's special tokens added)
+    tok.tokens("Hello world")          # ['[CLS]', 'hello', 'world', '[SEP]']
+    ids, padding_mask = tok(["a", "a longer text"])   # (B, T) long, (B, T) bool, True = real token
+
+Four special roles, each an id or None: bos (begin of sequence; anatomy's <SOS>, BERT's [CLS]),
+eos (end; <EOS>, [SEP]), pad (fills short rows, never attended to) and unk (a token the vocabulary
+lacks). A folder's tokenizer_config.json names them; otherwise the first conventional name that the
+vocabulary has plays the role.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from tokenizers import Tokenizer as Backend
+from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer
 
-from .files import CheckpointError, resolve
+from ..inputs import pad_batch
+from .files import CheckpointError, read_json
+
+ROLES = ("bos", "eos", "pad", "unk")
+# role -> the tokens that conventionally play it: anatomy's own first, then BERT's, RoBERTa's, GPT-2's.
+CONVENTIONAL = {
+    "bos": ("<SOS>", "[CLS]", "<s>", "<|endoftext|>"),
+    "eos": ("<EOS>", "[SEP]", "</s>", "<|endoftext|>"),
+    "pad": ("<PAD>", "[PAD]", "<pad>"),
+    "unk": ("<UNK>", "[UNK]", "<unk>"),
+}
+TOKENIZER_FILE, SETTINGS_FILE = "tokenizer.json", "tokenizer_config.json"
+# transformers writes model_max_length = 1e30 when a tokenizer has no limit.
+_NO_LIMIT = 1_000_000
 
 
-def load_tokenizer(path: str | Path):
-    """The checkpoint's tokenizer as a `tokenizers.Tokenizer`, padding each batch to its longest
-    sequence and truncating to the model's maximum length.
+class Tokenizer:
+    """Text <-> ids for one vocabulary, with its special ids and (for chat models) its chat template.
 
-    Read from tokenizer.json; otherwise from vocab.txt (BERT WordPiece, lower-cased if
-    tokenizer_config.json says so) or vocab.json + merges.txt (GPT-2 byte-level BPE).
-    Raises CheckpointError when the directory has none of these.
+    backend: a `tokenizers.Tokenizer`. bos_id/eos_id/pad_id/unk_id: the special ids; None looks the
+    role up by its conventional token names. max_length: the longest row `__call__` returns.
     """
-    from tokenizers import Tokenizer
 
-    directory = resolve(path)
-    settings = {}
-    if (directory / "tokenizer_config.json").is_file():
-        settings = json.loads((directory / "tokenizer_config.json").read_text())
-    if (directory / "tokenizer.json").is_file():
-        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    elif (directory / "vocab.txt").is_file():
-        from tokenizers.implementations import BertWordPieceTokenizer
+    def __init__(self, backend: Backend, *, bos_id: int | None = None, eos_id: int | None = None,
+                 pad_id: int | None = None, unk_id: int | None = None, chat_template: str | None = None,
+                 max_length: int | None = None):
+        self.backend = backend
+        # Padding and truncation are done here, per call, not by settings a file may carry.
+        backend.no_padding()
+        backend.no_truncation()
+        given = {"bos": bos_id, "eos": eos_id, "pad": pad_id, "unk": unk_id}
+        self.special_ids: dict[str, int | None] = {}
+        for role in ROLES:
+            known = [i for i in (self.token_to_id(name) for name in CONVENTIONAL[role]) if i is not None]
+            self.special_ids[role] = given[role] if given[role] is not None else (known[0] if known else None)
+        self.chat_template = chat_template
+        self.max_length = max_length
+        self._truncating_copies: dict[int, Backend] = {}
 
-        tokenizer = Tokenizer.from_str(BertWordPieceTokenizer(
-            str(directory / "vocab.txt"), lowercase=settings.get("do_lower_case", True),
-            strip_accents=settings.get("strip_accents"),
-        ).to_str())
-    elif (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
-        from tokenizers.implementations import ByteLevelBPETokenizer
+    # ---- text -> ids -----------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True, *, add_bos: bool = False,
+               add_eos: bool = False) -> list[int]:
+        """Text -> ids. add_special_tokens: the model's own template (BERT's [CLS] ... [SEP]);
+        add_bos / add_eos: wrap the ids in bos ... eos (anatomy's <SOS> ... <EOS>) explicitly."""
+        return self.encode_batch([text], add_special_tokens, add_bos=add_bos, add_eos=add_eos)[0]
 
-        tokenizer = Tokenizer.from_str(ByteLevelBPETokenizer(
-            str(directory / "vocab.json"), str(directory / "merges.txt")
-        ).to_str())
-    else:
-        raise CheckpointError(
-            f"no tokenizer in {str(directory)!r}: expected tokenizer.json, vocab.txt (WordPiece) "
-            "or vocab.json + merges.txt (byte-level BPE)"
-        )
-    pad_token = settings.get("pad_token") if isinstance(settings.get("pad_token"), str) else None
-    pad_id = tokenizer.token_to_id(pad_token) if pad_token else None
-    if pad_id is None:
-        padding = tokenizer.padding or {}
-        pad_id, pad_token = padding.get("pad_id", 0), padding.get("pad_token", "[PAD]")
-    # The file may pin a fixed length (MiniLM's pads everything to 128): pad to the batch's longest.
-    tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
-    max_length = settings.get("model_max_length")
-    if isinstance(max_length, int) and max_length < 1_000_000:
-        tokenizer.enable_truncation(max_length)
-    else:
-        tokenizer.no_truncation()
-    return tokenizer
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True, *, add_bos: bool = False,
+                     add_eos: bool = False, max_length: int | None = None) -> list[list[int]]:
+        """`encode` for many texts at once (the Rust side runs them in parallel). max_length cuts
+        the text, not the template: BERT's final [SEP] stays."""
+        head = [self._required("bos")] if add_bos else []
+        tail = [self._required("eos")] if add_eos else []
+        backend = self.backend if max_length is None else self._truncating(max_length)
+        encodings = backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return [head + e.ids + tail for e in encodings]
+
+    def _truncating(self, max_length: int) -> Backend:
+        """A copy of the backend that cuts every text to max_length ids (kept, one per length)."""
+        if max_length not in self._truncating_copies:
+            copy = Backend.from_str(self.backend.to_str())
+            copy.enable_truncation(max_length)
+            self._truncating_copies[max_length] = copy
+        return self._truncating_copies[max_length]
+
+    def tokens(self, text: str, add_special_tokens: bool = True) -> list[str]:
+        """The string pieces `encode` maps to ids, in order."""
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).tokens
+
+    def __call__(self, texts: str | Sequence[str], padding_side: str = "right",
+                 add_special_tokens: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """A padded batch: (ids [B, T] long, padding_mask [B, T] bool, True = real token).
+
+        Each row is cut to `max_length` (the model's limit) when the tokenizer has one; padding goes
+        on the right (encoders, training) or the left (prompts for generation)."""
+        rows = self.encode_batch([texts] if isinstance(texts, str) else list(texts), add_special_tokens,
+                                 max_length=self.max_length)
+        filler = next((i for i in (self.pad_id, self.eos_id) if i is not None), 0)  # masked out anyway
+        return pad_batch(rows, filler, side=padding_side)
+
+    # ---- ids -> text -----------------------------------------------------------------------------
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Ids -> text; special tokens are left out unless skip_special_tokens=False."""
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self.backend.id_to_token(int(i))
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    # ---- what the vocabulary holds ---------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.special_ids["bos"]
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.special_ids["eos"]
+
+    @property
+    def pad_id(self) -> int | None:
+        return self.special_ids["pad"]
+
+    @property
+    def unk_id(self) -> int | None:
+        return self.special_ids["unk"]
+
+    @property
+    def kind(self) -> str:
+        """The tokenization model: "bpe", "wordpiece", "unigram", or for WordLevel "char" (every
+        character split off) or "word"."""
+        data = json.loads(self.backend.to_str())
+        model_type = data["model"]["type"]
+        if model_type != "WordLevel":
+            return model_type.lower()
+        return "char" if (data.get("pre_tokenizer") or {}).get("type") == "Split" else "word"
+
+    @property
+    def keeps_newlines(self) -> bool:
+        """Whether "\\n" survives encode -> decode. Where it does not (word, WordPiece), a
+        language-model corpus marks each line's end with eos instead."""
+        return self.decode(self.encode("\n", add_special_tokens=False)) == "\n"
+
+    def _required(self, role: str) -> int:
+        if self.special_ids[role] is None:
+            raise ValueError(f"this tokenizer has no {role} token (looked for {', '.join(CONVENTIONAL[role])})")
+        return self.special_ids[role]
+
+    # ---- files -----------------------------------------------------------------------------------
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write tokenizer.json and tokenizer_config.json (special tokens, chat template) to
+        `directory`, each atomically; transformers' AutoTokenizer reads them too. Returns the folder."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        settings = {"tokenizer_class": "PreTrainedTokenizerFast"}
+        settings.update({f"{role}_token": self.id_to_token(i) for role, i in self.special_ids.items() if i is not None})
+        if self.chat_template is not None:
+            settings["chat_template"] = self.chat_template
+        if self.max_length is not None:
+            settings["model_max_length"] = self.max_length
+        _write_atomically(out / TOKENIZER_FILE, self.backend.to_str())
+        _write_atomically(out / SETTINGS_FILE, json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Tokenizer":
+        """A tokenizer.json file, or a folder holding tokenizer.json, vocab.txt (BERT WordPiece) or
+        vocab.json + merges.txt (GPT-2 byte-level BPE), with its tokenizer_config.json if present.
+
+        Raises CheckpointError naming the file when none is there or a file is malformed."""
+        path = Path(path)
+        if path.is_file():
+            return cls(_read_backend(path))
+        if not path.is_dir():
+            raise CheckpointError(f"no tokenizer at {str(path)!r}: neither a tokenizer.json file nor a folder")
+        settings = read_json(path / SETTINGS_FILE, "tokenizer settings") if (path / SETTINGS_FILE).is_file() else {}
+        backend = _folder_backend(path, settings)
+        specials = _special_tokens(path, settings)
+        ids = {}
+        for role in ROLES:
+            token = specials.get(role)
+            if token is not None and backend.token_to_id(token) is None:
+                raise CheckpointError(f"{str(path / SETTINGS_FILE)!r} names {role}_token {token!r}, which the vocabulary lacks")
+            ids[f"{role}_id"] = backend.token_to_id(token) if token is not None else None
+        limit = settings.get("model_max_length")
+        return cls(backend, **ids, chat_template=_chat_template(path, settings),
+                   max_length=limit if isinstance(limit, int) and 0 < limit < _NO_LIMIT else None)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"
 
 
-def sentence_embeddings(model, tokenizer, sentences: str | Sequence[str], *, batch_size: int = 32,
-                        max_length: int | None = None) -> torch.Tensor:
-    """One vector per sentence, as sentence-transformers computes it: [N, d_model].
-
-        e = sum_t m_t h_t / sum_t m_t      (mean over real tokens; m = padding mask)
-        e = e / ||e||_2                     (when the model's folder has a Normalize module)
-
-    Pooling ("mean", "cls" or "max"), normalisation and the maximum length come from the
-    checkpoint's modules.json, 1_Pooling/config.json and sentence_bert_config.json.
-    """
-    from tokenizers import Tokenizer
-
-    if isinstance(sentences, str):
-        sentences = [sentences]
-    settings = model.config.extra.get("sentence_transformers") or {"pooling": "mean", "normalize": True}
-    max_length = max_length or settings.get("max_seq_length") or model.config.max_seq_len
-    tok = Tokenizer.from_str(tokenizer.to_str())  # a copy: the caller's settings stay as they are
-    padding = tokenizer.padding or {}
-    tok.enable_padding(pad_id=padding.get("pad_id", 0), pad_token=padding.get("pad_token", "[PAD]"))
-    tok.enable_truncation(max_length)
-    device = next(model.parameters()).device
-    out = []
-    with torch.no_grad():
-        for start in range(0, len(sentences), batch_size):
-            batch = tok.encode_batch(list(sentences[start:start + batch_size]))
-            ids = torch.tensor([e.ids for e in batch], device=device)  # (B, T)
-            mask = torch.tensor([e.attention_mask for e in batch], device=device).bool()  # (B, T)
-            types = torch.tensor([e.type_ids for e in batch], device=device)
-            kwargs = {"token_type_ids": types} if model.config.type_vocab_size else {}
-            hidden = model(ids, padding_mask=mask, **kwargs).last_hidden_state.float()  # (B, T, E)
-            out.append(_pool(hidden, mask, settings["pooling"]))
-    embeddings = torch.cat(out)
-    return F.normalize(embeddings, p=2, dim=-1) if settings.get("normalize") else embeddings
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
-def _pool(hidden: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
-    if how == "cls":
-        return hidden[:, 0]
-    if how == "max":
-        return hidden.masked_fill(~mask[:, :, None], torch.finfo(hidden.dtype).min).max(dim=1).values
-    weights = mask.to(hidden.dtype)[:, :, None]  # (B, T, 1)
-    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+def _read_backend(path: Path) -> Backend:
+    try:
+        return Backend.from_file(str(path))
+    except Exception as error:  # tokenizers raises a bare Exception for every malformed file
+        raise CheckpointError(f"tokenizer file {str(path)!r} is malformed: {str(error)[:200]}") from None
+
+
+def _folder_backend(directory: Path, settings: dict) -> Backend:
+    if (directory / TOKENIZER_FILE).is_file():
+        return _read_backend(directory / TOKENIZER_FILE)
+    try:
+        if (directory / "vocab.txt").is_file():
+            lowercase = settings.get("do_lower_case", True)
+            return Backend.from_str(BertWordPieceTokenizer(
+                str(directory / "vocab.txt"), lowercase=bool(lowercase), strip_accents=settings.get("strip_accents"),
+            ).to_str())
+        if (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
+            return Backend.from_str(ByteLevelBPETokenizer(
+                str(directory / "vocab.json"), str(directory / "merges.txt")).to_str())
+    except Exception as error:  # a malformed vocabulary file
+        raise CheckpointError(f"the vocabulary files in {str(directory)!r} are malformed: {str(error)[:200]}") from None
+    raise CheckpointError(
+        f"no tokenizer in {str(directory)!r}: expected tokenizer.json, vocab.txt (WordPiece) "
+        "or vocab.json + merges.txt (byte-level BPE)"
+    )
+
+
+def _special_tokens(directory: Path, settings: dict) -> dict[str, str]:
+    """role -> token text, from tokenizer_config.json, else special_tokens_map.json. A value is a
+    string or transformers' {"content": ...} form."""
+    found = {}
+    sources = [settings]
+    if (directory / "special_tokens_map.json").is_file():
+        sources.append(read_json(directory / "special_tokens_map.json", "special tokens map"))
+    for role in ROLES:
+        for source in sources:
+            value = source.get(f"{role}_token")
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str):
+                found[role] = value
+                break
+    return found
+
+
+def _chat_template(directory: Path, settings: dict) -> str | None:
+    """The Jinja chat template: chat_template.jinja, or tokenizer_config.json's "chat_template" (a
+    string, or a list of {"name", "template"} of which "default" is taken)."""
+    if (directory / "chat_template.jinja").is_file():
+        return (directory / "chat_template.jinja").read_text(encoding="utf-8")
+    template = settings.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None

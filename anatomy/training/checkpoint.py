@@ -34,12 +34,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
+from ..checkpoints.files import CheckpointError
+
 LATEST = "latest"
 FILES = ("model.safetensors", "optimizer.pt", "state.json")
-
-
-class CheckpointError(RuntimeError):
-    """No checkpoint in the run directory can be loaded."""
 
 
 def _fsync_dir(path: Path) -> None:

@@ -246,7 +246,7 @@ def _pretrained_classifier(args, run_dir: Path, labels: list[str] | None):
     import anatomy
 
     pretrained = anatomy.from_pretrained(args.init)
-    tok = Tokenizer.from_hf(anatomy.load_tokenizer(args.init))
+    tok = anatomy.load_tokenizer(args.init)
     if labels is None:
         from .data import read_tsv
 

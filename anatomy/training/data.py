@@ -50,7 +50,7 @@ def _check_nonempty(path: str | os.PathLike) -> Path:
 
 
 def _cache_key(paths: list[Path], tokenizer: Tokenizer, *extra: str) -> str:
-    digest = hashlib.sha256(tokenizer.hf.to_str().encode())
+    digest = hashlib.sha256(tokenizer.backend.to_str().encode())
     for p in paths:
         st = p.stat()
         digest.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())

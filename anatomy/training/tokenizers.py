@@ -13,170 +13,49 @@ beside the model and loads back without anatomy:
 The special tokens are the same for every kind and come first, so their ids are fixed:
 `<PAD>`=0 (fills short sequences, never attended to), `<UNK>`=1 (a token the vocabulary lacks),
 `<SOS>`=2 (start of sequence: the decoder's first input), `<EOS>`=3 (end of sequence: what the model
-predicts when it is done). These are seed 004's markers; seed 004's `stoi`/`itos` are `token_to_id`
-and `id_to_token` below.
+predicts when it is done). These are the markers of Alejandro Armas, "What are Transformers –
+Understanding the Architecture End-to-End" (2024); its `stoi`/`itos` are `token_to_id` and `id_to_token`.
+Each trainer returns anatomy's one Tokenizer type (anatomy.checkpoints.tokenizer), which finds these
+four tokens by name.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
-from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import Tokenizer as Backend
+
+from ..checkpoints.tokenizer import Tokenizer
 
 PAD, UNK, SOS, EOS = "<PAD>", "<UNK>", "<SOS>", "<EOS>"
 SPECIAL_TOKENS = [PAD, UNK, SOS, EOS]
 KINDS = ("char", "word", "bpe", "wordpiece")
-# the tokens that may play each special role, anatomy's own first, then BERT's and RoBERTa's
-_SPECIAL_NAMES = {
-    "pad": (PAD, "[PAD]", "<pad>"),
-    "unk": (UNK, "[UNK]", "<unk>"),
-    "bos": (SOS, "[CLS]", "<s>"),
-    "eos": (EOS, "[SEP]", "</s>"),
-}
-FILENAME = "tokenizer.json"
+
+__all__ = ["KINDS", "SPECIAL_TOKENS", "Tokenizer", "load_tokenizer", "train_tokenizer"]
 
 
-class Tokenizer:
-    """One tokenizer of any kind: `encode`, `decode`, the special ids, `save(dir)` / `load(dir)`.
-
-    Wraps a Hugging Face `tokenizers.Tokenizer` (`.hf`); `load` reads the kind off the file's
-    structure, so it needs nothing but `tokenizer.json`.
-    """
-
-    def __init__(self, hf: HFTokenizer, kind: str):
-        if kind not in KINDS:
-            raise ValueError(f"unknown tokenizer kind {kind!r}; choose one of {', '.join(KINDS)}")
-        self.hf = hf
-        self.kind = kind
-        # anatomy pads and truncates batches itself; a loaded file may carry its own settings
-        hf.no_padding()
-        hf.no_truncation()
-        # role -> id; a BERT-style tokenizer.json (e.g. MiniLM's) plays the roles with its own tokens
-        self.special_ids = {}
-        for role, names in _SPECIAL_NAMES.items():
-            found = [hf.token_to_id(n) for n in names if hf.token_to_id(n) is not None]
-            if not found:
-                raise ValueError(f"tokenizer has no {role} token (looked for {', '.join(names)})")
-            self.special_ids[role] = found[0]
-
-    # ---- the interface -------------------------------------------------------------------
-    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
-        """Text -> ids. `add_bos`/`add_eos` wrap the ids in <SOS> ... <EOS>."""
-        ids = self.hf.encode(text, add_special_tokens=False).ids
-        return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
-
-    def encode_batch(self, texts: list[str], add_bos: bool = False, add_eos: bool = False) -> list[list[int]]:
-        """`encode` for many texts at once (the Rust side runs them in parallel)."""
-        head = [self.bos_id] if add_bos else []
-        tail = [self.eos_id] if add_eos else []
-        return [head + e.ids + tail for e in self.hf.encode_batch(texts, add_special_tokens=False)]
-
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-        """Ids -> text. Stops at nothing: cut at <EOS> first if the ids run past it."""
-        return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.hf.get_vocab_size(with_added_tokens=True)
-
-    @property
-    def pad_id(self) -> int:
-        return self.special_ids["pad"]
-
-    @property
-    def unk_id(self) -> int:
-        return self.special_ids["unk"]
-
-    @property
-    def bos_id(self) -> int:
-        return self.special_ids["bos"]
-
-    @property
-    def eos_id(self) -> int:
-        return self.special_ids["eos"]
-
-    @property
-    def keeps_newlines(self) -> bool:
-        """Whether "\\n" survives encode -> decode (char, bpe). Where it does not (word, wordpiece),
-        a language-model corpus marks each line's end with <EOS> instead."""
-        return self.kind in ("char", "bpe")
-
-    def token_to_id(self, token: str) -> int | None:
-        return self.hf.token_to_id(token)
-
-    def id_to_token(self, i: int) -> str | None:
-        return self.hf.id_to_token(int(i))
-
-    # ---- persistence ---------------------------------------------------------------------
-    def save(self, directory: str | os.PathLike) -> Path:
-        """Write `directory/tokenizer.json` (atomically); returns its path."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / FILENAME
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_text(self.hf.to_str(), encoding="utf-8")
-        os.replace(tmp, path)
-        return path
-
-    @classmethod
-    def from_hf(cls, hf: HFTokenizer) -> "Tokenizer":
-        """Wrap a `tokenizers.Tokenizer` (e.g. `anatomy.load_tokenizer("minilm")`); the kind is read
-        off its structure."""
-        return cls(hf, _kind_of(json.loads(hf.to_str())))
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "Tokenizer":
-        """Read a directory holding `tokenizer.json`, or the file itself.
-
-        The kind is read off the file's structure (model type; a per-character split means `char`),
-        so a `tokenizer.json` written by another library loads too (BERT's [PAD]/[CLS]/[SEP] play
-        <PAD>/<SOS>/<EOS>). Raises FileNotFoundError, or ValueError if a special role has no token."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / FILENAME
-        if not path.is_file():
-            raise FileNotFoundError(f"no tokenizer at {path}")
-        hf = HFTokenizer.from_file(str(path))
-        return cls(hf, _kind_of(json.loads(hf.to_str())))
-
-    def __repr__(self) -> str:
-        return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"
-
-
-def _kind_of(data: dict) -> str:
-    """Which of KINDS a serialized HF tokenizer is."""
-    model_type = data["model"]["type"]
-    if model_type == "BPE":
-        return "bpe"
-    if model_type == "WordPiece":
-        return "wordpiece"
-    pre = data.get("pre_tokenizer") or {}
-    return "char" if pre.get("type") == "Split" else "word"
-
-
-def _empty(kind: str) -> tuple[HFTokenizer, object]:
+def _empty(kind: str) -> tuple[Backend, str]:
     """An untrained HF tokenizer of `kind` and the HF trainer that fills its vocabulary."""
     if kind == "char":
-        hf = HFTokenizer(models.WordLevel(unk_token=UNK))
+        hf = Backend(models.WordLevel(unk_token=UNK))
         # every character, newline included, is its own "word"
         hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         hf.decoder = decoders.Fuse()  # join characters back with nothing between them
         return hf, "wordlevel"
     if kind == "word":
-        hf = HFTokenizer(models.WordLevel(unk_token=UNK))
+        hf = Backend(models.WordLevel(unk_token=UNK))
         hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         return hf, "wordlevel"  # WordLevel decodes by joining words with one space
     if kind == "bpe":
-        hf = HFTokenizer(models.BPE(unk_token=UNK))
+        hf = Backend(models.BPE(unk_token=UNK))
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         hf.decoder = decoders.ByteLevel()
         return hf, "bpe"
     if kind == "wordpiece":
-        hf = HFTokenizer(models.WordPiece(unk_token=UNK))
+        hf = Backend(models.WordPiece(unk_token=UNK))
         hf.normalizer = normalizers.BertNormalizer(lowercase=False)
         hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         hf.decoder = decoders.WordPiece()
@@ -223,7 +102,7 @@ def train_tokenizer(
     if hf.get_vocab_size() <= len(SPECIAL_TOKENS):
         source = ", ".join(files) if files else "the texts given"
         raise ValueError(f"cannot train a {kind} tokenizer: {source} holds no text")
-    return Tokenizer(hf, kind)
+    return Tokenizer(hf)
 
 
 def _lines(files: list[str]) -> Iterator[str]:

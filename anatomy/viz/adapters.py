@@ -98,10 +98,10 @@ def seq2seq_attention(model, src_ids: Sequence[int], src_tokens: Sequence[str],
 def encode(tokenizer, text: str, text_b: str | None = None) -> tuple[list[int], list[str], list[int]]:
     """ids, tokens and token type ids (0 for text, 1 for text_b), with the tokenizer's special tokens.
 
-    tokenizer is a Hugging Face `tokenizers.Tokenizer`, or anything holding one as `.hf`
+    tokenizer is a Hugging Face `tokenizers.Tokenizer`, or anything holding one as `.backend`
     (anatomy's Tokenizer), or a `transformers` tokenizer.
     """
-    hf = getattr(tokenizer, "hf", tokenizer)
+    hf = getattr(tokenizer, "backend", tokenizer)
     if hasattr(hf, "convert_ids_to_tokens"):  # transformers
         batch = hf(text, text_b)
         ids = batch["input_ids"]
@@ -113,7 +113,7 @@ def encode(tokenizer, text: str, text_b: str | None = None) -> tuple[list[int], 
 
 def token_text(tokenizer, token_id: int) -> str:
     """The token string of one id, for the same tokenizers as `encode`."""
-    hf = getattr(tokenizer, "hf", tokenizer)
+    hf = getattr(tokenizer, "backend", tokenizer)
     if hasattr(hf, "convert_ids_to_tokens"):
         return hf.convert_ids_to_tokens(token_id)
     return hf.id_to_token(token_id)

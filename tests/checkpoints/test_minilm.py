@@ -73,9 +73,12 @@ def test_minilm_without_its_package_says_what_to_install(monkeypatch):
 
 def test_tokenizer_pads_a_batch_to_its_longest(minilm):
     _, tokenizer = minilm
-    short, long = tokenizer.encode_batch(["hi", "a much longer sentence than that"])
-    assert len(short.ids) == len(long.ids) < 128 and short.attention_mask.count(0) > 0
-    assert tokenizer.decode(short.ids) == "hi"
+    ids, mask = tokenizer(["hi", "a much longer sentence than that"])
+    assert ids.shape == mask.shape and ids.shape[1] < 128
+    assert mask[1].all() and mask[0].sum() == 3  # [CLS] hi [SEP], then padding
+    assert (ids[0, 3:] == tokenizer.pad_id).all() and tokenizer.decode(ids[0][mask[0]]) == "hi"
+    left, left_mask = tokenizer(["hi", "a much longer sentence than that"], padding_side="left")
+    assert torch.equal(left[0][left_mask[0]], ids[0][mask[0]]) and left_mask[0, -3:].all()
 
 
 def test_vocab_txt_tokenizer_matches_tokenizer_json(tmp_path):
@@ -86,4 +89,6 @@ def test_vocab_txt_tokenizer_matches_tokenizer_json(tmp_path):
         shutil.copy(gt.get_model_path() / name, tmp_path / name)
     from_vocab, from_json = anatomy.load_tokenizer(tmp_path), anatomy.load_tokenizer("minilm")
     text = "Héllo, WORLD! Tokenizers split unaffordable words."
-    assert from_vocab.encode(text).ids == from_json.encode(text).ids
+    assert type(from_vocab) is type(from_json) is anatomy.Tokenizer
+    assert from_vocab.encode(text) == from_json.encode(text)
+    assert from_json.tokens("hello") == ["[CLS]", "hello", "[SEP]"]

@@ -19,8 +19,9 @@ def minilm():
 
 def test_minilm_walk_matches_every_tensor(minilm):
     model, tokenizer = minilm
-    encoding = tokenizer.encode("Time flies like an arrow")
-    walk = walkthrough(model, encoding.ids, tokens=encoding.tokens, vocab=tokenizer.id_to_token, layer=0, head=8)
+    text = "Time flies like an arrow"
+    walk = walkthrough(model, tokenizer.encode(text), tokens=tokenizer.tokens(text), vocab=tokenizer.id_to_token,
+                       layer=0, head=8)
     assert walk.tokens == ["[CLS]", "time", "flies", "like", "an", "arrow", "[SEP]"]
     assert walk.ok, [step.check.summary for step in walk.failures]
     titles = walk.titles
