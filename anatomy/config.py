@@ -9,7 +9,7 @@ Dimension names used across the package:
     n_heads     query heads;  n_kv_heads  key/value heads (grouped-query attention when fewer)
     d_head      width of one head (d_model / n_heads by default)
     d_ff        hidden width of the feed-forward network
-    n_layers    blocks per stack (encoder and decoder each, for an encoder-decoder)
+    n_layers    blocks per stack (the encoder's, for an encoder-decoder: decoder_n_layers is the decoder's)
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 # Fields that default to None and are derived from the others when the config is made.
-DERIVED_FIELDS = ("head", "final_norm", "n_kv_heads", "d_head")
+DERIVED_FIELDS = ("head", "final_norm", "n_kv_heads", "d_head", "decoder_n_layers", "decoder_n_heads", "decoder_d_ff")
+# An encoder-decoder's decoder sizes, and the encoder field each defaults to.
+DECODER_SIZES = {"decoder_n_layers": "n_layers", "decoder_n_heads": "n_heads", "decoder_d_ff": "d_ff"}
 SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 # The allowed values of every option: the error for a bad value lists them.
 ARCHS = ("encoder", "decoder", "encoder-decoder")
@@ -82,6 +84,10 @@ class ModelConfig:
     attn_bias: bool = True  # biases on q/k/v projections
     attn_out_bias: bool = True  # bias on the output projection
     attn_dropout: float | None = None  # None: same as dropout
+    # encoder-decoder: the decoder stack's sizes (Marian, T5 may differ from the encoder); None: the encoder's
+    decoder_n_layers: int | None = None
+    decoder_n_heads: int | None = None
+    decoder_d_ff: int | None = None
     rope_theta: float = 10000.0
     # feed-forward
     mlp_bias: bool = True
@@ -129,6 +135,14 @@ class ModelConfig:
         _choice(f"head (for arch={self.arch!r})", self.head, HEADS_BY_ARCH[self.arch])
         if self.final_norm is None:
             object.__setattr__(self, "final_norm", self.norm_position == "pre")
+        for name, encoder_name in DECODER_SIZES.items():
+            if self.arch != "encoder-decoder":
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"{name}={getattr(self, name)!r} needs arch='encoder-decoder' (got {self.arch!r})")
+                continue
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(self, encoder_name))
+            _positive_int(name, getattr(self, name))
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         _positive_int("n_kv_heads", self.n_kv_heads)
@@ -161,6 +175,11 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
                 raise ConfigError(f"{name}={value!r} is outside [0, vocab_size={self.vocab_size})")
+        if self.arch == "encoder-decoder" and any(getattr(self, n) != getattr(self, e) for n, e in DECODER_SIZES.items()):
+            try:
+                self.decoder_config()
+            except ConfigError as error:
+                raise ConfigError(f"the decoder stack (decoder_* fields): {error}") from None
 
     # derived values --------------------------------------------------------------------------
     @property
@@ -171,6 +190,14 @@ class ModelConfig:
     @property
     def effective_attn_dropout(self) -> float:
         return self.dropout if self.attn_dropout is None else self.attn_dropout
+
+    def decoder_config(self) -> "ModelConfig":
+        """An encoder-decoder's decoder stack: this config with the decoder's depth, heads and d_ff
+        (d_head and n_kv_heads follow the heads unless they were set)."""
+        if self.arch != "encoder-decoder":
+            raise ConfigError(f"decoder_config() is the decoder stack of an encoder-decoder; this config has arch={self.arch!r}")
+        sizes = {encoder_name: getattr(self, name) for name, encoder_name in DECODER_SIZES.items()}
+        return self.replace(**sizes, **{name: sizes[encoder_name] for name, encoder_name in DECODER_SIZES.items()})
 
     def replace(self, **changes: Any) -> "ModelConfig":
         """A copy with `changes`; fields that were derived (d_head, n_kv_heads, head, final_norm)

@@ -344,12 +344,13 @@ class EncoderDecoderModel(nn.Module, _Saveable):
         self.config = config
         self.encoder = Stack(config, causal=False)
         shared = self.encoder.token_embedding if config.share_encoder_decoder_embeddings else None
-        self.decoder = Stack(config, causal=True, cross_attention=True, token_embedding=shared)
+        # The decoder may be deeper, shallower or have other heads and d_ff than the encoder.
+        self.decoder = Stack(config.decoder_config(), causal=True, cross_attention=True, token_embedding=shared)
         self.lm_head = LMHead(config, self.decoder.token_embedding)
         self.logits = TracePoint("batch pos vocab")
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
-        return KVCache(self.config.n_layers, capacity or self.config.max_seq_len)
+        return KVCache(self.config.decoder_n_layers, capacity or self.config.max_seq_len)
 
     def encode(self, src_ids, src_padding_mask=None) -> torch.Tensor:
         """src_ids [B, S] -> memory [B, S, E], the encoder output every decoder layer attends to."""

@@ -65,7 +65,7 @@ def read_config(path: str | Path) -> tuple[dict, Architecture, str]:
 
 def _rules(arch: Architecture, config: ModelConfig, prefixed: bool) -> list[Rule]:
     """The table for this config, with "{i}" expanded and the base prefix kept or dropped."""
-    rules = expand(arch.table(config), config.n_layers)
+    rules = expand(arch.table(config), config.n_layers, config.decoder_n_layers)
     if prefixed:
         return rules
     start = arch.base_prefix + "."

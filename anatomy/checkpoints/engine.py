@@ -33,7 +33,7 @@ DERIVED_ATOL = 1e-6
 
 @dataclass(frozen=True)
 class Rule:
-    hf: str  # checkpoint name; "{i}" stands for the layer index
+    hf: str  # checkpoint name; "{i}" stands for the layer index ("{j}": a decoder layer's, in an encoder-decoder)
     ours: tuple[str, ...]  # anatomy tensor names; several = fused along dim 0 in the checkpoint
     transpose: bool = False  # the checkpoint stores [in, out] (GPT-2's Conv1D), anatomy [out, in]
     view: tuple[int, ...] | None = None  # the checkpoint's tensor is ours reshaped to this (e.g. (1, -1))
@@ -47,8 +47,9 @@ class Rule:
         object.__setattr__(self, "view", view)
         object.__setattr__(self, "derived", derived)
 
-    def layer(self, i: int) -> "Rule":
-        return dataclasses.replace(self, hf=self.hf.format(i=i), ours=tuple(n.format(i=i) for n in self.ours))
+    def layer(self, **index: int) -> "Rule":
+        """This rule for one layer: layer(i=3) fills "{i}" (or layer(j=3) "{j}") in both names."""
+        return dataclasses.replace(self, hf=self.hf.format(**index), ours=tuple(n.format(**index) for n in self.ours))
 
     # the two directions ------------------------------------------------------------------------
     def to_checkpoint(self, tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -109,10 +110,14 @@ def require(model_type: str, config: ModelConfig, **expected) -> None:
         raise CheckpointError(f"a {model_type} checkpoint needs " + ", ".join(wrong))
 
 
-def expand(rules: list[Rule], n_layers: int) -> list[Rule]:
+def expand(rules: list[Rule], n_layers: int, n_decoder_layers: int | None = None) -> list[Rule]:
+    """Repeat each layer rule: "{i}" over n_layers (the only stack, or the encoder), "{j}" over
+    n_decoder_layers (an encoder-decoder's decoder; default n_layers)."""
+    counts = {"i": n_layers, "j": n_layers if n_decoder_layers is None else n_decoder_layers}
     out = []
     for rule in rules:
-        out += [rule.layer(i) for i in range(n_layers)] if "{i}" in rule.hf else [rule]
+        index = next((name for name in counts if "{" + name + "}" in rule.hf), None)
+        out += [rule.layer(**{index: n}) for n in range(counts[index])] if index else [rule]
     return out
 
 

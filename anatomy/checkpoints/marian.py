@@ -1,7 +1,8 @@
 """Marian (MarianMTModel): the paper's encoder-decoder. Post-norm, sinusoidal positions with every
 sine first and then every cosine (sinusoid_layout="halves"), embeddings optionally scaled by
 sqrt(d_model), one embedding matrix shared by encoder, decoder and LM head, and a bias on the
-logits (final_logits_bias). The activation is the config's (the released checkpoints use swish)."""
+logits (final_logits_bias). The activation is the config's (the released checkpoints use swish).
+The decoder may have its own depth, heads and d_ff (decoder_layers, ...)."""
 
 from __future__ import annotations
 
@@ -22,17 +23,18 @@ CLASSES = {"MarianMTModel": "lm"}
 def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     unsupported("marian", hf, share_encoder_decoder_embeddings=True, normalize_before=False,
                 add_final_layer_norm=False, normalize_embedding=False)
-    pairs = [("encoder_layers", "decoder_layers"), ("encoder_attention_heads", "decoder_attention_heads"),
-             ("encoder_ffn_dim", "decoder_ffn_dim"), ("vocab_size", "decoder_vocab_size")]
-    different = [f"{a}={hf.get(a)} vs {b}={hf.get(b)}" for a, b in pairs
-                 if hf.get(b) is not None and hf.get(a) != hf.get(b)]
-    if different:
-        raise CheckpointError(f"anatomy's encoder and decoder share their sizes; this marian checkpoint has {different}")
+    if hf.get("decoder_vocab_size") not in (None, hf.get("vocab_size")):
+        raise CheckpointError(
+            f"this marian checkpoint has vocab_size={hf.get('vocab_size')} but decoder_vocab_size="
+            f"{hf['decoder_vocab_size']}; anatomy implements the shared vocabulary (share_encoder_decoder_embeddings)"
+        )
     return ModelConfig(
         **FLAGS,
         vocab_size=field(hf, "vocab_size", "marian"), d_model=field(hf, "d_model", "marian"),
         n_heads=field(hf, "encoder_attention_heads", "marian"), n_layers=field(hf, "encoder_layers", "marian"),
-        d_ff=field(hf, "encoder_ffn_dim", "marian"), max_seq_len=field(hf, "max_position_embeddings", "marian", 1024),
+        d_ff=field(hf, "encoder_ffn_dim", "marian"), decoder_n_layers=field(hf, "decoder_layers", "marian"),
+        decoder_n_heads=field(hf, "decoder_attention_heads", "marian"),
+        decoder_d_ff=field(hf, "decoder_ffn_dim", "marian"), max_seq_len=field(hf, "max_position_embeddings", "marian", 1024),
         activation=activation(hf, "activation_function", "marian", "gelu"),
         scale_embeddings=bool(hf.get("scale_embedding", False)), pad_token_id=pad_id(hf),
         dropout=hf.get("dropout", 0.1), attn_dropout=hf.get("attention_dropout", 0.0),
@@ -42,13 +44,15 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     require("marian", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads)
+    decoder = config.decoder_config()
+    require("marian decoder", decoder, n_kv_heads=decoder.n_heads, d_head=decoder.d_model // decoder.n_heads)
     # Marian pads with its last id by convention, and starts decoding with the pad token.
     pad = config.pad_token_id if config.pad_token_id is not None else config.vocab_size - 1
     return dict(
         vocab_size=config.vocab_size, decoder_vocab_size=config.vocab_size, d_model=config.d_model,
-        encoder_layers=config.n_layers, decoder_layers=config.n_layers,
-        encoder_attention_heads=config.n_heads, decoder_attention_heads=config.n_heads,
-        encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff, max_position_embeddings=config.max_seq_len,
+        encoder_layers=config.n_layers, decoder_layers=config.decoder_n_layers,
+        encoder_attention_heads=config.n_heads, decoder_attention_heads=config.decoder_n_heads,
+        encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.decoder_d_ff, max_position_embeddings=config.max_seq_len,
         activation_function=to_hf_activation(config.activation, "marian"), scale_embedding=config.scale_embeddings,
         dropout=config.dropout, attention_dropout=config.effective_attn_dropout, activation_dropout=0.0,
         pad_token_id=pad, decoder_start_token_id=pad, tie_word_embeddings=config.tie_embeddings,
@@ -77,7 +81,7 @@ def table(config: ModelConfig) -> list[Rule]:
         Rule("model.encoder.embed_positions.weight", "encoder.position_embedding.table", derived=True),
         Rule("model.decoder.embed_positions.weight", "decoder.position_embedding.table", derived=True),
         *_layer("model.encoder.layers.{i}", "encoder.blocks.{i}", cross=False),
-        *_layer("model.decoder.layers.{i}", "decoder.blocks.{i}", cross=True),
+        *_layer("model.decoder.layers.{j}", "decoder.blocks.{j}", cross=True),
         Rule("lm_head.weight", "lm_head.proj.weight", derived=config.tie_embeddings),
         Rule("final_logits_bias", "lm_head.proj.bias", view=(1, -1)),  # [1, V] in the checkpoint
     ]

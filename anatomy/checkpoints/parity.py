@@ -139,10 +139,11 @@ def parity_rows(path: str | Path, texts=None, text_b: str | None = None, pad: bo
         if config.arch == "encoder-decoder":
             out = theirs(input_ids=x.ids, attention_mask=x.mask.long(), decoder_input_ids=x.tgt_ids,
                          decoder_attention_mask=x.tgt_mask.long(), **flags)
-            pairs = _stack_pairs("encoder.", "encoder_", config, out.encoder_hidden_states,
-                                 out.encoder_attentions, x.mask, _final("encoder.", config))
-            pairs += _stack_pairs("decoder.", "decoder_", config, out.decoder_hidden_states,
-                                  out.decoder_attentions, x.tgt_mask, _final("decoder.", config))
+            encoder, decoder = ours.encoder.config, ours.decoder.config  # their depths may differ
+            pairs = _stack_pairs("encoder.", "encoder_", encoder, out.encoder_hidden_states,
+                                 out.encoder_attentions, x.mask, _final("encoder.", encoder))
+            pairs += _stack_pairs("decoder.", "decoder_", decoder, out.decoder_hidden_states,
+                                  out.decoder_attentions, x.tgt_mask, _final("decoder.", decoder))
             pairs += [(f"decoder.blocks.{i}.cross_attn.pattern", f"cross_attentions[{i}]", a, x.tgt_mask)
                       for i, a in enumerate(out.cross_attentions)]
             pairs.append(("logits", "logits", out.logits, x.tgt_mask))
