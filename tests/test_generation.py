@@ -294,27 +294,104 @@ def test_encoder_decoder_generation():
                                                    **kwargs).sequences)
 
 
+# Past the context the window slides --------------------------------------------------------------
+
+def crop_and_recompute(model, prompt, n_new, window):
+    """nanoGPT's loop, written out: the last `window` tokens, a full pass, the argmax, append."""
+    sequence = prompt
+    with torch.no_grad():
+        for _ in range(n_new):
+            logits = model(sequence[:, -window:]).logits[:, -1]
+            sequence = torch.cat([sequence, logits.argmax(dim=-1, keepdim=True)], dim=1)
+    return sequence
+
+
+def test_a_char_lm_with_context_64_writes_500_tokens():
+    model = decoder(vocab_size=65, max_seq_len=64)
+    out = generate(model, ids(1, 10, vocab=65), max_new_tokens=500)
+    assert out.new_tokens.shape == (1, 500) and out.window_slid
+    assert not generate(model, ids(1, 10, vocab=65), max_new_tokens=54).window_slid  # 64 positions: no slide
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rotary"])
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("prompt_length", [3, 12])  # 12: the prompt alone is longer than the context
+def test_sliding_equals_a_manual_crop_and_recompute_loop(pos, use_cache, prompt_length):
+    model = decoder(max_seq_len=8, pos_encoding=pos)
+    prompt = ids(2, prompt_length)
+    got = generate(model, prompt, max_new_tokens=20, use_cache=use_cache)
+    assert torch.equal(got.sequences, crop_and_recompute(model, prompt, 20, window=8))
+
+
+def test_encoder_decoder_slides_its_decoder_window():
+    model = seq2seq(max_seq_len=8)
+    src = ids(1, 5)
+    got = generate(model, src_ids=src, decoder_start_token_id=1, max_new_tokens=15)
+    memory = model.encode(src)
+    sequence = torch.tensor([[1]])
+    with torch.no_grad():
+        for _ in range(15):
+            _, logits = model.decode(sequence[:, -8:], memory)
+            sequence = torch.cat([sequence, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    assert torch.equal(got.sequences, sequence) and got.window_slid
+
+
+def test_beam_search_slides_too():
+    out = generate(decoder(max_seq_len=8), ids(1, 3), max_new_tokens=12, num_beams=3)
+    assert out.new_tokens.shape == (1, 12) and out.window_slid
+
+
 # Clear errors ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(strategy="sample", temperature=0.0), "temperature must be > 0"),
-    (dict(strategy="sample", top_p=0.0), r"top_p must be None or in \(0, 1\]"),
-    (dict(strategy="sample", top_p=1.5), r"top_p must be None or in \(0, 1\]"),
+    (dict(strategy="sample", top_p=0.0), r"top_p must be None or a number in \(0, 1\]"),
+    (dict(strategy="sample", top_p=1.5), r"top_p must be None or a number in \(0, 1\]"),
+    (dict(strategy="sample", top_p=float("nan")), r"top_p must be None or a number in \(0, 1\]"),
+    (dict(strategy="sample", temperature=float("nan")), "temperature must be a finite number"),
     (dict(strategy="sample", top_k=0), "top_k must be None or an integer >= 1"),
     (dict(num_beams=0), "num_beams must be an integer >= 1"),
     (dict(strategy="nucleus"), "allowed values: 'greedy', 'sample', 'beam'"),
     (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
-    (dict(max_new_tokens=31), r"allowed: max_new_tokens <= 30"),
+    (dict(max_new_tokens=10**12), r"needs about .* GB .* more than the .* GB available"),
+    (dict(max_new_tokens=10**12, use_cache=False), r"needs about .* GB"),
+    (dict(max_new_tokens=2.0), "max_new_tokens must be an integer >= 1, got 2.0"),
     (dict(temperature=0.7), "only apply to strategy='sample'"),
-    (dict(stop_tokens=[13]), r"outside \[0, vocab_size=13\)"),
+    (dict(stop_tokens=[13]), r"each of stop_tokens must be a token id in \[0, vocab_size=13\), got 13"),
+    (dict(stop_tokens="2"), r"stop_tokens must be a token id or a list of token ids, got '2'"),
+    (dict(stop_tokens=[2.0]), r"each of stop_tokens must be a token id"),
+    (dict(pad_token_id=13), r"pad_token_id must be a token id in \[0, vocab_size=13\), got 13"),
+    (dict(pad_token_id=-1, num_beams=2), r"pad_token_id must be a token id"),
+    (dict(num_beams=2, length_penalty=float("nan")), "length_penalty must be a finite number, got nan"),
+    (dict(input_ids=torch.tensor([[1, 2]], dtype=torch.uint8)), r"input_ids .* dtype torch.long .* torch.uint8"),
+    (dict(input_ids=torch.tensor([[1, 2]], dtype=torch.int8)), r"input_ids .* torch.int8"),
+    (dict(input_ids=torch.tensor([[1, 2]], dtype=torch.int16)), r"input_ids .* torch.int16"),
+    (dict(input_ids=torch.tensor([[1, 13]])), r"input_ids holds id 13, outside \[0, vocab_size=13\)"),
+    (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), "input_ids is empty"),
+    (dict(use_cache="yes"), "use_cache must be True or False"),
+    (dict(strategy="sample", seed=-1), r"seed must be an integer in \[0, 2\*\*64\)"),
     (dict(padding_mask=torch.tensor([[True, False]])), "left-padded"),
     (dict(num_beams=2, streamer=print), "streaming needs strategy"),
-    (dict(input_ids=[[1, 2]]), r"input_ids must be an integer tensor \[batch, positions\]"),
+    (dict(input_ids=[[1, 2]]), r"input_ids must be a tensor of token ids \[batch, positions\]"),
 ])
 def test_bad_arguments_raise_a_clear_error(kwargs, message):
     kwargs = {"input_ids": torch.tensor([[1, 2]]), **kwargs}
     with pytest.raises(ValueError, match=message):
         generate(decoder(), **kwargs)
+
+
+def test_nan_logits_are_refused_with_a_message():
+    model = decoder()
+    with torch.no_grad():
+        model.token_embedding.weight[5].fill_(float("nan"))  # one corrupt row of the (tied) embedding
+    with pytest.raises(ValueError, match="NaN logits at generation step 1"):
+        generate(model, torch.tensor([[1, 5]]))
+
+
+def test_alibi_refuses_a_cache_larger_than_memory_before_allocating():
+    """ALiBi has no position table, so no window: 10**12 positions would be an 8 TB cache."""
+    with pytest.raises(ValueError, match="lower max_new_tokens or num_beams"):
+        generate(decoder(pos_encoding="alibi"), torch.tensor([[1, 2]]), max_new_tokens=10**12, num_beams=2)
 
 
 def test_encoder_decoder_needs_a_start_token():

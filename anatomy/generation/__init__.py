@@ -1,5 +1,11 @@
-"""Generation: greedy, sampling and beam search with a KV cache (generate.py), and `anatomy generate` (cli.py)."""
+"""Generation: greedy, sampling and beam search with a KV cache, sliding past the context.
 
-from .generate import STRATEGIES, GenerationOutput, generate, sampling_distribution, top_k_filter, top_p_filter
+generate.py (the public function), search.py (greedy, sampling, beam search), sampling.py (the
+filters), runner.py (one step: the cache and the sliding window), checks.py (every argument),
+cli.py (`anatomy generate`).
+"""
+
+from .generate import STRATEGIES, GenerationOutput, generate
+from .sampling import sampling_distribution, top_k_filter, top_p_filter
 
 __all__ = ["STRATEGIES", "GenerationOutput", "generate", "sampling_distribution", "top_k_filter", "top_p_filter"]
