@@ -4,6 +4,9 @@ Shape letters: B batch, T positions, S source positions, E model width.
 
 Post-norm, the paper (section 3.1) and BERT:   x = Norm(x + Sublayer(x))
 Pre-norm, GPT-2, Llama and seed 000:            x = x + Sublayer(Norm(x))
+Sandwich, Gemma 2 and 3:                        x = x + Norm'(Sublayer(Norm(x)))
+Post-sublayer, OLMo 2:                          x = x + Norm'(Sublayer(x))
+Parallel, GPT-NeoX and GPT-J:                   x = x + Attn(Norm(x)) + MLP(Norm''(x))   (GPT-J: Norm'' = Norm)
 
 An encoder block has self-attention and a feed-forward network; a decoder block of an
 encoder-decoder adds cross-attention between them, whose queries come from the decoder and
@@ -18,34 +21,54 @@ from torch import nn
 
 from .attention import MultiHeadAttention
 from .layers import Dropout, FeedForward, make_norm
+from .moe import MixtureOfExperts
 from .positional import RotaryEmbedding
 from .trace import TracePoint
 
 
 class Block(nn.Module):
-    """One layer. Trace points: resid_pre, resid_mid, (resid_cross,) resid_post [batch pos d_model]."""
+    """One layer. Trace points: resid_pre, resid_mid, (resid_cross,) resid_post [batch pos d_model]
+    (a parallel block has no resid_mid: both sublayers read resid_pre).
+
+    Norms, by config.norm_position: attn_norm, cross_attn_norm, mlp_norm before (pre, sandwich) or
+    after the residual sum (post); attn_out_norm, cross_attn_out_norm, mlp_out_norm on the
+    sublayer's output (sandwich, post_sublayer).
+    """
 
     def __init__(self, config, layer_index: int, *, cross_attention: bool = False, rotary: RotaryEmbedding | None = None):
         super().__init__()
-        self.pre_norm = config.norm_position == "pre"
+        self.norm_position = config.norm_position
+        self.parallel = config.parallel_residual
         self.resid_pre = TracePoint("batch pos d_model")
-        self.attn_norm = make_norm(config)
+        self._add_norms(config, "attn")
         self.attn = MultiHeadAttention(config, layer_index=layer_index, rotary=rotary)
-        self.resid_mid = TracePoint("batch pos d_model")
+        if not self.parallel:
+            self.resid_mid = TracePoint("batch pos d_model")
         self.has_cross_attention = cross_attention
         if cross_attention:
-            self.cross_attn_norm = make_norm(config)
+            self._add_norms(config, "cross_attn")
             self.cross_attn = MultiHeadAttention(config, layer_index=layer_index, cross=True)
             self.resid_cross = TracePoint("batch pos d_model")
-        self.mlp_norm = make_norm(config)
-        self.mlp = FeedForward(config)
+        if not config.parallel_shared_norm:
+            self._add_norms(config, "mlp")
+        self.mlp = MixtureOfExperts(config) if config.n_experts else FeedForward(config)
         self.resid_post = TracePoint("batch pos d_model")
         self.dropout = Dropout(config.dropout)
 
-    def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer, **kwargs) -> torch.Tensor:
-        if self.pre_norm:
-            return x + self.dropout(sublayer(norm(x), **kwargs))  # x + Sublayer(Norm(x))
-        return norm(x + self.dropout(sublayer(x, **kwargs)))  # Norm(x + Sublayer(x))
+    def _add_norms(self, config, sublayer: str) -> None:
+        if self.norm_position != "post_sublayer":
+            setattr(self, f"{sublayer}_norm", make_norm(config))
+        if self.norm_position in ("sandwich", "post_sublayer"):
+            setattr(self, f"{sublayer}_out_norm", make_norm(config))
+
+    def _residual(self, x: torch.Tensor, name: str, sublayer, **kwargs) -> torch.Tensor:
+        norm, out_norm = getattr(self, f"{name}_norm", None), getattr(self, f"{name}_out_norm", None)
+        if self.norm_position == "post":
+            return norm(x + self.dropout(sublayer(x, **kwargs)))  # Norm(x + Sublayer(x))
+        update = sublayer(norm(x) if norm is not None else x, **kwargs)  # Sublayer(Norm(x)) or Sublayer(x)
+        if out_norm is not None:
+            update = out_norm(update)  # Norm'(...): sandwich and post-sublayer
+        return x + self.dropout(update)
 
     def forward(
         self,
@@ -61,12 +84,15 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         """x [B, T, E] -> [B, T, E]; memory [B, S, E] and memory_mask for cross-attention."""
         x = self.resid_pre(x)
-        x = self.resid_mid(self._residual(
-            x, self.attn_norm, self.attn,
-            mask=mask, is_causal=is_causal, position_ids=position_ids, bias=bias, cache=cache,
-        ))
+        attention = dict(mask=mask, is_causal=is_causal, position_ids=position_ids, bias=bias, cache=cache)
+        if self.parallel:
+            # Both sublayers read x; GPT-J feeds the MLP the attention's own norm (no mlp_norm).
+            normed = self.attn_norm(x)
+            mlp_in = self.mlp_norm(x) if hasattr(self, "mlp_norm") else normed
+            return self.resid_post(x + self.dropout(self.attn(normed, **attention)) + self.dropout(self.mlp(mlp_in)))
+        x = self.resid_mid(self._residual(x, "attn", self.attn, **attention))
         if self.has_cross_attention:
             x = self.resid_cross(self._residual(
-                x, self.cross_attn_norm, self.cross_attn, mask=memory_mask, memory=memory, cache=cache,
+                x, "cross_attn", self.cross_attn, mask=memory_mask, memory=memory, cache=cache,
             ))
-        return self.resid_post(self._residual(x, self.mlp_norm, self.mlp))
+        return self.resid_post(self._residual(x, "mlp", self.mlp))

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 # Fields that default to None and are derived from the others when the config is made.
-DERIVED_FIELDS = ("head", "final_norm", "n_kv_heads", "d_head", "decoder_n_layers", "decoder_n_heads", "decoder_d_ff")
+DERIVED_FIELDS = ("head", "final_norm", "n_kv_heads", "d_head", "decoder_n_layers", "decoder_n_heads", "decoder_d_ff",
+                  "rotary_dim", "layer_types")
 # An encoder-decoder's decoder sizes, and the encoder field each defaults to.
 DECODER_SIZES = {"decoder_n_layers": "n_layers", "decoder_n_heads": "n_heads", "decoder_d_ff": "d_ff"}
 SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
@@ -30,11 +31,17 @@ ARCHS = ("encoder", "decoder", "encoder-decoder")
 POS_ENCODINGS = ("sinusoidal", "learned", "rotary", "alibi", "none")
 SINUSOID_LAYOUTS = ("interleaved", "halves")
 NORMS = ("layernorm", "rmsnorm")
-NORM_POSITIONS = ("pre", "post")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
+# "pre": x + f(Norm(x)); "post": Norm(x + f(x)); "sandwich": x + Norm(f(Norm(x))) (Gemma 2/3);
+# "post_sublayer": x + Norm(f(x)) (OLMo 2)
+NORM_POSITIONS = ("pre", "post", "sandwich", "post_sublayer")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
 ATTN_IMPLS = ("sdpa", "eager")
 HEADS = ("none", "lm", "masked-lm", "sequence-classification", "token-classification")
 POOLINGS = ("first", "mean")
+ROTARY_LAYOUTS = ("halves", "interleaved")  # pairs (j, j + r/2) (Llama, GPT-NeoX) or (2j, 2j + 1) (GPT-J)
+ROPE_SCALINGS = ("none", "linear", "llama3")
+QK_NORMS = ("none", "per_head", "across_heads")  # RMSNorm over each head's d_head, or over all heads at once
+LAYER_TYPES = ("full", "sliding")  # attention over every earlier key, or over the last sliding_window keys
 # Which output heads each family can carry.
 HEADS_BY_ARCH = {
     "encoder": ("none", "masked-lm", "sequence-classification", "token-classification"),
@@ -89,10 +96,29 @@ class ModelConfig:
     decoder_n_heads: int | None = None
     decoder_d_ff: int | None = None
     rope_theta: float = 10000.0
+    rotary_dim: int | None = None  # leading dimensions of each head that rotate; None: all of d_head
+    rotary_layout: str = "halves"
+    rope_scaling: str = "none"  # "linear": every frequency / factor; "llama3": low frequencies / factor, smoothed
+    rope_scaling_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0  # llama3: wavelengths above original_max_len / this are divided by factor
+    rope_high_freq_factor: float = 4.0  # llama3: wavelengths below original_max_len / this are kept
+    rope_original_max_len: int = 8192  # llama3: the context length before scaling
+    rope_local_theta: float | None = None  # rope base of the sliding layers (Gemma 3); None: rope_theta
+    query_pre_attn_scalar: float | None = None  # scores scaled by 1/sqrt(this), not 1/sqrt(d_head) (Gemma 2/3)
+    attn_softcap: float | None = None  # scores -> c * tanh(scores / c) before the mask (Gemma 2)
+    qk_norm: str = "none"  # an RMSNorm on queries and keys before the rotation (Qwen3, OLMo 2, Gemma 3)
+    sliding_window: int | None = None  # a "sliding" layer's query sees itself and the sliding_window - 1 keys before
+    layer_types: tuple[str, ...] | None = None  # per layer; None: all "sliding" with a sliding_window, else "full"
+    # residual stream
+    parallel_residual: bool = False  # x + Attn(Norm(x)) + MLP(Norm'(x)): both sublayers read x (GPT-NeoX, GPT-J)
+    parallel_shared_norm: bool = False  # the parallel branches share one norm (GPT-J)
     # feed-forward
     mlp_bias: bool = True
+    n_experts: int = 0  # > 0: a mixture of experts, each a feed-forward network, chosen per token (Mixtral)
+    n_experts_per_token: int = 2  # the router's top-k
     # normalisation
     norm_eps: float = 1e-5
+    norm_plus_one: bool = False  # RMSNorm scales by (1 + w), so that w = 0 is the identity gain (Gemma)
     embed_norm: bool = False  # a norm right after the embeddings (BERT)
     final_norm: bool | None = None  # a norm after the last block; None: yes for pre-norm
     # embeddings
@@ -108,6 +134,7 @@ class ModelConfig:
     # output heads
     head: str | None = None  # None: "masked-lm" for encoders, "lm" otherwise
     lm_head_bias: bool = False
+    final_logit_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2)
     lm_head_transform: bool = False  # dense + activation + norm before the LM head (BERT MLM)
     pooler: bool = False  # dense + tanh on the pooled vector (BERT)
     pooling: str = "first"
@@ -128,13 +155,16 @@ class ModelConfig:
         _choice("activation", self.activation, ACTIVATIONS)
         _choice("attn_impl", self.attn_impl, ATTN_IMPLS)
         _choice("pooling", self.pooling, POOLINGS)
+        _choice("rotary_layout", self.rotary_layout, ROTARY_LAYOUTS)
+        _choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+        _choice("qk_norm", self.qk_norm, QK_NORMS)
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_seq_len", "num_labels"):
             _positive_int(name, getattr(self, name))
         if self.head is None:
             object.__setattr__(self, "head", "masked-lm" if self.arch == "encoder" else "lm")
         _choice(f"head (for arch={self.arch!r})", self.head, HEADS_BY_ARCH[self.arch])
         if self.final_norm is None:
-            object.__setattr__(self, "final_norm", self.norm_position == "pre")
+            object.__setattr__(self, "final_norm", self.norm_position != "post")
         for name, encoder_name in DECODER_SIZES.items():
             if self.arch != "encoder-decoder":
                 if getattr(self, name) is not None:
@@ -159,8 +189,16 @@ class ModelConfig:
                 )
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
         _positive_int("d_head", self.d_head)
-        if self.pos_encoding == "rotary" and self.d_head % 2:
-            raise ConfigError(f"rotary positions rotate pairs of dimensions: d_head={self.d_head} must be even")
+        if self.rotary_dim is None:
+            object.__setattr__(self, "rotary_dim", self.d_head)
+        _positive_int("rotary_dim", self.rotary_dim)
+        if self.pos_encoding == "rotary" and (self.rotary_dim % 2 or self.rotary_dim > self.d_head):
+            raise ConfigError(
+                f"rotary positions rotate pairs of dimensions: rotary_dim={self.rotary_dim} must be even "
+                f"and at most d_head={self.d_head}"
+            )
+        self._check_rotary_and_attention()
+        self._check_residual_and_experts()
         if self.pos_encoding == "sinusoidal" and self.d_model % 2:
             raise ConfigError(f"sinusoidal positions come in sin/cos pairs: d_model={self.d_model} must be even")
         for name in ("dropout", "attn_dropout"):
@@ -180,6 +218,49 @@ class ModelConfig:
                 self.decoder_config()
             except ConfigError as error:
                 raise ConfigError(f"the decoder stack (decoder_* fields): {error}") from None
+
+    def _check_rotary_and_attention(self) -> None:
+        if self.rope_scaling != "none" and not self.rope_scaling_factor > 0:
+            raise ConfigError(f"rope_scaling_factor must be > 0, got {self.rope_scaling_factor}")
+        if self.rope_scaling == "llama3" and not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
+            raise ConfigError(
+                "llama3 rope scaling needs 0 < rope_low_freq_factor < rope_high_freq_factor, got "
+                f"{self.rope_low_freq_factor} and {self.rope_high_freq_factor}"
+            )
+        _positive_int("rope_original_max_len", self.rope_original_max_len)
+        for name in ("rope_local_theta", "query_pre_attn_scalar", "attn_softcap", "final_logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be > 0 or None, got {value!r}")
+        if self.sliding_window is not None:
+            _positive_int("sliding_window", self.sliding_window)
+        if self.layer_types is None:
+            object.__setattr__(self, "layer_types", ("sliding" if self.sliding_window else "full",) * self.n_layers)
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))  # a list when read from JSON
+        for kind in self.layer_types:
+            _choice("layer_types[...]", kind, LAYER_TYPES)
+        if len(self.layer_types) != self.n_layers:
+            raise ConfigError(f"layer_types has {len(self.layer_types)} entries for n_layers={self.n_layers}")
+        if "sliding" in self.layer_types and self.sliding_window is None:
+            raise ConfigError("layer_types has 'sliding' layers but sliding_window is None; give the window width")
+        if self.qk_norm != "none" and self.norm != "rmsnorm":
+            raise ConfigError(f"qk_norm={self.qk_norm!r} is an RMSNorm; it needs norm='rmsnorm', got {self.norm!r}")
+
+    def _check_residual_and_experts(self) -> None:
+        if self.parallel_residual and self.norm_position != "pre":
+            raise ConfigError(f"parallel_residual needs norm_position='pre', got {self.norm_position!r}")
+        if self.parallel_shared_norm and not self.parallel_residual:
+            raise ConfigError("parallel_shared_norm needs parallel_residual=True (one norm for the two parallel branches)")
+        if self.norm_plus_one and self.norm != "rmsnorm":
+            raise ConfigError(f"norm_plus_one scales an RMSNorm by (1 + w); it needs norm='rmsnorm', got {self.norm!r}")
+        if isinstance(self.n_experts, bool) or not isinstance(self.n_experts, int) or self.n_experts < 0:
+            raise ConfigError(f"n_experts must be an integer >= 0 (0: one feed-forward network), got {self.n_experts!r}")
+        if self.n_experts:
+            _positive_int("n_experts_per_token", self.n_experts_per_token)
+            if self.n_experts_per_token > self.n_experts:
+                raise ConfigError(
+                    f"n_experts_per_token={self.n_experts_per_token} must be at most n_experts={self.n_experts}"
+                )
 
     # derived values --------------------------------------------------------------------------
     @property

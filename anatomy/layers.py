@@ -27,18 +27,24 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm(x) = x / sqrt(mean(x^2) + eps) * gamma: LayerNorm without centring (Zhang & Sennrich)."""
+    """RMSNorm(x) = x / sqrt(mean(x^2) + eps) * gamma: LayerNorm without centring (Zhang & Sennrich).
 
-    def __init__(self, d_model: int, eps: float = 1e-6):
+    plus_one: gamma = 1 + w (Gemma), so that a weight of zero is the identity gain.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-6, *, plus_one: bool = False, axes: str = "batch pos d_model"):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))  # gamma
-        self.out = TracePoint("batch pos d_model")
+        self.plus_one = plus_one
+        self.weight = nn.Parameter(torch.zeros(d_model) if plus_one else torch.ones(d_model))  # w
+        self.out = TracePoint(axes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Computed in float32 whatever the input dtype, as the Llama reference does.
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        if self.plus_one:  # Gemma multiplies by its gain in float32 too
+            return self.out(((1.0 + self.weight.float()) * normed).to(x.dtype))
         return self.out(self.weight * normed.to(x.dtype))
 
 
@@ -60,6 +66,8 @@ class Dropout(nn.Dropout):
 
 
 def make_norm(config) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, eps=config.norm_eps, plus_one=config.norm_plus_one)
     return NORMS[config.norm](config.d_model, eps=config.norm_eps)
 
 
@@ -75,6 +83,7 @@ ACTIVATIONS = {
     "silu": (F.silu, False),  # x * sigmoid(x), a.k.a. swish
     "swiglu": (F.silu, True),  # Llama: (silu(x W_gate) * x W_in) W_out
     "geglu": (F.gelu, True),
+    "geglu_tanh": (_gelu_tanh, True),  # Gemma: the tanh approximation of GELU, gated
 }
 
 

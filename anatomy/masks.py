@@ -3,7 +3,8 @@
 Shape letters: B batch, T query positions, S key positions (S = T for self-attention).
 
 - A padding mask is [B, T], True for a real token, False for padding.
-- A causal mask is [T, S], True where key position <= query position.
+- A causal mask is [T, S], True where key position <= query position; a sliding window of width w
+  keeps only the w most recent of those keys (Mistral, Gemma 2/3).
 - Masks combine with logical AND and broadcast to the scores' shape [B, H, T, S].
 
 The model builds its masks once per forward pass and every layer uses them; no layer
@@ -16,15 +17,20 @@ from __future__ import annotations
 import torch
 
 
-def causal_mask(n_queries: int, n_keys: int | None = None, *, offset: int = 0, device=None) -> torch.Tensor:
+def causal_mask(n_queries: int, n_keys: int | None = None, *, offset: int = 0, window: int | None = None,
+                device=None) -> torch.Tensor:
     """[T, S] lower-triangular mask: query t (at absolute position offset + t) sees keys 0..offset+t.
 
     `offset` is the number of keys already cached before these queries (incremental decoding).
+    With a `window` w, query p sees only keys p - w < s <= p: itself and the w - 1 keys before it.
     """
     n_keys = n_queries + offset if n_keys is None else n_keys
-    query_positions = torch.arange(offset, offset + n_queries, device=device)  # (T,)
-    key_positions = torch.arange(n_keys, device=device)  # (S,)
-    return key_positions[None, :] <= query_positions[:, None]  # (T, S)
+    query_positions = torch.arange(offset, offset + n_queries, device=device)[:, None]  # (T, 1)
+    key_positions = torch.arange(n_keys, device=device)[None, :]  # (1, S)
+    allowed = key_positions <= query_positions  # (T, S)
+    if window is not None:
+        allowed &= key_positions > query_positions - window
+    return allowed
 
 
 def padding_to_key_mask(padding_mask: torch.Tensor) -> torch.Tensor:
@@ -44,25 +50,26 @@ def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def self_attention_mask(
-    padding_mask: torch.Tensor | None, n_queries: int, *, causal: bool, past_length: int = 0
+    padding_mask: torch.Tensor | None, n_queries: int, *, causal: bool, past_length: int = 0,
+    window: int | None = None, device=None,
 ) -> tuple[torch.Tensor | None, bool]:
-    """The mask for self-attention, and whether the fused kernel's own causal flag can replace it.
+    """The mask for self-attention, and whether a fused kernel's own causal flag can stand for it.
 
-    Returns (mask, is_causal). mask is None or bool, broadcastable to [B, H, T, S] where
-    S = past_length + T. is_causal=True means "causal, no padding, no cache": the kernel can
-    apply causality itself, without a materialised mask.
+    Returns (mask, is_causal). mask is the whole constraint: None (every key) or bool,
+    broadcastable to [B, H, T, S] where S = past_length + T. is_causal=True says that mask is
+    exactly the causal triangle (no padding, no cache, no window that cuts): a fused kernel may
+    apply causality itself without reading the mask. `window`: a sliding window (causal only).
     """
     n_keys = past_length + n_queries
-    device = padding_mask.device if padding_mask is not None else None
-    if causal and padding_mask is None:
-        if past_length == 0 and n_queries > 1:
-            return None, True
-        if n_queries == 1:
-            return None, False  # one new token sees every cached key
-        return causal_mask(n_queries, n_keys, offset=past_length, device=device), False
+    device = padding_mask.device if padding_mask is not None else device
+    if window is not None and window >= n_keys:
+        window = None  # the window reaches back to the first key: plain causal attention
+    if causal and padding_mask is None and window is None and n_queries == 1:
+        return None, False  # one new token sees every cached key
     key_mask = padding_to_key_mask(padding_mask) if padding_mask is not None else None
-    future = causal_mask(n_queries, n_keys, offset=past_length, device=device) if causal else None
-    return combine(key_mask, future), False
+    future = causal_mask(n_queries, n_keys, offset=past_length, window=window, device=device) if causal else None
+    is_causal = causal and padding_mask is None and window is None and past_length == 0
+    return combine(key_mask, future), is_causal
 
 
 def cross_attention_mask(source_padding_mask: torch.Tensor | None) -> torch.Tensor | None:

@@ -85,13 +85,16 @@ class Stack(nn.Module):
         if config.embed_norm:
             self.embed_norm = make_norm(config)
         self.embed_dropout = Dropout(config.dropout)
-        rotary = None
+        rotary = {"full": None, "sliding": None}  # by layer type: the sliding layers may have their own base
         if config.pos_encoding == "rotary":
-            rotary = RotaryEmbedding(config.d_head, config.max_seq_len, config.rope_theta)
+            rotary["full"] = rotary["sliding"] = RotaryEmbedding.from_config(config)
+            if config.rope_local_theta is not None:
+                rotary["sliding"] = RotaryEmbedding.from_config(config, local=True)
         if config.pos_encoding == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(config.n_heads), persistent=False)
         self.blocks = nn.ModuleList(
-            Block(config, i, cross_attention=cross_attention, rotary=rotary) for i in range(config.n_layers)
+            Block(config, i, cross_attention=cross_attention, rotary=rotary[kind])
+            for i, kind in enumerate(config.layer_types)
         )
         if config.final_norm:
             self.final_norm = make_norm(config)
@@ -131,16 +134,22 @@ class Stack(nn.Module):
             x = self.embed_norm(x)
         x = self.embed_dropout(x)
 
-        mask, is_causal = masks.self_attention_mask(padding_mask, n_new, causal=self.causal, past_length=past)
+        # One (mask, is_causal) per kind of layer: "full" sees every earlier key, "sliding" the last few.
+        layer_masks = {
+            kind: masks.self_attention_mask(
+                padding_mask, n_new, causal=self.causal, past_length=past, device=input_ids.device,
+                window=config.sliding_window if kind == "sliding" else None,
+            )
+            for kind in set(config.layer_types)
+        }
         bias = None
         if config.pos_encoding == "alibi":
             # Distances between slots in the sequence: unchanged by left padding, so no position_ids.
             key_positions = torch.arange(past + n_new, device=input_ids.device)
             bias = alibi_bias(self.alibi_slopes, key_positions[past:], key_positions).to(x.dtype)  # (H, T, S)
-            if is_causal:  # a kernel given a bias needs the causal mask spelled out beside it
-                mask, is_causal = masks.causal_mask(n_new, device=input_ids.device), False
         memory_mask = masks.cross_attention_mask(memory_padding_mask)
-        for block in self.blocks:
+        for block, kind in zip(self.blocks, config.layer_types):
+            mask, is_causal = layer_masks[kind]
             x = block(
                 x, mask=mask, is_causal=is_causal, position_ids=position_ids, bias=bias,
                 memory=memory, memory_mask=memory_mask, cache=cache,
@@ -174,6 +183,7 @@ class LMHead(nn.Module):
         self.proj = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
         if config.tie_embeddings:
             self.proj.weight = token_embedding.weight  # the paper, 3.4: one matrix for both
+        self.softcap = config.final_logit_softcap  # logits -> c * tanh(logits / c) (Gemma 2)
 
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "transform_dense"):
@@ -181,7 +191,10 @@ class LMHead(nn.Module):
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.transform(x))  # (B, T, V)
+        logits = self.proj(self.transform(x))  # (B, T, V)
+        if self.softcap is not None:
+            logits = self.softcap * torch.tanh(logits / self.softcap)
+        return logits
 
     def loss(self, x: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
         """F.cross_entropy(self(x), targets), mean over targets != ignore_index, without the logits.

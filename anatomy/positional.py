@@ -63,37 +63,90 @@ class LearnedPositions(nn.Embedding):
     """A trained vector per position (BERT, GPT-2); forward(position_ids) -> [.., T, d_model]."""
 
 
+def rope_frequencies(config, theta: float, scaling: str) -> torch.Tensor:
+    """The rotation speed of each pair of rotated dimensions, w_j = theta^(-2j/r) (r = rotary_dim), [r/2].
+
+    RoPE scaling stretches a trained model to longer contexts by slowing the rotations:
+    - "linear" (Chen et al., 2023, position interpolation): every w_j / factor;
+    - "llama3": wavelengths 2 pi / w_j longer than original_max_len / low_freq_factor are divided by
+      factor, those shorter than original_max_len / high_freq_factor are kept, and the band between
+      is interpolated, with s = (original_max_len / wavelength - low) / (high - low):
+          w_j <- (1 - s) w_j / factor + s w_j
+    """
+    r = config.rotary_dim
+    inv_freq = 1.0 / theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r)  # (r/2,)
+    factor = config.rope_scaling_factor
+    if scaling == "linear":
+        return inv_freq / factor
+    if scaling == "llama3":
+        low, high, original = config.rope_low_freq_factor, config.rope_high_freq_factor, config.rope_original_max_len
+        wavelength = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
+        smooth = (original / wavelength - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        in_between = (wavelength >= original / high) & (wavelength <= original / low)
+        return torch.where(in_between, smoothed, scaled)
+    return inv_freq
+
+
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding (RoFormer; the Llama layout).
+    """Rotary position embedding (RoFormer): queries and keys are rotated by their position.
 
-    Each pair of query/key dimensions (j, j + D/2) is rotated by the angle pos * theta^(-2j/D):
+    The first r = rotary_dim dimensions of each head form r/2 pairs; pair j turns by the angle
+    pos * w_j (see rope_frequencies); the other d_head - r dimensions pass unchanged (GPT-NeoX, GPT-J):
 
-        rotate(x) = x * cos(pos * w) + rotate_half(x) * sin(pos * w),   rotate_half([a, b]) = [-b, a]
+        rotate(x) = x * cos(pos * w) + rotate_pairs(x) * sin(pos * w)
 
-    so that the score q_m . k_n depends on the positions only through m - n.
+    so that the score q_m . k_n depends on the positions only through m - n. The pairs are
+    (j, j + r/2) in the "halves" layout (Llama, GPT-NeoX) and (2j, 2j + 1) in the "interleaved"
+    layout (GPT-J, RoFormer's paper).
     """
 
-    def __init__(self, d_head: int, max_seq_len: int, theta: float = 10000.0):
+    def __init__(self, d_head: int, max_seq_len: int, theta: float = 10000.0, *, rotary_dim: int | None = None,
+                 layout: str = "halves", inv_freq: torch.Tensor | None = None):
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, d_head, 2, dtype=torch.float32) / d_head)  # (D/2,)
-        angle = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_freq[None, :]  # (T, D/2)
-        angle = torch.cat([angle, angle], dim=-1)  # (T, D): pair j and j + D/2 share an angle
+        self.rotary_dim = d_head if rotary_dim is None else rotary_dim
+        self.interleaved = layout == "interleaved"
+        if inv_freq is None:  # w_j = theta^(-2j/r)
+            inv_freq = 1.0 / theta ** (torch.arange(0, self.rotary_dim, 2, dtype=torch.float32) / self.rotary_dim)
+        angle = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_freq[None, :]  # (T, r/2)
+        if self.interleaved:
+            angle = angle.repeat_interleave(2, dim=-1)  # (T, r): dimensions 2j and 2j + 1 share an angle
+        else:
+            angle = torch.cat([angle, angle], dim=-1)  # (T, r): dimensions j and j + r/2 share an angle
         self.register_buffer("cos", angle.cos(), persistent=False)
         self.register_buffer("sin", angle.sin(), persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """x [B, H, T, D], position_ids [B, T] or [T] -> x rotated, same shape."""
-        cos = self.cos[position_ids]  # (B, T, D) or (T, D)
+        cos = self.cos[position_ids]  # (B, T, r) or (T, r)
         sin = self.sin[position_ids]
         if cos.dim() == 3:
-            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D): the same rotation for every head
-        return x * cos + rotate_half(x) * sin
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, r): the same rotation for every head
+        rotated, passed = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        partner = rotate_every_two(rotated) if self.interleaved else rotate_half(rotated)
+        rotated = rotated * cos + partner * sin
+        return rotated if passed.size(-1) == 0 else torch.cat([rotated, passed], dim=-1)
+
+    @classmethod
+    def from_config(cls, config, *, local: bool = False) -> "RotaryEmbedding":
+        """The rotary embedding a ModelConfig describes; local=True: that of the sliding layers when
+        they have their own base (rope_local_theta, unscaled: Gemma 3)."""
+        theta, scaling = (config.rope_local_theta, "none") if local else (config.rope_theta, config.rope_scaling)
+        return cls(config.d_head, config.max_seq_len, rotary_dim=config.rotary_dim, layout=config.rotary_layout,
+                   inv_freq=rope_frequencies(config, theta, scaling))
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """[a, b] -> [-b, a] on the last axis, split in halves."""
     first, second = x.chunk(2, dim=-1)
     return torch.cat([-second, first], dim=-1)
+
+
+def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
+    """[a0, b0, a1, b1, ...] -> [-b0, a0, -b1, a1, ...] on the last axis."""
+    even, odd = x[..., 0::2], x[..., 1::2]  # (..., r/2) each
+    return torch.stack([-odd, even], dim=-1).flatten(-2)  # (..., r/2, 2) -> (..., r)
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:

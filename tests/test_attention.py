@@ -75,12 +75,41 @@ def test_eager_and_sdpa_kernels_agree():
     padding = torch.ones(2, 6, dtype=torch.bool)
     padding[1, 4:] = False
     bias = -torch.rand(4, 6, 6)
-    for mask, is_causal in [(None, False), (None, True), (padding[:, None, None, :], False),
-                            (causal_mask(6) & padding[:, None, None, :], False)]:
-        for b in (None, bias) if not is_causal else (None,):  # the model never pairs is_causal with a bias
-            eager, _ = eager_attention(q, k, v, mask, bias=b, is_causal=is_causal)
-            fused, _ = sdpa_attention(q, k, v, mask, bias=b, is_causal=is_causal)
-            torch.testing.assert_close(eager, fused, atol=1e-5, rtol=1e-5)
+    for mask, is_causal in [(None, False), (causal_mask(6), True), (padding[:, None, None, :], False),
+                            (causal_mask(6) & padding[:, None, None, :], False),
+                            (causal_mask(6, window=3) & padding[:, None, None, :], False)]:
+        for b in (None, bias):
+            for scale in (None, 0.3):
+                eager, _ = eager_attention(q, k, v, mask, bias=b, is_causal=is_causal, scale=scale)
+                fused, _ = sdpa_attention(q, k, v, mask, bias=b, is_causal=is_causal, scale=scale)
+                torch.testing.assert_close(eager, fused, atol=1e-5, rtol=1e-5)
+
+
+def test_is_causal_is_a_hint_beside_the_mask_never_instead_of_it():
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="give the mask"):
+        eager_attention(q, q, q, None, is_causal=True)
+    with pytest.raises(ValueError, match="soft-caps"):
+        sdpa_attention(q, q, q, causal_mask(4), softcap=5.0)
+
+
+def test_softcap_bounds_the_scores():
+    q, k = torch.randn(1, 1, 3, 4) * 30, torch.randn(1, 1, 3, 4) * 30
+    scores = []
+    eager_attention(q, k, k, softcap=2.0, on_scores=lambda s: scores.append(s) or s)
+    assert scores[0].abs().max() <= 2.0 and (q @ k.transpose(-2, -1)).abs().max() > 20
+    expected = 2.0 * torch.tanh(q @ k.transpose(-2, -1) / 2.0 / 2.0)  # scale 1/sqrt(4) = 1/2
+    torch.testing.assert_close(scores[0], expected)
+
+
+def test_sliding_window_mask_keeps_the_last_w_keys():
+    mask = causal_mask(3, 6, offset=3, window=2)  # queries at positions 3, 4, 5
+    assert mask.int().tolist() == [[0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1]]
+    # a window that reaches the first key changes nothing, and the fused kernel's flag may stand for it
+    full, is_causal = self_attention_mask(None, 4, causal=True, window=4)
+    assert is_causal and torch.equal(full, causal_mask(4))
+    cut, is_causal = self_attention_mask(None, 4, causal=True, window=2)
+    assert not is_causal and torch.equal(cut, causal_mask(4, window=2))
 
 
 def test_causal_mask_with_cached_offset():
@@ -88,7 +117,7 @@ def test_causal_mask_with_cached_offset():
     mask = causal_mask(2, 5, offset=3)
     assert mask.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
     mask, is_causal = self_attention_mask(None, 4, causal=True)
-    assert mask is None and is_causal
+    assert is_causal and torch.equal(mask, causal_mask(4))  # the mask is always built, the flag is a hint
 
 
 def test_cross_attention_scores_are_rectangular():
