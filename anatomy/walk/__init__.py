@@ -12,7 +12,8 @@ Each Step has a title, its narration, its equation (plain and LaTeX), the matric
 
 from .render import render_html, render_markdown, render_terminal, render_text
 from .steps import Check, Matrix, Step, Walkthrough, walkthrough
-from .toy import SENTENCE, TRANSLATION, WordVocab, readable_init, seed004_vocab, seed004_words, seq2seq_vocab, toy_model
+from ..checkpoints.toys import SENTENCE, TRANSLATION, WordVocab, readable_init, seq2seq_vocab, toy_model
+from ..checkpoints.toys import article_words as seed004_words, sentence_vocab as seed004_vocab
 
 
 def seed004_example(text: str = SENTENCE, **overrides):

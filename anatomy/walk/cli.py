@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 from .steps import walkthrough
-from .toy import SENTENCE, TRANSLATION, seed004_vocab, seed004_words, seq2seq_vocab, toy_model
+from ..checkpoints.toys import SENTENCE, TRANSLATION, seq2seq_vocab, toy_model
+from ..checkpoints.toys import article_words as seed004_words, sentence_vocab as seed004_vocab
 
 TOY_MODELS = ("toy", "toy-encoder", "toy-seq2seq")
 MODELS = TOY_MODELS + ("minilm",)

@@ -441,7 +441,7 @@ class _Builder:
         """The block's steps in the order its norm_position computes them."""
         block = stack.blocks[layer]
         b = f"{p}blocks.{layer}."
-        pre = block.pre_norm
+        pre = block.norm_position != "post"
         causal = stack.causal
         self_mask = causal_mask(len(tokens)) if causal else torch.ones(len(tokens), len(tokens), dtype=torch.bool)
         norm_name = "LayerNorm" if self.config.norm == "layernorm" else "RMSNorm"

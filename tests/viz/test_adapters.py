@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from anatomy.viz.adapters import attention_from_ids, attention_from_model, seq2seq_attention
-from anatomy.walk.toy import SENTENCE, TRANSLATION, seed004_vocab, seed004_words, seq2seq_vocab, toy_model
+from anatomy.checkpoints.toys import SENTENCE, TRANSLATION, seq2seq_vocab, toy_model
+from anatomy.checkpoints.toys import article_words as seed004_words, sentence_vocab as seed004_vocab
 
 
 def softmax(scores: np.ndarray) -> np.ndarray:
