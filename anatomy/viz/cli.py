@@ -70,7 +70,7 @@ def trace_attention(args):
 def toy_attention(args):
     """Seed 004's toy: a decoder on TEXT, or an encoder-decoder from TEXT to TEXT_B."""
     from anatomy.viz import adapters
-    from anatomy.walk.toy import seed004_vocab, seed004_words, seq2seq_vocab, toy_model
+    from anatomy.checkpoints.toys import article_words as seed004_words, sentence_vocab as seed004_vocab, seq2seq_vocab, toy_model
 
     if args.text_b is not None:
         if args.view == "generation":
