@@ -125,6 +125,8 @@ class ModelConfig:
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (the paper, Marian)
     sinusoid_layout: str = "interleaved"  # "interleaved": sin,cos,sin,cos (paper); "halves": all sin then all cos
     type_vocab_size: int = 0  # segment (token type) embeddings, 0 = none
+    pos_offset: int = 0  # learned positions: position p reads row p + pos_offset (OPT, BART: 2; RoBERTa: pad + 1)
+    positions_from_padding: bool = False  # position ids count real tokens only, so left padding shifts none (RoBERTa, OPT)
     pad_token_id: int | None = None
     bos_token_id: int | None = None  # special ids the model was trained with (metadata for generation)
     eos_token_id: int | None = None
@@ -207,6 +209,10 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be in [0, 1), got {value}")
         if self.type_vocab_size < 0:
             raise ConfigError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
+        if isinstance(self.pos_offset, bool) or not isinstance(self.pos_offset, int) or self.pos_offset < 0:
+            raise ConfigError(f"pos_offset must be an integer >= 0, got {self.pos_offset!r}")
+        if self.pos_offset and self.pos_encoding != "learned":
+            raise ConfigError(f"pos_offset={self.pos_offset} shifts rows of a learned table; pos_encoding is {self.pos_encoding!r}")
         if self.norm_eps <= 0:
             raise ConfigError(f"norm_eps must be > 0, got {self.norm_eps}")
         for name in SPECIAL_TOKEN_FIELDS:

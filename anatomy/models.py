@@ -74,7 +74,7 @@ class Stack(nn.Module):
         self.embed = TracePoint("batch pos d_model")
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
         if config.pos_encoding == "learned":
-            self.position_embedding = LearnedPositions(config.max_seq_len, config.d_model)
+            self.position_embedding = LearnedPositions(config.max_seq_len, config.d_model, config.pos_offset)
         elif config.pos_encoding == "sinusoidal":
             self.position_embedding = SinusoidalPositions(config.max_seq_len, config.d_model, config.sinusoid_layout)
         if config.pos_encoding in ("learned", "sinusoidal"):
@@ -119,7 +119,10 @@ class Stack(nn.Module):
         config = self.config
         n_new = input_ids.size(1)
         past = cache.length if cache is not None else 0
-        if position_ids is None:
+        if position_ids is None and config.positions_from_padding and padding_mask is not None:
+            # Count real tokens only: a left-padded row numbers its first real token 0.
+            position_ids = (padding_mask.long().cumsum(dim=1) - 1).clamp(min=0)[:, past:]  # (B, T)
+        elif position_ids is None:
             position_ids = torch.arange(past, past + n_new, device=input_ids.device)  # (T,)
 
         # X = E + P (+ token types): the input of the first block.

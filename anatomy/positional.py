@@ -60,7 +60,18 @@ class SinusoidalPositions(nn.Module):
 
 
 class LearnedPositions(nn.Embedding):
-    """A trained vector per position (BERT, GPT-2); forward(position_ids) -> [.., T, d_model]."""
+    """A trained vector per position (BERT, GPT-2); forward(position_ids) -> [.., T, d_model].
+
+    With an offset, position p reads row p + offset: the first rows are never used by a real
+    token (OPT and BART reserve 2; RoBERTa reserves pad_token_id + 1, its padding row included).
+    """
+
+    def __init__(self, n_positions: int, d_model: int, offset: int = 0):
+        super().__init__(n_positions + offset, d_model)
+        self.offset = offset
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(position_ids + self.offset)
 
 
 def rope_frequencies(config, theta: float, scaling: str) -> torch.Tensor:

@@ -61,16 +61,9 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     return hf
 
 
-def table(config: ModelConfig) -> list[Rule]:
-    layer = "bert.encoder.layer.{i}"
-    block = "blocks.{i}"
-    rules = [
-        Rule("bert.embeddings.word_embeddings.weight", "token_embedding.weight"),
-        Rule("bert.embeddings.position_embeddings.weight", "position_embedding.weight"),
-        Rule("bert.embeddings.token_type_embeddings.weight", "token_type_embedding.weight"),
-        Rule("bert.embeddings.LayerNorm.weight", "embed_norm.weight"),
-        Rule("bert.embeddings.LayerNorm.bias", "embed_norm.bias"),
-    ]
+def layer_rules(layer: str, block: str = "blocks.{i}") -> list[Rule]:
+    """One BERT layer (RoBERTa's too): post-norm attention and feed-forward, every linear with a bias."""
+    rules = []
     for hf, ours in [
         ("attention.self.query", "attn.q_proj"), ("attention.self.key", "attn.k_proj"),
         ("attention.self.value", "attn.v_proj"), ("attention.output.dense", "attn.o_proj"),
@@ -79,6 +72,18 @@ def table(config: ModelConfig) -> list[Rule]:
         ("output.LayerNorm", "mlp_norm"),
     ]:
         rules += [Rule(f"{layer}.{hf}.{p}", f"{block}.{ours}.{p}") for p in ("weight", "bias")]
+    return rules
+
+
+def table(config: ModelConfig) -> list[Rule]:
+    rules = [
+        Rule("bert.embeddings.word_embeddings.weight", "token_embedding.weight"),
+        Rule("bert.embeddings.position_embeddings.weight", "position_embedding.weight"),
+        Rule("bert.embeddings.token_type_embeddings.weight", "token_type_embedding.weight"),
+        Rule("bert.embeddings.LayerNorm.weight", "embed_norm.weight"),
+        Rule("bert.embeddings.LayerNorm.bias", "embed_norm.bias"),
+        *layer_rules("bert.encoder.layer.{i}"),
+    ]
     if config.pooler:
         rules += [Rule(f"bert.pooler.dense.{p}", f"pooler.dense.{p}") for p in ("weight", "bias")]
     if config.head == "masked-lm":

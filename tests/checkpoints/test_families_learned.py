@@ -23,6 +23,8 @@ from anatomy.checkpoints.parity import parity_rows
 TOL = 1e-5
 PAD = VOCAB - 1
 
+BERT_SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                  max_position_embeddings=64)
 # case -> (transformers class, config class, config fields)
 CASES = {
     "marian-uneven": ("MarianMTModel", "MarianConfig", dict(
@@ -30,6 +32,10 @@ CASES = {
         encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=29,
         max_position_embeddings=64, pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=0,
         forced_eos_token_id=0, scale_embedding=True, activation_function="swish")),
+    "roberta-mlm": ("RobertaForMaskedLM", "RobertaConfig", dict(BERT_SIZES, pad_token_id=1)),
+    "roberta-classify": ("RobertaForSequenceClassification", "RobertaConfig",
+                         dict(BERT_SIZES, pad_token_id=3, num_labels=3, type_vocab_size=2)),
+    "roberta-base": ("RobertaModel", "RobertaConfig", dict(BERT_SIZES, pad_token_id=1, hidden_act="gelu_new")),
 }
 
 
@@ -151,3 +157,16 @@ def test_decoder_sizes_are_validated_and_belong_to_encoder_decoders():
         config.replace(decoder_n_heads=5)
     with pytest.raises(anatomy.ConfigError, match="decoder_n_layers=2 needs arch='encoder-decoder'"):
         anatomy.ModelConfig(arch="decoder", decoder_n_layers=2)
+
+
+def test_positions_count_real_tokens_under_left_padding(checkpoint):
+    """RoBERTa numbers positions from the padding: a left-padded row gives transformers' logits."""
+    directory = checkpoint("roberta-mlm")
+    model, theirs = anatomy.from_pretrained(directory), _theirs("roberta-mlm", directory)
+    ids = _ids((2, 6))
+    ids[1, :2] = model.config.pad_token_id  # row 1: two pads, then four real tokens
+    mask = ids != model.config.pad_token_id
+    with torch.no_grad():
+        ours = model(ids, padding_mask=mask).logits
+        reference = theirs(input_ids=ids, attention_mask=mask.long()).logits
+    assert (ours - reference)[mask].abs().max() <= TOL

@@ -1,0 +1,109 @@
+"""RoBERTa: BERT's layers (bert.layer_rules) with learned positions that start after the padding
+row: a real token at position p reads row pad_token_id + 1 + p, and positions count real tokens
+only (pos_offset, positions_from_padding). One token type. The masked-LM head is BERT's transform
+(dense, GELU, LayerNorm) and a tied decoder; the classification head is a dense + tanh on the
+first token, which is anatomy's pooler, and a projection."""
+
+from __future__ import annotations
+
+from ..config import ModelConfig
+from .bert import layer_rules
+from .common import activation, field, num_labels, pad_id, to_hf_activation, unsupported
+from .engine import Architecture, Rule, require
+from .files import CheckpointError
+
+FLAGS = dict(
+    arch="encoder", pos_encoding="learned", positions_from_padding=True, norm="layernorm", norm_position="post",
+    final_norm=False, embed_norm=True, scale_embeddings=False, attn_bias=True, attn_out_bias=True, mlp_bias=True,
+    pooling="first",
+)
+CLASSES = {
+    "RobertaModel": "none",
+    "RobertaForMaskedLM": "masked-lm",
+    "RobertaForSequenceClassification": "sequence-classification",
+    "RobertaForTokenClassification": "token-classification",
+}
+
+
+def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
+    unsupported("roberta", hf, position_embedding_type="absolute", is_decoder=False, add_cross_attention=False)
+    head = CLASSES[class_name]
+    act = activation(hf, "hidden_act", "roberta", "gelu")
+    if head == "masked-lm" and act != "gelu":
+        raise CheckpointError(f"the roberta masked-LM head always uses gelu; this checkpoint's hidden_act is {act!r}")
+    pad = field(hf, "pad_token_id", "roberta", 1)
+    offset = pad + 1  # rows 0..pad are never a real token's
+    d_model = field(hf, "hidden_size", "roberta")
+    return ModelConfig(
+        **FLAGS,
+        vocab_size=field(hf, "vocab_size", "roberta"), d_model=d_model,
+        n_heads=field(hf, "num_attention_heads", "roberta"), n_layers=field(hf, "num_hidden_layers", "roberta"),
+        d_ff=field(hf, "intermediate_size", "roberta", 4 * d_model),
+        max_seq_len=field(hf, "max_position_embeddings", "roberta", 514) - offset, pos_offset=offset,
+        activation=act, norm_eps=hf.get("layer_norm_eps", 1e-5), type_vocab_size=hf.get("type_vocab_size", 1),
+        pad_token_id=pad_id(hf),
+        dropout=hf.get("hidden_dropout_prob", 0.1), attn_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+        head=head, pooler=head == "sequence-classification" or any(k.endswith("pooler.dense.weight") for k in keys),
+        lm_head_transform=head == "masked-lm", lm_head_bias=head == "masked-lm",
+        tie_embeddings=hf.get("tie_word_embeddings", True), num_labels=num_labels(hf),
+    )
+
+
+def to_hf_config(config: ModelConfig, class_name: str) -> dict:
+    require("roberta", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads)
+    if config.pad_token_id is None or config.pos_offset != config.pad_token_id + 1:
+        raise CheckpointError(
+            f"a roberta checkpoint needs pos_offset = pad_token_id + 1; this config has pos_offset={config.pos_offset}, "
+            f"pad_token_id={config.pad_token_id}"
+        )
+    if config.head == "masked-lm":
+        require("roberta masked-lm", config, lm_head_transform=True, lm_head_bias=True, activation="gelu")
+    if config.head == "sequence-classification":
+        require("roberta sequence-classification", config, pooler=True)
+    hf = dict(
+        vocab_size=config.vocab_size, hidden_size=config.d_model, num_attention_heads=config.n_heads,
+        num_hidden_layers=config.n_layers, intermediate_size=config.d_ff,
+        max_position_embeddings=config.max_seq_len + config.pos_offset,
+        hidden_act=to_hf_activation(config.activation, "roberta"), layer_norm_eps=config.norm_eps,
+        type_vocab_size=config.type_vocab_size, pad_token_id=config.pad_token_id,
+        hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.effective_attn_dropout,
+        tie_word_embeddings=config.tie_embeddings, position_embedding_type="absolute",
+    )
+    if config.head in ("sequence-classification", "token-classification"):
+        hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_labels)}
+        hf["label2id"] = {f"LABEL_{i}": i for i in range(config.num_labels)}
+    return hf
+
+
+def table(config: ModelConfig) -> list[Rule]:
+    rules = [
+        Rule("roberta.embeddings.word_embeddings.weight", "token_embedding.weight"),
+        Rule("roberta.embeddings.position_embeddings.weight", "position_embedding.weight"),
+        Rule("roberta.embeddings.token_type_embeddings.weight", "token_type_embedding.weight"),
+        Rule("roberta.embeddings.LayerNorm.weight", "embed_norm.weight"),
+        Rule("roberta.embeddings.LayerNorm.bias", "embed_norm.bias"),
+        *layer_rules("roberta.encoder.layer.{i}"),
+    ]
+    if config.head == "masked-lm":
+        for hf, ours in [("dense", "transform_dense"), ("layer_norm", "transform_norm")]:
+            rules += [Rule(f"lm_head.{hf}.{p}", f"lm_head.{ours}.{p}") for p in ("weight", "bias")]
+        rules += [
+            Rule("lm_head.decoder.weight", "lm_head.proj.weight", derived=config.tie_embeddings),
+            Rule("lm_head.bias", "lm_head.proj.bias"),
+            Rule("lm_head.decoder.bias", "lm_head.proj.bias", derived=True),  # the same vector
+        ]
+    if config.head == "sequence-classification":  # dense + tanh on the first token, then a projection
+        rules += [Rule(f"classifier.dense.{p}", f"pooler.dense.{p}") for p in ("weight", "bias")]
+        rules += [Rule(f"classifier.out_proj.{p}", f"classifier.{p}") for p in ("weight", "bias")]
+    elif config.pooler:
+        rules += [Rule(f"roberta.pooler.dense.{p}", f"pooler.dense.{p}") for p in ("weight", "bias")]
+    if config.head == "token-classification":
+        rules += [Rule(f"classifier.{p}", f"classifier.{p}") for p in ("weight", "bias")]
+    return rules
+
+
+ARCHITECTURE = Architecture(
+    model_type="roberta", classes=CLASSES, base_prefix="roberta", base_classes=("RobertaModel",),
+    to_config=to_config, to_hf_config=to_hf_config, table=table,
+    ignore=(r"embeddings\.position_ids$", r"embeddings\.token_type_ids$"),
+)
