@@ -32,6 +32,7 @@ CASES = {
     "llama-linear": ("LlamaForCausalLM", "LlamaConfig", dict(
         SMALL, num_key_value_heads=2, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})),
     "llama3": ("LlamaForCausalLM", "LlamaConfig", dict(SMALL, num_key_value_heads=2, rope_parameters=LLAMA3)),
+    "mistral": ("MistralForCausalLM", "MistralConfig", dict(SMALL, num_key_value_heads=2, sliding_window=4)),
 }
 
 

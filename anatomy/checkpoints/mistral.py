@@ -1,0 +1,36 @@
+"""Mistral: Llama with sliding-window attention. Each query sees itself and the sliding_window - 1
+positions before it, in every layer; the window is a mask (masks.py), so the fused kernel still
+computes it, and the KV cache keeps every key while the mask hides those that slid out."""
+
+from __future__ import annotations
+
+from ..config import ModelConfig
+from .common import unsupported
+from .engine import Architecture, Rule, require
+from .llama import (FLAGS, PRE_NORMS, attention_rules, embedding_rules, mlp_rules, norm_rules, options_off,
+                    read_decoder, write_decoder)
+
+CLASSES = {"MistralForCausalLM": "lm", "MistralModel": "none"}
+
+
+def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
+    unsupported("mistral", hf, hidden_act="silu", layer_types=None)
+    return read_decoder(hf, "mistral", CLASSES[class_name], sliding_window=hf.get("sliding_window"),
+                        attn_bias=False, attn_out_bias=False, mlp_bias=False)
+
+
+def to_hf_config(config: ModelConfig, class_name: str) -> dict:
+    require("mistral", config, **{**options_off(config), **FLAGS, "attn_bias": False, "attn_out_bias": False,
+                                  "mlp_bias": False, "sliding_window": config.sliding_window,
+                                  "layer_types": config.layer_types[:1] * config.n_layers})
+    return dict(write_decoder(config), hidden_act="silu", sliding_window=config.sliding_window)
+
+
+def table(config: ModelConfig) -> list[Rule]:
+    return embedding_rules(config) + norm_rules(PRE_NORMS) + attention_rules(config) + mlp_rules(config)
+
+
+ARCHITECTURE = Architecture(
+    model_type="mistral", classes=CLASSES, base_prefix="model", base_classes=("MistralModel",),
+    to_config=to_config, to_hf_config=to_hf_config, table=table, ignore=(r"rotary_emb\.inv_freq$",),
+)
