@@ -1,7 +1,8 @@
 """The `anatomy` command: one dispatcher, and the argument helpers every subcommand shares.
 
 Each subcommand lives in its floor's cli.py and provides two functions: `add_arguments(parser)` and
-`run(args) -> int`. They are imported only when used, so `anatomy walk` never pays for importing the
+`run(args) -> int` (or, for a floor with several commands, "module:name" and `add_name_arguments`,
+`run_name`). They are imported only when used, so `anatomy walk` never pays for importing the
 trainer or the browser views.
 
 A mistake on the command line, or an input the model refuses, ends in one line on stderr and exit
@@ -28,7 +29,8 @@ from . import __version__
 SUBCOMMANDS = {
     "walk": ("anatomy.walk.cli", "narrate one forward pass, step by step, with the real numbers"),
     "viz": ("anatomy.viz.cli", "write a self-contained attention view (HTML) or a static image"),
-    "parity": ("anatomy.checkpoints.parity", "compare every intermediate with Hugging Face transformers"),
+    "parity": ("anatomy.checkpoints.cli:parity", "compare every intermediate with Hugging Face transformers"),
+    "models": ("anatomy.checkpoints.cli:models", "list the built-in models and the architectures anatomy reads"),
     "train": ("anatomy.training.cli", "train a language model, a translator or a classifier"),
     "generate": ("anatomy.generation.cli", "generate text from a trained or pretrained model"),
     "bench": ("anatomy.bench.cli", "benchmark anatomy against Hugging Face transformers"),
@@ -91,15 +93,28 @@ def probability(text: str) -> float:
     return value
 
 
+def text(value: str) -> str:
+    """An argparse type: text that is valid UTF-8. A shell passes any bytes; Python keeps the invalid
+    ones as lone surrogates, which would fail later, halfway through writing a file."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = value[error.start:error.end].encode("utf-8", "surrogateescape")
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 (byte {bad.hex(' ')} at character {error.start})") from None
+    return value
+
+
 # --model and --device -----------------------------------------------------------------------------
 
 
-def add_model_argument(parser: argparse.ArgumentParser, default: str | None = "toy", help: str = "") -> None:
-    """--model NAME_OR_PATH, resolved by anatomy.from_pretrained / anatomy.load_tokenizer."""
+def add_model_argument(parser: argparse.ArgumentParser, default: str | None = "toy", help: str = "", *,
+                       flag: str = "--model", required: bool | None = None) -> None:
+    """--model NAME_OR_PATH (or `flag`), resolved by anatomy.from_pretrained / anatomy.load_tokenizer.
+    Required when there is no default, unless `required=False` (`train classify --init`)."""
     names = ", ".join(BUILTIN_MODEL_NAMES)
     where = f" (default: {default})" if default else ""
     parser.add_argument(
-        "--model", default=default, required=default is None, metavar="NAME_OR_PATH",
+        flag, default=default, required=default is None if required is None else required, metavar="NAME_OR_PATH",
         help=(help + "; " if help else "") + f"a built-in model ({names}), a checkpoint folder, a .gguf file "
         f"or a Hugging Face Hub id org/name{where}; `anatomy models` lists them",
     )
@@ -160,10 +175,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"anatomy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    for name, (target, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name != command:
             continue
+        module_name, _, function = target.partition(":")
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as error:
@@ -172,8 +188,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             # An optional extra is missing: say which, instead of a traceback.
             sub_parser.set_defaults(_missing=str(error))
             continue
-        module.add_arguments(sub_parser)
-        sub_parser.set_defaults(_run=module.run)
+        if function:
+            getattr(module, f"add_{function}_arguments")(sub_parser)
+            sub_parser.set_defaults(_run=getattr(module, f"run_{function}"))
+        else:
+            module.add_arguments(sub_parser)
+            sub_parser.set_defaults(_run=module.run)
     return parser
 
 

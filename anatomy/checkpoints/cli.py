@@ -1,0 +1,84 @@
+"""`anatomy parity` and `anatomy models`: the checkpoints floor on the command line.
+
+    anatomy parity --model minilm                    # every intermediate against transformers
+    anatomy parity path/to/checkpoint --pad --tol 1e-5
+    anatomy models                                   # the built-in names and the architectures read
+
+The library half of parity (pairing trace points with transformers' outputs) is parity.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..cli import BUILTIN_MODEL_NAMES, add_model_argument, non_negative_float, non_negative_int, one_line, text
+from . import ARCHITECTURES
+from .parity import parity_rows
+
+# parity -------------------------------------------------------------------------------------------
+
+
+def add_parity_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_path", metavar="MODEL", nargs="?", default=None, help="the same as --model")
+    add_model_argument(parser, default="minilm", help="a checkpoint transformers can also load")
+    parser.add_argument("--text", type=text, action="append", help="input text (repeat for a batch); default: a "
+                        "pangram, cut to the model's positions if longer")
+    parser.add_argument("--text-b", type=text, help="second segment (BERT) or target text (Marian)")
+    parser.add_argument("--tol", type=non_negative_float, default=1e-5,
+                        help="largest allowed max |difference| (default 1e-5)")
+    parser.add_argument("--pad", action="store_true", help="batch two texts of different lengths, with padding")
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help="seed for random ids when the checkpoint has no tokenizer")
+
+
+def run_parity(args: argparse.Namespace) -> int:
+    model = args.model_path or args.model
+    if args.model_path and args.model not in ("minilm", args.model_path):
+        raise ValueError(f"two models given: {args.model_path!r} and --model {args.model!r}; give one")
+    console = Console(highlight=False)
+    notes: list[str] = []
+    rows = parity_rows(model, args.text, args.text_b, args.pad, args.tol, args.seed, notes=notes)
+    for note in notes:
+        console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
+    name = escape(one_line(model))
+    table = Table(title=f"anatomy vs transformers: {name}" + (" (padded batch)" if args.pad else ""))
+    for column in ("anatomy", "transformers", "shape", "max |diff|", ""):
+        table.add_column(column, justify="right" if column == "max |diff|" else "left")
+    for row in rows:
+        table.add_row(row.name, row.reference, "×".join(map(str, row.shape)), f"{row.max_abs_diff:.2e}",
+                      "[green]ok[/green]" if row.ok else "[red]FAIL[/red]")
+    console.print(table)
+    console.print(summary(rows, args.tol), soft_wrap=True)
+    return 0 if all(row.ok for row in rows) else 1
+
+
+def summary(rows, tol: float) -> str:
+    """One line: how many intermediates, the worst difference (NaN if any is NaN), the verdict."""
+    failed = [row for row in rows if not row.ok]
+    nan = sum(math.isnan(row.max_abs_diff) for row in rows)
+    worst = "NaN" if nan else f"{max((row.max_abs_diff for row in rows), default=0.0):.2e}"
+    return (f"{len(rows)} intermediates, worst {worst}" + (f" ({nan} NaN)" if nan else "")
+            + f", tolerance {tol:.0e}: "
+            + ("[green]all within[/green]" if not failed else f"[red]{len(failed)} beyond[/red]"))
+
+
+# models -------------------------------------------------------------------------------------------
+
+
+def add_models_arguments(parser: argparse.ArgumentParser) -> None:
+    """No options: the list is short."""
+
+
+def run_models(args: argparse.Namespace) -> int:
+    print("Built-in models (--model NAME, anatomy.from_pretrained(NAME)):")
+    for name in BUILTIN_MODEL_NAMES:
+        print(f"  {name}")
+    print("\nArchitectures read from a checkpoint folder, a .gguf file or a Hub id (config.json model_type):")
+    for model_type, architecture in sorted(ARCHITECTURES.items()):
+        print(f"  {model_type:<12} {', '.join(architecture.classes)}")
+    return 0
