@@ -38,6 +38,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_ta
 ATTN_IMPLS = ("sdpa", "eager")
 HEADS = ("none", "lm", "masked-lm", "sequence-classification", "token-classification")
 POOLINGS = ("first", "mean")
+POOLER_ACTIVATIONS = ("tanh", "relu")
 ROTARY_LAYOUTS = ("halves", "interleaved")  # pairs (j, j + r/2) (Llama, GPT-NeoX) or (2j, 2j + 1) (GPT-J)
 ROPE_SCALINGS = ("none", "linear", "llama3")
 QK_NORMS = ("none", "per_head", "across_heads")  # RMSNorm over each head's d_head, or over all heads at once
@@ -139,6 +140,7 @@ class ModelConfig:
     final_logit_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2)
     lm_head_transform: bool = False  # dense + activation + norm before the LM head (BERT MLM)
     pooler: bool = False  # dense + tanh on the pooled vector (BERT)
+    pooler_activation: str = "tanh"  # the pooler's non-linearity: "relu" for DistilBERT's pre_classifier
     pooling: str = "first"
     num_labels: int = 2
 
@@ -157,6 +159,7 @@ class ModelConfig:
         _choice("activation", self.activation, ACTIVATIONS)
         _choice("attn_impl", self.attn_impl, ATTN_IMPLS)
         _choice("pooling", self.pooling, POOLINGS)
+        _choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
         _choice("rotary_layout", self.rotary_layout, ROTARY_LAYOUTS)
         _choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
         _choice("qk_norm", self.qk_norm, QK_NORMS)

@@ -211,14 +211,15 @@ class LMHead(nn.Module):
 
 
 class Pooler(nn.Module):
-    """BERT's pooler: tanh(W h + b) on the pooled vector."""
+    """BERT's pooler: act(W h + b) on the pooled vector; act is tanh (BERT, RoBERTa) or ReLU (DistilBERT)."""
 
-    def __init__(self, d_model: int):
+    def __init__(self, d_model: int, activation: str = "tanh"):
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
+        self.act = {"tanh": torch.tanh, "relu": F.relu}[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(x))
+        return self.act(self.dense(x))
 
 
 def pool(hidden: torch.Tensor, padding_mask: torch.Tensor | None, how: str) -> torch.Tensor:
@@ -268,7 +269,7 @@ class EncoderModel(Stack, _Saveable):
         if config.pooler or config.head == "sequence-classification":
             self.pooled = TracePoint("batch d_model")
         if config.pooler:
-            self.pooler = Pooler(config.d_model)
+            self.pooler = Pooler(config.d_model, config.pooler_activation)
         if config.head == "masked-lm":
             self.lm_head = LMHead(config, self.token_embedding)
         elif config.head in ("sequence-classification", "token-classification"):

@@ -25,6 +25,7 @@ PAD = VOCAB - 1
 
 BERT_SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
                   max_position_embeddings=64)
+DISTILBERT_SIZES = dict(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=64)
 # case -> (transformers class, config class, config fields)
 CASES = {
     "marian-uneven": ("MarianMTModel", "MarianConfig", dict(
@@ -36,6 +37,11 @@ CASES = {
     "roberta-classify": ("RobertaForSequenceClassification", "RobertaConfig",
                          dict(BERT_SIZES, pad_token_id=3, num_labels=3, type_vocab_size=2)),
     "roberta-base": ("RobertaModel", "RobertaConfig", dict(BERT_SIZES, pad_token_id=1, hidden_act="gelu_new")),
+    "distilbert-mlm": ("DistilBertForMaskedLM", "DistilBertConfig", dict(DISTILBERT_SIZES, pad_token_id=0)),
+    "distilbert-classify": ("DistilBertForSequenceClassification", "DistilBertConfig",
+                            dict(DISTILBERT_SIZES, num_labels=3, activation="relu")),
+    "distilbert-tokens": ("DistilBertForTokenClassification", "DistilBertConfig", dict(DISTILBERT_SIZES, num_labels=5)),
+    "distilbert-base": ("DistilBertModel", "DistilBertConfig", dict(DISTILBERT_SIZES)),
 }
 
 
@@ -73,7 +79,9 @@ def _ids(shape, seed=1) -> torch.Tensor:
 def test_every_intermediate_matches_transformers(checkpoint, case, pad):
     rows = parity_rows(checkpoint(case), pad=pad, tol=TOL)
     names = [r.name for r in rows]
-    assert sum(".attn.pattern" in n for n in names) >= 2 and "logits" in names or CASES[case][0].endswith("Model")
+    assert sum(".attn.pattern" in n for n in names) >= 2  # and one hidden state per layer, at least
+    assert sum("resid" in n or "final_norm" in n or "project_out" in n for n in names) >= 3
+    assert "logits" in names or CASES[case][0].endswith("Model")
     bad = [(r.name, r.reference, r.max_abs_diff) for r in rows if not r.ok]
     assert not bad, f"beyond {TOL}: {bad}"
 
