@@ -22,7 +22,7 @@ from torch import nn
 from ..config import SPECIAL_TOKEN_FIELDS, ConfigError, ModelConfig
 from ..models import FAMILIES, register_saver
 from . import bert, gpt2, llama, marian
-from . import mistral  # the rotary decoder families
+from . import mistral, qwen2, qwen3  # the rotary decoder families
 from . import distilbert, roberta  # the encoders with learned positions
 from .engine import Architecture, Rule, expand, export, load_into
 from .files import CheckpointError, Weights, read_json, resolve, write_safetensors
@@ -34,6 +34,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     bert.ARCHITECTURE, gpt2.ARCHITECTURE, marian.ARCHITECTURE, llama.ARCHITECTURE,
     mistral.ARCHITECTURE,
     roberta.ARCHITECTURE, distilbert.ARCHITECTURE,
+    qwen2.ARCHITECTURE,
+    qwen3.ARCHITECTURE,
 )}
 
 __all__ = [

@@ -40,9 +40,8 @@ def rope_fields(hf: dict, model_type: str, rope: dict | None = None) -> dict:
     rope = rope if rope is not None else (hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ROPE_SCALING_FIELDS:
-        raise CheckpointError(
-            f"this {model_type} checkpoint uses rope_type={kind!r}; anatomy implements {', '.join(map(repr, ROPE_SCALING_FIELDS))}"
-        )
+        raise CheckpointError(f"this {model_type} checkpoint uses rope_type={kind!r}; "
+                              f"anatomy implements {', '.join(map(repr, ROPE_SCALING_FIELDS))}")
     fields = {"rope_theta": float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))}
     if kind != "default":
         fields["rope_scaling"] = kind

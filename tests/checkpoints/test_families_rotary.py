@@ -33,6 +33,11 @@ CASES = {
         SMALL, num_key_value_heads=2, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})),
     "llama3": ("LlamaForCausalLM", "LlamaConfig", dict(SMALL, num_key_value_heads=2, rope_parameters=LLAMA3)),
     "mistral": ("MistralForCausalLM", "MistralConfig", dict(SMALL, num_key_value_heads=2, sliding_window=4)),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", dict(SMALL, num_key_value_heads=2)),
+    "qwen2-window": ("Qwen2ForCausalLM", "Qwen2Config", dict(
+        SMALL, num_hidden_layers=3, num_key_value_heads=4, use_sliding_window=True, sliding_window=4,
+        max_window_layers=1, tie_word_embeddings=True)),  # layers: full, sliding, sliding
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(SMALL, num_key_value_heads=2, head_dim=16)),
 }
 
 
