@@ -27,21 +27,31 @@ from .checkpoints import CheckpointError, Tokenizer, from_pretrained, load_token
 __version__ = "0.1.0"
 
 
+# Generation, views, analyses and the walkthrough import lazily: `import anatomy` stays light.
+_LAZY = {
+    "generate": ("anatomy.generation", "generate"),
+    "head_view": ("anatomy.viz", "head_view"),
+    "model_view": ("anatomy.viz", "model_view"),
+    "neuron_view": ("anatomy.viz", "neuron_view"),
+    "generation_view": ("anatomy.viz", "generation_view"),
+    "AttentionMap": ("anatomy.viz", "AttentionMap"),
+    "attention_from_model": ("anatomy.viz.adapters", "attention_from_model"),
+    "walkthrough": ("anatomy.walk", "walkthrough"),
+    **{name: ("anatomy.analysis", name) for name in (
+        "run_with_cache", "logit_lens", "decompose", "direct_logit_attribution", "patch", "integrated_gradients",
+        "gradient_x_input", "attention_rollout", "detect_heads", "process_weights")},
+}
+
+
 def __getattr__(name):
-    # Generation, views and the walkthrough import lazily: `import anatomy` stays light.
-    lazy = {
-        "generate": ("anatomy.generation", "generate"),
-        "head_view": ("anatomy.viz", "head_view"),
-        "model_view": ("anatomy.viz", "model_view"),
-        "neuron_view": ("anatomy.viz", "neuron_view"),
-        "generation_view": ("anatomy.viz", "generation_view"),
-        "AttentionMap": ("anatomy.viz", "AttentionMap"),
-        "attention_from_model": ("anatomy.viz.adapters", "attention_from_model"),
-        "walkthrough": ("anatomy.walk", "walkthrough"),
-    }
-    if name in lazy:
+    if name in _LAZY:
         import importlib
 
-        module_name, attribute = lazy[name]
+        module_name, attribute = _LAZY[name]
         return getattr(importlib.import_module(module_name), attribute)
     raise AttributeError(f"module 'anatomy' has no attribute {name!r}")
+
+
+def __dir__():
+    # Tab completion offers the lazy names too (generate, head_view, logit_lens, ...).
+    return sorted(set(globals()) | set(_LAZY))

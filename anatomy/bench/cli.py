@@ -31,6 +31,7 @@ import torch
 
 from ..cli import non_negative_int
 from .common import Row, Settings, cpu_model, fmt, load_average, matmul_peak, read_bandwidth
+from .analysis import bench_analysis
 from .decoding import bench_generate
 from .encoder import bench_encoder
 from .gemv import bench_gemv
@@ -45,6 +46,7 @@ GROUPS = {
     "trace": bench_trace,
     "overhead": bench_overhead,
     "gemv": bench_gemv,
+    "analysis": bench_analysis,
 }
 
 

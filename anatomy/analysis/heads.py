@@ -1,0 +1,79 @@
+"""Finding heads by what they attend to, on repeated random tokens (Olsson et al. 2022, "In-context
+Learning and Induction Heads"; TransformerLens's head_detector).
+
+Shape letters: L layers, H heads, B batch, n length of the random sequence (the input is 2n).
+
+The input is a seeded random sequence r of n tokens, repeated: [r, r]. At a position q = n + i of
+the second copy (token r_i),
+
+    previous_token:  attends to q - 1                (the token before)
+    duplicate:       attends to i = q - n            (the same token, earlier)
+    induction:       attends to i + 1 = q - n + 1    (the token that followed it last time)
+
+The score of a head is the mean attention weight on that key over the queries where it exists
+(previous-token: every query but the first), in [0, 1]: 1 is a perfect detector.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..trace import trace
+from .inputs import Batch, Text
+from .result import Result
+
+KINDS = ("previous_token", "induction", "duplicate")
+
+
+def repeated_tokens(vocab_size: int, length: int, batch: int, seed: int, avoid: set[int] = frozenset()) -> torch.Tensor:
+    """[batch, 2*length] ids: a seeded random sequence of `length` distinct tokens, twice."""
+    allowed = torch.tensor([i for i in range(vocab_size) if i not in avoid])
+    if len(allowed) < length:
+        raise ValueError(f"a sequence of {length} distinct tokens needs a vocabulary of at least {length} "
+                         f"(this one offers {len(allowed)}); pass a smaller length")
+    generator = torch.Generator().manual_seed(seed)
+    rows = [allowed[torch.randperm(len(allowed), generator=generator)[:length]] for _ in range(batch)]
+    half = torch.stack(rows)  # (B, n)
+    return torch.cat([half, half], dim=1)  # (B, 2n)
+
+
+def _keys(kind: str, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(queries, keys): the cells of a [2n, 2n] pattern that the kind's ideal head attends to."""
+    if kind == "previous_token":
+        queries = torch.arange(1, 2 * length)
+        return queries, queries - 1
+    queries = torch.arange(length, 2 * length)
+    return queries, queries - length + (kind == "induction")
+
+
+def detect_heads(
+    model: nn.Module, kind: str = "induction", *, length: int = 24, batch: int = 8, seed: int = 0,
+) -> Result:
+    """[layer, head] scores of `kind` ("previous_token", "induction" or "duplicate") on `batch`
+    seeded random sequences of `length` distinct tokens, repeated. Special tokens are avoided. An
+    encoder-decoder is scored on its decoder's self-attention, with the same sequence as source."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r} is not supported; allowed values: {', '.join(KINDS)}")
+    config = model.config
+    special = {getattr(config, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id")} - {None}
+    limit = config.max_seq_len if config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
+    if limit is not None and 2 * length > limit:
+        raise ValueError(f"2 x length = {2 * length} positions exceed max_seq_len={limit}; pass a smaller length")
+    model.eval()
+    ids = repeated_tokens(config.vocab_size, length, batch, seed, special)
+    text = Text(ids, None, [[str(int(i)) for i in row] for row in ids])
+    inputs = Batch(text, text) if config.arch == "encoder-decoder" else Batch(text)
+    prefix = "decoder." if config.arch == "encoder-decoder" else ""
+    with torch.no_grad(), trace(model, f"{prefix}blocks.*.attn.pattern") as t:
+        inputs.run(model)
+    patterns = torch.stack([t[f"{prefix}blocks.{i}.attn.pattern"] for i in range(config.n_layers)])  # (L, B, H, 2n, 2n)
+    queries, keys = _keys(kind, length)
+    scores = patterns[..., queries, keys].mean(dim=(1, 3))  # (L, H)
+    best = divmod(int(scores.argmax()), scores.size(1))
+    return Result(
+        f"{kind.replace('_', '-')} heads", scores, ("layer", "head"),
+        labels={"layer": [str(i) for i in range(config.n_layers)], "head": [str(h) for h in range(scores.size(1))]},
+        check=f"scores are mean attention weights in [0, 1]; strongest L{best[0]}H{best[1]} = {scores.max().item():.3f}",
+        extra={"kind": kind, "length": length, "ids": ids},
+    )

@@ -1,0 +1,144 @@
+"""What every analysis takes: text, a list of texts (a padded batch) or token ids, for any family.
+
+Shape letters: B batch, T positions (target), S source positions, V vocabulary.
+
+    batch = as_batch(model, "The cat sat")                  # the tokenizer: model.tokenizer
+    batch = as_batch(model, ["a b", "c d e"], tokenizer=tok)  # right-padded, with a padding mask
+    batch = as_batch(model, torch.tensor([[1, 2, 3]]))        # ids as they are
+    batch = as_batch(seq2seq, ("Hallo Welt", "Hello"))        # encoder-decoder: (source, target)
+
+    logits, t = run_with_cache(model, "The cat sat")         # t["blocks.0.attn.pattern"], t.tokens
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..inputs import InputError
+from ..trace import Trace, trace
+
+
+@dataclass
+class Text:
+    """One side of the input: ids [B, T], padding_mask [B, T] (True = real token) or None, tokens."""
+
+    ids: torch.Tensor
+    padding_mask: torch.Tensor | None
+    tokens: list[list[str]]
+
+    @property
+    def last(self) -> torch.Tensor:
+        """[B]: the position of each row's last real token (right padding)."""
+        if self.padding_mask is None:
+            return torch.full((self.ids.size(0),), self.ids.size(1) - 1, dtype=torch.long)
+        return self.padding_mask.long().sum(dim=1) - 1
+
+    def repeat(self, n: int) -> "Text":
+        """The batch n times over, [n*B, T]: row r is row r % B."""
+        mask = None if self.padding_mask is None else self.padding_mask.repeat(n, 1)
+        return Text(self.ids.repeat(n, 1), mask, self.tokens * n)
+
+
+@dataclass
+class Batch:
+    """The inputs of one forward pass: `target` (the only side, or the decoder's), `source` (encoder-decoder)."""
+
+    target: Text
+    source: Text | None = None
+
+    @property
+    def size(self) -> int:
+        return self.target.ids.size(0)
+
+    def repeat(self, n: int) -> "Batch":
+        return Batch(self.target.repeat(n), None if self.source is None else self.source.repeat(n))
+
+    def run(self, model: nn.Module):
+        """The model's output for this batch (EncoderOutput, DecoderOutput or Seq2SeqOutput)."""
+        if self.source is not None:
+            return model(self.source.ids, self.target.ids, src_padding_mask=self.source.padding_mask,
+                         tgt_padding_mask=self.target.padding_mask)
+        return model(self.target.ids, padding_mask=self.target.padding_mask)
+
+    def logits(self, model: nn.Module) -> torch.Tensor:
+        """[B, T, V]."""
+        logits = self.run(model).logits
+        if logits is None or logits.dim() != 3:
+            raise ValueError("this analysis needs token logits [batch, pos, vocab]: a model with an LM or masked-LM head")
+        return logits
+
+
+def _tokenizer(model: nn.Module, tokenizer):
+    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise InputError("text inputs need a tokenizer: pass tokenizer=..., or load the model with "
+                         "anatomy.from_pretrained, which attaches model.tokenizer; or pass token ids")
+    return tokenizer
+
+
+def as_text(model: nn.Module, inputs, tokenizer=None) -> Text:
+    """One side: a string, a list of strings (right-padded batch), or ids [T] / [B, T]."""
+    if isinstance(inputs, str) or (isinstance(inputs, Sequence) and inputs and all(isinstance(x, str) for x in inputs)):
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        tok = _tokenizer(model, tokenizer)
+        ids, mask = tok(texts)
+        tokens = []
+        for row, text in enumerate(texts):
+            pieces = tok.tokens(text)[: ids.size(1)]
+            tokens.append(pieces + [""] * (ids.size(1) - len(pieces)))
+        return Text(ids, mask if not bool(mask.all()) else None, tokens)
+    ids = inputs if torch.is_tensor(inputs) else _as_ids(inputs)
+    if ids.dim() == 1:
+        ids = ids[None]  # (T,) -> (1, T)
+    if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise InputError(f"inputs must be a string, a list of strings, or integer token ids [T] or [batch, T]; "
+                         f"got a tensor of shape {tuple(ids.shape)} and dtype {ids.dtype}")
+    ids = ids.long()
+    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    if tok is not None:
+        tokens = [[tok.id_to_token(int(i)) or str(int(i)) for i in row] for row in ids]
+    else:
+        tokens = [[str(int(i)) for i in row] for row in ids]
+    return Text(ids, None, tokens)
+
+
+def _as_ids(inputs) -> torch.Tensor:
+    if isinstance(inputs, Iterable) and not isinstance(inputs, (bytes, dict)):
+        try:
+            return torch.as_tensor(inputs)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise InputError(f"inputs must be a string, a list of strings, or token ids; got {type(inputs).__name__}")
+
+
+def as_batch(model: nn.Module, inputs, tokenizer=None) -> Batch:
+    """Inputs for `model`: for an encoder-decoder, a pair (source, target) of any of the forms above."""
+    if isinstance(inputs, Batch):
+        return inputs
+    if model.config.arch == "encoder-decoder":
+        if not (isinstance(inputs, tuple) and len(inputs) == 2):
+            raise InputError("an encoder-decoder model takes inputs=(source, target), each a string, a list of "
+                             "strings or token ids")
+        source, target = as_text(model, inputs[0], tokenizer), as_text(model, inputs[1], tokenizer)
+        if source.ids.size(0) != target.ids.size(0):
+            raise InputError(f"source has batch {source.ids.size(0)} but target has batch {target.ids.size(0)}")
+        return Batch(target, source)
+    return Batch(as_text(model, inputs, tokenizer))
+
+
+def run_with_cache(model: nn.Module, inputs, names=None, *, tokenizer=None, grad: bool = False):
+    """(output, Trace): one forward pass of `inputs` with the trace points `names` recorded (None: all
+    but the on-request per-head outputs; TransformerLens names accepted). `Trace.tokens` holds the
+    string tokens of the (decoder's) input. Runs without gradients unless grad=True."""
+    batch = as_batch(model, inputs, tokenizer)
+    with torch.set_grad_enabled(grad), trace(model, names, grad=grad) as cache:
+        output = batch.run(model)
+    cache.tokens = batch.target.tokens
+    return output, cache
+
+
+__all__ = ["Batch", "Text", "Trace", "as_batch", "as_text", "run_with_cache"]

@@ -1,0 +1,65 @@
+"""The logit lens (nostalgebraist, "interpreting GPT: the logit lens", 2020): read the residual
+stream after every layer through the model's own final norm and unembedding.
+
+Shape letters: L layers, B batch, T positions, E model width, V vocabulary.
+
+    lens_l = log_softmax(W_U · FinalNorm(x_l) + b_U),   x_0 = the embeddings, x_l = block l's output
+
+The last row is the model's own prediction: lens_L equals log_softmax(logits), and the result
+reports the measured difference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..trace import trace
+from .inputs import as_batch
+from .result import Result, max_abs_diff
+
+
+def stack_of(model: nn.Module) -> nn.Module:
+    """The stack whose residual stream the LM head reads: the model itself, or the decoder."""
+    return model.decoder if model.config.arch == "encoder-decoder" else model
+
+
+def stack_prefix(model: nn.Module) -> str:
+    return "decoder." if model.config.arch == "encoder-decoder" else ""
+
+
+def unembed(model: nn.Module, residual: torch.Tensor) -> torch.Tensor:
+    """[..., E] -> [..., V]: the final norm (if the stack has one) and the LM head."""
+    if not hasattr(model, "lm_head"):
+        raise ValueError("the logit lens needs an LM or masked-LM head (config.head), this model has "
+                         f"head={model.config.head!r}")
+    stack = stack_of(model)
+    if hasattr(stack, "final_norm"):
+        residual = stack.final_norm(residual)
+    return model.lm_head(residual)
+
+
+def logit_lens(model: nn.Module, inputs, *, tokenizer=None, top: int = 1) -> Result:
+    """[layer+1, batch, pos, vocab] log-probabilities of the residual stream at resid_pre of every
+    block and after the last one. extra["top_ids"] / ["top_tokens"] / ["top_probs"]: the `top`
+    most likely tokens per cell, [layer+1, batch, pos, top]."""
+    model.eval()
+    batch = as_batch(model, inputs, tokenizer)
+    prefix, n_layers = stack_prefix(model), model.config.n_layers
+    names = [f"{prefix}blocks.{i}.resid_pre" for i in range(n_layers)] + [f"{prefix}blocks.{n_layers - 1}.resid_post"]
+    with torch.no_grad():
+        with trace(model, names) as t:
+            logits = batch.logits(model)
+        residuals = torch.stack([t[name] for name in names])  # (L+1, B, T, E)
+        log_probs = torch.log_softmax(unembed(model, residuals).float(), dim=-1)  # (L+1, B, T, V)
+    error = max_abs_diff(log_probs[-1], torch.log_softmax(logits.float(), dim=-1))
+    probs, ids = log_probs.exp().topk(top, dim=-1)  # (L+1, B, T, top)
+    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    to_text = (lambda i: tok.id_to_token(i) or str(i)) if tok is not None else str
+    top_tokens = [[[[to_text(int(i)) for i in cell] for cell in row] for row in layer] for layer in ids]
+    return Result(
+        "logit lens", log_probs, ("layer", "batch", "pos", "vocab"),
+        labels={"layer": [f"resid_pre {i}" for i in range(n_layers)] + [f"resid_post {n_layers - 1}"]},
+        check=f"last layer = the model's own log-probs: max |diff| {error:.1e}", error=error,
+        tokens=batch.target.tokens, extra={"top_ids": ids, "top_probs": probs, "top_tokens": top_tokens},
+    )

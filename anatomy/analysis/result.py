@@ -1,0 +1,52 @@
+"""What every analysis returns: numbers with named axes, their labels, and the identity it checked.
+
+Each analysis proves itself on the inputs it was given, the way `anatomy walk` does: `check`
+says which identity holds and `error` is the measured difference, e.g.
+"the components sum to the final residual: max |diff| 3.0e-07".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class Result:
+    """values [axes...]; labels[axis] names each index of an axis (tokens, layers, components)."""
+
+    kind: str  # "logit lens", "decomposition", "activation patching", ...
+    values: torch.Tensor
+    axes: tuple[str, ...]
+    labels: dict[str, list[str]] = field(default_factory=dict)
+    check: str = ""  # the identity this result satisfies, with the measured difference
+    error: float = float("nan")  # that difference (nan: the analysis has no identity to check)
+    tokens: list[list[str]] = field(default_factory=list)  # [batch][pos] string tokens
+    extra: dict = field(default_factory=dict)  # anything else an analysis reports (e.g. top tokens)
+
+    def __post_init__(self) -> None:
+        if self.values.dim() != len(self.axes):
+            raise ValueError(f"{self.kind}: values have {self.values.dim()} axes but {len(self.axes)} names {self.axes}")
+
+    def __repr__(self) -> str:
+        shape = ", ".join(f"{name}={size}" for name, size in zip(self.axes, self.values.shape))
+        return f"<{self.kind} [{shape}]: {self.check}>"
+
+    def view(self, **options):
+        """The offline HTML view (a viz View: shown in Jupyter, `.save("x.html")`)."""
+        from .views import html_view  # matplotlib and the page assets load only when asked
+
+        return html_view(self, **options)
+
+    def save(self, path: str | Path, **options) -> Path:
+        """Write the view: .html (interactive, offline) or .png / .svg (matplotlib)."""
+        from .views import save
+
+        return save(self, path, **options)
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| in float64 (nan if either holds a NaN, so that a NaN never reads as agreement)."""
+    return (a.double() - b.double()).abs().max().item()

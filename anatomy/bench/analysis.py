@@ -1,0 +1,138 @@
+"""Analyses side by side with TransformerLens and Captum, on the same weights, one thread.
+
+- activation patching: a resid_pre position sweep (every layer x every position), anatomy's
+  batched patch against TransformerLens's patching.get_act_patch_resid_pre (one forward per cell);
+- a full activation cache of random GPT-2-small weights on 1 x 128 tokens: anatomy.run_with_cache
+  against TransformerLens's run_with_cache: time and peak memory;
+- integrated gradients on the token embeddings against Captum's LayerIntegratedGradients (same
+  baseline, steps and Gauss-Legendre method).
+
+Each row also reports the largest difference between the two results.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import tempfile
+
+import torch
+
+from ..analysis import integrated_gradients, patch, run_with_cache
+from .common import Row, Settings, alternate, gpt2_pair, memory_note, peak_memory_mb
+
+
+def transformer_lens_pair(n_layers: int, d_model: int, n_heads: int, vocab_size: int = 50257, max_seq_len: int = 1024):
+    """(anatomy DecoderModel, TransformerLens TransformerBridge) over the same random GPT-2 weights.
+
+    The bridge wraps the transformers model that anatomy's copy was loaded from; nothing is downloaded."""
+    from transformer_lens.model_bridge import TransformerBridge  # optional extra: analysis
+
+    ours, theirs = gpt2_pair(n_layers, d_model, n_heads, vocab_size=vocab_size, max_seq_len=max_seq_len)
+    with tempfile.TemporaryDirectory() as directory:
+        theirs.config.save_pretrained(directory)
+        bridge = TransformerBridge.boot_transformers(directory, hf_model=theirs)
+    return ours, bridge.eval()
+
+
+def _logit_difference(logits: torch.Tensor) -> torch.Tensor:
+    """[B, T, V] -> [B]: logit of token 1 minus token 2 at the last position, a typical patching metric."""
+    return logits[:, -1, 1] - logits[:, -1, 2]
+
+
+def bench_patching(settings: Settings) -> Row:
+    from transformer_lens import patching  # optional extra: analysis
+
+    n_layers, d_model, n_heads, length = (2, 64, 4, 12) if settings.quick else (6, 256, 8, 24)
+    ours, bridge = transformer_lens_pair(n_layers, d_model, n_heads, vocab_size=99 if settings.quick else 50257,
+                                         max_seq_len=64)
+    generator = torch.Generator().manual_seed(0)
+    clean = torch.randint(0, ours.config.vocab_size, (1, length), generator=generator)
+    corrupt = clean.clone()
+    corrupt[0, length // 3] = (clean[0, length // 3] + 1) % ours.config.vocab_size
+    with torch.no_grad():
+        _, clean_cache = bridge.run_with_cache(clean)
+
+    def theirs():
+        with torch.no_grad():
+            return patching.get_act_patch_resid_pre(bridge, corrupt, clean_cache, lambda x: _logit_difference(x).mean())
+
+    def anatomy_side():
+        return patch(ours, clean, corrupt, point="resid_pre", metric=_logit_difference).values
+
+    error = (theirs() - anatomy_side()).abs().max().item()
+    times = alternate({"anatomy": anatomy_side, "TransformerLens": theirs}, settings.repeats or 3, warmup=0)
+    ms = {side: statistics.median(t) * 1e3 for side, t in times.items()}
+    row = Row("analysis", f"patching resid_pre, {n_layers} layers x {length} positions, width {d_model}", "ms",
+              ms["anatomy"], ms["TransformerLens"], False)
+    row.notes = [f"{n_layers * length} patched runs; max |diff| {error:.1e} (goal <= 1e-4, >= 3x)"]
+    return row
+
+
+def bench_cache(settings: Settings) -> Row:
+    n_layers, d_model, n_heads, length = (2, 64, 4, 16) if settings.quick else (12, 768, 12, 128)
+    ours, bridge = transformer_lens_pair(n_layers, d_model, n_heads, vocab_size=99 if settings.quick else 50257,
+                                         max_seq_len=max(64, length))
+    ids = torch.randint(0, ours.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+
+    def anatomy_side():
+        return run_with_cache(ours, ids)
+
+    def theirs():
+        with torch.no_grad():
+            return bridge.run_with_cache(ids)
+
+    (logits, cache), (their_logits, their_cache) = anatomy_side(), theirs()
+    last = f"blocks.{n_layers - 1}.hook_resid_post"
+    error = max((logits.logits - their_logits).abs().max().item(), (cache[last] - their_cache[last]).abs().max().item())
+    times = alternate({"anatomy": anatomy_side, "TransformerLens": theirs}, settings.repeats or 10, warmup=1)
+    memory = {"anatomy": peak_memory_mb(anatomy_side), "transformers": peak_memory_mb(theirs)}
+    ms = {side: statistics.median(t) * 1e3 for side, t in times.items()}
+    row = Row("analysis", f"full cache, GPT-2 {n_layers}x{d_model}, 1x{length}", "ms", ms["anatomy"],
+              ms["TransformerLens"], False)
+    row.notes = [f"{len(cache)} vs {len(their_cache)} tensors", memory_note(memory).replace("vs", "vs TL"),
+                 f"max |diff| {error:.1e} (goal >= 1.5x, memory <= 0.5x)"]
+    return row
+
+
+def bench_integrated_gradients(settings: Settings) -> Row:
+    from captum.attr import LayerIntegratedGradients  # optional extra: analysis
+
+    n_layers, d_model, n_heads, length, steps = (2, 64, 4, 8, 8) if settings.quick else (6, 256, 8, 24, 50)
+    ours, _ = gpt2_pair(n_layers, d_model, n_heads, vocab_size=99 if settings.quick else 50257, max_seq_len=64)
+    ids = torch.randint(1, ours.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+    baseline = torch.zeros_like(ids)
+    target = 7
+
+    def anatomy_side():
+        return integrated_gradients(ours, ids, target, baseline_ids=baseline, steps=steps)
+
+    layer_ig = LayerIntegratedGradients(lambda x: ours(x).logits[:, -1, target], ours.token_embedding)
+
+    def theirs():
+        return layer_ig.attribute(ids, baselines=baseline, n_steps=steps, method="gausslegendre")
+
+    result, their_attributions = anatomy_side(), theirs()
+    reference = their_attributions.sum(-1)
+    error = ((result.values - reference).abs().max() / reference.abs().max()).item()
+    times = alternate({"anatomy": anatomy_side, "Captum": theirs}, settings.repeats or 3, warmup=1)
+    ms = {side: statistics.median(t) * 1e3 for side, t in times.items()}
+    row = Row("analysis", f"integrated gradients, {steps} steps, GPT-2 {n_layers}x{d_model}, 1x{length}", "ms",
+              ms["anatomy"], ms["Captum"], False)
+    row.notes = [f"vs Captum LayerIntegratedGradients: max relative diff {error:.1e} (goal <= 1e-3)", result.check]
+    return row
+
+
+def bench_analysis(settings: Settings) -> list[Row]:
+    """Patching and full cache against TransformerLens, integrated gradients against Captum (each
+    when installed: pip install 'anatomy[analysis]')."""
+    rows = []
+    if importlib.util.find_spec("transformer_lens") is not None:
+        rows += [bench_patching(settings), bench_cache(settings)]
+    else:
+        print("  analysis: transformer-lens is not installed; patching and cache rows skipped")
+    if importlib.util.find_spec("captum") is not None:
+        rows.append(bench_integrated_gradients(settings))
+    else:
+        print("  analysis: captum is not installed; the integrated-gradients row skipped")
+    return rows
