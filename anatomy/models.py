@@ -199,15 +199,18 @@ class LMHead(nn.Module):
             logits = self.softcap * torch.tanh(logits / self.softcap)
         return logits
 
-    def loss(self, x: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-        """F.cross_entropy(self(x), targets), mean over targets != ignore_index, without the logits.
+    def loss(self, x: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, *,
+             label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+        """F.cross_entropy(self(x), targets, ignore_index=..., label_smoothing=..., reduction=...),
+        without the logits.
 
         x [B, T, E], targets [B, T]. The logits [B, T, V] of a training batch are hundreds of MB
         (8 x 128 x 50257 floats: 206 MB, and as much again for their gradient); this computes them
         a chunk of positions at a time (see chunked_cross_entropy) and never holds them all.
         """
         hidden = self.transform(x).flatten(0, -2)  # (N, E), N = B*T
-        return chunked_cross_entropy(hidden, self.proj.weight, self.proj.bias, targets.flatten(), ignore_index)
+        return chunked_cross_entropy(hidden, self.proj.weight, self.proj.bias, targets.flatten(), ignore_index,
+                                     label_smoothing=label_smoothing, reduction=reduction, softcap=self.softcap)
 
 
 class Pooler(nn.Module):
@@ -326,13 +329,15 @@ class DecoderModel(Stack, _Saveable):
         logits = self.logits(self.lm_head(hidden)) if hasattr(self, "lm_head") else None
         return DecoderOutput(logits=logits, last_hidden_state=hidden, cache=cache)
 
-    def loss(self, input_ids, padding_mask=None, targets=None) -> torch.Tensor:
+    def loss(self, input_ids, padding_mask=None, targets=None, *, ignore_index: int = -100,
+             label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
         """Mean next-token cross-entropy: position t is scored on token t + 1 (or on targets[:, t]).
 
-        Equals F.cross_entropy of forward(input_ids).logits, but through LMHead.loss: the [B, T, V]
-        logits are never held at once (the fast training step of BENCHMARKS.md). Without targets,
-        the last position and any position next to padding have none (-100). The `logits` trace
-        point is not reached; trace through forward to see them.
+        Equals F.cross_entropy of forward(input_ids).logits (with the same ignore_index,
+        label_smoothing and reduction), but through LMHead.loss: the [B, T, V] logits are never
+        held at once (the fast training step of BENCHMARKS.md). Without targets, the last position
+        and any position next to padding have none (ignore_index). The `logits` trace point is not
+        reached; trace through forward to see them.
         """
         if not hasattr(self, "lm_head"):
             raise ValueError("loss needs an LM head; this model has head='none'")
@@ -340,11 +345,12 @@ class DecoderModel(Stack, _Saveable):
         if targets is not None and tuple(targets.shape) != tuple(input_ids.shape):
             raise InputError(f"targets has shape {tuple(targets.shape)} but input_ids has {tuple(input_ids.shape)}")
         if targets is None:
-            targets = F.pad(input_ids[:, 1:], (0, 1), value=-100)  # (B, T): the next token
+            targets = F.pad(input_ids[:, 1:], (0, 1), value=ignore_index)  # (B, T): the next token
             if padding_mask is not None:
                 both_real = F.pad(padding_mask[:, 1:] & padding_mask[:, :-1], (0, 1), value=False)
-                targets = targets.masked_fill(~both_real, -100)
-        return self.lm_head.loss(self.run(input_ids, padding_mask=padding_mask), targets)
+                targets = targets.masked_fill(~both_real, ignore_index)
+        return self.lm_head.loss(self.run(input_ids, padding_mask=padding_mask), targets, ignore_index,
+                                 label_smoothing=label_smoothing, reduction=reduction)
 
 
 class EncoderDecoderModel(nn.Module, _Saveable):
@@ -393,6 +399,18 @@ class EncoderDecoderModel(nn.Module, _Saveable):
             check_mask("src_padding_mask", src_padding_mask, shape=tuple(memory.shape[:2]), ids_name="memory")
         hidden, logits = self.decode(tgt_ids, memory, src_padding_mask, tgt_padding_mask, cache)
         return Seq2SeqOutput(logits=logits, last_hidden_state=hidden, encoder_last_hidden_state=memory, cache=cache)
+
+    def loss(self, src_ids, tgt_ids, targets, src_padding_mask=None, tgt_padding_mask=None, *,
+             ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+        """F.cross_entropy of forward(src_ids, tgt_ids, ...).logits against targets [B, T] (teacher
+        forcing), through LMHead.loss: the [B, T, V] logits are never held at once."""
+        memory = self.encode(src_ids, src_padding_mask)
+        self.decoder.check_inputs("tgt_ids", tgt_ids, tgt_padding_mask, "tgt_padding_mask")
+        if tuple(targets.shape) != tuple(tgt_ids.shape):
+            raise InputError(f"targets has shape {tuple(targets.shape)} but tgt_ids has {tuple(tgt_ids.shape)}")
+        hidden = self.decoder.run(tgt_ids, padding_mask=tgt_padding_mask, memory=memory,
+                                  memory_padding_mask=src_padding_mask)  # (B, T, E)
+        return self.lm_head.loss(hidden, targets, ignore_index, label_smoothing=label_smoothing, reduction=reduction)
 
 
 FAMILIES = {"encoder": EncoderModel, "decoder": DecoderModel, "encoder-decoder": EncoderDecoderModel}

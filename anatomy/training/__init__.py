@@ -1,13 +1,17 @@
-"""Training: tokenizers, data, the trainer, checkpoints and distributed data parallel.
+"""Training: tokenizers, data, tasks, the trainer, checkpoints, the run folder and distributed data parallel.
 
-    tokenizers.py   char / word / BPE / WordPiece, one interface, saved as tokenizer.json
+    tokenizers.py   char / word / BPE / WordPiece trainers, returning anatomy's one Tokenizer
     data.py         files -> memory-mapped token ids -> batches (lm, seq2seq, classify)
+    tasks.py        what a batch is and what the loss is, per task (lm and seq2seq: the model's chunked loss)
     schedules.py    learning-rate schedules (warmup + cosine; the paper's inverse square root)
-    checkpoint.py   atomic checkpoints: weights, optimizer, scheduler, RNG states, step;
-                    save_trained / load_trained for the finished model
+    trainer.py      the training loop and its optimizer (fused AdamW)
+    metrics.py      metrics.jsonl, loss.png, the progress bar
+    checkpoint.py   atomic checkpoints: weights, optimizer, scheduler, RNG states, step; fallback past
+                    damaged ones; save_trained / load_trained for the finished model
+    rundir.py       the run folder's exclusive lock: one writer at a time
     distributed.py  DistributedDataParallel setup (gloo on CPU, NCCL on GPU)
-    trainer.py      the training loop and the three tasks (lm, seq2seq, classify)
     evaluate.py     greedy translation (KV cache) and sacrebleu BLEU
+    build.py        a run's tokenizer, data, task and model from the command-line arguments
     cli.py          `anatomy train lm|seq2seq|classify`
 """
 

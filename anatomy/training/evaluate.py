@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-import anatomy
-
+from ..generation import generate
 from .data import pad
 
 
@@ -28,7 +27,7 @@ def greedy_translate(model, tokenizer, sources: list[np.ndarray], max_len: int, 
         idx = order[start:start + batch_size]
         src_ids, src_mask = pad([s[:max_len] for s in (sources[i] for i in idx)], tokenizer.pad_id)
         src_ids, src_mask = src_ids.to(device), src_mask.to(device)  # (B, S)
-        generated = anatomy.generate(
+        generated = generate(
             model, src_ids=src_ids, src_padding_mask=src_mask, max_new_tokens=max_len, strategy="greedy",
             decoder_start_token_id=tokenizer.bos_id, stop_tokens=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
         ).new_tokens.tolist()  # (B, <= max_len): finished rows end in <EOS>, then padding

