@@ -60,7 +60,8 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     )
 
 
-def _layer(hf: str, ours: str, cross: bool) -> list[Rule]:
+def layer_rules(hf: str, ours: str, cross: bool) -> list[Rule]:
+    """One fairseq-style layer (Marian, BART): self_attn, (encoder_attn,) fc1, fc2 and their norms."""
     parts = [("self_attn.q_proj", "attn.q_proj"), ("self_attn.k_proj", "attn.k_proj"),
              ("self_attn.v_proj", "attn.v_proj"), ("self_attn.out_proj", "attn.o_proj"),
              ("self_attn_layer_norm", "attn_norm"), ("fc1", "mlp.fc_in"), ("fc2", "mlp.fc_out"),
@@ -80,8 +81,8 @@ def table(config: ModelConfig) -> list[Rule]:
         # Older checkpoints store the sinusoid tables; they must equal the formula anatomy computes.
         Rule("model.encoder.embed_positions.weight", "encoder.position_embedding.table", derived=True),
         Rule("model.decoder.embed_positions.weight", "decoder.position_embedding.table", derived=True),
-        *_layer("model.encoder.layers.{i}", "encoder.blocks.{i}", cross=False),
-        *_layer("model.decoder.layers.{j}", "decoder.blocks.{j}", cross=True),
+        *layer_rules("model.encoder.layers.{i}", "encoder.blocks.{i}", cross=False),
+        *layer_rules("model.decoder.layers.{j}", "decoder.blocks.{j}", cross=True),
         Rule("lm_head.weight", "lm_head.proj.weight", derived=config.tie_embeddings),
         Rule("final_logits_bias", "lm_head.proj.bias", view=(1, -1)),  # [1, V] in the checkpoint
     ]

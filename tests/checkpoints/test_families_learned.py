@@ -26,6 +26,9 @@ PAD = VOCAB - 1
 BERT_SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
                   max_position_embeddings=64)
 DISTILBERT_SIZES = dict(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=64)
+BART_SIZES = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64,
+                  pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2)
 # case -> (transformers class, config class, config fields)
 CASES = {
     "marian-uneven": ("MarianMTModel", "MarianConfig", dict(
@@ -42,6 +45,10 @@ CASES = {
                             dict(DISTILBERT_SIZES, num_labels=3, activation="relu")),
     "distilbert-tokens": ("DistilBertForTokenClassification", "DistilBertConfig", dict(DISTILBERT_SIZES, num_labels=5)),
     "distilbert-base": ("DistilBertModel", "DistilBertConfig", dict(DISTILBERT_SIZES)),
+    "bart": ("BartForConditionalGeneration", "BartConfig", dict(BART_SIZES)),
+    "bart-uneven": ("BartForConditionalGeneration", "BartConfig", dict(
+        BART_SIZES, encoder_layers=1, decoder_layers=3, decoder_attention_heads=2, decoder_ffn_dim=29,
+        scale_embedding=True, activation_function="relu")),
 }
 
 
