@@ -5,7 +5,8 @@
 # First 90% of the characters train, the last 10% validate.
 # usage: recipes/char_shakespeare.sh [OUT_DIR] [extra anatomy-train arguments...]
 set -euo pipefail
-DATA=${DATA:-/work/shared/data/tinyshakespeare/input.txt}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the repository; data lives beside it in ../shared/data
+DATA=${DATA:-$ROOT/../shared/data/tinyshakespeare/input.txt}  # DATA=FILE overrides
 OUT=${1:-runs/char-shakespeare}
 shift || true
 python -m anatomy.cli train lm --data "$DATA" --val-fraction 0.1 --tokenizer char --out "$OUT" \

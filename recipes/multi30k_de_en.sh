@@ -8,7 +8,8 @@
 # CPU (what recipes/README.md reports: 38.8 BLEU): the defaults below with THREADS=2, ~36 min on 2 cores.
 # Full run (GPU): SIZE=full recipes/multi30k_de_en.sh runs/de-en-full
 set -euo pipefail
-D=${DATA:-/work/shared/data/multi30k}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the repository; data lives beside it in ../shared/data
+D=${DATA:-$ROOT/../shared/data/multi30k}  # DATA=FOLDER overrides
 OUT=${1:-runs/multi30k-de-en}
 shift || true
 if [ "${SIZE:-cpu}" = full ]; then

@@ -5,7 +5,8 @@
 # max 64 tokens. A full run: STEPS=4200 (2 epochs).
 # usage: recipes/sst2_minilm.sh [OUT_DIR] [extra anatomy-train arguments...]
 set -euo pipefail
-D=${DATA:-/work/shared/data/sst2}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the repository; data lives beside it in ../shared/data
+D=${DATA:-$ROOT/../shared/data/sst2}  # DATA=FOLDER overrides
 OUT=${1:-runs/sst2-minilm}
 shift || true
 python -m anatomy.cli train classify --train "$D/train.tsv" --val "$D/dev.tsv" --out "$OUT" \

@@ -3,7 +3,8 @@
 # WordPiece (8000) trained on train.tsv; 2 layers, d_model 128, mean pooling, max 64 tokens.
 # usage: recipes/sst2_scratch.sh [OUT_DIR] [extra anatomy-train arguments...]
 set -euo pipefail
-D=${DATA:-/work/shared/data/sst2}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the repository; data lives beside it in ../shared/data
+D=${DATA:-$ROOT/../shared/data/sst2}  # DATA=FOLDER overrides
 OUT=${1:-runs/sst2-scratch}
 shift || true
 python -m anatomy.cli train classify --train "$D/train.tsv" --val "$D/dev.tsv" --out "$OUT" \

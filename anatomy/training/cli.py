@@ -167,7 +167,7 @@ def summary(args, model, task, tokenizer, info) -> str:
         ("vocabulary", f"{tokenizer.vocab_size:,} tokens ({tokenizer.kind})"),
         ("data", f"{sizes['train']:,} tokens train, {sizes['validation']:,} validation"),
         ("steps", f"{args.max_steps:,} x {at_most}{per_step:,} tokens per step ({shape} x {args.grad_accum} "
-                  f"micro-batch(es) x {info.world_size} rank(s)) = {at_most}{per_step * args.max_steps / 1e6:.2f} M"),
+                  f"micro-batch(es) x {info.world_size} rank(s)) = {at_most}{per_step * args.max_steps:,} tokens"),
     ]
     return f"anatomy train {args.task} -> {args.out}\n" + "\n".join(f"  {k:<11} {v}" for k, v in rows)
 
