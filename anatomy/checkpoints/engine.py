@@ -38,14 +38,16 @@ class Rule:
     transpose: bool = False  # the checkpoint stores [in, out] (GPT-2's Conv1D), anatomy [out, in]
     view: tuple[int, ...] | None = None  # the checkpoint's tensor is ours reshaped to this (e.g. (1, -1))
     derived: bool = False  # a copy of something the model has: optional on load, checked, not saved
+    heads: int | None = None  # the fused parts alternate head by head: [h0 q, h0 k, h0 v, h1 q, ...] (GPT-NeoX)
 
     def __init__(self, hf: str, ours: str | tuple[str, ...], *, transpose: bool = False,
-                 view: tuple[int, ...] | None = None, derived: bool = False):
+                 view: tuple[int, ...] | None = None, derived: bool = False, heads: int | None = None):
         object.__setattr__(self, "hf", hf)
         object.__setattr__(self, "ours", (ours,) if isinstance(ours, str) else tuple(ours))
         object.__setattr__(self, "transpose", transpose)
         object.__setattr__(self, "view", view)
         object.__setattr__(self, "derived", derived)
+        object.__setattr__(self, "heads", heads)
 
     def layer(self, **index: int) -> "Rule":
         """This rule for one layer: layer(i=3) fills "{i}" (or layer(j=3) "{j}") in both names."""
@@ -53,8 +55,13 @@ class Rule:
 
     # the two directions ------------------------------------------------------------------------
     def to_checkpoint(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """anatomy tensors -> the checkpoint tensor: concatenate (dim 0), transpose, reshape."""
-        t = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+        """anatomy tensors -> the checkpoint tensor: concatenate (dim 0; head by head with `heads`),
+        transpose, reshape."""
+        if self.heads is not None:  # each (H*D, ...) -> (H, D, ...); side by side per head; back to rows
+            per_head = [x.reshape(self.heads, -1, *x.shape[1:]) for x in tensors]
+            t = torch.cat(per_head, dim=1).reshape(-1, *tensors[0].shape[1:])
+        else:
+            t = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
         if self.transpose:
             t = t.t()
         if self.view is not None:
@@ -69,6 +76,10 @@ class Rule:
             t = t.t()
         if len(shapes) == 1:
             return [t]
+        if self.heads is not None:  # (H * sum D_part, ...) -> (H, sum D_part, ...) -> each (H * D_part, ...)
+            per_head = t.reshape(self.heads, -1, *t.shape[1:])
+            parts = torch.split(per_head, [s[0] // self.heads for s in shapes], dim=1)
+            return [part.reshape(shape) for part, shape in zip(parts, shapes)]
         return list(torch.split(t, [s[0] for s in shapes], dim=0))
 
 

@@ -38,6 +38,9 @@ CASES = {
         SMALL, num_hidden_layers=3, num_key_value_heads=4, use_sliding_window=True, sliding_window=4,
         max_window_layers=1, tie_word_embeddings=True)),  # layers: full, sliding, sliding
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(SMALL, num_key_value_heads=2, head_dim=16)),
+    "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(SMALL, rotary_pct=0.5)),
+    "gpt_neox-sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
+        SMALL, rotary_pct=0.25, use_parallel_residual=False, hidden_act="gelu_new")),
 }
 
 
