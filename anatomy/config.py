@@ -22,7 +22,7 @@ from typing import Any
 
 # Fields that default to None and are derived from the others when the config is made.
 DERIVED_FIELDS = ("head", "final_norm", "n_kv_heads", "d_head", "decoder_n_layers", "decoder_n_heads", "decoder_d_ff",
-                  "rotary_dim", "layer_types")
+                  "rotary_dim", "layer_types", "d_embed")
 # An encoder-decoder's decoder sizes, and the encoder field each defaults to.
 DECODER_SIZES = {"decoder_n_layers": "n_layers", "decoder_n_heads": "n_heads", "decoder_d_ff": "d_ff"}
 SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
@@ -89,6 +89,7 @@ class ModelConfig:
     # attention
     n_kv_heads: int | None = None  # None: one key/value head per query head
     d_head: int | None = None  # None: d_model // n_heads
+    d_embed: int | None = None  # token embeddings' (and LM head's) width; None: d_model; else projected in/out (OPT)
     attn_bias: bool = True  # biases on q/k/v projections
     attn_out_bias: bool = True  # bias on the output projection
     attn_dropout: float | None = None  # None: same as dropout
@@ -194,6 +195,9 @@ class ModelConfig:
                 )
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
         _positive_int("d_head", self.d_head)
+        if self.d_embed is None:
+            object.__setattr__(self, "d_embed", self.d_model)
+        _positive_int("d_embed", self.d_embed)
         if self.rotary_dim is None:
             object.__setattr__(self, "rotary_dim", self.d_head)
         _positive_int("rotary_dim", self.rotary_dim)

@@ -51,6 +51,18 @@ class RMSNorm(nn.Module):
 NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
 
 
+class Projection(nn.Linear):
+    """x W^T, without a bias, between two widths: OPT's project_in (token embeddings, d_embed ->
+    d_model) and project_out (final hidden state, d_model -> d_embed). Trace point: out."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__(d_in, d_out, bias=False)
+        self.out = TracePoint("batch pos d_out")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(super().forward(x))  # (B, T, d_out)
+
+
 class Dropout(nn.Dropout):
     """nn.Dropout that is free where it is the identity: in evaluation, or with p = 0.
 

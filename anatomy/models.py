@@ -26,7 +26,7 @@ from .blocks import Block
 from .cache import KVCache
 from .config import ModelConfig
 from .inputs import InputError, check_ids, check_mask, check_token_types
-from .layers import ACTIVATIONS, Dropout, make_norm
+from .layers import ACTIVATIONS, Dropout, Projection, make_norm
 from .losses import chunked_cross_entropy
 from .positional import LearnedPositions, RotaryEmbedding, SinusoidalPositions, alibi_bias, alibi_slopes
 from .trace import TracePoint
@@ -70,7 +70,10 @@ class Stack(nn.Module):
         super().__init__()
         self.config = config
         self.causal = causal
-        self.token_embedding = token_embedding or nn.Embedding(config.vocab_size, config.d_model)
+        self.token_embedding = token_embedding or nn.Embedding(config.vocab_size, config.d_embed)
+        if config.d_embed != config.d_model:  # narrower embeddings, projected in and out (OPT-350m)
+            self.project_in = Projection(config.d_embed, config.d_model)
+            self.project_out = Projection(config.d_model, config.d_embed)
         self.embed = TracePoint("batch pos d_model")
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
         if config.pos_encoding == "learned":
@@ -127,6 +130,8 @@ class Stack(nn.Module):
 
         # X = E + P (+ token types): the input of the first block.
         x = self.embed(self.token_embedding(input_ids) * self.embed_scale)  # (B, T, E)
+        if hasattr(self, "project_in"):
+            x = self.project_in(x)  # (B, T, d_embed) -> (B, T, E)
         if hasattr(self, "position_embedding"):
             x = x + self.pos_embed(self.position_embedding(position_ids).expand_as(x))
         if hasattr(self, "token_type_embedding"):
@@ -161,6 +166,8 @@ class Stack(nn.Module):
             cache.advance()
         if hasattr(self, "final_norm"):
             x = self.final_norm(x)
+        if hasattr(self, "project_out"):
+            x = self.project_out(x)  # (B, T, E) -> (B, T, d_embed), the width of the LM head
         return x
 
     def check_inputs(self, name: str, ids, mask, mask_name: str, cache: KVCache | None = None) -> None:
@@ -183,7 +190,7 @@ class LMHead(nn.Module):
             self.transform_dense = nn.Linear(config.d_model, config.d_model)
             self.transform_act = ACTIVATIONS[config.activation][0]
             self.transform_norm = make_norm(config)
-        self.proj = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
+        self.proj = nn.Linear(config.d_embed, config.vocab_size, bias=config.lm_head_bias)
         if config.tie_embeddings:
             self.proj.weight = token_embedding.weight  # the paper, 3.4: one matrix for both
         self.softcap = config.final_logit_softcap  # logits -> c * tanh(logits / c) (Gemma 2)

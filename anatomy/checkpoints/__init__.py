@@ -23,7 +23,7 @@ from ..config import SPECIAL_TOKEN_FIELDS, ConfigError, ModelConfig
 from ..models import FAMILIES, register_saver
 from . import bert, gpt2, llama, marian
 from . import gpt_neox, mistral, qwen2, qwen3  # the rotary decoder families
-from . import bart, distilbert, roberta  # learned positions
+from . import bart, distilbert, opt, roberta  # learned positions
 from .engine import Architecture, Rule, expand, export, load_into
 from .files import CheckpointError, Weights, read_json, resolve, write_safetensors
 from .native import NATIVE_CONFIG, load_native, save_native
@@ -33,7 +33,7 @@ from .tokenizer import Tokenizer
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     bert.ARCHITECTURE, gpt2.ARCHITECTURE, marian.ARCHITECTURE, llama.ARCHITECTURE,
     mistral.ARCHITECTURE,
-    roberta.ARCHITECTURE, distilbert.ARCHITECTURE, bart.ARCHITECTURE,
+    roberta.ARCHITECTURE, distilbert.ARCHITECTURE, bart.ARCHITECTURE, opt.ARCHITECTURE,
     qwen2.ARCHITECTURE,
     qwen3.ARCHITECTURE,
     gpt_neox.ARCHITECTURE,

@@ -121,6 +121,9 @@ def _stack_pairs(prefix: str, hf_prefix: str, config, states, attentions, mask, 
 
 
 def _final(prefix: str, config) -> str:
+    """The stack's last intermediate: after the final norm, and after project_out where there is one."""
+    if config.d_embed != config.d_model:
+        return f"{prefix}project_out.out"
     return f"{prefix}final_norm.out" if config.final_norm else f"{prefix}blocks.{config.n_layers - 1}.resid_post"
 
 

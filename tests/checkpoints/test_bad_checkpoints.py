@@ -47,7 +47,7 @@ def test_missing_weights_file(gpt2_dir):
 def test_unknown_model_type_lists_the_supported_ones(gpt2_dir):
     config = json.loads((gpt2_dir / "config.json").read_text())
     (gpt2_dir / "config.json").write_text(json.dumps({**config, "model_type": "mamba"}))
-    with pytest.raises(CheckpointError, match="'mamba'.*bert, gpt2, llama, marian"):
+    with pytest.raises(CheckpointError, match="'mamba'.*bert, .*gpt2, .*llama, .*marian"):
         anatomy.from_pretrained(gpt2_dir)
 
 

@@ -29,6 +29,8 @@ DISTILBERT_SIZES = dict(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_
 BART_SIZES = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                   decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64,
                   pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2)
+OPT_SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=37,
+                 max_position_embeddings=64, pad_token_id=1, bos_token_id=2, eos_token_id=2)
 # case -> (transformers class, config class, config fields)
 CASES = {
     "marian-uneven": ("MarianMTModel", "MarianConfig", dict(
@@ -49,6 +51,10 @@ CASES = {
     "bart-uneven": ("BartForConditionalGeneration", "BartConfig", dict(
         BART_SIZES, encoder_layers=1, decoder_layers=3, decoder_attention_heads=2, decoder_ffn_dim=29,
         scale_embedding=True, activation_function="relu")),
+    "opt": ("OPTForCausalLM", "OPTConfig", dict(OPT_SIZES)),
+    "opt-350m-like": ("OPTForCausalLM", "OPTConfig", dict(OPT_SIZES, word_embed_proj_dim=16, do_layer_norm_before=False,
+                                                          enable_bias=False, activation_function="gelu")),
+    "opt-base": ("OPTModel", "OPTConfig", dict(OPT_SIZES)),
 }
 
 
@@ -159,6 +165,12 @@ def test_greedy_generation_equals_transformers(checkpoint, case):
         else:
             expected = theirs.generate(input_ids=prompt, **no_stop)
             ours = anatomy.generate(model, prompt, max_new_tokens=8).sequences
+            assert torch.equal(ours, expected)
+            # A batch of prompts of different lengths, left-padded.
+            prompt[1, :2], mask = PAD, torch.ones_like(prompt, dtype=torch.bool)
+            mask[1, :2] = False
+            expected = theirs.generate(input_ids=prompt, attention_mask=mask.long(), **no_stop)
+            ours = anatomy.generate(model, prompt, padding_mask=mask, max_new_tokens=8).sequences
     assert torch.equal(ours, expected)
 
 
