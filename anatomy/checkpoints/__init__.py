@@ -22,7 +22,7 @@ from torch import nn
 from ..config import SPECIAL_TOKEN_FIELDS, ConfigError, ModelConfig
 from ..models import FAMILIES, register_saver
 from . import bert, gpt2, llama, marian
-from . import gemma, gpt_neox, mistral, qwen2, qwen3  # the rotary decoder families
+from . import gemma, gemma2, gpt_neox, mistral, qwen2, qwen3  # the rotary decoder families
 from . import bart, distilbert, opt, roberta  # learned positions
 from .engine import Architecture, Rule, expand, export, load_into
 from .files import CheckpointError, Weights, read_json, resolve, write_safetensors
@@ -38,6 +38,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     qwen3.ARCHITECTURE,
     gpt_neox.ARCHITECTURE,
     gemma.ARCHITECTURE,
+    gemma2.ARCHITECTURE,
 )}
 
 __all__ = [

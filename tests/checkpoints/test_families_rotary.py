@@ -42,6 +42,9 @@ CASES = {
     "gpt_neox-sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
         SMALL, rotary_pct=0.25, use_parallel_residual=False, hidden_act="gelu_new")),
     "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(SMALL, num_key_value_heads=1, head_dim=16)),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(
+        SMALL, num_hidden_layers=3, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+        attn_logit_softcapping=2.0, final_logit_softcapping=3.0, sliding_window=4)),  # sliding, full, sliding
 }
 
 
