@@ -22,7 +22,16 @@ from .models import (
 from .trace import Trace, TracePoint, trace, trace_points
 
 # The lowest floor, imported eagerly: it registers the writer behind model.save_pretrained.
-from .checkpoints import CheckpointError, Tokenizer, from_pretrained, load_tokenizer, save_pretrained, sentence_embeddings  # noqa: E402
+from .checkpoints import (  # noqa: E402
+    BUILTIN_MODELS,
+    CheckpointError,
+    Tokenizer,
+    from_pretrained,
+    load_tokenizer,
+    save_pretrained,
+    sentence_embeddings,
+    supported_architectures,
+)
 
 __version__ = "0.1.0"
 

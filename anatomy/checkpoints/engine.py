@@ -157,28 +157,50 @@ def check_coverage(model: nn.Module, rules: list[Rule], model_type: str) -> None
         )
 
 
-def load_into(model: nn.Module, rules: list[Rule], weights: Weights, ignore: tuple[str, ...], model_type: str) -> None:
-    """Fill `model` from `weights` by `rules`, after checking everything; never half-loads.
+def check_fit(model: nn.Module, rules: list[Rule], weights: Weights, ignore: tuple[str, ...], model_type: str) -> None:
+    """Compare the checkpoint's names and header shapes with the model's, reading no tensor.
 
-    Raises one CheckpointError that lists every missing, unexpected, mis-shaped, non-finite or
-    inconsistent tensor by name (with both shapes where they differ).
-    """
+    `model` may live on the meta device. Raises one CheckpointError that lists every missing,
+    unexpected and mis-shaped tensor by name (with both shapes where they differ)."""
     check_coverage(model, rules, model_type)
     tensors = _tensors(model)
-    missing, mismatched, nonfinite, inconsistent = [], [], [], []
-    staged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(target) -> (target, new value)
-    present: list[tuple[Rule, torch.Tensor]] = []
+    missing, mismatched = [], []
     for rule in rules:
-        targets = [tensors[n] for n in rule.ours]
-        with torch.device("meta"):
-            expected = tuple(rule.to_checkpoint([torch.empty(t.shape) for t in targets]).shape)
+        expected = _expected_shape(rule, [tensors[n] for n in rule.ours])
         if rule.hf not in weights:
             if not rule.derived:
                 missing.append(f"{rule.hf} {_shape_str(expected)} (for {', '.join(rule.ours)})")
-            continue
-        got = weights.shape(rule.hf)
-        if got != expected:
+        elif tuple(weights.shape(rule.hf)) != expected:
+            got = weights.shape(rule.hf)
             mismatched.append(f"{rule.hf}: checkpoint has {_shape_str(got)}, model expects {_shape_str(expected)}")
+    known = {r.hf for r in rules}
+    patterns = [re.compile(p) for p in ignore]
+    unexpected = [k for k in weights if k not in known and not any(p.search(k) for p in patterns)]
+    _raise_problems(weights.source, model_type, [
+        ("missing tensors", missing),
+        ("unexpected tensors", [f"{k} {_shape_str(weights.shape(k))}" for k in unexpected]),
+        ("mis-shaped tensors", mismatched),
+    ])
+
+
+def load_into(model: nn.Module, rules: list[Rule], weights: Weights, ignore: tuple[str, ...], model_type: str, *,
+              dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> None:
+    """Fill `model` from `weights` by `rules`, after checking everything; never half-loads.
+
+    The model's parameters may be on the meta device (memory.empty_model): each is replaced by the
+    checkpoint's tensor itself, assigned rather than copied (a memory-mapped safetensors tensor stays
+    the file's pages), converted to `dtype` (floating tensors; None keeps the stored dtype) and moved
+    to `device` one tensor at a time. Tied parameters stay one tensor.
+    Raises one CheckpointError that lists every missing, unexpected, mis-shaped, non-finite or
+    inconsistent tensor by name.
+    """
+    check_fit(model, rules, weights, ignore, model_type)
+    tensors = _tensors(model)
+    nonfinite, inconsistent = [], []
+    staged: dict[int, torch.Tensor] = {}  # id(target) -> its new value
+    present: list[tuple[Rule, torch.Tensor]] = []
+    for rule in rules:
+        if rule.hf not in weights:
             continue
         value = weights.get(rule.hf)
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
@@ -187,31 +209,52 @@ def load_into(model: nn.Module, rules: list[Rule], weights: Weights, ignore: tup
             continue
         present.append((rule, value))
         if not rule.derived:
+            targets = [tensors[n] for n in rule.ours]
             for target, part in zip(targets, rule.from_checkpoint(value, [t.shape for t in targets])):
-                staged[id(target)] = (target, part)
+                wanted = dtype if dtype is not None and part.is_floating_point() else part.dtype
+                staged[id(target)] = part.to(device=device or part.device, dtype=wanted).contiguous()
     # A derived tensor is compared with what the model will hold once loaded.
     for rule, value in present:
         if rule.derived:
-            ours = [staged.get(id(tensors[n]), (None, tensors[n].detach()))[1] for n in rule.ours]
+            ours = [staged.get(id(tensors[n]), tensors[n].detach()) for n in rule.ours]
             difference = (rule.to_checkpoint(ours).float() - value.float()).abs().max().item() if value.numel() else 0.0
             if difference > DERIVED_ATOL:
                 inconsistent.append(f"{rule.hf} differs from {', '.join(rule.ours)} by up to {difference:.3g}")
-    known = {r.hf for r in rules}
-    patterns = [re.compile(p) for p in ignore]
-    unexpected = [k for k in weights if k not in known and not any(p.search(k) for p in patterns)]
-    sections = [
-        ("missing tensors", missing),
-        ("unexpected tensors", [f"{k} {_shape_str(weights.shape(k))}" for k in unexpected]),
-        ("mis-shaped tensors", mismatched),
+    _raise_problems(weights.source, model_type, [
         ("tensors with NaN or Inf", nonfinite),
         ("tensors that should be copies of others", inconsistent),
-    ]
+    ])
+    _assign(model, staged)
+
+
+def _assign(model: nn.Module, values: dict[int, torch.Tensor]) -> None:
+    """Put each new value in place of the tensor it replaces, under every name that tensor has."""
+    replaced: dict[int, torch.Tensor] = {}
+    for path, old in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        if id(old) not in values:
+            continue
+        owner_name, _, attribute = path.rpartition(".")
+        owner = model.get_submodule(owner_name)
+        if isinstance(old, nn.Parameter):
+            if id(old) not in replaced:
+                replaced[id(old)] = nn.Parameter(values[id(old)], requires_grad=old.requires_grad)
+            owner._parameters[attribute] = replaced[id(old)]
+        elif old.is_meta:
+            owner._buffers[attribute] = values[id(old)]
+        else:
+            with torch.no_grad():
+                old.copy_(values[id(old)])
+
+
+def _expected_shape(rule: Rule, targets: list[torch.Tensor]) -> tuple[int, ...]:
+    with torch.device("meta"):
+        return tuple(rule.to_checkpoint([torch.empty(t.shape) for t in targets]).shape)
+
+
+def _raise_problems(source: str, model_type: str, sections: list[tuple[str, list[str]]]) -> None:
     problems = [f"{title} ({len(items)}):\n    " + "\n    ".join(items) for title, items in sections if items]
     if problems:
-        raise CheckpointError(f"{weights.source} does not fit this {model_type} model:\n  " + "\n  ".join(problems))
-    with torch.no_grad():
-        for target, value in staged.values():
-            target.copy_(value.to(target.dtype))
+        raise CheckpointError(f"{source} does not fit this {model_type} model:\n  " + "\n  ".join(problems))
 
 
 def export(model: nn.Module, rules: list[Rule]) -> dict[str, torch.Tensor]:

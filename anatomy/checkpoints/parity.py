@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 
 from ..trace import trace
-from . import from_pretrained, read_config
-from .files import CheckpointError, resolve
+from .files import CheckpointError
+from .hf import read_config
+from .resolver import from_pretrained, locate
 from .tokenizer import Tokenizer
 
 DEFAULT_TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello world."]
@@ -144,7 +145,10 @@ def parity_rows(path: str | Path, texts=None, text_b: str | None = None, pad: bo
     difference is a failed row."""
     import transformers
 
-    directory = resolve(path)
+    source = locate(path)
+    if source.kind != "folder":
+        raise CheckpointError(f"parity compares with transformers a Hugging Face-format folder; {str(path)!r} is {source.kind}")
+    directory = source.path
     _, _, class_name = read_config(directory)
     ours = from_pretrained(directory, dtype=torch.float32)
     theirs = getattr(transformers, class_name).from_pretrained(

@@ -1,0 +1,158 @@
+"""Hugging Face-format folders <-> anatomy models, through the architecture tables.
+
+    config.json                     model_type, architectures, sizes, flags
+    model.safetensors               the weights (or shards + model.safetensors.index.json,
+                                    or pytorch_model.bin, read with weights_only=True)
+
+`model_from_hf` is the one path from an HF config dict and a `Weights` source to a loaded model:
+folders, Hub snapshots and GGUF files (whose metadata becomes an HF config dict) all go through it,
+and with it through the same checks: sizes against the weight headers and the machine's memory
+before anything is allocated (memory.py), then every tensor by name (engine.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..config import SPECIAL_TOKEN_FIELDS, ConfigError, ModelConfig
+from .engine import Architecture, Rule, check_fit, expand, export, load_into
+from .files import CheckpointError, Weights, read_json, write_safetensors
+from .memory import check_layers, check_memory, empty_model
+from .registry import ARCHITECTURES
+from .sentence import sentence_transformers_config
+
+CONFIG_FILE = "config.json"
+# config.json's "dtype" (transformers >= 4.56; "torch_dtype" before) -> the torch dtype
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def architecture_for(hf: dict, where: str) -> tuple[Architecture, str]:
+    """(Architecture, HF class name) of an HF config dict; `where` names its file in errors."""
+    model_type = hf.get("model_type")
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
+        raise CheckpointError(
+            f"model_type={model_type!r} in {where} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
+        )
+    arch = ARCHITECTURES[model_type]
+    names = hf.get("architectures") or [next(iter(arch.classes))]
+    known = [n for n in names if isinstance(n, str) and n in arch.classes] if isinstance(names, list) else []
+    if not known:
+        raise CheckpointError(f"architectures={names!r} in {where}: anatomy implements "
+                              f"{', '.join(arch.classes)} for {model_type}")
+    return arch, known[0]
+
+
+def read_config(directory: Path) -> tuple[dict, Architecture, str]:
+    """config.json of a checkpoint folder -> (the HF config dict, its Architecture, its HF class name)."""
+    hf = read_json(directory / CONFIG_FILE, "config file")
+    return (hf, *architecture_for(hf, repr(str(directory / CONFIG_FILE))))
+
+
+def rules_for(arch: Architecture, config: ModelConfig, prefixed: bool, *, per_layer: bool = True) -> list[Rule]:
+    """The table for this config, the base prefix kept or dropped, "{i}"/"{j}" expanded per layer
+    (or left as patterns: per_layer=False)."""
+    rules = arch.table(config)
+    if not prefixed:
+        start = arch.base_prefix + "."
+        rules = [dataclasses.replace(r, hf=r.hf[len(start):]) if r.hf.startswith(start) else r for r in rules]
+    return expand(rules, config.n_layers, config.decoder_n_layers) if per_layer else rules
+
+
+def special_ids(hf: dict, vocab_size: int, exclude: dict) -> dict:
+    """bos/eos/decoder-start ids from config.json, where they name a real token and the
+    architecture's own reader has not set them."""
+    return {name: hf[name] for name in SPECIAL_TOKEN_FIELDS
+            if exclude.get(name) is None and type(hf.get(name)) is int and 0 <= hf[name] < vocab_size}
+
+
+def stored_dtype(hf: dict, weights: Weights) -> torch.dtype:
+    """What dtype=None means, as in transformers: config.json's dtype, else the first floating
+    tensor's, else float32."""
+    named = hf.get("dtype", hf.get("torch_dtype"))
+    if named in DTYPES:
+        return DTYPES[named]
+    for name in weights:
+        if weights.dtype(name).is_floating_point:
+            return weights.dtype(name)
+    return torch.float32
+
+
+def model_from_hf(hf: dict, weights: Weights, *, dtype: torch.dtype | None = None, device=None,
+                  attn_impl: str | None = None, extra: dict | None = None) -> nn.Module:
+    """The anatomy model an HF config dict describes, loaded from `weights`, in eval mode.
+
+    dtype: None keeps the checkpoint's (stored_dtype); device: where the weights go (default cpu).
+    Raises CheckpointError, before allocating, for a config anatomy cannot build, layer counts or
+    sizes that differ from the weight headers, a model larger than the memory available; then for
+    any tensor that is missing, unexpected, mis-shaped, non-finite or inconsistent.
+    """
+    source = weights.source
+    arch, class_name = architecture_for(hf, repr(source))
+    keys = set(weights)
+    try:
+        config = arch.to_config(hf, class_name, keys)
+        config = config.replace(**special_ids(hf, config.vocab_size, exclude=config.to_dict()))
+        if attn_impl is not None:
+            config = config.replace(attn_impl=attn_impl)
+    except (ConfigError, TypeError, ValueError, KeyError, AttributeError) as error:
+        raise CheckpointError(f"the config of {source!r} describes a model anatomy cannot build: {error}") from None
+    config.extra.update({"hf_config": hf, "hf_class": class_name, "source": source, **(extra or {})})
+    dtype = dtype or stored_dtype(hf, weights)
+    prefixed = any(k.startswith(arch.base_prefix + ".") for k in keys)
+    expected = {"i": config.n_layers, "j": config.decoder_n_layers or config.n_layers}
+    check_layers(rules_for(arch, config, prefixed, per_layer=False), keys, expected, source)
+    rules = rules_for(arch, config, prefixed)
+    check_fit(check_memory(config, dtype, source, device), rules, weights, arch.ignore, arch.model_type)
+    model = empty_model(config)
+    load_into(model, rules, weights, arch.ignore, arch.model_type, dtype=dtype, device=device)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_folder(directory: Path, *, root: Path | None = None, **options) -> nn.Module:
+    """A Hugging Face-format folder -> model (options as model_from_hf). `root`: the folder that
+    shard files (symlinks resolved) must stay inside, default `directory` itself."""
+    hf, _, _ = read_config(directory)
+    extra = {"source": str(directory)}
+    st = sentence_transformers_config(directory)
+    if st:
+        extra["sentence_transformers"] = st
+    return model_from_hf(hf, Weights(directory, root=root), extra=extra, **options)
+
+
+def architecture_of(config: ModelConfig) -> tuple[Architecture, str]:
+    """The HF architecture and class that can express `config` (the one it was loaded from, if any)."""
+    source = config.extra.get("hf_config", {}).get("model_type")
+    candidates = [ARCHITECTURES[source]] if source in ARCHITECTURES else list(ARCHITECTURES.values())
+    reasons = []
+    for arch in candidates:
+        try:
+            class_name = arch.class_for(config)
+            arch.to_hf_config(config, class_name)
+            return arch, class_name
+        except CheckpointError as error:
+            reasons.append(f"{arch.model_type}: {error}")
+    raise CheckpointError("no Hugging Face architecture expresses this config:\n  " + "\n  ".join(reasons))
+
+
+def save_folder(model: nn.Module, directory: Path, arch: Architecture, class_name: str, max_shard_size: int | str) -> Path:
+    """config.json + the weights (one file, or shards and an index beyond max_shard_size)."""
+    config: ModelConfig = model.config
+    hf = dict(config.extra.get("hf_config", {})) if config.extra.get("hf_config", {}).get("model_type") == arch.model_type else {}
+    hf.update(arch.to_hf_config(config, class_name))
+    hf.update({name: getattr(config, name) for name in SPECIAL_TOKEN_FIELDS if getattr(config, name) is not None})
+    tensors = export(model, rules_for(arch, config, prefixed=class_name not in arch.base_classes))
+    floating = [t.dtype for t in tensors.values() if t.is_floating_point()]
+    hf.update(model_type=arch.model_type, architectures=[class_name])
+    hf.pop("torch_dtype", None)
+    hf.pop("transformers_version", None)
+    if floating:
+        hf["dtype"] = str(floating[0]).removeprefix("torch.")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / CONFIG_FILE).write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    write_safetensors(tensors, directory, max_shard_size)
+    return directory

@@ -1,0 +1,90 @@
+"""Hub ids ("org/name", or a canonical "gpt2"): a snapshot in huggingface_hub's standard cache.
+
+Only what anatomy reads is fetched: config.json, the safetensors weights (or their index and
+shards), the tokenizer files and, for sentence-transformers models, their pooling modules;
+pytorch_model.bin only when the repository has no safetensors. The environment is honoured as
+huggingface_hub documents it, read at each call:
+
+    HF_HUB_OFFLINE=1      use the cache only (no network)
+    HF_HUB_CACHE          the cache folder (default $HF_HOME/hub, HF_HOME default ~/.cache/huggingface)
+    HF_TOKEN              the token for gated or private repositories
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+from .files import CheckpointError
+
+# "org/name" or a canonical name without an org ("gpt2"), as the Hub spells repository ids.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
+CONFIG_AND_TOKENIZER = [
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "vocab.txt", "vocab.json", "merges.txt", "chat_template.jinja",
+    "modules.json", "sentence_bert_config.json", "*_Pooling/config.json",
+]
+SAFETENSORS = ["*.safetensors", "*.safetensors.index.json"]
+PICKLED = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
+
+
+def is_hub_id(name: str) -> bool:
+    return bool(HUB_ID.fullmatch(name)) and not name.endswith((".gguf", ".json", ".safetensors", ".bin"))
+
+
+def cache_dir() -> Path:
+    """The hub cache folder: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def snapshot(repo_id: str, revision: str | None = None) -> tuple[Path, Path]:
+    """(the snapshot folder, the repository's cache folder) of `repo_id`, downloaded if needed.
+
+    Raises CheckpointError naming the id when it is not cached while offline (with the cache folder
+    and the command that fetches it), gated without a token, missing, or unreachable."""
+    folder = _download(repo_id, revision, CONFIG_AND_TOKENIZER + SAFETENSORS)
+    if not any(folder.glob("*.safetensors")):
+        folder = _download(repo_id, revision, CONFIG_AND_TOKENIZER + PICKLED)
+    return folder, folder.parent.parent  # <cache>/models--org--name/snapshots/<commit>
+
+
+def _download(repo_id: str, revision: str | None, patterns: list[str]) -> Path:
+    cache = cache_dir()
+    where = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=patterns,
+                                      local_files_only=offline(), token=os.environ.get("HF_TOKEN") or None))
+    except GatedRepoError:
+        raise CheckpointError(
+            f"{where} is a gated model: accept its license on https://huggingface.co/{repo_id}, then set HF_TOKEN "
+            "to a token of that account (or run `hf auth login`)") from None
+    except RepositoryNotFoundError:
+        raise CheckpointError(f"{where} is not a local folder, a built-in name, nor a repository on the Hugging Face "
+                              "Hub (a private one needs HF_TOKEN)") from None
+    except RevisionNotFoundError:
+        raise CheckpointError(f"{where}: the Hub repository has no such revision") from None
+    except LocalEntryNotFoundError:
+        how = ("unset HF_HUB_OFFLINE and load it once with network, or run `hf download " + repo_id
+               + (f" --revision {revision}" if revision else "") + "`")
+        state = "HF_HUB_OFFLINE is set" if offline() else "the Hub cannot be reached"
+        raise CheckpointError(f"{where} is not a local folder or built-in name, and is not in the Hugging Face cache "
+                              f"{str(cache)!r} ({state}): {how}") from None
+    except (HfHubHTTPError, OSError, ValueError) as error:
+        raise CheckpointError(f"{where} could not be fetched from the Hugging Face Hub: {str(error)[:300]}") from None

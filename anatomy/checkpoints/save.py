@@ -1,0 +1,45 @@
+"""Writing a model: Hugging Face format where an architecture expresses it, anatomy's own otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from .files import CheckpointError, parse_size
+from .hf import architecture_of, save_folder
+from .native import save_native
+
+SAVE_FORMATS = ("auto", "hf", "anatomy")
+
+
+def save_pretrained(model: nn.Module, directory: str | Path, format: str = "auto",
+                    max_shard_size: int | str = "5GB") -> Path:
+    """Write `model` to `directory`; from_pretrained(directory) gives it back, in the model's dtype.
+
+    format "hf": a Hugging Face checkpoint, config.json (with model_type and architectures) and
+    model.safetensors, that transformers loads and computes the same outputs with; raises
+    CheckpointError, with each architecture's reason, when none of them expresses the config.
+    format "anatomy": anatomy_config.json + model.safetensors (anatomy's own names).
+    format "auto" (default): "hf" when an architecture expresses the config, else "anatomy".
+    max_shard_size: weights beyond it are split into model-0000k-of-0000n.safetensors files and
+    model.safetensors.index.json (bytes, or "5GB", "500MB"), as transformers writes them.
+    A tokenizer attached as `model.tokenizer` is saved beside the weights.
+    """
+    if format not in SAVE_FORMATS:
+        raise ValueError(f"format={format!r} is not supported; allowed values: {', '.join(map(repr, SAVE_FORMATS))}")
+    parse_size(max_shard_size)  # a bad size is refused before anything is written
+    out = Path(directory)
+    if format == "anatomy":
+        written = save_native(model, out, max_shard_size)
+    else:
+        try:
+            arch, class_name = architecture_of(model.config)
+        except CheckpointError:
+            if format == "hf":
+                raise
+            arch = None
+        written = save_folder(model, out, arch, class_name, max_shard_size) if arch else save_native(model, out, max_shard_size)
+    if getattr(model, "tokenizer", None) is not None:
+        model.tokenizer.save(written)
+    return written
