@@ -7,8 +7,9 @@ Views: head_view, model_view, neuron_view, generation_view. Data: AttentionMap, 
 that build it from a traced forward pass. Images: anatomy.viz.plots (matplotlib).
 """
 
-from anatomy.viz.data import AttentionMap
-from anatomy.viz.html import View
-from anatomy.viz.views import generation_view, head_view, model_view, neuron_view
+from .data import AttentionMap
+from .html import View, page, write_atomically
+from .views import generation_view, head_view, model_view, neuron_view
 
-__all__ = ["AttentionMap", "View", "generation_view", "head_view", "model_view", "neuron_view"]
+__all__ = ["AttentionMap", "View", "generation_view", "head_view", "model_view", "neuron_view", "page",
+           "write_atomically"]

@@ -17,6 +17,8 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
+import tempfile
 import zlib
 from importlib import resources
 from pathlib import Path
@@ -24,7 +26,7 @@ from string import Template
 
 import numpy as np
 
-from anatomy.viz.data import AttentionMap
+from .data import AttentionMap
 
 ASSETS = resources.files("anatomy.viz") / "assets"
 
@@ -74,17 +76,65 @@ def asset(name: str) -> str:
     return (ASSETS / name).read_text(encoding="utf-8")
 
 
+# The page shell every HTML output of anatomy uses (views, the walk, the analyses) ----------------
+
+
+def content_security_policy(script: bool) -> str:
+    """Nothing may be fetched, framed or submitted; inline styles (and inline scripts, for a page
+    that has one) run; images only from data: and blob: URLs drawn by the page itself."""
+    return ("default-src 'none'; style-src 'unsafe-inline'; img-src data: blob:; base-uri 'none'; "
+            "form-action 'none'" + ("; script-src 'unsafe-inline'" if script else ""))
+
+
+def page(title: str, body: str, *, style: str = "", script: str = "", body_class: str = "") -> str:
+    """One self-contained HTML document: charset, viewport, the Content-Security-Policy, `title`
+    (escaped here), inline `style` and `script`, and `body` (HTML the caller has escaped)."""
+    csp = content_security_policy(bool(script))  # a constant: no quotes, nothing from the user
+    classes = f' class="{html.escape(body_class, quote=True)}"' if body_class else ""
+    return "\n".join([
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{html.escape(title)}</title>",
+        f"<style>\n{style}\n</style>" if style else "",
+        "</head>",
+        f"<body{classes}>",
+        body,
+        f"<script>\n{script}\n</script>" if script else "",
+        "</body>",
+        "</html>",
+    ])
+
+
+def write_atomically(path: str | Path, data: str | bytes) -> Path:
+    """Write `data` to `path` all at once: into a temporary file beside it, then renamed over it, so
+    that a failure (an encoding error, a full disk, a kill) never leaves a partial or empty file.
+    The file is readable by everyone (0644, less the umask), like any file a user writes."""
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(payload)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def render(view: str, title: str, subtitle: str, payload: dict) -> str:
     """The whole HTML document for `view` ("head", "model", "neuron" or "generation")."""
-    page = Template(asset("page.html"))
-    return page.substitute(
-        title=html.escape(title),
-        subtitle=html.escape(subtitle),
-        view=html.escape(view),
-        style=asset("view.css"),
-        data=script_json(payload),
-        script=asset("common.js") + "\n" + asset(f"{view}.js"),
-    )
+    body = Template(asset("view.html")).substitute(
+        title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
+    return page(title, body, style=asset("view.css"), script=asset("common.js") + "\n" + asset(f"{view}.js"),
+                body_class=f"view-{view}")
 
 
 class View:
@@ -96,17 +146,16 @@ class View:
         self.height = height
 
     def _repr_html_(self) -> str:
-        # An iframe keeps the view's script, styles and element ids apart from the notebook's.
+        # An iframe keeps the view's script, styles and element ids apart from the notebook's; the
+        # sandbox lets its script run but gives it no access to the notebook (no same origin).
         return (
-            f'<iframe srcdoc="{html.escape(self.html, quote=True)}" '
+            f'<iframe sandbox="allow-scripts" srcdoc="{html.escape(self.html, quote=True)}" '
             f'style="width:100%;height:{self.height}px;border:1px solid #e3e5ea;border-radius:8px" '
             f'title="anatomy {html.escape(self.view)} view"></iframe>'
         )
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(self.html, encoding="utf-8")
-        return path
+        return write_atomically(path, self.html)
 
     def __repr__(self) -> str:
         return f"<anatomy {self.view} view, {len(self.html) / 1e6:.1f} MB of HTML>"

@@ -8,6 +8,7 @@ Shape letters: T query positions, S key positions, P positions, E model width (d
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,7 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from anatomy.viz.data import AttentionMap  # noqa: E402
+from .data import AttentionMap  # noqa: E402
+from .html import write_atomically  # noqa: E402
 
 IMAGE_FORMATS = (".png", ".svg")
 MAX_TICK_LABELS = 64  # beyond this, label every n-th token so the labels stay legible
@@ -89,6 +91,7 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     if path.suffix.lower() not in IMAGE_FORMATS:
         raise ValueError(f"cannot write {path.name!r}: the image format must be one of {', '.join(IMAGE_FORMATS)}")
-    fig.savefig(path, dpi=150)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=150, format=path.suffix.lower()[1:])
     plt.close(fig)
-    return path
+    return write_atomically(path, buffer.getvalue())

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from anatomy.viz.data import AttentionMap, as_maps
-from anatomy.viz.html import View, map_payload, render
+from .data import AttentionMap, as_maps
+from .html import View, map_payload, render
 
 
 def head_view(
@@ -98,13 +98,24 @@ def generation_view(
     return _view("generation", title, [attention], initial)
 
 
+def subtitle(maps: list[AttentionMap]) -> str:
+    """Counts per side: an encoder-decoder's source and target lengths (read off its cross-attention,
+    [T, S]) and each stack's layers and heads; else one sequence's tokens, layers and heads."""
+    cross = next((m for m in maps if m.cross), None)
+    if cross is None:
+        first = maps[0]
+        sizes = f"{len(first.queries)} tokens · {first.n_layers} layers · {first.n_heads} heads"
+    else:
+        encoder = next((m for m in maps if not m.cross and m.keys == cross.keys), None)
+        sides = [("encoder", len(cross.keys), encoder), ("decoder", len(cross.queries), cross)]
+        sizes = " · ".join(
+            f"{side}: {n} tokens" + (f", {m.n_layers} layers, {m.n_heads} heads" if m is not None else "")
+            for side, n, m in sides)
+    return sizes + (f" · {len(maps)} attention maps" if len(maps) > 1 else "")
+
+
 def _view(view: str, title: str, maps: list[AttentionMap], initial: dict, vectors: bool = False) -> View:
-    first = maps[0]
-    subtitle = (
-        f"{len(first.queries)} tokens · {first.n_layers} layers · {first.n_heads} heads"
-        + (f" · {len(maps)} attention maps" if len(maps) > 1 else "")
-    )
     payload = {"view": view, "initial": initial, "maps": [map_payload(m, vectors) for m in maps]}
     rows = max(max(len(m.queries), len(m.keys)) for m in maps)
     height = min(900, 260 + 20 * rows) if view == "head" else 760
-    return View(view, render(view, title, subtitle, payload), height=height)
+    return View(view, render(view, title, subtitle(maps), payload), height=height)

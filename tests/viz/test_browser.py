@@ -142,3 +142,49 @@ def test_512_tokens_12_layers_12_heads_render_and_respond(open_view, tmp_path):
         view.wait_for_paint_after(paints)
         view.page.screenshot(path=tmp_path / f"{name}-512.png")
         view.assert_safe()
+
+
+# Layout: what a newcomer sees --------------------------------------------------------------------
+
+def test_toy_model_view_grid_sits_left_without_a_gap(open_view, tmp_path):
+    """The toy's 2 x 2 grid: the first thumbnail right beside its row label, not pushed to the far right."""
+    tokens = ["<SOS>", "Hello", "World,", "this", "is", "Alejandro!", "<EOS>"]
+    weights, _, _ = synthetic_attention(2, 2, len(tokens), causal=True)
+    view = open_view(model_view(weights, tokens).save(tmp_path / "toy-model.html"))
+    boxes = view.page.evaluate("""() => {
+        const box = (node) => node.getBoundingClientRect();
+        const label = [...document.querySelectorAll('.grid .axis.row')][0];
+        const thumb = document.querySelector("canvas.thumb[data-layer='0'][data-head='0']");
+        const last = document.querySelector("canvas.thumb[data-layer='0'][data-head='1']");
+        return {label: box(label), thumb: box(thumb), last: box(last), page: document.documentElement.clientWidth};
+    }""")
+    assert boxes["label"]["width"] < 80, boxes  # "layer 0": as wide as its text, not stretched
+    assert boxes["thumb"]["left"] - boxes["label"]["right"] <= 12, boxes  # then the grid's gap
+    assert boxes["last"]["right"] < boxes["page"] / 2, boxes  # two heads: the grid stays on the left half
+    view.assert_safe()
+
+
+def test_model_view_labels_are_never_under_the_sticky_bar(open_view, tmp_path):
+    """MiniLM's shape (6 layers x 12 heads): after a click low in the grid scrolls the page, the head
+    labels and the detail's title are below the control bar, not hidden by it."""
+    tokens = [f"t{i}" for i in range(13)]
+    weights, _, _ = synthetic_attention(6, 12, len(tokens))
+    view = open_view(model_view(weights, tokens).save(tmp_path / "minilm-model.html"))
+    page = view.page
+    page.set_viewport_size({"width": 1280, "height": 600})
+    paints = view.paints()
+    page.click("canvas.thumb[data-layer='5'][data-head='11']")
+    view.wait_for_paint_after(paints)
+    page.wait_for_timeout(200)  # the smooth part of scrolling, if any
+    layout = page.evaluate("""() => {
+        const bar = document.getElementById('controls').getBoundingClientRect();
+        const labels = [...document.querySelectorAll('.grid .axis')].filter((n) => n.textContent.startsWith('head '))
+            .map((n) => n.getBoundingClientRect().top);
+        return {scrolled: window.scrollY, bar: bar.bottom, labels,
+                detail: document.querySelector('#detail h2').getBoundingClientRect().top};
+    }""")
+    assert layout["scrolled"] > 0, "the click did not scroll: the test would prove nothing"
+    assert len(layout["labels"]) == 12
+    assert all(top >= layout["bar"] - 1 for top in layout["labels"]), layout
+    assert layout["detail"] >= layout["bar"] - 1, layout
+    view.assert_safe()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from anatomy.viz import AttentionMap, head_view, model_view, neuron_view
-from anatomy.viz.html import quantise
+from anatomy.viz.html import page, quantise, write_atomically
 from viz_samples import HOSTILE, synthetic_attention
 
 
@@ -53,10 +53,37 @@ def test_weights_are_bytes_per_layer_that_round_trip(pair_map):
     assert np.abs(expected / 255 - pair_map.weights[1]).max() <= 0.5 / 255 + 1e-7
 
 
-def test_jupyter_shows_the_view_in_an_iframe(pair_map):
+def test_jupyter_shows_the_view_in_a_sandboxed_iframe(pair_map):
     shown = head_view(pair_map)._repr_html_()
-    assert shown.startswith("<iframe srcdoc=")
+    # scripts run, but with no access to the notebook's page (no allow-same-origin)
+    assert shown.startswith('<iframe sandbox="allow-scripts" srcdoc=')
     assert "<script" not in shown  # the document is an escaped attribute value
+
+
+def test_every_page_has_a_content_security_policy_that_forbids_fetching(pair_map):
+    pages = [head_view(pair_map).html, page("t", "<p>x</p>"), page("t", "<p>x</p>", script="1")]
+    for document in pages:
+        policy = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)">', document)
+        assert policy, document[:300]
+        rules = dict(rule.strip().split(" ", 1) for rule in policy[1].split(";"))
+        assert rules["default-src"] == "'none'" and "connect-src" not in rules and "http" not in policy[1]
+    assert "script-src" not in pages[1] and "script-src 'unsafe-inline'" in pages[2]
+    assert page("<b>", "").count("<title>&lt;b&gt;</title>") == 1
+
+
+def test_the_encoder_decoder_subtitle_counts_each_side(seq2seq_maps):
+    document = head_view(seq2seq_maps).html
+    assert "encoder: 5 tokens, 2 layers, 2 heads · decoder: 4 tokens, 2 layers, 2 heads · 3 attention maps" in document
+
+
+def test_a_failed_write_leaves_the_previous_file_whole(tmp_path, pair_map):
+    path = tmp_path / "view.html"
+    head_view(pair_map).save(path)
+    before = path.read_text()
+    with pytest.raises(UnicodeEncodeError):
+        write_atomically(path, "text with a lone surrogate \udcff")
+    assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["view.html"]
+    assert oct(path.stat().st_mode & 0o777) != oct(0o600)  # readable like any file a user writes
 
 
 def test_bertviz_style_per_layer_tensors():

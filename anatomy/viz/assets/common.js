@@ -84,6 +84,18 @@ function painted() {
   });
 }
 
+// ---- the sticky control bar: its height, as --sticky, so that nothing scrolls under it ----
+// CSS reads it for scroll-padding (scrollIntoView stops below the bar) and for labels that stay
+// visible beneath the bar (the model view's head labels).
+
+function trackStickyBar() {
+  const bar = document.getElementById("controls");
+  const update = () => document.documentElement.style.setProperty("--sticky", `${bar.offsetHeight}px`);
+  new ResizeObserver(update).observe(bar);
+  update();
+}
+trackStickyBar();
+
 // ---- elements (text only) ----
 
 function el(tag, className, text) {

@@ -77,10 +77,10 @@ async function build() {
   const thumbH = T >= S ? size : Math.max(12, Math.round(size * T / S));
 
   const grid = el("div", "grid");
-  grid.style.gridTemplateColumns = `auto repeat(${map.nHeads}, ${thumbW}px)`;
-  grid.append(el("div", "axis"));
+  grid.style.gridTemplateColumns = `max-content repeat(${map.nHeads}, ${thumbW}px)`;
+  grid.append(el("div", "axis column-label"));
   for (let h = 0; h < map.nHeads; h++) {
-    const label = el("div", "axis", `head ${h}`);
+    const label = el("div", "axis column-label", `head ${h}`);
     label.style.color = headColor(h);
     grid.append(label);
   }
