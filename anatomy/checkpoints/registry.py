@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from . import bert, gpt2, llama, marian, mistral, roberta
 from . import bart, distilbert, opt
-from . import gemma, gemma2, gpt_neox, qwen2, qwen3  # the rotary decoder families
+from . import gemma, gemma2, gemma3_text, gpt_neox, qwen2, qwen3  # the rotary decoder families
 from .engine import Architecture
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
@@ -26,6 +26,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     distilbert.ARCHITECTURE,
     bart.ARCHITECTURE,
     opt.ARCHITECTURE,
+    gemma3_text.ARCHITECTURE,
 )}
 
 

@@ -45,6 +45,11 @@ CASES = {
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(
         SMALL, num_hidden_layers=3, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
         attn_logit_softcapping=2.0, final_logit_softcapping=3.0, sliding_window=4)),  # sliding, full, sliding
+    "gemma3_text": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        SMALL, num_hidden_layers=3, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=12, sliding_window=4,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
 }
 
 
