@@ -7,7 +7,7 @@ one is that file and one line below.
 from __future__ import annotations
 
 from . import bert, gpt2, llama, marian, mistral, roberta
-from . import bart, distilbert, opt
+from . import bart, distilbert, gpt_neo, opt
 from . import gemma, gemma2, gemma3_text, gpt_neox, qwen2, qwen3  # the rotary decoder families
 from .engine import Architecture
 
@@ -26,6 +26,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     distilbert.ARCHITECTURE,
     bart.ARCHITECTURE,
     opt.ARCHITECTURE,
+    gpt_neo.ARCHITECTURE,
     gemma3_text.ARCHITECTURE,
 )}
 

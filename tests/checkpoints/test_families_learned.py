@@ -31,6 +31,8 @@ BART_SIZES = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers
                   pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2)
 OPT_SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=37,
                  max_position_embeddings=64, pad_token_id=1, bos_token_id=2, eos_token_id=2)
+GPT_NEO_SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, max_position_embeddings=64,
+                     attention_types=[[["global", "local"], 1]], window_size=3, bos_token_id=0, eos_token_id=0)
 # case -> (transformers class, config class, config fields)
 CASES = {
     "marian-uneven": ("MarianMTModel", "MarianConfig", dict(
@@ -55,6 +57,11 @@ CASES = {
     "opt-350m-like": ("OPTForCausalLM", "OPTConfig", dict(OPT_SIZES, word_embed_proj_dim=16, do_layer_norm_before=False,
                                                           enable_bias=False, activation_function="gelu")),
     "opt-base": ("OPTModel", "OPTConfig", dict(OPT_SIZES)),
+    # window_size 3 < the 7 tokens of the tests: the local layers see less than the global ones
+    "gpt_neo": ("GPTNeoForCausalLM", "GPTNeoConfig", dict(GPT_NEO_SIZES)),
+    "gpt_neo-local-first": ("GPTNeoForCausalLM", "GPTNeoConfig", dict(
+        GPT_NEO_SIZES, num_layers=3, attention_types=[[["local"], 2], [["global"], 1]], intermediate_size=48,
+        tie_word_embeddings=False)),
 }
 
 
