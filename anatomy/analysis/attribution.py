@@ -41,21 +41,24 @@ def _embed_point(model: nn.Module) -> tuple[str, str]:
     return ("encoder.embed", "source") if model.config.arch == "encoder-decoder" else ("embed", "target")
 
 
-def _target_logit(target, batch: Batch, position) -> callable:
-    """f(logits [n*B, T, V]) -> [n*B]: the target's logit at `position` (default: last real token)."""
+def _target_logit(target, batch: Batch, position: int | None):
+    """f(model, copies of batch) -> [n*B]: the logit of `target` at `position` (default: each row's
+    last real token, where only that position goes through the LM head)."""
     size = batch.size
-    where = batch.target.last if position is None else torch.full((size,), int(position))
-    ids = torch.as_tensor(target, dtype=torch.long).expand(size) if torch.as_tensor(target).dim() == 0 \
-        else torch.as_tensor(target, dtype=torch.long)
+    ids = torch.as_tensor(target, dtype=torch.long)
+    ids = ids.expand(size) if ids.dim() == 0 else ids
     if ids.shape != (size,):
         raise ValueError(f"target must be one id or one id per sequence ({size}); got shape {tuple(ids.shape)}")
 
-    def f(logits: torch.Tensor) -> torch.Tensor:
-        n = logits.size(0) // size
+    def f(model: nn.Module, copies: Batch) -> torch.Tensor:
+        n = copies.size // size
+        if position is None:
+            logits = copies.last_logits(model)[:, 0]  # (n*B, V)
+        else:
+            logits = copies.logits(model)[:, position]  # (n*B, V)
         if int(ids.max()) >= logits.size(-1) or int(ids.min()) < 0:
             raise ValueError(f"target ids must be in [0, vocab_size={logits.size(-1)})")
-        rows = torch.arange(logits.size(0))
-        return logits[rows, where.repeat(n), ids.repeat(n)]
+        return logits.gather(-1, ids.repeat(n)[:, None])[:, 0]
 
     return f
 
@@ -94,11 +97,11 @@ def integrated_gradients(
     f = _target_logit(target, batch, position)
     with torch.no_grad():
         with trace(model, point) as t:
-            f_input = f(batch.logits(model))
+            f_input = f(model, batch)
         x = t[point]  # (B, T, E)
         baseline = _with_ids(batch, side, baseline_ids)
         with trace(model, point) as t:
-            f_baseline = f(baseline.logits(model))
+            f_baseline = f(model, baseline)
         x_base = t[point]
     alphas, weights = gauss_legendre(steps)
     chunk = steps_per_pass or max(1, 4096 // ids.numel())
@@ -108,7 +111,7 @@ def integrated_gradients(
         path = (x_base + a[:, None, None, None] * (x - x_base)[None]).flatten(0, 1)  # (n*B, T, E)
         path.requires_grad_(True)
         with torch.enable_grad(), trace(model, [], interventions={point: lambda _: path}):
-            score = f(batch.repeat(len(a)).logits(model))  # (n*B,)
+            score = f(model, batch.repeat(len(a)))  # (n*B,)
             (grad,) = torch.autograd.grad(score.sum(), path)
         grad = grad.view(len(a), *x.shape).double()  # (n, B, T, E)
         total += (weights[start:start + chunk, None, None, None] * grad).sum(0)
@@ -133,7 +136,7 @@ def gradient_x_input(model: nn.Module, inputs, target, *, position: int | None =
     point, side = _embed_point(model)
     f = _target_logit(target, batch, position)
     with torch.enable_grad(), trace(model, point, grad=True) as t:
-        score = f(batch.logits(model))
+        score = f(model, batch)
         (grad,) = torch.autograd.grad(score.sum(), t[point])
     x = t[point].detach()
     values = (x * grad).sum(-1)  # (B, T)
@@ -165,7 +168,7 @@ def attention_rollout(model: nn.Module, inputs, *, tokenizer=None) -> Result:
     with torch.no_grad(), trace(model, "*attn.pattern") as t:
         batch.run(model)
     if model.config.arch != "encoder-decoder":
-        layers = [_rollout_step(t[f"blocks.{i}.attn.pattern"].double()) for i in range(model.config.n_layers)]
+        layers = [_rollout_step(t[f"blocks.{i}.attn.pattern"].double()) for i in range(len(model.blocks))]
         tokens = batch.target.tokens
     else:
         layers = _joint_steps(model, t, batch)
@@ -188,11 +191,11 @@ def _joint_steps(model: nn.Module, t, batch: Batch) -> list[torch.Tensor]:
     size = n_source + n_target
     eye = torch.eye(size, dtype=torch.float64).expand(batch.size, size, size)
     steps = []
-    for i in range(model.config.n_layers):
+    for i in range(len(model.encoder.blocks)):
         step = eye.clone()
         step[:, :n_source, :n_source] = _rollout_step(t[f"encoder.blocks.{i}.attn.pattern"].double())
         steps.append(step)
-    for i in range(model.config.n_layers):
+    for i in range(len(model.decoder.blocks)):
         step = eye.clone()
         step[:, n_source:, n_source:] = _rollout_step(t[f"decoder.blocks.{i}.attn.pattern"].double())
         steps.append(step)

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..trace import trace
 from .inputs import Batch, Text
+from .lens import stack_of
 from .result import Result
 
 KINDS = ("previous_token", "induction", "duplicate")
@@ -67,13 +68,14 @@ def detect_heads(
     prefix = "decoder." if config.arch == "encoder-decoder" else ""
     with torch.no_grad(), trace(model, f"{prefix}blocks.*.attn.pattern") as t:
         inputs.run(model)
-    patterns = torch.stack([t[f"{prefix}blocks.{i}.attn.pattern"] for i in range(config.n_layers)])  # (L, B, H, 2n, 2n)
+    n_layers = len(stack_of(model).blocks)
+    patterns = torch.stack([t[f"{prefix}blocks.{i}.attn.pattern"] for i in range(n_layers)])  # (L, B, H, 2n, 2n)
     queries, keys = _keys(kind, length)
     scores = patterns[..., queries, keys].mean(dim=(1, 3))  # (L, H)
     best = divmod(int(scores.argmax()), scores.size(1))
     return Result(
         f"{kind.replace('_', '-')} heads", scores, ("layer", "head"),
-        labels={"layer": [str(i) for i in range(config.n_layers)], "head": [str(h) for h in range(scores.size(1))]},
+        labels={"layer": [str(i) for i in range(n_layers)], "head": [str(h) for h in range(scores.size(1))]},
         check=f"scores are mean attention weights in [0, 1]; strongest L{best[0]}H{best[1]} = {scores.max().item():.3f}",
         extra={"kind": kind, "length": length, "ids": ids},
     )

@@ -64,6 +64,22 @@ class Batch:
                          tgt_padding_mask=self.target.padding_mask)
         return model(self.target.ids, padding_mask=self.target.padding_mask)
 
+    def last_logits(self, model: nn.Module) -> torch.Tensor:
+        """[B, 1, V]: the logits at each row's last real position only, without the LM head's work
+        on every other position (T times less of it)."""
+        if not hasattr(model, "lm_head"):
+            raise ValueError("this analysis needs token logits: a model with an LM or masked-LM head")
+        if self.source is not None:
+            memory = model.encode(self.source.ids, self.source.padding_mask)
+            model.decoder.check_inputs("tgt_ids", self.target.ids, self.target.padding_mask, "tgt_padding_mask")
+            hidden = model.decoder.run(self.target.ids, padding_mask=self.target.padding_mask, memory=memory,
+                                       memory_padding_mask=self.source.padding_mask)
+        else:
+            model.check_inputs("input_ids", self.target.ids, self.target.padding_mask, "padding_mask")
+            hidden = model.run(self.target.ids, padding_mask=self.target.padding_mask)  # (B, T, E)
+        last = hidden[torch.arange(self.size), self.target.last]  # (B, E)
+        return model.lm_head(last[:, None])  # (B, 1, V)
+
     def logits(self, model: nn.Module) -> torch.Tensor:
         """[B, T, V]."""
         logits = self.run(model).logits

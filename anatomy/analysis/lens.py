@@ -45,7 +45,7 @@ def logit_lens(model: nn.Module, inputs, *, tokenizer=None, top: int = 1) -> Res
     most likely tokens per cell, [layer+1, batch, pos, top]."""
     model.eval()
     batch = as_batch(model, inputs, tokenizer)
-    prefix, n_layers = stack_prefix(model), model.config.n_layers
+    prefix, n_layers = stack_prefix(model), len(stack_of(model).blocks)
     names = [f"{prefix}blocks.{i}.resid_pre" for i in range(n_layers)] + [f"{prefix}blocks.{n_layers - 1}.resid_post"]
     with torch.no_grad():
         with trace(model, names) as t:

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..trace import trace, trace_points
 from .inputs import Batch, as_batch
-from .lens import stack_prefix
+from .lens import stack_of, stack_prefix
 from .result import Result
 
 BY = ("position", "head", "layer")
@@ -54,7 +54,8 @@ def _points(model: nn.Module, point: str) -> tuple[str, list[str], tuple[str, ..
             prefix, point = stack, point[len(stack):]
     point = SHORT_NAMES.get(point, point)
     points = trace_points(model)
-    names = [f"{prefix}blocks.{layer}.{point}" for layer in range(model.config.n_layers)]
+    stack = model.encoder if prefix == "encoder." else stack_of(model)
+    names = [f"{prefix}blocks.{layer}.{point}" for layer in range(len(stack.blocks))]
     if names[0] not in points:
         inside = sorted({name.split(".", 3 if prefix else 2)[-1] for name in points if ".blocks.0." in "." + name})
         raise ValueError(f"no point {point!r} in the blocks of this model; points of a block: {', '.join(inside)}")
@@ -80,6 +81,7 @@ def patch(
     metric: Metric | None = None,
     by: str = "position",
     method: str = "activation",
+    logits_at: str = "all",
     runs_per_pass: int | None = None,
     tokenizer=None,
 ) -> Result:
@@ -91,12 +93,16 @@ def patch(
     attn.out, mlp.out, attn.z, attn.pattern, attn.q/k/v, attn.head_out, cross_attn.z, ...;
     "encoder." or "decoder." in front picks an encoder-decoder's stack (default: the decoder).
     metric(logits [B, T, V]) -> [B]; default: the log-prob of the clean run's top token at the
-    last real position. runs_per_pass: how many patched runs share one forward pass.
+    last real position. logits_at="last": the metric reads only the last position, so it is given
+    logits [B, 1, V] of each row's last real token and the LM head skips every other position (the
+    default metric does this). runs_per_pass: how many patched runs share one forward pass.
     """
     if by not in BY:
         raise ValueError(f"by={by!r} is not supported; allowed values: {', '.join(BY)}")
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not supported; allowed values: {', '.join(METHODS)}")
+    if logits_at not in ("all", "last"):
+        raise ValueError(f"logits_at={logits_at!r} is not supported; allowed values: 'all', 'last'")
     if runs_per_pass is not None and runs_per_pass < 1:
         raise ValueError(f"runs_per_pass must be >= 1, got {runs_per_pass}")
     model.eval()
@@ -112,11 +118,12 @@ def patch(
         clean_logits = clean_batch.logits(model)
     clean_acts = [t[name] for name in names]
     if metric is None:
-        metric = _default_metric(clean_batch, clean_logits)
+        metric, logits_at = _default_metric(clean_batch, clean_logits), "last"
     size = 1 if axis is None else clean_acts[0].size(axis)
     cells = [(layer, index) for layer in range(len(names)) for index in range(size)]
     run = _attribution if method == "attribution" else _activation
-    values, check, error = run(model, corrupt_batch, names, clean_acts, axis, cells, metric, runs_per_pass)
+    logits_of = Batch.last_logits if logits_at == "last" else Batch.logits
+    values, check, error = run(model, corrupt_batch, names, clean_acts, axis, cells, metric, logits_of, runs_per_pass)
     shape = (len(names),) if axis is None else (len(names), size)
     result_axes = ("layer",) if axis is None else ("layer", "head" if by == "head" else "pos")
     tokens = (corrupt_batch.source if prefix == "encoder." else corrupt_batch.target).tokens
@@ -128,14 +135,12 @@ def patch(
 
 
 def _default_metric(clean: Batch, clean_logits: torch.Tensor) -> Metric:
-    last = clean.target.last  # (B,)
-    rows = torch.arange(clean.size)
-    top = clean_logits[rows, last].argmax(-1)  # (B,)
+    """The log-prob of the clean run's top token at the last real position; reads logits [N*B, 1, V]."""
+    top = clean_logits[torch.arange(clean.size), clean.target.last].argmax(-1)  # (B,)
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         n = logits.size(0) // clean.size
-        log_probs = torch.log_softmax(logits[torch.arange(logits.size(0)), last.repeat(n)].float(), dim=-1)
-        return log_probs.gather(-1, top.repeat(n)[:, None])[:, 0]
+        return torch.log_softmax(logits[:, -1].float(), dim=-1).gather(-1, top.repeat(n)[:, None])[:, 0]
 
     return metric
 
@@ -158,7 +163,7 @@ def _patcher(cells: list[tuple[int, int]], clean: torch.Tensor, axis: int | None
     return fn
 
 
-def _run_cells(model, corrupt: Batch, names, clean_acts, axis, cells, metric) -> torch.Tensor:
+def _run_cells(model, corrupt: Batch, names, clean_acts, axis, cells, metric, logits_of) -> torch.Tensor:
     """metric of one pass that patches each cell in its own copy of the corrupted batch -> [len(cells)]."""
     batch = corrupt.size
     by_layer: dict[int, list[tuple[int, int]]] = {}
@@ -167,22 +172,24 @@ def _run_cells(model, corrupt: Batch, names, clean_acts, axis, cells, metric) ->
     interventions = {names[layer]: _patcher(layer_cells, clean_acts[layer], axis, batch)
                      for layer, layer_cells in by_layer.items()}
     with trace(model, [], interventions=interventions):
-        scores = metric(corrupt.repeat(len(cells)).logits(model))  # (N*B,)
+        scores = metric(logits_of(corrupt.repeat(len(cells)), model))  # (N*B,)
     if scores.shape != (len(cells) * batch,):
         raise ValueError(f"metric must return one value per sequence, shape ({len(cells) * batch},); "
                          f"got {tuple(scores.shape)}")
     return scores.view(len(cells), batch).mean(dim=1)  # (N,)
 
 
-def _activation(model, corrupt, names, clean_acts, axis, cells, metric, runs_per_pass):
+def _activation(model, corrupt, names, clean_acts, axis, cells, metric, logits_of, runs_per_pass):
     tokens_per_run = corrupt.target.ids.numel() + (0 if corrupt.source is None else corrupt.source.ids.numel())
-    chunk = runs_per_pass or max(1, 4096 // tokens_per_run)
+    # At most 4096 tokens and 256 MB of logits per pass.
+    logits_per_run = (corrupt.target.ids.numel() if logits_of is Batch.logits else corrupt.size) * model.config.vocab_size
+    chunk = runs_per_pass or max(1, min(4096 // tokens_per_run, 2**26 // logits_per_run))
     with torch.no_grad():
-        values = torch.cat([_run_cells(model, corrupt, names, clean_acts, axis, cells[start:start + chunk], metric)
+        values = torch.cat([_run_cells(model, corrupt, names, clean_acts, axis, cells[start:start + chunk], metric, logits_of)
                             for start in range(0, len(cells), chunk)])
         # The identity: a batched cell equals the same cell patched alone.
         strongest = int((values - values.median()).abs().argmax())
-        alone = _run_cells(model, corrupt, names, clean_acts, axis, [cells[strongest]], metric)
+        alone = _run_cells(model, corrupt, names, clean_acts, axis, [cells[strongest]], metric, logits_of)
     error = (alone - values[strongest]).abs().item()
     layer, index = cells[strongest]
     check = (f"batched = one run at a time: max |diff| {error:.1e} at layer {layer}"
@@ -190,9 +197,9 @@ def _activation(model, corrupt, names, clean_acts, axis, cells, metric, runs_per
     return values, check, error
 
 
-def _attribution(model, corrupt, names, clean_acts, axis, cells, metric, runs_per_pass):
+def _attribution(model, corrupt, names, clean_acts, axis, cells, metric, logits_of, runs_per_pass):
     with torch.enable_grad(), trace(model, names, grad=True) as t:
-        score = metric(corrupt.logits(model))  # (B,)
+        score = metric(logits_of(corrupt, model))  # (B,)
         grads = torch.autograd.grad(score.mean(), [t[name] for name in names], allow_unused=True)
     base = score.mean().item()
     values = []

@@ -57,15 +57,22 @@ def bench_patching(settings: Settings) -> Row:
         with torch.no_grad():
             return patching.get_act_patch_resid_pre(bridge, corrupt, clean_cache, lambda x: _logit_difference(x).mean())
 
-    def anatomy_side():
+    def anatomy_side():  # the metric reads the last position: say so, and the LM head skips the others
+        return patch(ours, clean, corrupt, point="resid_pre", metric=_logit_difference, logits_at="last").values
+
+    def anatomy_all_logits():
         return patch(ours, clean, corrupt, point="resid_pre", metric=_logit_difference).values
 
-    error = (theirs() - anatomy_side()).abs().max().item()
-    times = alternate({"anatomy": anatomy_side, "TransformerLens": theirs}, settings.repeats or 3, warmup=0)
+    reference = theirs()
+    error = max((reference - anatomy_side()).abs().max().item(), (reference - anatomy_all_logits()).abs().max().item())
+    times = alternate({"anatomy": anatomy_side, "TransformerLens": theirs, "all logits": anatomy_all_logits},
+                      settings.repeats or 3, warmup=0)
     ms = {side: statistics.median(t) * 1e3 for side, t in times.items()}
     row = Row("analysis", f"patching resid_pre, {n_layers} layers x {length} positions, width {d_model}", "ms",
               ms["anatomy"], ms["TransformerLens"], False)
-    row.notes = [f"{n_layers * length} patched runs; max |diff| {error:.1e} (goal <= 1e-4, >= 3x)"]
+    row.notes = [f"{n_layers * length} patched runs; logits_at='last'; with every position's logits "
+                 f"{ms['all logits']:.0f} ms ({ms['TransformerLens'] / ms['all logits']:.1f}x)",
+                 f"max |diff| {error:.1e} (goal <= 1e-4, >= 3x)"]
     return row
 
 

@@ -128,3 +128,13 @@ def test_patching_equals_transformer_lens(gpt2_and_transformer_lens, name, point
     result = anatomy.patch(ours, clean, corrupt, point=point, by=by, metric=logit_difference)
     assert result.values.shape == theirs.shape
     torch.testing.assert_close(result.values, theirs, atol=1e-4, rtol=0)
+
+
+def test_logits_at_last_equals_reading_the_last_position_of_all_logits():
+    model = tiny()
+    clean, corrupt = clean_and_corrupt(batch=2)
+    everything = anatomy.patch(model, clean, corrupt, point="resid_mid", metric=logit_difference)
+    last_only = anatomy.patch(model, clean, corrupt, point="resid_mid", metric=logit_difference, logits_at="last")
+    torch.testing.assert_close(last_only.values, everything.values, atol=1e-5, rtol=0)
+    default = anatomy.patch(model, clean, corrupt)  # the clean top token's log-prob, read at the last position
+    assert default.values.shape == everything.values.shape and torch.isfinite(default.values).all()
