@@ -230,8 +230,15 @@ def _fitted_state(name: str, seed: int, overrides: tuple) -> dict[str, torch.Ten
                       **({"head": "masked-lm"} if toy.arch == "encoder" else {}), **dict(overrides))
     inputs, targets = task_batch(name)
     model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     keep = targets != -100
+    with torch.enable_grad():  # the caller may be inside torch.no_grad()
+        _fit(model, inputs, targets, keep)
+    return {key: value.detach().clone() for key, value in model.state_dict().items()}
+
+
+def _fit(model: nn.Module, inputs: dict, targets: torch.Tensor, keep: torch.Tensor) -> None:
+    """Full-batch Adam on the cross-entropy of the kept targets, until every one is CONFIDENT."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     for _ in range(MAX_STEPS):
         optimizer.zero_grad()
         logits = model(**inputs).logits
@@ -239,7 +246,6 @@ def _fitted_state(name: str, seed: int, overrides: tuple) -> dict[str, torch.Ten
             break
         F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100).backward()
         optimizer.step()
-    return {key: value.detach().clone() for key, value in model.state_dict().items()}
 
 
 def build_toy(name: str, *, seed: int = SEED, max_seq_len: int | None = None, **overrides) -> nn.Module:

@@ -1,33 +1,44 @@
-"""The walkthrough: one real forward pass, narrated in the seeds' order, every number checked.
+"""The walkthrough: one real forward pass, narrated in the source texts' order, every number checked.
 
-    from anatomy.walk import walkthrough, seed004_example
-    walk = walkthrough(*seed004_example())     # the default of `anatomy walk`
-    walk.print()                               # or walk.to_markdown(), walk.to_html()
+    from anatomy.walk import walkthrough, toy_example
+    walk = walkthrough(*toy_example())          # the default of `anatomy walk`
+    walk.print()                                # or walk.to_markdown(), walk.to_html()
     [step.title for step in walk.steps]
-    walk.ok                                    # every step's recomputation matched the model
+    walk.ok                                     # every recomputation matched the model
 
-Each Step has a title, its narration, its equation (plain and LaTeX), the matrices it shows
-(read from the trace of the pass; `matrix.point` names the trace point) and a Check.
+Each Step has a title, its narration, its equation (plain and LaTeX), the matrices it shows (read
+from the trace of the pass; `matrix.point` names the trace point), the lines worked by hand, and
+a Check. The files: types (the data), reference (float64 math), narration (the prose), builder and
+the step builders by section (input_steps, attention_steps, block_steps, output_steps),
+walkthrough (the entry point), render_* (terminal, markdown, html), examples (the sources' numbers).
 """
 
-from .render import render_html, render_markdown, render_terminal, render_text
-from .steps import Check, Matrix, Step, Walkthrough, walkthrough
-from ..checkpoints.toys import SENTENCE, TRANSLATION, WordVocab, readable_init, seq2seq_vocab, toy_model
-from ..checkpoints.toys import article_words as seed004_words, sentence_vocab as seed004_vocab
+from ..checkpoints.toys import SENTENCE, TRANSLATION, TOYS, build_toy, toy_tokenizer
+from .examples import EXAMPLES, example_walk
+from .render_html import render_html
+from .render_markdown import render_markdown
+from .render_terminal import render_terminal, render_text
+from .types import Check, Matrix, Step, Worked
+from .walkthrough import Walkthrough, walkthrough
 
 
-def seed004_example(text: str = SENTENCE, **overrides):
-    """(model, ids, kwargs) for seed 004's sentence on the seeded toy decoder:
-    `walkthrough(model, ids, **kwargs)`."""
-    vocab = seed004_vocab(text)
-    words = seed004_words(text)
-    model = toy_model(len(vocab), **overrides)
-    return model, vocab.encode(words), {"tokens": words, "vocab": list(vocab.itos), "model_name": "toy"}
+def toy_example(name: str = "toy", **overrides):
+    """(model, ids, kwargs) for a trained toy on its own text: `walkthrough(model, ids, **kwargs)`."""
+    toy, tokenizer = TOYS[name], toy_tokenizer(name)
+    model = build_toy(name, **overrides)
+    ids = tokenizer.encode(toy.text)
+    options = {"vocab": tokenizer.id_to_token, "model_name": name, "task": toy.task}
+    if toy.arch == "decoder":
+        ids = ids[:-1]
+    if toy.target is not None:
+        target = tokenizer.encode(toy.target)[:-1]
+        options.update(target_ids=target, target_tokens=[tokenizer.id_to_token(i) for i in target])
+    if toy.arch == "encoder":
+        options["mask_token"] = "<MASK>"
+    return model, ids, dict(options, tokens=[tokenizer.id_to_token(i) for i in ids])
 
 
 __all__ = [
-    "Check", "Matrix", "Step", "Walkthrough", "walkthrough", "seed004_example",
-    "render_html", "render_markdown", "render_terminal", "render_text",
-    "SENTENCE", "TRANSLATION", "WordVocab", "readable_init", "seed004_vocab", "seed004_words", "seq2seq_vocab",
-    "toy_model",
+    "Check", "Matrix", "Step", "Worked", "Walkthrough", "walkthrough", "toy_example", "EXAMPLES", "example_walk",
+    "render_html", "render_markdown", "render_terminal", "render_text", "SENTENCE", "TRANSLATION",
 ]

@@ -1,11 +1,14 @@
-"""The walkthrough shows the pass's own numbers, and each step's recomputation agrees with them."""
+"""The walkthrough shows the pass's own numbers, each step's recomputation agrees with them, and
+so does every line worked by hand, for the toys and for every architecture the core builds."""
+
+import math
 
 import pytest
 import torch
 
-from anatomy.walk import (
-    seed004_example, seed004_vocab, seed004_words, seq2seq_vocab, toy_model, walkthrough,
-)
+from anatomy import ModelConfig, build_model
+from anatomy.walk import toy_example, walkthrough
+from anatomy.walk.reference import compare
 
 DEFAULT_TITLES = [
     "Tokens and ids",
@@ -31,22 +34,24 @@ DEFAULT_TITLES = [
 
 @pytest.fixture(scope="module")
 def default_walk():
-    model, ids, options = seed004_example()
+    model, ids, options = toy_example()
     return walkthrough(model, ids, **options)
 
 
-def test_seed_004_tokenization():
-    words = seed004_words()
-    vocab = seed004_vocab()
-    assert words == ["<SOS>", "Hello", "World,", "this", "is", "Alejandro!", "<EOS>"]
-    assert list(vocab.itos) == ["<EOS>", "<SOS>", "Alejandro!", "Hello", "World,", "is", "this"]
-    assert vocab.encode(words) == [1, 3, 4, 6, 5, 2, 0]
-
-
-def test_the_default_walk_follows_the_seeds_order(default_walk):
+def test_the_default_walk_follows_the_sources_order(default_walk):
     assert default_walk.titles == DEFAULT_TITLES
-    assert default_walk.tokens == seed004_words()
-    assert default_walk.ok, [step.check.summary for step in default_walk.failures]
+    assert default_walk.tokens == ["<SOS>", "Hello", "World,", "this", "is", "Alejandro!"]
+    assert default_walk.ok, [c.summary for step in default_walk.failures for c in step.checks if not c.ok]
+
+
+def test_the_last_step_predicts_alejandro_after_is(default_walk):
+    last = default_walk.steps[-1]
+    assert "After 'is' the most likely word is 'Alejandro!'" in last.text
+    probabilities = last.matrices[0]
+    row = probabilities.values[probabilities.highlight]
+    assert probabilities.rows[probabilities.highlight] == "after 'is'"
+    assert probabilities.cols[int(row.argmax())] == "Alejandro!" and float(row.max()) > 0.5
+    assert any("→ Alejandro!" in line.text for line in last.worked)
 
 
 def test_every_traced_matrix_shown_is_the_traced_tensor(default_walk):
@@ -54,109 +59,102 @@ def test_every_traced_matrix_shown_is_the_traced_tensor(default_walk):
     traced = [m for step in default_walk.steps for m in step.matrices if m.point is not None]
     assert len(traced) >= 15
     for matrix in traced:
-        expected = t[matrix.point][matrix.index].double()
-        assert torch.equal(matrix.values, expected), matrix.source
+        assert torch.equal(matrix.values, t[matrix.point][matrix.index].double()), matrix.source
 
 
-def test_the_attention_steps_show_layer_0_head_0(default_walk):
-    t = default_walk.trace
-    by_title = {step.title: step for step in default_walk.steps}
-    pattern = by_title["Row-wise softmax"].matrices[0]
-    assert pattern.point == "blocks.0.attn.pattern" and pattern.index == (0, 0)
-    assert torch.equal(pattern.values, t["blocks.0.attn.pattern"][0, 0].double())
-    torch.testing.assert_close(pattern.values.sum(-1), torch.ones(7, dtype=torch.float64))
-    raw = by_title["Dot products QKᵀ"].matrices[0].values
-    q, k = t["blocks.0.attn.q"][0, 0].double(), t["blocks.0.attn.k"][0, 0].double()
-    torch.testing.assert_close(raw, q @ k.T)
-    mask = by_title["The causal mask"].matrices[0]
-    assert mask.kind == "mask" and torch.equal(mask.values, torch.ones(7, 7, dtype=torch.bool).tril())
-    x = by_title["Input to the first layer: X = E + P"].matrices[0].values
-    e = by_title["Embedding lookup"].matrices[1].values
-    p = by_title["Positional encoding"].matrices[0].values
-    torch.testing.assert_close(x, e + p)
+def test_each_step_works_one_row_by_hand(default_walk):
+    """q·k, a softmax row, a row of A·V, LayerNorm of a row, one FFN neuron, the residual sum and the
+    final softmax: each line written out and checked against the model's own number."""
+    worked = {step.title: step.worked for step in default_walk.steps}
+    assert "×" in worked["Dot products QKᵀ"][0].text  # the sum of products
+    assert "exp(" in worked["Row-wise softmax"][0].text and "sum =" in worked["Row-wise softmax"][0].text
+    assert "Σ_j A" in worked["Weighted sum of values: A·V"][0].text
+    layer_norm = " ".join(line.text for line in worked["Residual and LayerNorm"])
+    assert all(word in layer_norm for word in ("mean =", "variance =", "normalised =", "γ", "β"))
+    ffn = " ".join(line.text for line in worked["Feed-forward network"])
+    assert all(word in ffn for word in ("pre-activation", "activation ReLU", "contribution"))
+    assert "exp(logit − max)" in worked["Next-token probabilities"][0].text
+    lines = [line for step in default_walk.steps for line in step.worked]
+    assert len(lines) >= 20 and all(line.check.ok for line in lines)
 
 
-def test_the_default_numbers_are_stable():
-    """Seeded: two builds give the same walk, number for number."""
-    first = walkthrough(*seed004_example()[:2], **seed004_example()[2])
-    second = walkthrough(*seed004_example()[:2], **seed004_example()[2])
-    for a, b in zip(first.steps, second.steps):
+def test_a_worked_line_that_disagrees_is_flagged():
+    """The checks can fail: a recomputation that differs, or NaN, is a MISMATCH that names NaN."""
+    assert not compare("x", "y", torch.tensor([1.0]), torch.tensor([1.5])).ok
+    nan = compare("x", "y", torch.tensor([1.0]), torch.tensor([math.nan]))
+    assert not nan.ok and "MISMATCH" in nan.summary and "NaN" in nan.summary and "nan" not in nan.summary
+
+
+def test_the_walk_is_the_same_twice(default_walk):
+    again = walkthrough(*toy_example()[:2], **toy_example()[2])
+    for a, b in zip(default_walk.steps, again.steps):
         for m, n in zip(a.matrices, b.matrices):
             assert torch.equal(m.values, n.values)
 
 
-WORDS = seed004_words()
-VOCAB = seed004_vocab()
-IDS = VOCAB.encode(WORDS)
-FAMILY_VARIANTS = {
-    "paper": {},
-    "pre-norm": dict(norm_position="pre", final_norm=True),
-    "rotary-rmsnorm-swiglu-gqa": dict(pos_encoding="rotary", norm="rmsnorm", norm_position="pre", final_norm=True,
-                                      activation="swiglu", d_model=8, n_heads=4, n_kv_heads=2, attn_bias=False),
+@pytest.mark.parametrize("name", ["toy-encoder", "toy-seq2seq"])
+def test_the_other_toys_walk_their_tasks(name):
+    model, ids, options = toy_example(name)
+    walk = walkthrough(model, ids, **options)
+    assert walk.ok and walk.task
+    last = walk.steps[-1]
+    if name == "toy-encoder":
+        assert last.title == "The masked word's probabilities" and "the most likely word is 'is'" in last.text
+    else:
+        assert any(step.title.startswith("Cross-attention") for step in walk.steps)
+        predicted = [last.matrices[0].cols[int(i)] for i in last.matrices[0].values.argmax(-1)]
+        assert predicted == ["Hola", "Mundo,", "soy", "Alejandro!", "<EOS>"]
+
+
+# Every architecture the core builds, generically from its config: tiny models (d_model 32, 2 layers).
+BASE = dict(arch="decoder", vocab_size=99, d_model=32, n_heads=4, n_layers=2, d_ff=37, max_seq_len=32)
+ARCHITECTURES = {
+    "paper-post-norm": dict(norm_position="post", activation="relu"),
+    "gqa-rotary-rmsnorm-swiglu": dict(n_kv_heads=2, pos_encoding="rotary", norm="rmsnorm", activation="swiglu"),
+    "rotary-interleaved-partial": dict(pos_encoding="rotary", rotary_dim=4, rotary_layout="interleaved"),
+    "rope-llama3-scaling": dict(pos_encoding="rotary", rope_scaling="llama3", rope_scaling_factor=8.0,
+                                rope_original_max_len=16),
     "alibi": dict(pos_encoding="alibi"),
-    "learned-gelu-scaled": dict(pos_encoding="learned", activation="gelu", scale_embeddings=True),
+    "parallel-neox": dict(parallel_residual=True, pos_encoding="rotary", rotary_dim=4),
+    "parallel-gptj": dict(parallel_residual=True, parallel_shared_norm=True),
+    "sandwich-gemma": dict(norm_position="sandwich", norm="rmsnorm", norm_plus_one=True, activation="geglu_tanh",
+                           pos_encoding="rotary", qk_norm="per_head", query_pre_attn_scalar=16.0, attn_softcap=20.0,
+                           final_logit_softcap=10.0, sliding_window=3, layer_types=("sliding", "full"),
+                           scale_embeddings=True),
+    "post-sublayer-olmo": dict(norm_position="post_sublayer", norm="rmsnorm", qk_norm="across_heads",
+                               pos_encoding="rotary"),
+    "mixture-of-experts": dict(n_experts=4, n_experts_per_token=2, activation="swiglu", norm="rmsnorm"),
+    "gpt2-learned": dict(pos_encoding="learned", activation="gelu_tanh"),
+    "opt-projected": dict(pos_encoding="learned", pos_offset=2, d_embed=16),
+    "bert-encoder": dict(arch="encoder", pos_encoding="learned", norm_position="post", embed_norm=True,
+                         type_vocab_size=2, head="masked-lm", lm_head_transform=True, lm_head_bias=True, pooler=True),
+    "encoder-decoder": dict(arch="encoder-decoder", decoder_n_layers=1),
 }
 
 
-@pytest.mark.parametrize("variant", list(FAMILY_VARIANTS))
-@pytest.mark.parametrize("arch", ["decoder", "encoder"])
-@pytest.mark.parametrize("layer,head", [(0, 0), (1, 1)])
-def test_every_check_passes(arch, variant, layer, head):
-    model = toy_model(len(VOCAB), arch=arch, **FAMILY_VARIANTS[variant])
-    walk = walkthrough(model, IDS, tokens=WORDS, vocab=list(VOCAB.itos), layer=layer, head=head)
-    assert walk.ok, [step.check.summary for step in walk.failures]
-    assert sum(step.check is not None for step in walk.steps) >= 14
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_every_architecture_walks_with_every_check_passing(name):
+    config = ModelConfig(**{**BASE, **ARCHITECTURES[name]})
+    model = build_model(config, seed=0)
+    options = {"target_ids": [1, 2, 3, 4]} if config.arch == "encoder-decoder" else {}
+    for layer in range(1 if config.arch == "encoder-decoder" else config.n_layers):
+        walk = walkthrough(model, list(range(3, 13)), layer=layer, head=1, **options)
+        assert walk.ok, [c.summary for step in walk.failures for c in step.checks if not c.ok]
+        assert sum(len(step.worked) for step in walk.steps) >= 5
 
 
-@pytest.mark.parametrize("norm_position", ["pre", "post"])
-def test_every_check_passes_for_the_encoder_decoder(norm_position):
-    vocab = seq2seq_vocab()
-    source, target = seed004_words(), seed004_words("Hola Mundo, soy Alejandro!", eos=False)
-    model = toy_model(len(vocab), arch="encoder-decoder", norm_position=norm_position,
-                      final_norm=norm_position == "pre")
-    walk = walkthrough(model, vocab.encode(source), tokens=source, vocab=list(vocab.itos),
-                       target_ids=vocab.encode(target), target_tokens=target, layer=1, head=1)
-    assert walk.ok, [step.check.summary for step in walk.failures]
-    assert vocab.encode(source) == [1, 3, 4, 6, 5, 2, 0]  # the source keeps seed 004's ids
-    cross = [s for s in walk.steps if s.section == "Decoder layer 1" and s.title == "Scaling by √d_k"][0]
-    assert cross.matrices[0].point == "decoder.blocks.1.cross_attn.scores"
-    assert cross.matrices[0].shape == (5, 7)  # rectangular: target positions × source tokens
+def test_sliding_window_layers_show_their_window():
+    config = ModelConfig(**{**BASE, **ARCHITECTURES["sandwich-gemma"]})
+    walk = walkthrough(build_model(config, seed=0), list(range(3, 13)), layer=0)
+    mask = next(step for step in walk.steps if step.title == "The causal mask").matrices[0].values
+    assert int(mask.sum(-1).max()) == 3  # each query sees itself and the 2 keys before it
 
 
-def test_pre_and_post_norm_narrate_their_own_order():
-    post = walkthrough(toy_model(7), IDS, tokens=WORDS).titles
-    pre = walkthrough(toy_model(7, norm_position="pre", final_norm=True), IDS, tokens=WORDS).titles
-    assert post[post.index("Concatenate the heads and project: W_O") + 1] == "Residual and LayerNorm"
-    assert pre[pre.index("Input to the first layer: X = E + P") + 1] == "LayerNorm before the attention"
-    assert pre[pre.index("Concatenate the heads and project: W_O") + 1] == "Residual connection"
-    assert "LayerNorm before the feed-forward network" in pre and "Final LayerNorm" in pre
-    assert "Final LayerNorm" not in post
-
-
-def test_the_encoder_ends_with_a_pooled_vector():
-    walk = walkthrough(toy_model(7, arch="encoder"), IDS, tokens=WORDS)
-    assert walk.titles[-1] == "Pooled sentence vector"
-    assert walk.titles[walk.titles.index("Scaling by √d_k") + 1] == "The mask (none: bidirectional)"
-
-
-def test_a_model_that_disagrees_with_its_weights_is_flagged():
-    """A hook that alters W_O's output makes the traced tensor differ from the recomputation."""
-    model = toy_model(7)
-    handle = model.blocks[0].attn.o_proj.register_forward_hook(lambda module, args, out: out + 0.5)
-    try:
-        walk = walkthrough(model, IDS, tokens=WORDS)
-    finally:
-        handle.remove()
-    assert not walk.ok
-    assert [step.title for step in walk.failures] == ["Concatenate the heads and project: W_O"]
-    assert "MISMATCH" in walk.failures[0].check.summary
-
-
-def test_out_of_range_layer_and_head_name_the_range():
-    model = toy_model(7)
-    with pytest.raises(ValueError, match=r"layer 2 is out of range: this model has 2 layers, choose 0 … 1"):
-        walkthrough(model, IDS, layer=2)
-    with pytest.raises(ValueError, match=r"head -1 is out of range: this model has 2 heads, choose 0 … 1"):
-        walkthrough(model, IDS, head=-1)
-    with pytest.raises(ValueError, match="target_ids"):
-        walkthrough(toy_model(10, arch="encoder-decoder"), IDS)
+def test_bad_arguments_name_the_range():
+    model, ids, options = toy_example()
+    with pytest.raises(ValueError, match=r"layer 5 is out of range: this model has 2 layers, choose 0 … 1"):
+        walkthrough(model, ids, layer=5)
+    with pytest.raises(ValueError, match=r"choose 0 … 1"):
+        walkthrough(model, ids, head=2)
+    with pytest.raises(ValueError, match="needs target_ids"):
+        walkthrough(toy_example("toy-seq2seq")[0], ids)
