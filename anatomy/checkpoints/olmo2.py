@@ -1,0 +1,36 @@
+"""OLMo 2: Llama with its norms moved onto the sublayers' outputs (x + Norm(Sublayer(x)),
+norm_position="post_sublayer": post_attention_layernorm, post_feedforward_layernorm), and an
+RMSNorm over all the heads' queries, and over all the keys, before they are split into heads
+(qk_norm="across_heads")."""
+
+from __future__ import annotations
+
+from ..config import ModelConfig
+from .common import unsupported
+from .engine import Architecture, Rule, require
+from .llama import FLAGS as LLAMA_FLAGS
+from .llama import attention_rules, embedding_rules, mlp_rules, norm_rules, options_off, read_decoder, write_decoder
+
+FLAGS = dict(LLAMA_FLAGS, norm_position="post_sublayer", qk_norm="across_heads")
+CLASSES = {"Olmo2ForCausalLM": "lm", "Olmo2Model": "none"}
+OUTPUT_NORMS = {"post_attention_layernorm": "attn_out_norm", "post_feedforward_layernorm": "mlp_out_norm"}
+
+
+def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
+    unsupported("olmo2", hf, hidden_act="silu")
+    return read_decoder(hf, "olmo2", CLASSES[class_name], **FLAGS, mlp_bias=False, norm_eps=hf.get("rms_norm_eps", 1e-5))
+
+
+def to_hf_config(config: ModelConfig, class_name: str) -> dict:
+    require("olmo2", config, **{**options_off(config), **FLAGS, "attn_out_bias": config.attn_bias, "mlp_bias": False})
+    return dict(write_decoder(config), hidden_act="silu", attention_bias=config.attn_bias)
+
+
+def table(config: ModelConfig) -> list[Rule]:
+    return embedding_rules(config) + norm_rules(OUTPUT_NORMS) + attention_rules(config) + mlp_rules(config)
+
+
+ARCHITECTURE = Architecture(
+    model_type="olmo2", classes=CLASSES, base_prefix="model", base_classes=("Olmo2Model",),
+    to_config=to_config, to_hf_config=to_hf_config, table=table, ignore=(r"rotary_emb\.inv_freq$",),
+)
