@@ -79,12 +79,21 @@ def sentencepiece_merges(tokens: list[str], scores: list[float]) -> list[tuple[s
     return [(left, right) for _, left, right in ranked]
 
 
+# Gemma's files differ in two ways: a token of spaces is written with real spaces ("  ", where the
+# vocabulary means "▁▁"), and the scores do not follow the merge order; the tokens' order does.
+TOKEN_ORDER_MERGES = ("gemma", "gemma2", "gemma3")
+
+
 def _sentencepiece(meta: dict, tokens: list[str]) -> Backend:
     """SentencePiece-style BPE: "▁" marks a space, unknown characters fall back to <0xNN> bytes."""
+    scores = meta.get("tokenizer.ggml.scores")
+    if meta.get("general.architecture") in TOKEN_ORDER_MERGES:
+        tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+        scores = [-float(i) for i in range(len(tokens))]
     if "tokenizer.ggml.merges" in meta:
         merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-    elif "tokenizer.ggml.scores" in meta:
-        merges = sentencepiece_merges(tokens, meta["tokenizer.ggml.scores"])
+    elif scores is not None:
+        merges = sentencepiece_merges(tokens, scores)
     else:
         raise CheckpointError("a 'llama' GGUF tokenizer needs tokenizer.ggml.scores or tokenizer.ggml.merges")
     unk = meta.get("tokenizer.ggml.unknown_token_id")

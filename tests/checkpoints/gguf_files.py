@@ -137,6 +137,8 @@ def write_gguf(path: Path, model, *, arch: str, vocab: dict, types: dict[str, st
         if vocab.get(key) is not None:
             getattr(writer, {"bos": "add_bos_token_id", "eos": "add_eos_token_id", "unk": "add_unk_token_id",
                              "pad": "add_pad_token_id"}[key])(vocab[key])
+    if arch.startswith("gemma"):
+        writer.add_add_space_prefix(False)  # llama.cpp's Gemma converters write this
     writer.add_chat_template(CHAT_TEMPLATE)
     if arch == "gemma2":  # what llama.cpp's Gemma2Model converter adds
         writer.add_sliding_window(config.sliding_window)

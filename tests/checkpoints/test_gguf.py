@@ -188,6 +188,24 @@ def test_tokenizer_matches_transformers(tmp_path, vocabs, style):
     assert ours.vocab_size == len(vocab["tokens"])
 
 
+def test_gemma_tokenizer_matches_transformers(tmp_path, vocabs):
+    """Gemma files spell a token of spaces with real spaces and rank merges by token order, not by
+    score; no space is put before the text (add_space_prefix false)."""
+    base = vocabs["llama"]
+    n = len(base["tokens"]) + 2
+    scores = base["scores"][:259] + (torch.rand(n - 259, generator=torch.Generator().manual_seed(0)) * -100).tolist()
+    vocab = dict(base, tokens=base["tokens"] + ["  ", "   "], types=base["types"] + [1, 1], scores=scores)
+    config = transformers.Gemma2Config(
+        vocab_size=n, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=256, intermediate_size=64, max_position_embeddings=64, sliding_window=4)
+    path = write_gguf(tmp_path / "g.gguf", transformers.Gemma2ForCausalLM(config), arch="gemma2", vocab=vocab)
+    ours = gguf_tokenizer(path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    for text in TEXTS + ["a    b  c"]:
+        assert ours.encode(text) == theirs(text).input_ids, text
+        assert ours.decode(ours.encode(text), skip_special_tokens=True) == text, text
+
+
 def test_digit_splitting_pre_tokenizer_follows_llama_cpp(tmp_path, vocabs):
     """tokenizer.ggml.pre = "smollm" (as SmolLM's own tokenizer.json does, and llama.cpp) cuts every
     digit off before BPE, so no merge joins two digits, although this vocabulary has such merges
@@ -200,6 +218,27 @@ def test_digit_splitting_pre_tokenizer_follows_llama_cpp(tmp_path, vocabs):
         pieces[pre] = [p for p in gguf_tokenizer(path).tokens(text) if any(c.isdigit() for c in p)]
     assert any(len(p) > 1 for p in pieces["default"])  # GPT-2's split lets this vocabulary join digits
     assert pieces["smollm"] == list("2024314" "42")
+
+
+def test_from_pretrained_opens_a_gguf_file_or_its_folder(tmp_path, vocabs):
+    """The resolver's way in: a .gguf path or a folder holding one gives the model, its tokenizer
+    attached; dtype converts every tensor."""
+    import anatomy
+
+    vocab = vocabs["gpt2"]
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama(len(vocab["tokens"])), arch="llama", vocab=vocab, default="Q8_0")
+    ids = ids_for(len(vocab["tokens"]))
+    by_file, by_folder = anatomy.from_pretrained(path), anatomy.from_pretrained(tmp_path)
+    half = anatomy.from_pretrained(path, dtype=torch.bfloat16)
+    assert by_file.tokenizer.encode(TEXTS[0]) == gguf_tokenizer(path).encode(TEXTS[0])
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    with torch.no_grad():
+        full = by_file(ids).logits
+        assert torch.equal(by_folder(ids).logits, full)
+        assert (half(ids).logits.float() - full).abs().max() <= 0.1 * full.abs().max()
+    (tmp_path / "other.gguf").write_bytes(path.read_bytes())
+    with pytest.raises(CheckpointError, match=r"holds 2 .gguf files; give the file itself"):
+        load_gguf(tmp_path)
 
 
 # bad input -----------------------------------------------------------------------------------------
