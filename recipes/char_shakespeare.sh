@@ -3,13 +3,23 @@
 # 4 layers, 4 heads, d_model 128, context 64, batch 12, 2000 steps, lr 1e-3 -> 1e-4 (cosine,
 # 100 warmup), AdamW (0.9, 0.99), weight decay 0.1, clip 1.0, no dropout.
 # First 90% of the characters train, the last 10% validate.
-# usage: recipes/char_shakespeare.sh [OUT_DIR] [extra anatomy-train arguments...]
+# usage: [VARIANT=baseline|modern] recipes/char_shakespeare.sh [OUT_DIR] [extra anatomy-train arguments...]
+#   VARIANT=baseline (default): pre-norm, LayerNorm, GELU, learned positions, biases, tied embeddings.
+#   VARIANT=modern: the same budget with RMSNorm, SwiGLU at equal parameters (d_ff 341), rotary
+#   positions and no biases (recipes/ablation.sh measures each change alone and together).
+# Extra arguments come last and win (e.g. --seed 7, --max-steps 50).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the repository; data lives beside it in ../shared/data
 DATA=${DATA:-$ROOT/../shared/data/tinyshakespeare/input.txt}  # DATA=FILE overrides
 OUT=${1:-runs/char-shakespeare}
 shift || true
+case "${VARIANT:-baseline}" in
+  baseline) CHANGES=() ;;
+  modern) CHANGES=(--norm rmsnorm --activation swiglu --d-ff 341 --pos-encoding rotary --no-bias) ;;
+  *) echo "VARIANT must be baseline or modern, not '${VARIANT}'" >&2; exit 2 ;;
+esac
 python -m anatomy.cli train lm --data "$DATA" --val-fraction 0.1 --tokenizer char --out "$OUT" \
   --n-layers 4 --n-heads 4 --d-model 128 --context 64 --batch-size 12 --dropout 0.0 \
   --max-steps 2000 --lr 1e-3 --min-lr-ratio 0.1 --warmup 100 --beta2 0.99 --weight-decay 0.1 --clip 1.0 \
-  --eval-every 250 --eval-batches 50 --save-every 500 --log-every 50 --threads "${THREADS:-1}" --no-progress "$@"
+  --eval-every 250 --eval-batches 50 --save-every 500 --log-every 50 --threads "${THREADS:-1}" --no-progress \
+  ${CHANGES[@]+"${CHANGES[@]}"} "$@"

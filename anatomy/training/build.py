@@ -29,8 +29,9 @@ DEFAULT_VOCAB_SIZE = 8000  # for word, bpe and wordpiece; a char vocabulary is e
 def model_config(args, **fields) -> ModelConfig:
     return ModelConfig(
         d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers, d_ff=args.d_ff or 4 * args.d_model,
-        dropout=args.dropout, pos_encoding=args.pos_encoding, norm_position=args.norm_position,
-        activation=args.activation, attn_impl=args.attn_impl, **fields)
+        dropout=args.dropout, pos_encoding=args.pos_encoding, norm=args.norm, norm_position=args.norm_position,
+        activation=args.activation, qk_norm=args.qk_norm, attn_bias=args.bias, attn_out_bias=args.bias,
+        mlp_bias=args.bias, tie_embeddings=not args.untied, attn_impl=args.attn_impl, **fields)
 
 
 def _tokenizer(args, run_dir: Path, files: list[str], info) -> Tokenizer:

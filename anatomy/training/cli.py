@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cli import (add_device_argument, add_model_argument, finite_float, non_negative_float, non_negative_int,
-                   positive_float, positive_int, probability)
+from ..cli import (add_device_argument, add_model_argument, non_negative_float, non_negative_int, positive_float,
+                   positive_int, probability)
+from ..config import ACTIVATIONS, ATTN_IMPLS, NORM_POSITIONS, NORMS, POS_ENCODINGS, QK_NORMS
 from . import distributed
 from .build import BUILDERS, RUN_CONFIG
 from .checkpoint import checkpoint_candidates, remove_temporaries, save_trained, write_text_atomically
@@ -107,10 +108,15 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
     g.add_argument("--n-layers", type=positive_int, default=model_defaults["n_layers"])
     g.add_argument("--d-ff", type=positive_int, help="feed-forward width (default 4 x d_model)")
     g.add_argument("--dropout", type=probability, default=model_defaults["dropout"])
-    g.add_argument("--pos-encoding", default=model_defaults["pos_encoding"])
-    g.add_argument("--norm-position", default="pre", choices=("pre", "post"))
-    g.add_argument("--activation", default="gelu")
-    g.add_argument("--attn-impl", default="sdpa", choices=("sdpa", "eager"))
+    g.add_argument("--pos-encoding", default=model_defaults["pos_encoding"], choices=POS_ENCODINGS)
+    g.add_argument("--norm", default="layernorm", choices=NORMS)
+    g.add_argument("--norm-position", default="pre", choices=NORM_POSITIONS)
+    g.add_argument("--activation", default="gelu", choices=ACTIVATIONS,
+                   help="gated ones (swiglu, geglu) have 3 matrices: d_ff 2/3 as wide keeps the parameters")
+    g.add_argument("--qk-norm", default="none", choices=QK_NORMS, help="RMSNorm on queries and keys")
+    g.add_argument("--no-bias", dest="bias", action="store_false", help="no biases in attention and feed-forward")
+    g.add_argument("--untied", action="store_true", help="an output matrix of its own, not the token embeddings")
+    g.add_argument("--attn-impl", default="sdpa", choices=ATTN_IMPLS)
 
     g = p.add_argument_group("training")
     g.add_argument("--max-steps", type=positive_int, default=train_defaults["max_steps"])

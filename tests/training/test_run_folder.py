@@ -169,3 +169,13 @@ def test_a_device_that_is_absent_is_named(tmp_path, capsys):
         pytest.skip("this machine has a GPU")
     assert train(tmp_path, "run", "--device", "cuda") == 2
     assert "no CUDA GPU is available" in capsys.readouterr().err
+
+
+def test_architecture_flags_reach_the_model(tmp_path):
+    """The ablation's flags (recipes/ablation.sh) change the model they name, and only that."""
+    assert train(tmp_path, "run", "--max-steps", "1", "--norm", "rmsnorm", "--activation", "swiglu", "--d-ff", "85",
+                 "--pos-encoding", "rotary", "--no-bias", "--untied", "--qk-norm", "per_head") == 0
+    config = ckpt.load_trained(tmp_path / "run" / "model")[0].config
+    assert (config.norm, config.activation, config.d_ff, config.pos_encoding, config.qk_norm) == \
+        ("rmsnorm", "swiglu", 85, "rotary", "per_head")
+    assert not (config.attn_bias or config.attn_out_bias or config.mlp_bias or config.tie_embeddings)
