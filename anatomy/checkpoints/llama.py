@@ -132,7 +132,8 @@ def _params(bias: bool) -> tuple[str, ...]:
 
 
 def embedding_rules(config: ModelConfig) -> list[Rule]:
-    rules = [Rule("model.embed_tokens.weight", "token_embedding.weight"), Rule("model.norm.weight", "final_norm.weight")]
+    rules = [Rule("model.embed_tokens.weight", "token_embedding.weight"),
+             Rule("model.norm.weight", "final_norm.weight")]
     if config.head == "lm":
         rules.append(Rule("lm_head.weight", "lm_head.proj.weight", derived=config.tie_embeddings))
     return rules

@@ -18,7 +18,8 @@ OUTPUT_NORMS = {"post_attention_layernorm": "attn_out_norm", "post_feedforward_l
 
 def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     unsupported("olmo2", hf, hidden_act="silu")
-    return read_decoder(hf, "olmo2", CLASSES[class_name], **FLAGS, mlp_bias=False, norm_eps=hf.get("rms_norm_eps", 1e-5))
+    return read_decoder(hf, "olmo2", CLASSES[class_name], **FLAGS, mlp_bias=False,
+                        norm_eps=hf.get("rms_norm_eps", 1e-5))
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:

@@ -51,6 +51,9 @@ CASES = {
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(SMALL, num_key_value_heads=2)),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(
+        SMALL, num_key_value_heads=2, sliding_window=5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
 }
 
 
