@@ -28,7 +28,7 @@ DECODER_SIZES = {"decoder_n_layers": "n_layers", "decoder_n_heads": "n_heads", "
 SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 # The allowed values of every option: the error for a bad value lists them.
 ARCHS = ("encoder", "decoder", "encoder-decoder")
-POS_ENCODINGS = ("sinusoidal", "learned", "rotary", "alibi", "none")
+POS_ENCODINGS = ("sinusoidal", "learned", "rotary", "alibi", "relative", "none")
 SINUSOID_LAYOUTS = ("interleaved", "halves")
 NORMS = ("layernorm", "rmsnorm")
 # "pre": x + f(Norm(x)); "post": Norm(x + f(x)); "sandwich": x + Norm(f(Norm(x))) (Gemma 2/3);
@@ -128,6 +128,8 @@ class ModelConfig:
     sinusoid_layout: str = "interleaved"  # "interleaved": sin,cos,sin,cos (paper); "halves": all sin then all cos
     type_vocab_size: int = 0  # segment (token type) embeddings, 0 = none
     pos_offset: int = 0  # learned positions: position p reads row p + pos_offset (OPT, BART: 2; RoBERTa: pad + 1)
+    relative_buckets: int = 32  # relative positions (T5): buckets of key - query distance, per stack
+    relative_max_distance: int = 128  # relative positions: distances beyond this share the last bucket
     positions_from_padding: bool = False  # position ids count real tokens only, so left padding shifts none (RoBERTa, OPT)
     pad_token_id: int | None = None
     bos_token_id: int | None = None  # special ids the model was trained with (metadata for generation)
@@ -138,6 +140,7 @@ class ModelConfig:
     # output heads
     head: str | None = None  # None: "masked-lm" for encoders, "lm" otherwise
     lm_head_bias: bool = False
+    lm_head_rescale: bool = False  # the LM head reads h * d_model^-0.5 (T5 with its head tied to the embeddings)
     final_logit_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2)
     lm_head_transform: bool = False  # dense + activation + norm before the LM head (BERT MLM)
     pooler: bool = False  # dense + tanh on the pooled vector (BERT)
@@ -198,6 +201,13 @@ class ModelConfig:
         if self.d_embed is None:
             object.__setattr__(self, "d_embed", self.d_model)
         _positive_int("d_embed", self.d_embed)
+        for name in ("relative_buckets", "relative_max_distance"):
+            _positive_int(name, getattr(self, name))
+        if self.pos_encoding == "relative" and not 4 <= self.relative_buckets < 2 * self.relative_max_distance:
+            raise ConfigError(
+                f"relative_buckets={self.relative_buckets} must be >= 4 and < 2 * relative_max_distance "
+                f"(= {2 * self.relative_max_distance}): half the buckets of each direction are exact distances"
+            )
         if self.rotary_dim is None:
             object.__setattr__(self, "rotary_dim", self.d_head)
         _positive_int("rotary_dim", self.rotary_dim)

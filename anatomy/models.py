@@ -28,7 +28,9 @@ from .config import ModelConfig
 from .inputs import InputError, check_ids, check_mask, check_token_types
 from .layers import ACTIVATIONS, Dropout, Projection, make_norm
 from .losses import chunked_cross_entropy
-from .positional import LearnedPositions, RotaryEmbedding, SinusoidalPositions, alibi_bias, alibi_slopes
+from .positional import (
+    LearnedPositions, RelativePositionBias, RotaryEmbedding, SinusoidalPositions, alibi_bias, alibi_slopes,
+)
 from .trace import TracePoint
 
 
@@ -95,6 +97,11 @@ class Stack(nn.Module):
                 rotary["sliding"] = RotaryEmbedding.from_config(config, local=True)
         if config.pos_encoding == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(config.n_heads), persistent=False)
+        if config.pos_encoding == "relative":  # one table for the whole stack; the encoder's looks both ways
+            self.relative_position_bias = RelativePositionBias(
+                config.relative_buckets, config.n_heads, config.relative_max_distance, bidirectional=not causal
+            )
+            self.position_bias = TracePoint("head query key")
         self.blocks = nn.ModuleList(
             Block(config, i, cross_attention=cross_attention, rotary=rotary[kind])
             for i, kind in enumerate(config.layer_types)
@@ -155,6 +162,9 @@ class Stack(nn.Module):
             # Distances between slots in the sequence: unchanged by left padding, so no position_ids.
             key_positions = torch.arange(past + n_new, device=input_ids.device)
             bias = alibi_bias(self.alibi_slopes, key_positions[past:], key_positions).to(x.dtype)  # (H, T, S)
+        if config.pos_encoding == "relative":  # between slots too, as T5 measures them
+            key_positions = torch.arange(past + n_new, device=input_ids.device)
+            bias = self.position_bias(self.relative_position_bias(key_positions[past:], key_positions).to(x.dtype))
         memory_mask = masks.cross_attention_mask(memory_padding_mask)
         for block, kind in zip(self.blocks, config.layer_types):
             mask, is_causal = layer_masks[kind]
@@ -194,10 +204,13 @@ class LMHead(nn.Module):
         if config.tie_embeddings:
             self.proj.weight = token_embedding.weight  # the paper, 3.4: one matrix for both
         self.softcap = config.final_logit_softcap  # logits -> c * tanh(logits / c) (Gemma 2)
+        self.rescale = config.d_model ** -0.5 if config.lm_head_rescale else 1.0
 
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "transform_dense"):
             x = self.transform_norm(self.transform_act(self.transform_dense(x)))
+        if self.rescale != 1.0:
+            x = x * self.rescale  # T5: a tied head reads h / sqrt(d_model)
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -2,11 +2,12 @@
 
 Shape letters: B batch, T positions, H heads, D head width, S key positions.
 
-Five choices, named by ModelConfig.pos_encoding:
+Six choices, named by ModelConfig.pos_encoding:
 - "sinusoidal": a fixed table added to the token embeddings (the paper, Marian);
 - "learned": a trained table added to the token embeddings (BERT, GPT-2);
 - "rotary": queries and keys are rotated by an angle proportional to their position (Llama);
 - "alibi": a penalty proportional to the query-key distance is added to the scores;
+- "relative": a learned bias per head and per bucket of query-key distance is added to the scores (T5);
 - "none": no position information at all (the model is then permutation-equivariant).
 """
 
@@ -158,6 +159,46 @@ def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
     """[a0, b0, a1, b1, ...] -> [-b0, a0, -b1, a1, ...] on the last axis."""
     even, odd = x[..., 0::2], x[..., 1::2]  # (..., r/2) each
     return torch.stack([-odd, even], dim=-1).flatten(-2)  # (..., r/2, 2) -> (..., r)
+
+
+def relative_position_bucket(distance: torch.Tensor, *, bidirectional: bool, n_buckets: int,
+                             max_distance: int) -> torch.Tensor:
+    """T5's bucket of each key - query distance (Raffel et al., 2020, section 2.1), a long tensor.
+
+    Bidirectional: half the buckets for keys before the query, half for keys after. Causal: only
+    keys before count (a later key gets bucket 0, and the mask hides it). Within a half, the
+    first n/2 distances have a bucket each; the rest share log-spaced buckets up to max_distance,
+    and farther distances all take the last bucket.
+    """
+    buckets = torch.zeros_like(distance)
+    if bidirectional:
+        n_buckets //= 2
+        buckets = buckets + (distance > 0).long() * n_buckets  # keys after the query: the upper half
+        distance = distance.abs()
+    else:
+        distance = (-distance).clamp(min=0)  # how far back the key is
+    n_exact = n_buckets // 2
+    log_spaced = n_exact + (
+        torch.log(distance.float() / n_exact) / math.log(max_distance / n_exact) * (n_buckets - n_exact)
+    ).long()
+    log_spaced = log_spaced.clamp(max=n_buckets - 1)
+    return buckets + torch.where(distance < n_exact, distance, log_spaced)
+
+
+class RelativePositionBias(nn.Embedding):
+    """T5's relative position bias: one learned scalar per (bucket, head), shared by every layer
+    of a stack; forward(query_positions [T], key_positions [S]) -> bias [H, T, S] for the scores."""
+
+    def __init__(self, n_buckets: int, n_heads: int, max_distance: int, *, bidirectional: bool):
+        super().__init__(n_buckets, n_heads)
+        self.max_distance = max_distance
+        self.bidirectional = bidirectional
+
+    def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        distance = key_positions[None, :] - query_positions[:, None]  # (T, S)
+        buckets = relative_position_bucket(distance, bidirectional=self.bidirectional,
+                                           n_buckets=self.num_embeddings, max_distance=self.max_distance)
+        return super().forward(buckets).permute(2, 0, 1)  # (T, S, H) -> (H, T, S)
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:

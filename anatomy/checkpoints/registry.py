@@ -7,7 +7,7 @@ one is that file and one line below.
 from __future__ import annotations
 
 from . import bert, gpt2, llama, marian, mistral, roberta
-from . import bart, distilbert, gpt_neo, opt
+from . import bart, distilbert, gpt_neo, opt, t5
 from . import gemma, gemma2, gemma3_text, gpt_neox, olmo2, phi3, qwen2, qwen3  # the rotary decoder families
 from .engine import Architecture
 
@@ -27,6 +27,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     bart.ARCHITECTURE,
     opt.ARCHITECTURE,
     gpt_neo.ARCHITECTURE,
+    t5.ARCHITECTURE,
     gemma3_text.ARCHITECTURE,
     olmo2.ARCHITECTURE,
     phi3.ARCHITECTURE,

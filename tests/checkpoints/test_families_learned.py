@@ -33,6 +33,10 @@ OPT_SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_atte
                  max_position_embeddings=64, pad_token_id=1, bos_token_id=2, eos_token_id=2)
 GPT_NEO_SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, max_position_embeddings=64,
                      attention_types=[[["global", "local"], 1]], window_size=3, bos_token_id=0, eos_token_id=0)
+# relative_attention_max_distance 8 and 8 buckets: the test's 7 tokens reach the log-spaced buckets
+T5_SIZES = dict(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                relative_attention_num_buckets=8, relative_attention_max_distance=8, pad_token_id=0, eos_token_id=1,
+                decoder_start_token_id=0)
 # case -> (transformers class, config class, config fields)
 CASES = {
     "marian-uneven": ("MarianMTModel", "MarianConfig", dict(
@@ -62,6 +66,10 @@ CASES = {
     "gpt_neo-local-first": ("GPTNeoForCausalLM", "GPTNeoConfig", dict(
         GPT_NEO_SIZES, num_layers=3, attention_types=[[["local"], 2], [["global"], 1]], intermediate_size=48,
         tie_word_embeddings=False)),
+    "t5": ("T5ForConditionalGeneration", "T5Config", dict(T5_SIZES)),
+    # Flan-T5's shape: gated-gelu, a head of its own (not rescaled), here also a deeper decoder
+    "flan-t5-like": ("T5ForConditionalGeneration", "T5Config", dict(
+        T5_SIZES, feed_forward_proj="gated-gelu", num_decoder_layers=3, tie_word_embeddings=False, _untie_head=True)),
 }
 
 
@@ -74,9 +82,14 @@ def checkpoint(tmp_path_factory):
     def make(case: str):
         if case not in made:
             class_name, config_class, fields = CASES[case]
+            fields = dict(fields)
+            untie = fields.pop("_untie_head", False)
             torch.manual_seed(0)
             model = getattr(transformers, class_name)(getattr(transformers, config_class)(**fields)).eval()
             randomise(model)
+            if untie:  # transformers 5 builds every T5 tied; a Flan-T5 checkpoint stores its own lm_head
+                model.lm_head.weight = torch.nn.Parameter(torch.randn(model.lm_head.weight.shape) * 0.2)
+                model.config.tie_word_embeddings = False
             made[case] = tmp_path_factory.mktemp(case)
             model.save_pretrained(made[case])
         return made[case]
@@ -162,8 +175,9 @@ def test_greedy_generation_equals_transformers(checkpoint, case):
     directory = checkpoint(case)
     model, theirs = anatomy.from_pretrained(directory), _theirs(case, directory)
     prompt = _ids((2, 5))
+    # transformers' own cache is not under test (and its T5 cache breaks with a decoder deeper than the encoder)
     no_stop = dict(do_sample=False, num_beams=1, eos_token_id=None, forced_eos_token_id=None,
-                   pad_token_id=PAD, max_new_tokens=8)
+                   pad_token_id=PAD, max_new_tokens=8, use_cache=False)
     with torch.no_grad():
         if model.config.arch == "encoder-decoder":
             expected = theirs.generate(input_ids=prompt, decoder_start_token_id=model.config.decoder_start_token_id,
@@ -204,3 +218,18 @@ def test_positions_count_real_tokens_under_left_padding(checkpoint):
         ours = model(ids, padding_mask=mask).logits
         reference = theirs(input_ids=ids, attention_mask=mask.long()).logits
     assert (ours - reference)[mask].abs().max() <= TOL
+
+
+@pytest.mark.parametrize("bidirectional", [True, False], ids=["encoder", "decoder"])
+def test_relative_position_buckets_are_t5s(bidirectional):
+    """Every distance from -300 to 300 falls in the bucket transformers' T5 gives it."""
+    transformers = pytest.importorskip("transformers")
+    from anatomy.positional import relative_position_bucket
+
+    distance = torch.arange(-300, 301)
+    for n_buckets, max_distance in [(32, 128), (8, 8), (16, 40)]:
+        theirs = transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket(
+            distance, bidirectional=bidirectional, num_buckets=n_buckets, max_distance=max_distance)
+        ours = relative_position_bucket(distance, bidirectional=bidirectional, n_buckets=n_buckets,
+                                        max_distance=max_distance)
+        assert torch.equal(ours, theirs)
