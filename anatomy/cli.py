@@ -33,6 +33,7 @@ SUBCOMMANDS = {
     "models": ("anatomy.checkpoints.cli:models", "list the built-in models and the architectures anatomy reads"),
     "train": ("anatomy.training.cli", "train a language model, a translator or a classifier"),
     "generate": ("anatomy.generation.cli", "generate text from a trained or pretrained model"),
+    "analyze": ("anatomy.analysis.cli", "logit lens, patching, attribution, head detection: each checks its own identity"),
     "bench": ("anatomy.bench.cli", "benchmark anatomy against Hugging Face transformers"),
 }
 

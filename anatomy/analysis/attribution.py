@@ -119,10 +119,11 @@ def integrated_gradients(
     values = per_dim.sum(-1)  # (B, T)
     delta = (f_input - f_baseline).double()
     error = ((values.sum(-1) - delta).abs() / delta.abs().clamp_min(1e-12)).max().item()
+    hint = "" if error < 1e-2 else "; not converged: more steps, or another baseline"
     return Result(
         "integrated gradients", values.float(), ("batch", "pos"),
         check=f"completeness: sum of attributions = f(x) - f(baseline) within {error:.1e} (relative, {steps} "
-              f"Gauss-Legendre steps)",
+              f"Gauss-Legendre steps){hint}",
         error=error, tokens=getattr(batch, side).tokens,
         extra={"per_dim": per_dim.float(), "f_input": f_input, "f_baseline": f_baseline},
     )

@@ -49,16 +49,21 @@ def _keys(kind: str, length: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def detect_heads(
-    model: nn.Module, kind: str = "induction", *, length: int = 24, batch: int = 8, seed: int = 0,
+    model: nn.Module, kind: str = "induction", *, length: int | None = None, batch: int = 8, seed: int = 0,
 ) -> Result:
     """[layer, head] scores of `kind` ("previous_token", "induction" or "duplicate") on `batch`
-    seeded random sequences of `length` distinct tokens, repeated. Special tokens are avoided. An
-    encoder-decoder is scored on its decoder's self-attention, with the same sequence as source."""
+    seeded random sequences of `length` distinct tokens (default: 24, or fewer where the positions
+    or the vocabulary allow fewer), repeated. Special tokens are avoided. An encoder-decoder is
+    scored on its decoder's self-attention, with the same sequence as source."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} is not supported; allowed values: {', '.join(KINDS)}")
     config = model.config
     special = {getattr(config, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id")} - {None}
     limit = config.max_seq_len if config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
+    if length is None:
+        length = min(24, config.vocab_size - len(special), (limit or 48) // 2)
+    if length < 2:
+        raise ValueError(f"length must be >= 2 (got {length}): a repeated sequence needs two distinct tokens")
     if limit is not None and 2 * length > limit:
         raise ValueError(f"2 x length = {2 * length} positions exceed max_seq_len={limit}; pass a smaller length")
     model.eval()
