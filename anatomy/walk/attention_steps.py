@@ -149,11 +149,12 @@ def scores_steps(b: Builder, attn, a: str, q, k, v, q_tokens, kv_tokens, allowed
     b.add(
         section, "Scaling by √d_k" if attn.scale is None else "Scaling the scores", text, equation, latex, shown,
         b.check("QKᵀ × scale" + (" + B" if bias is not None else ""), f"the model's {a}scores", raw_scores, scores),
-        [b.worked(f"S['{q_tokens[fi]}', '{kv_tokens[fk]}'] = {fmt(float(raw[fi, fk]))} × {scale:.4f} = "
-                  f"{fmt(float(raw[fi, fk] * scale))}",
-                  f"S_{{{fi},{fk}}} = {fmt(float(raw[fi, fk]))} \\times {scale:.4f} = {fmt(float(raw[fi, fk] * scale))}",
-                  raw[fi, fk] * scale, scores[fi, fk] - head_bias[fi, fk] if not attn.softcap else raw[fi, fk] * scale,
-                  f"the model's {a}scores")],
+        [b.worked(f"S['{q_tokens[fi]}', '{kv_tokens[fk]}'] = {fmt(float(raw[fi, fk]))} × {scale:.4f}"
+                  + (f", capped: {attn.softcap:g}·tanh(· / {attn.softcap:g})" if attn.softcap else "")
+                  + f" = {fmt(float(softcap(raw[fi, fk] * scale, attn.softcap)))}",
+                  f"S_{{{fi},{fk}}} = {fmt(float(raw[fi, fk]))} \\times {scale:.4f}",
+                  softcap(raw[fi, fk] * scale, attn.softcap), scores[fi, fk] - head_bias[fi, fk],
+                  f"the model's {a}scores[0, {h}, {fi}, {fk}]")],
     )
     pattern = b.get(f"{a}pattern", 0, h)
     if allowed is None:

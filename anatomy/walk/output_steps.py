@@ -94,7 +94,7 @@ def lm_steps(b: Builder, lm_head, hidden_point: str, tokens, section: str, *, ma
     row = probs[fi]
     top = torch.topk(row, min(TOP_K, V))
     best = b.label(int(top.indices[0]))
-    text += f" {what.capitalize()} the most likely word is '{best}' (p = {float(top.values[0]):.4f})."
+    text += f" {what[0].upper() + what[1:]} the most likely word is '{best}' (p = {float(top.values[0]):.4f})."
     if not trained:
         text += say("untrained")
     exps = torch.exp(logits[fi] - logits[fi].max())

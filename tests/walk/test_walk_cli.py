@@ -10,6 +10,7 @@ FAMILIES = ["toy", "toy-encoder", "toy-seq2seq"]
 FORMATS = ["terminal", "markdown", "html"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("model", FAMILIES)
 def test_walk_runs_for_each_toy_and_format(model, fmt, tmp_path):
