@@ -1,4 +1,5 @@
-"""`anatomy parity PATH`: run one input through Hugging Face transformers and through anatomy, and
+"""`anatomy parity PATH`: run one input through Hugging Face transformers and through anatomy (a GGUF
+file through transformers' own GGUF loader), and
 compare every intermediate the two can pair: the embeddings, each layer's hidden state and
 attention weights, the final hidden state, the pooled vector and the logits.
 
@@ -18,6 +19,7 @@ import torch
 
 from ..trace import trace
 from .files import CheckpointError
+from .gguf import gguf_file, gguf_tokenizer, load_gguf
 from .hf import read_config
 from .resolver import from_pretrained, locate
 from .tokenizer import Tokenizer
@@ -72,8 +74,8 @@ def _crop(rows: list[list[int]], limit: int, side: str, notes: list[str] | None)
 
 
 def make_inputs(directory: Path, config, texts=None, text_b=None, pad=False, seed=0,
-                notes: list[str] | None = None) -> _Inputs:
-    """Token ids from the checkpoint's tokenizer, or random ids when it ships none, cut to the
+                notes: list[str] | None = None, tokenizer: Tokenizer | None = None) -> _Inputs:
+    """Token ids from `tokenizer` or the checkpoint's, or random ids when it ships none, cut to the
     model's max_seq_len (each cut is described in `notes`)."""
     texts = list(texts or DEFAULT_TEXTS[:1])
     if pad and len(texts) == 1:
@@ -81,7 +83,7 @@ def make_inputs(directory: Path, config, texts=None, text_b=None, pad=False, see
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
     generator = torch.Generator().manual_seed(seed)
     try:
-        tokenizer = Tokenizer.load(directory).backend  # pairs and token types come from the backend
+        tokenizer = (tokenizer or Tokenizer.load(directory)).backend  # pairs and token types come from the backend
     except CheckpointError:
         tokenizer = None
     types = None
@@ -146,16 +148,24 @@ def parity_rows(path: str | Path, texts=None, text_b: str | None = None, pad: bo
     import transformers
 
     source = locate(path)
-    if source.kind != "folder":
-        raise CheckpointError(f"parity compares with transformers a Hugging Face-format folder; {str(path)!r} is {source.kind}")
-    directory = source.path
-    _, _, class_name = read_config(directory)
-    ours = from_pretrained(directory, dtype=torch.float32)
-    theirs = getattr(transformers, class_name).from_pretrained(
-        str(directory), attn_implementation="eager", dtype=torch.float32
-    ).eval()
+    if source.kind not in ("folder", "gguf"):
+        raise CheckpointError(f"parity compares with transformers a Hugging Face-format folder or a GGUF file; "
+                              f"{str(path)!r} is {source.kind}")
+    directory, tokenizer = source.path, None
+    if source.kind == "gguf":  # the reference is transformers' own GGUF loader, on the same file
+        file = gguf_file(source.path)
+        directory, tokenizer = file.parent, gguf_tokenizer(file)
+        ours = load_gguf(file)
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(
+            str(directory), gguf_file=file.name, attn_implementation="eager", dtype=torch.float32).eval()
+    else:
+        _, _, class_name = read_config(directory)
+        ours = from_pretrained(directory, dtype=torch.float32)
+        theirs = getattr(transformers, class_name).from_pretrained(
+            str(directory), attn_implementation="eager", dtype=torch.float32
+        ).eval()
     config = ours.config
-    x = make_inputs(directory, config, texts, text_b, pad, seed, notes)
+    x = make_inputs(directory, config, texts, text_b, pad, seed, notes, tokenizer)
     padded = not bool(x.mask.all()) or (x.tgt_mask is not None and not bool(x.tgt_mask.all()))
     flags = dict(output_hidden_states=True, output_attentions=True, return_dict=True)
     with torch.no_grad():

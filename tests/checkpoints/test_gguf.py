@@ -241,6 +241,17 @@ def test_from_pretrained_opens_a_gguf_file_or_its_folder(tmp_path, vocabs):
         load_gguf(tmp_path)
 
 
+def test_parity_pairs_every_intermediate_with_transformers_gguf_loader(tmp_path, vocabs):
+    """`anatomy parity model.gguf`: each layer's hidden state and attention pattern, not only the logits."""
+    from anatomy.checkpoints.parity import parity_rows
+
+    vocab = vocabs["llama"]
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama(len(vocab["tokens"])), arch="llama", vocab=vocab, types=MIXED)
+    rows = parity_rows(path, texts=TEXTS[:2], pad=True, tol=ATOL)
+    assert {r.name for r in rows} >= {"blocks.0.resid_post", "blocks.1.attn.pattern", "final_norm.out", "logits"}
+    assert all(r.ok for r in rows), [(r.name, r.max_abs_diff) for r in rows if not r.ok]
+
+
 # bad input -----------------------------------------------------------------------------------------
 def test_unsupported_architecture_is_named(tmp_path, vocabs):
     import gguf
