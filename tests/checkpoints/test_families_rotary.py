@@ -54,6 +54,9 @@ CASES = {
     "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(
         SMALL, num_key_value_heads=2, sliding_window=5,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
+    "gptj": ("GPTJForCausalLM", "GPTJConfig", dict(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=37, n_positions=64,
+        bos_token_id=0, eos_token_id=0, pad_token_id=PAD)),
 }
 
 
