@@ -145,7 +145,8 @@ def toy_tokenizer(name: str):
         from .tokenizer import Tokenizer
     except ImportError:
         return backend
-    return Tokenizer(backend)
+    eos = toy_vocabulary(name).index(EOS)
+    return Tokenizer(backend, pad_id=eos)  # the article has no padding token: rows are padded with <EOS>
 
 
 def readable_init(model: nn.Module, seed: int = SEED) -> nn.Module:

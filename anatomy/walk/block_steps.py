@@ -11,7 +11,7 @@ from torch import nn
 
 from ..layers import LayerNorm
 from .attention_steps import attention_steps, compact_attention_step, layer_mask
-from .builder import Builder, fmt, products, signed, vec
+from .builder import Builder, fmt, products, signed, sum_text, vec
 from .narration import say
 from .reference import activation, f64, gain, linear, norm, softmax
 from .types import Matrix, Worked
@@ -35,7 +35,7 @@ def norm_worked(b: Builder, x: torch.Tensor, module: nn.Module, result: torch.Te
         normalised = (x - mean) / torch.sqrt(var + module.eps)
         beta = f64(module.bias)
         return [
-            b.worked(f"row '{token}': mean = ({' '.join(signed(float(v)) for v in x[:8])}{' ⋯' if E > 8 else ''}) / {E} = {fmt(float(mean))}",
+            b.worked(f"row '{token}': mean = ({sum_text(x)}) / {E} = {fmt(float(mean))}",
                      r"\mu = \frac{1}{" + str(E) + r"} \sum_d x_d = " + fmt(float(mean)), mean, x.mean(), "torch.mean of the row"),
             b.worked(f"variance = Σ (x − {fmt(float(mean))})² / {E} = {float(var):.6f}",
                      r"\sigma^2 = \frac{1}{" + str(E) + r"} \sum_d (x_d - \mu)^2 = " + f"{float(var):.6f}",

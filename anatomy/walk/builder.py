@@ -39,9 +39,17 @@ def signed(x: float) -> str:
     return f"− {fmt(-x)}" if x < 0 else f"+ {fmt(x)}"
 
 
+def sum_text(values, limit: int = 8) -> str:
+    """x_0 + x_1 − x_2 …, written out (cut when long): '0.1000 + 0.2000 − 0.3000 ⋯'."""
+    items = [float(v) for v in values]
+    text = fmt(items[0]) + "".join(" " + signed(v) for v in items[1:limit])
+    return text + (" ⋯" if len(items) > limit else "")
+
+
 def products(a: torch.Tensor, b: torch.Tensor, limit: int = 8) -> str:
     """Σ a_d b_d written out: '0.1000×0.2000 + 0.3000×(−0.4000) …' (cut to its ends when long)."""
-    terms = [f"{fmt(float(x))}×{'(' + fmt(float(y)) + ')' if float(y) < 0 else fmt(float(y))}" for x, y in zip(a, b)]
+    factor = lambda v: f"({fmt(float(v))})" if float(v) < 0 else fmt(float(v))  # noqa: E731
+    terms = [f"{factor(x)}×{factor(y)}" for x, y in zip(a, b)]
     if len(terms) > limit:
         terms = terms[:3] + [f"⋯ ({len(terms) - 6} more)"] + terms[-3:]
     return " + ".join(terms)

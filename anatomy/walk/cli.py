@@ -114,9 +114,14 @@ def build(args: argparse.Namespace) -> Walkthrough:
     if model.config.arch == "encoder":
         options["mask_token"] = MASK if args.model in TOY_MODELS else getattr(tokenizer, "mask_token", None)
     try:
-        return walkthrough(model, ids, **options)
+        walk = walkthrough(model, ids, **options)
     except ValueError as error:  # a layer or head out of range
         raise WalkError(str(error)) from None
+    unknown = getattr(tokenizer, "special_ids", {}).get("unk")
+    if args.model in TOY_MODELS and unknown in ids + (target_ids or []):
+        walk.notes.append(f"The toy knows only the words of its task; the other words of the text became "
+                          f"{label(unknown)}.")
+    return walk
 
 
 def run(args: argparse.Namespace) -> int:
