@@ -70,7 +70,9 @@ def panels(result: Result) -> tuple[str, list[dict], str]:
         return "grid", [_grid(f"{result.extra['point']} by {result.extra['by']}", grid, result.labels["layer"],
                               cols if values.dim() == 2 else ["all"], corner="layer")], "metric of the patched run"
     if kind.endswith("heads"):
-        return "grid", [_grid(kind, values, [f"L{i}" for i in range(values.size(0))],
+        extra = result.extra
+        name = f"{extra['length']} random tokens, repeated, {extra['ids'].size(0)} sequences"
+        return "grid", [_grid(name, values, [f"L{i}" for i in range(values.size(0))],
                               [f"H{h}" for h in range(values.size(1))], corner="layer \\ head",
                               scale={"diverging": False, "lo": 0.0, "hi": 1.0, "max": 1.0})], "score"
     if kind in ("integrated gradients", "gradient x input"):
