@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ..checkpoints import from_pretrained, load_tokenizer
 from ..checkpoints.toys import MASK, TOY_MODELS, TOYS, build_toy, toy_tokenizer
 from ..cli import add_device_argument, add_model_argument
+from ..viz import write_atomically
 from .examples import EXAMPLES, example_walk
 from .walkthrough import Walkthrough, walkthrough
 
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         output = None
     if args.out:
-        Path(args.out).write_text(output if output is not None else walk.to_text(), encoding="utf-8")
+        write_atomically(args.out, output if output is not None else walk.to_text())
         print(f"anatomy walk: wrote {len(walk.steps)} steps to {args.out}", file=sys.stderr)
     elif output is not None:
         sys.stdout.write(output)

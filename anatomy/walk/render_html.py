@@ -5,8 +5,9 @@
 - a contents sidebar (<nav>) with a link per step;
 - hovering a cell shows the operands that produced it (the cell's title).
 
-The page has no script and fetches nothing: a Content-Security-Policy forbids both. Every token is
-HTML-escaped; MathML is made only from formulas the walk writes, never from token text.
+The page is anatomy's one HTML page shell (anatomy.viz.page), without a script: its
+Content-Security-Policy forbids scripts and every fetch. Every token is HTML-escaped; MathML is
+made only from formulas the walk writes, never from token text.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ import html
 
 from latex2mathml.converter import convert
 
+from ..viz import page
 from .render_common import COLUMN_GAP, ROW_GAP, footer, grid, header, printable
 from .types import Matrix, Step, WalkResult
 
-CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; font-src 'none'; "
-       "connect-src 'none'; script-src 'none'; base-uri 'none'; form-action 'none'")
 SHADES = 5  # levels of shading each side of zero
 
 CSS = """
@@ -123,14 +123,10 @@ def render_html(walk: WalkResult) -> str:
     title, sub = header(walk)
     contents = "".join(f'<li><a href="#step-{s.number}">{e(s.title)}</a></li>' for s in walk.steps)
     notes = "".join(f"<p><i>{e(note)}</i></p>" for note in walk.notes)
-    return "\n".join([
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{e(title)}</title><style>{CSS}</style></head><body>",
+    body = "\n".join([
         f'<nav aria-label="Steps"><b>Steps</b><ol>{contents}</ol></nav>',
         f"<main><h1>{e(title)}</h1><p>{e(sub)}</p>{notes}",
         *[section(step) for step in walk.steps],
-        f'<p class="{"ok" if walk.ok else "bad"}">{e(footer(walk))}</p></main></body></html>',
+        f'<p class="{"ok" if walk.ok else "bad"}">{e(footer(walk))}</p></main>',
     ])
+    return page(printable(title), body, style=CSS)
