@@ -130,7 +130,7 @@ class ModelConfig:
     pos_offset: int = 0  # learned positions: position p reads row p + pos_offset (OPT, BART: 2; RoBERTa: pad + 1)
     relative_buckets: int = 32  # relative positions (T5): buckets of key - query distance, per stack
     relative_max_distance: int = 128  # relative positions: distances beyond this share the last bucket
-    positions_from_padding: bool = False  # position ids count real tokens only, so left padding shifts none (RoBERTa, OPT)
+    positions_from_padding: bool = False  # position ids count real tokens only: left padding shifts none (RoBERTa, OPT)
     pad_token_id: int | None = None
     bos_token_id: int | None = None  # special ids the model was trained with (metadata for generation)
     eos_token_id: int | None = None
@@ -177,7 +177,9 @@ class ModelConfig:
         for name, encoder_name in DECODER_SIZES.items():
             if self.arch != "encoder-decoder":
                 if getattr(self, name) is not None:
-                    raise ConfigError(f"{name}={getattr(self, name)!r} needs arch='encoder-decoder' (got {self.arch!r})")
+                    raise ConfigError(
+                        f"{name}={getattr(self, name)!r} needs arch='encoder-decoder' (got {self.arch!r})"
+                    )
                 continue
             if getattr(self, name) is None:
                 object.__setattr__(self, name, getattr(self, encoder_name))
@@ -229,14 +231,17 @@ class ModelConfig:
         if isinstance(self.pos_offset, bool) or not isinstance(self.pos_offset, int) or self.pos_offset < 0:
             raise ConfigError(f"pos_offset must be an integer >= 0, got {self.pos_offset!r}")
         if self.pos_offset and self.pos_encoding != "learned":
-            raise ConfigError(f"pos_offset={self.pos_offset} shifts rows of a learned table; pos_encoding is {self.pos_encoding!r}")
+            raise ConfigError(
+                f"pos_offset={self.pos_offset} shifts rows of a learned table; pos_encoding is {self.pos_encoding!r}"
+            )
         if self.norm_eps <= 0:
             raise ConfigError(f"norm_eps must be > 0, got {self.norm_eps}")
         for name in SPECIAL_TOKEN_FIELDS:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
                 raise ConfigError(f"{name}={value!r} is outside [0, vocab_size={self.vocab_size})")
-        if self.arch == "encoder-decoder" and any(getattr(self, n) != getattr(self, e) for n, e in DECODER_SIZES.items()):
+        uneven = any(getattr(self, name) != getattr(self, encoder) for name, encoder in DECODER_SIZES.items())
+        if self.arch == "encoder-decoder" and uneven:
             try:
                 self.decoder_config()
             except ConfigError as error:
@@ -296,12 +301,20 @@ class ModelConfig:
         return self.dropout if self.attn_dropout is None else self.attn_dropout
 
     def decoder_config(self) -> "ModelConfig":
-        """An encoder-decoder's decoder stack: this config with the decoder's depth, heads and d_ff
-        (d_head and n_kv_heads follow the heads unless they were set)."""
+        """An encoder-decoder's decoder stack: this config with the decoder's depth, heads and d_ff.
+
+        With as many heads as the encoder, the decoder's heads are the encoder's (d_head, n_kv_heads);
+        with another number, each is d_model / decoder_n_heads wide with its own key/value head
+        (Marian, BART). Layer types follow sliding_window, for the decoder's depth.
+        """
         if self.arch != "encoder-decoder":
-            raise ConfigError(f"decoder_config() is the decoder stack of an encoder-decoder; this config has arch={self.arch!r}")
+            raise ConfigError(
+                f"decoder_config() is the decoder stack of an encoder-decoder; this config has arch={self.arch!r}"
+            )
         sizes = {encoder_name: getattr(self, name) for name, encoder_name in DECODER_SIZES.items()}
-        return self.replace(**sizes, **{name: sizes[encoder_name] for name, encoder_name in DECODER_SIZES.items()})
+        heads = {} if self.decoder_n_heads == self.n_heads else dict(d_head=None, n_kv_heads=None, rotary_dim=None)
+        return self.replace(**sizes, **{name: sizes[encoder_name] for name, encoder_name in DECODER_SIZES.items()},
+                            **heads, layer_types=None)
 
     def replace(self, **changes: Any) -> "ModelConfig":
         """A copy with `changes`; fields that were derived (d_head, n_kv_heads, head, final_norm)

@@ -15,6 +15,7 @@ FLAGS = dict(
     arch="encoder-decoder", pos_encoding="learned", pos_offset=2, positions_from_padding=False, norm="layernorm",
     norm_position="post", final_norm=False, embed_norm=True, type_vocab_size=0, attn_bias=True, attn_out_bias=True,
     mlp_bias=True, lm_head_bias=True, lm_head_transform=False, share_encoder_decoder_embeddings=True, norm_eps=1e-5,
+    lm_head_rescale=False,
 )
 CLASSES = {"BartForConditionalGeneration": "lm"}
 
@@ -36,7 +37,8 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("bart", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads)
+    require("bart", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
+            d_embed=config.d_model)
     decoder = config.decoder_config()
     require("bart decoder", decoder, n_kv_heads=decoder.n_heads, d_head=decoder.d_model // decoder.n_heads)
     return dict(

@@ -11,6 +11,7 @@ from .engine import Architecture, Rule, require
 FLAGS = dict(
     arch="encoder", pos_encoding="learned", norm="layernorm", norm_position="post", final_norm=False,
     embed_norm=True, scale_embeddings=False, attn_bias=True, attn_out_bias=True, mlp_bias=True, pooling="first",
+    pos_offset=0, positions_from_padding=False, pooler_activation="tanh", lm_head_rescale=False,
 )
 CLASSES = {
     "BertModel": "none",
@@ -44,7 +45,8 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("bert", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads)
+    require("bert", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
+            d_embed=config.d_model)
     if config.head == "masked-lm":
         require("bert masked-lm", config, lm_head_transform=True, lm_head_bias=True)
     hf = dict(

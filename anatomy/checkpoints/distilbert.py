@@ -13,7 +13,7 @@ from .engine import Architecture, Rule, require
 FLAGS = dict(
     arch="encoder", pos_encoding="learned", norm="layernorm", norm_position="post", final_norm=False,
     embed_norm=True, scale_embeddings=False, type_vocab_size=0, attn_bias=True, attn_out_bias=True, mlp_bias=True,
-    pooling="first", norm_eps=1e-12, pos_offset=0,
+    pooling="first", norm_eps=1e-12, pos_offset=0, positions_from_padding=False, lm_head_rescale=False,
 )
 CLASSES = {
     "DistilBertModel": "none",
@@ -40,7 +40,8 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("distilbert", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads)
+    require("distilbert", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
+            d_embed=config.d_model)
     if config.head == "masked-lm":
         require("distilbert masked-lm", config, lm_head_transform=True, lm_head_bias=True)
     if config.head == "sequence-classification":

@@ -11,7 +11,8 @@ from .engine import Architecture, Rule, require
 FLAGS = dict(
     arch="decoder", pos_encoding="learned", norm="layernorm", norm_position="pre", final_norm=True,
     embed_norm=False, scale_embeddings=False, type_vocab_size=0, attn_bias=True, attn_out_bias=True,
-    mlp_bias=True, lm_head_bias=False, lm_head_transform=False,
+    mlp_bias=True, lm_head_bias=False, lm_head_transform=False, pos_offset=0, positions_from_padding=False,
+    lm_head_rescale=False,
 )
 CLASSES = {"GPT2LMHeadModel": "lm", "GPT2Model": "none"}
 
@@ -33,7 +34,8 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("gpt2", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads)
+    require("gpt2", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
+            d_embed=config.d_model)
     return dict(
         vocab_size=config.vocab_size, n_embd=config.d_model, n_head=config.n_heads, n_layer=config.n_layers,
         n_inner=config.d_ff, n_positions=config.max_seq_len,

@@ -14,7 +14,8 @@ from .files import CheckpointError
 FLAGS = dict(
     arch="decoder", pos_encoding="learned", norm="layernorm", norm_position="pre", final_norm=True,
     embed_norm=False, scale_embeddings=False, type_vocab_size=0, attn_bias=False, attn_out_bias=True,
-    mlp_bias=True, lm_head_bias=False, lm_head_transform=False, query_pre_attn_scalar=1.0,
+    mlp_bias=True, lm_head_bias=False, lm_head_transform=False, query_pre_attn_scalar=1.0, pos_offset=0,
+    positions_from_padding=False, lm_head_rescale=False,
 )
 CLASSES = {"GPTNeoForCausalLM": "lm", "GPTNeoModel": "none"}
 LAYER_TYPES = {"global": "full", "local": "sliding"}  # GPT-Neo's names -> anatomy's
@@ -28,7 +29,8 @@ def _layer_types(hf: dict, n_layers: int) -> tuple[str, ...]:
     unknown = sorted(set(names) - set(LAYER_TYPES))
     if unknown or len(names) != n_layers:
         raise CheckpointError(
-            f"gpt_neo attention layers {names} must name each of the {n_layers} layers with one of {sorted(LAYER_TYPES)}"
+            f"gpt_neo attention layers {names} must name each of the {n_layers} layers "
+            f"with one of {sorted(LAYER_TYPES)}"
         )
     return tuple(LAYER_TYPES[name] for name in names)
 
@@ -51,7 +53,8 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("gpt_neo", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads)
+    require("gpt_neo", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
+            d_embed=config.d_model)
     names = [{v: k for k, v in LAYER_TYPES.items()}[kind] for kind in config.layer_types]
     return dict(
         vocab_size=config.vocab_size, hidden_size=config.d_model, num_heads=config.n_heads, num_layers=config.n_layers,
@@ -73,7 +76,8 @@ def table(config: ModelConfig) -> list[Rule]:
         Rule(f"{h}.attn.attention.out_proj.weight", f"{block}.attn.o_proj.weight"),
         Rule(f"{h}.attn.attention.out_proj.bias", f"{block}.attn.o_proj.bias"),
     ]
-    for hf, ours in [("ln_1", "attn_norm"), ("ln_2", "mlp_norm"), ("mlp.c_fc", "mlp.fc_in"), ("mlp.c_proj", "mlp.fc_out")]:
+    for hf, ours in [("ln_1", "attn_norm"), ("ln_2", "mlp_norm"),
+                     ("mlp.c_fc", "mlp.fc_in"), ("mlp.c_proj", "mlp.fc_out")]:
         rules += [Rule(f"{h}.{hf}.{p}", f"{block}.{ours}.{p}") for p in ("weight", "bias")]
     rules += [Rule(f"transformer.ln_f.{p}", f"final_norm.{p}") for p in ("weight", "bias")]
     if config.head == "lm":

@@ -15,7 +15,7 @@ FLAGS = dict(
     arch="encoder-decoder", pos_encoding="sinusoidal", sinusoid_layout="halves", norm="layernorm",
     norm_position="post", final_norm=False, embed_norm=False, type_vocab_size=0, attn_bias=True,
     attn_out_bias=True, mlp_bias=True, lm_head_bias=True, lm_head_transform=False,
-    share_encoder_decoder_embeddings=True, norm_eps=1e-5,
+    share_encoder_decoder_embeddings=True, norm_eps=1e-5, positions_from_padding=False, lm_head_rescale=False,
 )
 CLASSES = {"MarianMTModel": "lm"}
 
@@ -34,7 +34,8 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
         n_heads=field(hf, "encoder_attention_heads", "marian"), n_layers=field(hf, "encoder_layers", "marian"),
         d_ff=field(hf, "encoder_ffn_dim", "marian"), decoder_n_layers=field(hf, "decoder_layers", "marian"),
         decoder_n_heads=field(hf, "decoder_attention_heads", "marian"),
-        decoder_d_ff=field(hf, "decoder_ffn_dim", "marian"), max_seq_len=field(hf, "max_position_embeddings", "marian", 1024),
+        decoder_d_ff=field(hf, "decoder_ffn_dim", "marian"),
+        max_seq_len=field(hf, "max_position_embeddings", "marian", 1024),
         activation=activation(hf, "activation_function", "marian", "gelu"),
         scale_embeddings=bool(hf.get("scale_embedding", False)), pad_token_id=pad_id(hf),
         dropout=hf.get("dropout", 0.1), attn_dropout=hf.get("attention_dropout", 0.0),
@@ -43,7 +44,8 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("marian", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads)
+    require("marian", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
+            d_embed=config.d_model)
     decoder = config.decoder_config()
     require("marian decoder", decoder, n_kv_heads=decoder.n_heads, d_head=decoder.d_model // decoder.n_heads)
     # Marian pads with its last id by convention, and starts decoding with the pad token.

@@ -14,7 +14,7 @@ from .files import CheckpointError
 FLAGS = dict(
     arch="decoder", pos_encoding="learned", pos_offset=2, positions_from_padding=True, norm="layernorm",
     embed_norm=False, scale_embeddings=False, type_vocab_size=0, lm_head_bias=False, lm_head_transform=False,
-    norm_eps=1e-5,
+    norm_eps=1e-5, lm_head_rescale=False,
 )
 CLASSES = {"OPTForCausalLM": "lm", "OPTModel": "none"}
 
@@ -41,7 +41,9 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     require("opt", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
             final_norm=config.norm_position == "pre", attn_out_bias=config.attn_bias, mlp_bias=config.attn_bias)
     if config.norm_position not in ("pre", "post"):
-        raise CheckpointError(f"an opt checkpoint is pre- or post-norm; this config has norm_position={config.norm_position!r}")
+        raise CheckpointError(
+            f"an opt checkpoint is pre- or post-norm; this config has norm_position={config.norm_position!r}"
+        )
     return dict(
         vocab_size=config.vocab_size, hidden_size=config.d_model, word_embed_proj_dim=config.d_embed,
         num_attention_heads=config.n_heads, num_hidden_layers=config.n_layers, ffn_dim=config.d_ff,

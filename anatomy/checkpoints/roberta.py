@@ -15,7 +15,7 @@ from .files import CheckpointError
 FLAGS = dict(
     arch="encoder", pos_encoding="learned", positions_from_padding=True, norm="layernorm", norm_position="post",
     final_norm=False, embed_norm=True, scale_embeddings=False, attn_bias=True, attn_out_bias=True, mlp_bias=True,
-    pooling="first",
+    pooling="first", pooler_activation="tanh", lm_head_rescale=False,
 )
 CLASSES = {
     "RobertaModel": "none",
@@ -50,11 +50,12 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("roberta", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads)
+    require("roberta", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
+            d_embed=config.d_model)
     if config.pad_token_id is None or config.pos_offset != config.pad_token_id + 1:
         raise CheckpointError(
-            f"a roberta checkpoint needs pos_offset = pad_token_id + 1; this config has pos_offset={config.pos_offset}, "
-            f"pad_token_id={config.pad_token_id}"
+            f"a roberta checkpoint needs pos_offset = pad_token_id + 1; this config has "
+            f"pos_offset={config.pos_offset}, pad_token_id={config.pad_token_id}"
         )
     if config.head == "masked-lm":
         require("roberta masked-lm", config, lm_head_transform=True, lm_head_bias=True, activation="gelu")

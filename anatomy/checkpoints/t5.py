@@ -39,18 +39,21 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     return ModelConfig(
         **FLAGS,
         vocab_size=field(hf, "vocab_size", "t5"), d_model=field(hf, "d_model", "t5"), d_head=field(hf, "d_kv", "t5"),
-        n_heads=field(hf, "num_heads", "t5"), n_layers=n_layers, decoder_n_layers=hf.get("num_decoder_layers") or n_layers,
+        n_heads=field(hf, "num_heads", "t5"), n_layers=n_layers,
+        decoder_n_layers=hf.get("num_decoder_layers") or n_layers,
         d_ff=field(hf, "d_ff", "t5"), max_seq_len=hf.get("n_positions", 512), activation=FEED_FORWARDS[proj],
         relative_buckets=hf.get("relative_attention_num_buckets", 32),
         relative_max_distance=hf.get("relative_attention_max_distance", 128),
         norm_eps=hf.get("layer_norm_epsilon", 1e-6), dropout=hf.get("dropout_rate", 0.1), attn_dropout=None,
-        tie_embeddings=tied, lm_head_rescale=hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings") is not False),
+        tie_embeddings=tied,
+        lm_head_rescale=hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings") is not False),
         pad_token_id=pad, decoder_start_token_id=hf.get("decoder_start_token_id", pad),
     )
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("t5", config, **FLAGS, n_kv_heads=config.n_heads, decoder_n_heads=config.n_heads, decoder_d_ff=config.d_ff)
+    require("t5", config, **FLAGS, n_kv_heads=config.n_heads, decoder_n_heads=config.n_heads, decoder_d_ff=config.d_ff,
+            d_embed=config.d_model)
     if config.activation not in TO_FEED_FORWARD:
         raise CheckpointError(f"a t5 checkpoint cannot express activation={config.activation!r}; "
                               f"allowed: {', '.join(TO_FEED_FORWARD)}")

@@ -233,3 +233,46 @@ def test_relative_position_buckets_are_t5s(bidirectional):
         ours = relative_position_bucket(distance, bidirectional=bidirectional, n_buckets=n_buckets,
                                         max_distance=max_distance)
         assert torch.equal(ours, theirs)
+
+
+FROM_SCRATCH = ["marian-uneven", "roberta-mlm", "roberta-classify", "distilbert-mlm", "distilbert-classify",
+                "bart-uneven", "opt-350m-like", "gpt_neo", "t5", "flan-t5-like"]
+
+
+@pytest.mark.parametrize("case", FROM_SCRATCH)
+def test_a_config_built_from_scratch_is_written_as_its_own_type(checkpoint, tmp_path, case):
+    """A model anatomy builds (no checkpoint behind it) is saved as the model type its flags
+    describe, and transformers computes what anatomy does."""
+    import transformers
+
+    loaded = anatomy.from_pretrained(checkpoint(case)).config
+    config = anatomy.ModelConfig.from_dict({**loaded.to_dict(), "extra": {}})
+    model = anatomy.build_model(config, seed=0).eval()
+    model.save_pretrained(tmp_path, format="hf")
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written["model_type"] == loaded.extra["hf_config"]["model_type"]
+    theirs = getattr(transformers, written["architectures"][0]).from_pretrained(tmp_path).eval()
+    ids, mask = _ids((2, 7)), torch.ones(2, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    with torch.no_grad():
+        if config.arch == "encoder-decoder":
+            tgt = _ids((2, 4), seed=2)
+            ours, reference = model(ids, tgt, mask).logits, _logits(theirs, case, ids, mask.long(), tgt)
+            keep = torch.ones(2, 4, dtype=torch.bool)
+        else:
+            out = model(ids, padding_mask=mask)
+            ours = out.logits if out.logits is not None else out.last_hidden_state
+            reference, keep = _logits(theirs, case, ids, mask.long(), None), mask
+    if ours.dim() == 2:  # sequence classification: one row per text
+        keep = torch.ones(2, dtype=torch.bool)
+    assert (ours - reference)[keep].abs().max() <= TOL
+
+
+def test_decoder_sizes_survive_a_json_round_trip():
+    """Written out, every derived field becomes explicit; the decoder's heads must still be its own."""
+    config = anatomy.ModelConfig(arch="encoder-decoder", d_model=32, n_heads=4, n_layers=3, decoder_n_layers=1,
+                                 decoder_n_heads=2)
+    again = anatomy.ModelConfig.from_json(config.to_json())
+    assert again == config
+    assert again.decoder_config().d_head == config.decoder_config().d_head == 16
+    assert again.decoder_config().layer_types == ("full",)
