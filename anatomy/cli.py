@@ -24,6 +24,7 @@ import traceback
 import torch
 
 from . import __version__
+from .checkpoints import BUILTIN_MODELS
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
@@ -36,10 +37,6 @@ SUBCOMMANDS = {
     "analyze": ("anatomy.analysis.cli", "logit lens, patching, attribution, head detection: each checks its own identity"),
     "bench": ("anatomy.bench.cli", "benchmark anatomy against Hugging Face transformers"),
 }
-
-# What --model accepts by name; anything else is a folder, a .gguf file or a Hub id (org/name).
-BUILTIN_MODEL_NAMES = ("toy", "toy-encoder", "toy-seq2seq", "minilm", "smollm2")
-
 
 # Typed, ranged argument values -------------------------------------------------------------------
 # Each is an argparse `type=`: a bad value becomes "argument --x: <why>" and exit status 2.
@@ -110,9 +107,9 @@ def text(value: str) -> str:
 
 def add_model_argument(parser: argparse.ArgumentParser, default: str | None = "toy", help: str = "", *,
                        flag: str = "--model", required: bool | None = None) -> None:
-    """--model NAME_OR_PATH (or `flag`), resolved by anatomy.from_pretrained / anatomy.load_tokenizer.
-    Required when there is no default, unless `required=False` (`train classify --init`)."""
-    names = ", ".join(BUILTIN_MODEL_NAMES)
+    """`flag` NAME_OR_PATH (--model; `anatomy train` says --init), resolved by anatomy.from_pretrained /
+    anatomy.load_tokenizer. required: None means required exactly when there is no default."""
+    names = ", ".join(BUILTIN_MODELS)
     where = f" (default: {default})" if default else ""
     parser.add_argument(
         flag, default=default, required=default is None if required is None else required, metavar="NAME_OR_PATH",

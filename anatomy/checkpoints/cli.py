@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..cli import BUILTIN_MODEL_NAMES, add_model_argument, non_negative_float, non_negative_int, one_line, text
-from . import ARCHITECTURES
+from ..cli import add_model_argument, non_negative_float, non_negative_int, one_line, text
+from . import ARCHITECTURES, BUILTIN_MODELS
 from .parity import parity_rows
 
 # parity -------------------------------------------------------------------------------------------
@@ -76,8 +76,8 @@ def add_models_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_models(args: argparse.Namespace) -> int:
     print("Built-in models (--model NAME, anatomy.from_pretrained(NAME)):")
-    for name in BUILTIN_MODEL_NAMES:
-        print(f"  {name}")
+    for name, description in BUILTIN_MODELS.items():
+        print(f"  {name:<12} {description}")
     print("\nArchitectures read from a checkpoint folder, a .gguf file or a Hub id (config.json model_type):")
     for model_type, architecture in sorted(ARCHITECTURES.items()):
         print(f"  {model_type:<12} {', '.join(architecture.classes)}")

@@ -15,9 +15,11 @@ from collections.abc import Sequence
 
 import torch
 
-import anatomy
-from anatomy.trace import trace, trace_points
-from anatomy.viz.data import AttentionMap, to_numpy
+from ..checkpoints import Tokenizer
+from ..generation import generate
+from ..models import EncoderDecoderModel
+from ..trace import trace, trace_points
+from .data import AttentionMap, to_numpy
 
 # The points the views read: weights, and the queries and keys for the neuron view.
 ATTENTION_POINT = re.compile(r"(^|\.)(attn|cross_attn)\.(pattern|q|k|q_rot|k_rot)$")
@@ -75,10 +77,11 @@ def traced_forward(model, *args, **kwargs):
 def attention_from_ids(model, ids: Sequence[int], tokens: Sequence[str], *, token_type_ids=None,
                        sentence_b_start: int | None = None) -> list[AttentionMap]:
     """The self-attention of an encoder or decoder model on one sequence of ids, as one AttentionMap."""
-    ids = torch.tensor([list(ids)])  # (1, T)
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(ids)], device=device)  # (1, T)
     kwargs = {}
     if token_type_ids is not None and getattr(model.config, "type_vocab_size", 0):
-        kwargs["token_type_ids"] = torch.tensor([list(token_type_ids)])
+        kwargs["token_type_ids"] = torch.tensor([list(token_type_ids)], device=device)
     recorded = traced_forward(model, ids, **kwargs)
     name = "causal self-attention" if model.config.arch == "decoder" else "self-attention"
     return [from_trace(recorded, tokens, name=name, sentence_b_start=sentence_b_start)]
@@ -87,7 +90,9 @@ def attention_from_ids(model, ids: Sequence[int], tokens: Sequence[str], *, toke
 def seq2seq_attention(model, src_ids: Sequence[int], src_tokens: Sequence[str],
                       tgt_ids: Sequence[int], tgt_tokens: Sequence[str]) -> list[AttentionMap]:
     """An encoder-decoder's three attentions: encoder self (S x S), decoder self (T x T), cross (T x S)."""
-    recorded = traced_forward(model, torch.tensor([list(src_ids)]), torch.tensor([list(tgt_ids)]))
+    device = next(model.parameters()).device
+    recorded = traced_forward(model, torch.tensor([list(src_ids)], device=device),
+                              torch.tensor([list(tgt_ids)], device=device))
     return [
         from_trace(recorded, src_tokens, stack="encoder.", name="encoder self-attention"),
         from_trace(recorded, tgt_tokens, stack="decoder.", name="decoder self-attention (causal)"),
@@ -95,53 +100,62 @@ def seq2seq_attention(model, src_ids: Sequence[int], src_tokens: Sequence[str],
     ]
 
 
-def encode(tokenizer, text: str, text_b: str | None = None) -> tuple[list[int], list[str], list[int]]:
-    """ids, tokens and token type ids (0 for text, 1 for text_b), with the tokenizer's special tokens.
-
-    tokenizer is a Hugging Face `tokenizers.Tokenizer`, or anything holding one as `.backend`
-    (anatomy's Tokenizer), or a `transformers` tokenizer.
-    """
-    hf = getattr(tokenizer, "backend", tokenizer)
-    if hasattr(hf, "convert_ids_to_tokens"):  # transformers
-        batch = hf(text, text_b)
-        ids = batch["input_ids"]
-        types = batch.get("token_type_ids") or [0] * len(ids)
-        return ids, hf.convert_ids_to_tokens(ids), types
-    encoding = hf.encode(text, text_b, add_special_tokens=True)
-    return encoding.ids, encoding.tokens, encoding.type_ids
+def tokens_of(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
+    """The token string of each id (`<id>` for an id the vocabulary lacks)."""
+    return [tokenizer.id_to_token(i) or f"<{i}>" for i in ids]
 
 
-def token_text(tokenizer, token_id: int) -> str:
-    """The token string of one id, for the same tokenizers as `encode`."""
-    hf = getattr(tokenizer, "backend", tokenizer)
-    if hasattr(hf, "convert_ids_to_tokens"):
-        return hf.convert_ids_to_tokens(token_id)
-    return hf.id_to_token(token_id)
+def cut(ids: list[int], limit: int | None, what: str, notes: list[str] | None) -> list[int]:
+    """ids cut to a stack's `limit` positions (None: unbounded). The cut is written in `notes`;
+    without notes a text too long is an error, never cut silently."""
+    if limit is None or len(ids) <= limit:
+        return ids
+    message = f"{what} has {len(ids)} tokens; the model takes {limit} positions"
+    if notes is None:
+        raise ValueError(f"{message}: shorten it, or pass notes=[] to cut it to the first {limit}")
+    notes.append(f"{message}: the view shows the first {limit}")
+    return ids[:limit]
 
 
-def attention_from_model(model, tokenizer, text: str, text_b: str | None = None) -> list[AttentionMap]:
+def attention_from_model(model, tokenizer: Tokenizer, text: str, text_b: str | None = None, *,
+                         notes: list[str] | None = None) -> list[AttentionMap]:
     """Tokenize, run the model once with the attention traced, and return its AttentionMaps.
 
-    Encoder or decoder: text (and text_b as a sentence pair, where B starts at the first type-1
-    token). Encoder-decoder: text is the source, text_b the target (required).
+    Encoder: text, or the pair text / text_b (BERT's [CLS] A [SEP] B [SEP]; B starts at the first
+    type-1 token). Decoder: text only. Encoder-decoder: text is the source, text_b the target
+    (required). A text longer than the model's positions is cut and described in `notes`; without
+    `notes` it raises ValueError.
     """
-    if model.config.arch == "encoder-decoder":
+    arch = model.config.arch
+    if isinstance(model, EncoderDecoderModel):
         if text_b is None:
             raise ValueError("an encoder-decoder model needs a source text and a target text (TEXT TEXT_B)")
-        src_ids, src_tokens, _ = encode(tokenizer, text)
-        tgt_ids, tgt_tokens, _ = encode(tokenizer, text_b)
-        return seq2seq_attention(model, src_ids, src_tokens, tgt_ids, tgt_tokens)
-    ids, tokens, types = encode(tokenizer, text, text_b)
-    b_start = types.index(1) if text_b is not None and 1 in types else None
-    return attention_from_ids(model, ids, tokens, token_type_ids=types, sentence_b_start=b_start)
+        src = cut(tokenizer.encode(text), model.encoder.max_positions, "the source", notes)
+        tgt = cut(tokenizer.encode(text_b), model.decoder.max_positions, "the target", notes)
+        return seq2seq_attention(model, src, tokens_of(tokenizer, src), tgt, tokens_of(tokenizer, tgt))
+    if text_b is not None and arch != "encoder":
+        raise ValueError(f"a {arch} reads one text: a sentence pair (TEXT_B) needs an encoder, a translation "
+                         "target an encoder-decoder")
+    encoding = tokenizer.backend.encode(text, text_b)  # the pair template and token types of the tokenizer
+    ids = cut(encoding.ids, model.max_positions, "the text" if text_b is None else "the pair", notes)
+    types = encoding.type_ids[:len(ids)]
+    sequences = encoding.sequence_ids[:len(ids)]  # 0: text, 1: text_b, None: a special token
+    b_start = sequences.index(1) if text_b is not None and 1 in sequences else None
+    return attention_from_ids(model, ids, tokens_of(tokenizer, ids), token_type_ids=types, sentence_b_start=b_start)
 
 
-def greedy_continuation(model, ids: Sequence[int], n_new: int) -> list[int]:
-    """ids followed by n_new tokens, each the argmax of a decoder model's next-token logits.
+def greedy_continuation(model, ids: Sequence[int], n_new: int, limit: int | None = None) -> list[int]:
+    """ids followed by n_new tokens, each the argmax of a decoder model's next-token logits: one
+    sequence whose causal attention, in one pass, is the attention of every step.
 
-    Raises ValueError when the result would not fit the model's max_seq_len.
+    Raises ValueError, before generating, when the result would not fit in one pass: the model's
+    positions, or `limit` for a model without a position table.
     """
-    limit = model.config.max_seq_len
-    if len(ids) + n_new > limit:
-        raise ValueError(f"{len(ids)} prompt tokens + {n_new} new ones exceed the model's max_seq_len {limit}")
-    return anatomy.generate(model, torch.tensor([list(ids)]), max_new_tokens=n_new, strategy="greedy").sequences[0].tolist()
+    limit = model.max_positions or limit
+    if limit is not None and len(ids) + n_new > limit:
+        room = limit - len(ids)
+        raise ValueError(f"one pass of the model holds {limit} positions and the prompt has {len(ids)} tokens: "
+                         + (f"at most {room} new tokens" if room >= 1 else "shorten the prompt"))
+    device = next(model.parameters()).device
+    return generate(model, torch.tensor([list(ids)], device=device), max_new_tokens=n_new,
+                    strategy="greedy").sequences[0].tolist()

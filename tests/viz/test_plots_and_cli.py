@@ -39,8 +39,34 @@ def test_cli_writes_each_view_and_image(view, tmp_path, capsys):
 
 def test_cli_encoder_decoder_pair(tmp_path):
     out = tmp_path / "pair.html"
-    assert main(["viz", "Hello World, this is Alejandro!", "Hola Mundo, soy Alejandro!", "--out", str(out)]) == 0
+    assert main(["viz", "Hello World, this is Alejandro!", "Hola Mundo, soy Alejandro!", "--model", "toy-seq2seq",
+                 "--out", str(out)]) == 0
     assert "cross-attention" in out.read_text()
+
+
+def test_cli_a_pair_on_the_decoder_toy_is_a_clear_error_not_another_model(tmp_path, capsys):
+    out = tmp_path / "pair.html"
+    assert main(["viz", "Hello World, this is Alejandro!", "Hola Mundo, soy Alejandro!", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "needs an encoder" in err and "toy-seq2seq" in err and not out.exists()
+
+
+def test_cli_a_pair_on_an_encoder_is_a_sentence_pair(tmp_path):
+    out = tmp_path / "pair.html"
+    assert main(["viz", "Hello World,", "this <MASK> Alejandro!", "--model", "toy-encoder", "--out", str(out)]) == 0
+    assert '"sentenceBStart":4' in out.read_text()  # <SOS> Hello World, <EOS> | this <MASK> Alejandro! <EOS>
+
+
+def test_cli_generation_view_refuses_more_tokens_than_one_pass_holds(tmp_path, capsys):
+    out = tmp_path / "generation.html"
+    assert main(["viz", "Hello World, this", "--view", "generation", "--new-tokens", "100000", "--out", str(out)]) == 2
+    assert "at most 12 new tokens" in capsys.readouterr().err and not out.exists()
+
+
+def test_cli_announces_a_text_cut_to_the_model_positions(tmp_path, capsys):
+    out = tmp_path / "long.html"
+    assert main(["viz", " ".join(["Hello"] * 40), "--out", str(out)]) == 0
+    assert "the text has 42 tokens; the model takes 16 positions: the view shows the first 16" in capsys.readouterr().err
 
 
 def test_cli_errors_name_the_allowed_values(tmp_path, capsys):
