@@ -141,7 +141,9 @@ def scores_steps(b: Builder, attn, a: str, q, k, v, q_tokens, kv_tokens, allowed
     if attn.softcap:
         text += say("softcap", cap=attn.softcap)
         equation, latex = equation + f",   S ← {attn.softcap:g}·tanh(S / {attn.softcap:g})", latex + r", \quad S \leftarrow c \tanh(S / c)"
-    shown = [Matrix("S", "S", scores, rows=q_tokens, cols=kv_tokens, point=f"{a}scores", index=(0, h), highlight=fi)]
+    scaled = lambda i, j: f"QKᵀ['{q_tokens[i]}', '{kv_tokens[j]}'] × {scale:.4f} = {fmt(float(raw[i, j]))} × {scale:.4f}"  # noqa: E731
+    shown = [Matrix("S", "S", scores, rows=q_tokens, cols=kv_tokens, point=f"{a}scores", index=(0, h), highlight=fi,
+                    operands=scaled)]
     if bias is not None:
         text += say("alibi_bias")
         equation, latex = equation + " + B,   B[i, j] = −m_h |i − j|", latex + r" + B, \quad B_{ij} = -m_h |i-j|"
@@ -195,7 +197,9 @@ def scores_steps(b: Builder, attn, a: str, q, k, v, q_tokens, kv_tokens, allowed
     b.add(
         section, "Row-wise softmax", say("softmax"),
         "A[i, j] = exp(S[i, j]) / Σ_k exp(S[i, k])", r"A_{ij} = \frac{\exp(S_{ij})}{\sum_k \exp(S_{ik})}",
-        [Matrix("A", "A", pattern, rows=q_tokens, cols=kv_tokens, point=f"{a}pattern", index=(0, h), highlight=fi)],
+        [Matrix("A", "A", pattern, rows=q_tokens, cols=kv_tokens, point=f"{a}pattern", index=(0, h), highlight=fi,
+                operands=lambda i, j: f"exp(S['{q_tokens[i]}', '{kv_tokens[j]}']) / Σ_k exp(S['{q_tokens[i]}', k]) = "
+                                      f"exp({fmt(float(masked[i, j]))}) / Σ_k exp(S[{i}, k])")],
         b.check("softmax of the masked scores", f"the model's {a}pattern", softmax(scores, allowed), pattern),
         softmax_lines,
     )

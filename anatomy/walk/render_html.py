@@ -58,10 +58,11 @@ td.dim, th.dim { color: #a2a8b8; }
 """
 
 
-def mathml(latex: str, plain: str) -> str:
-    """A formula as display MathML; the plain text where latex2mathml cannot parse it."""
+def mathml(latex: str, plain: str, display: str = "block") -> str:
+    """A formula as MathML (display "block" or "inline"); the plain text where latex2mathml cannot
+    parse it."""
     try:
-        return convert(latex, display="block")
+        return convert(latex, display=display)
     except Exception:  # noqa: BLE001 - any parser failure falls back to the escaped plain form
         return f"<code>{html.escape(printable(plain))}</code>"
 
@@ -109,7 +110,7 @@ def section(step: Step) -> str:
         parts.append('<div class="mats">' + "".join(table(m) for m in step.matrices) + "</div>")
     if step.worked:
         items = "".join(f'<li><span class="{"ok" if w.check.ok else "bad"}">{"✓" if w.check.ok else "✗"}</span> '
-                        f"{e(w.text)}{mathml(w.latex, '')}</li>" for w in step.worked)
+                        f"{e(w.text)} &nbsp; {mathml(w.latex, '', 'inline')}</li>" for w in step.worked)
         parts.append(f'<p><b>By hand:</b></p><ul class="worked">{items}</ul>')
     if step.check is not None:
         parts.append(f'<p class="{"ok" if step.check.ok else "bad"}">{e(step.check.summary)}</p>')
