@@ -35,6 +35,7 @@ from .analysis import bench_analysis
 from .decoding import bench_generate
 from .encoder import bench_encoder
 from .gemv import bench_gemv
+from .load import bench_load
 from .overhead import bench_overhead
 from .trace import bench_trace
 from .train import bench_train
@@ -46,6 +47,7 @@ GROUPS = {
     "trace": bench_trace,
     "overhead": bench_overhead,
     "gemv": bench_gemv,
+    "load": bench_load,
     "analysis": bench_analysis,
 }
 

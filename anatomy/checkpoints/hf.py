@@ -106,9 +106,11 @@ def model_from_hf(hf: dict, weights: Weights, *, dtype: torch.dtype | None = Non
     prefixed = any(k.startswith(arch.base_prefix + ".") for k in keys)
     expected = {"i": config.n_layers, "j": config.decoder_n_layers or config.n_layers}
     check_layers(rules_for(arch, config, prefixed, per_layer=False), keys, expected, source)
+    check_memory(config, source)
+    model = empty_model(config, source)
     rules = rules_for(arch, config, prefixed)
-    check_fit(check_memory(config, dtype, source, device), rules, weights, arch.ignore, arch.model_type)
-    model = empty_model(config)
+    check_fit(model, rules, weights, arch.ignore, arch.model_type)
+    check_memory(config, source, model, dtype, device)
     load_into(model, rules, weights, arch.ignore, arch.model_type, dtype=dtype, device=device)
     return model.to(device=device, dtype=dtype).eval()
 

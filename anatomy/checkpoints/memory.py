@@ -10,10 +10,12 @@ accelerate do):
    model as it is (engine.load_into), so its bytes are the file's pages, read once, never copied.
 3. A dtype conversion happens one tensor at a time.
 
-Before any of that, `check_fits` compares what the config asks for with the weight files' headers
-and with the memory the machine has, on a model built entirely on the meta device (milliseconds,
-no bytes), so that a config.json claiming a million layers or a 50-million-token vocabulary is
-refused at once with a CheckpointError instead of allocating for minutes.
+Before any tensor is read, a config is checked in this order, each step in milliseconds:
+its layer counts against the weights' names (a config.json claiming a million layers is refused
+before a million layers are built); its position tables against the memory available (a bound,
+from max_seq_len); the model built with meta parameters against the weight files' headers, name by
+name and shape by shape (engine.check_fit: a 50-million-token vocabulary is refused there); and its
+bytes, in the dtype asked for, against the memory available. Each failure is a CheckpointError.
 """
 
 from __future__ import annotations
@@ -55,10 +57,34 @@ def parameters_on_meta() -> Iterator[None]:
         handle.remove()
 
 
-def empty_model(config: ModelConfig) -> nn.Module:
-    """The model `config` describes, parameters on meta (to be assigned by engine.load_into)."""
-    with parameters_on_meta():
-        return FAMILIES[config.arch](config)
+# torch.nn.init's in-place initialisers, skipped while building a model whose weights come from a file
+INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+                  "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+
+
+@contextmanager
+def no_init() -> Iterator[None]:
+    """torch.nn.init does nothing inside this block (as transformers' no_init_weights): the values
+    would be overwritten, and initialising a meta tensor costs seconds of imports on first use."""
+    saved = {name: getattr(nn.init, name) for name in INIT_FUNCTIONS}
+    for name in saved:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
+
+
+def empty_model(config: ModelConfig, source: str = "the checkpoint") -> nn.Module:
+    """The model `config` describes, parameters on meta (to be assigned by engine.load_into),
+    buffers computed. Raises CheckpointError when the config asks for more than can be allocated."""
+    try:
+        with parameters_on_meta(), no_init():
+            return FAMILIES[config.arch](config)
+    except (RuntimeError, MemoryError, ValueError) as error:
+        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"{source}: anatomy cannot build the model its config describes ({first})") from None
 
 
 def layer_counts(rules: list[Rule], names: set[str]) -> dict[str, int]:
@@ -70,7 +96,7 @@ def layer_counts(rules: list[Rule], names: set[str]) -> dict[str, int]:
             if marker not in rule.hf:
                 continue
             before, after = rule.hf.split(marker, 1)
-            pattern = re.compile(re.escape(before) + r"(\d+)" + re.escape(after).replace(r"\{", "{").replace(r"\}", "}"))
+            pattern = re.compile(re.escape(before) + r"(\d+)" + re.escape(after))
             found = [int(m.group(1)) for name in names if (m := pattern.fullmatch(name))]
             counts[key] = max(counts.get(key, 0), max(found, default=-1) + 1)
     return counts
@@ -79,20 +105,39 @@ def layer_counts(rules: list[Rule], names: set[str]) -> dict[str, int]:
 def check_layers(rules: list[Rule], names: set[str], expected: dict[str, int], source: str) -> None:
     """The config's layer counts must be the checkpoint's (checked on names alone, before building)."""
     found = layer_counts(rules, names)
-    wrong = [f"{key}-layers: config says {expected[key]}, the weights hold {found[key]}"
+    wrong = [f"{'decoder ' if key == 'j' else ''}layers: the config says {expected[key]}, the weights hold {found[key]}"
              for key in found if key in expected and found[key] != expected[key]]
     if wrong:
         raise CheckpointError(f"{source}: the config's depth does not match the weights ({'; '.join(wrong)})")
 
 
-def meta_model(config: ModelConfig) -> nn.Module:
-    """The whole model on the meta device, buffers included: every shape, no bytes."""
-    with torch.device("meta"):
-        return FAMILIES[config.arch](config)
+def position_table_bytes(config: ModelConfig) -> int:
+    """An upper bound on the buffers a config asks for, computed before building: sinusoid and rotary
+    tables hold at most max_seq_len x max(d_model, d_head) float32 values each, and a model has at
+    most eight (cos and sin, global and local rotary, encoder and decoder)."""
+    return 8 * config.max_seq_len * max(config.d_model, config.d_head) * 4
+
+
+def check_memory(config: ModelConfig, source: str, model: nn.Module | None = None,
+                 dtype: torch.dtype | None = None, device=None) -> None:
+    """Refuse, with a CheckpointError, what the machine's available memory cannot hold.
+
+    Without `model`: the position tables' bound (position_table_bytes), before building. With the
+    model built on meta: its parameters in `dtype` (when they go to the cpu) and its buffers."""
+    available = available_memory()
+    if model is None:
+        needed, what = position_table_bytes(config), f"position tables for max_seq_len={config.max_seq_len}"
+    else:
+        params, buffers = nbytes(model, dtype)
+        on_cpu = device is None or torch.device(device).type == "cpu"
+        needed, what = (params if on_cpu else 0) + buffers, f"{_gb(params)} of weights and {_gb(buffers)} of buffers"
+    if needed + HEADROOM_BYTES > available:
+        raise CheckpointError(f"{source}: this model needs about {what}, more than the {_gb(available)} of memory "
+                              "available; nothing was allocated")
 
 
 def nbytes(model: nn.Module, dtype: torch.dtype | None) -> tuple[int, int]:
-    """(parameter bytes, buffer bytes) of a model, parameters counted in `dtype` when given."""
+    """(parameter bytes, buffer bytes) of a model, floating parameters counted in `dtype` when given."""
     params = {id(p): p for p in model.parameters()}.values()
     param_bytes = sum(p.numel() * (dtype.itemsize if dtype is not None and p.is_floating_point() else p.element_size())
                       for p in params)
@@ -109,23 +154,6 @@ def available_memory() -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def check_memory(config: ModelConfig, dtype: torch.dtype | None, source: str, device=None) -> nn.Module:
-    """Estimate the bytes `config` needs (on the meta device) and refuse when the machine lacks them.
-
-    Returns the meta model, whose shapes engine.load_into's checks can use. Raises CheckpointError."""
-    model = meta_model(config)
-    param_bytes, buffer_bytes = nbytes(model, dtype)
-    on_cpu = device is None or torch.device(device).type == "cpu"
-    available = available_memory()
-    needed = buffer_bytes + (param_bytes if on_cpu else 0) + HEADROOM_BYTES
-    if needed > available:
-        raise CheckpointError(
-            f"{source}: this model needs about {_gb(param_bytes)} of weights and {_gb(buffer_bytes)} of "
-            f"position tables, more than the {_gb(available)} of memory available; nothing was allocated"
-        )
-    return model
 
 
 def _gb(n: int) -> str:

@@ -10,11 +10,11 @@ checked engine as the four architectures, with an identity table.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from torch import nn
-
 import torch
+from torch import nn
 
 from ..config import ConfigError, ModelConfig
 from .engine import Rule, check_fit, export, load_into
@@ -22,6 +22,7 @@ from .files import CheckpointError, Weights, read_json, write_safetensors
 from .memory import check_memory, empty_model
 
 NATIVE_CONFIG = "anatomy_config.json"
+LAYER_NAME = re.compile(r"(encoder\.|decoder\.|)blocks\.(\d+)\.")
 
 
 def identity_table(model: nn.Module) -> list[Rule]:
@@ -53,8 +54,27 @@ def load_native(directory: Path, *, dtype: torch.dtype | None = None, device=Non
         raise CheckpointError(f"{str(path)!r} describes an invalid model: {error}") from None
     weights = Weights(directory, root=root)
     dtype = dtype or next((weights.dtype(k) for k in weights if weights.dtype(k).is_floating_point), torch.float32)
-    probe = check_memory(config, dtype, str(path), device)
-    check_fit(probe, identity_table(probe), weights, (), "anatomy")
-    model = empty_model(config)
+    source = str(path)
+    _check_depth(config, weights, source)
+    check_memory(config, source)
+    model = empty_model(config, source)
+    check_fit(model, identity_table(model), weights, (), "anatomy")
+    check_memory(config, source, model, dtype, device)
     load_into(model, identity_table(model), weights, (), "anatomy", dtype=dtype, device=device)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def _check_depth(config: ModelConfig, weights: Weights, source: str) -> None:
+    """The config's layer counts against the tensor names (blocks.N., encoder./decoder.blocks.N.),
+    before anything is built."""
+    found: dict[str, int] = {}
+    for name in weights:
+        match = LAYER_NAME.match(name)
+        if match:
+            found[match.group(1)] = max(found.get(match.group(1), 0), int(match.group(2)) + 1)
+    expected = {"": config.n_layers, "encoder.": config.n_layers,
+                "decoder.": config.decoder_n_layers or config.n_layers}
+    wrong = [f"{stack or 'the stack'}: the config says {expected[stack]} layers, the weights hold {n}"
+             for stack, n in found.items() if n != expected[stack]]
+    if wrong:
+        raise CheckpointError(f"{source}: the config's depth does not match the weights ({'; '.join(wrong)})")
