@@ -139,6 +139,9 @@ def unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
+DEQUANTIZE_CHUNK = 1 << 20  # values dequantized at once (4 MB of float32)
+
+
 class GgufWeights:
     """The tensors of a GGUF file under Hugging Face names, dequantized one at a time on `get`
     (the Weights protocol of files.py: `name in w`, iter, shape, get, source)."""
@@ -164,10 +167,15 @@ class GgufWeights:
         return torch.float32
 
     def get(self, name: str) -> torch.Tensor:
-        """The tensor in float32 (the precision every GGUF type dequantizes to)."""
+        """The tensor in float32 (the precision every GGUF type dequantizes to), dequantized a few
+        rows at a time into its final storage: the temporaries stay small whatever the tensor."""
         t = self._tensors[name]
-        values = np.array(_gguf().quants.dequantize(t.data, t.tensor_type), dtype=np.float32)  # a copy, off the memory map
-        w = torch.from_numpy(values).reshape(self.shape(name))
+        w = torch.empty(self.shape(name), dtype=torch.float32)
+        blocks = t.data.reshape(-1, t.data.shape[-1])  # one row of blocks (or of values) per tensor row
+        out = w.numpy().reshape(len(blocks), -1)  # (rows, cols), the same memory as w
+        step = max(1, DEQUANTIZE_CHUNK // out.shape[1])
+        for start in range(0, len(blocks), step):
+            out[start:start + step] = _gguf().quants.dequantize(blocks[start:start + step], t.tensor_type)
         if name in self._heads:
             w = unpermute_rows(w, self._heads[name])
         if self._norm_offset and name.endswith("norm.weight"):
