@@ -165,14 +165,13 @@ def summary(args, model, task, tokenizer, info) -> str:
     sizes = task.sizes()
     per_step = sizes["per_batch"] * args.grad_accum * info.world_size
     at_most = "up to " if sizes.get("per_batch_is_at_most") else ""
-    shape = f"{args.batch_size} x {sizes['per_batch'] // args.batch_size} tokens"
     rows = [
         ("model", f"{params / 1e6:.2f} M parameters ({model.config.arch}, {model.config.n_layers} layers, "
                   f"d_model {model.config.d_model})"),
         ("device", f"{info.device}, {torch.get_num_threads()} thread(s), {info.world_size} rank(s)"),
         ("vocabulary", f"{tokenizer.vocab_size:,} tokens ({tokenizer.kind})"),
         ("data", f"{sizes['train']:,} tokens train, {sizes['validation']:,} validation"),
-        ("steps", f"{args.max_steps:,} x {at_most}{per_step:,} tokens per step ({shape} x {args.grad_accum} "
+        ("steps", f"{args.max_steps:,} x {at_most}{per_step:,} tokens per step ({sizes['batch']} x {args.grad_accum} "
                   f"micro-batch(es) x {info.world_size} rank(s)) = {at_most}{per_step * args.max_steps:,} tokens"),
     ]
     return f"anatomy train {args.task} -> {args.out}\n" + "\n".join(f"  {k:<11} {v}" for k, v in rows)

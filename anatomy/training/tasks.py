@@ -44,9 +44,10 @@ class LMTask:
                           label_smoothing=label_smoothing, reduction="sum")
 
     def sizes(self) -> dict:
-        """Tokens in the training and validation streams, and tokens per micro-batch (for the summary)."""
+        """Tokens in the training and validation data, tokens per micro-batch and its shape (for the summary)."""
+        b, t = self.train.batch_size, self.train.block_size
         return {"train": len(self.train.ids), "validation": len(self.val.ids) if self.val else 0,
-                "per_batch": self.train.batch_size * self.train.block_size}
+                "per_batch": b * t, "batch": f"{b} x {t} tokens"}
 
     @torch.no_grad()
     def evaluate(self, model, device, final: bool = False) -> dict:
@@ -89,7 +90,8 @@ class Seq2SeqTask:
     def sizes(self) -> dict:
         val = self.val[0].lengths().sum() + self.val[1].lengths().sum() if self.val else 0
         return {"train": int(self.src.lengths().sum() + self.tgt.lengths().sum()), "validation": int(val),
-                "per_batch": 2 * self.batch_size * self.max_len, "per_batch_is_at_most": True}
+                "per_batch": 2 * self.batch_size * self.max_len, "per_batch_is_at_most": True,
+                "batch": f"{self.batch_size} pairs x up to {self.max_len} + {self.max_len} tokens"}
 
     @torch.no_grad()
     def evaluate(self, model, device, final: bool = False) -> dict:
@@ -138,7 +140,8 @@ class ClassifyTask:
     def sizes(self) -> dict:
         return {"train": int(np.minimum(self.seqs.lengths(), self.max_len).sum()),
                 "validation": int(np.minimum(self.val[0].lengths(), self.max_len).sum()) if self.val else 0,
-                "per_batch": self.batch_size * self.max_len, "per_batch_is_at_most": True}
+                "per_batch": self.batch_size * self.max_len, "per_batch_is_at_most": True,
+                "batch": f"{self.batch_size} texts x up to {self.max_len} tokens"}
 
     @torch.no_grad()
     def evaluate(self, model, device, final: bool = False) -> dict:
