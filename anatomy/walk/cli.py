@@ -19,7 +19,7 @@ import sys
 
 from ..checkpoints import from_pretrained, load_tokenizer
 from ..checkpoints.toys import MASK, TOY_MODELS, TOYS, build_toy, toy_tokenizer
-from ..cli import add_device_argument, add_model_argument
+from ..cli import add_device_argument, add_model_argument, non_negative_int
 from ..viz import write_atomically
 from .examples import EXAMPLES, example_walk
 from .walkthrough import Walkthrough, walkthrough
@@ -39,11 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_argument(parser, default="toy", help="the model whose forward pass is narrated")
     add_device_argument(parser)
     parser.add_argument("--target", default=None, help="an encoder-decoder: the decoder's text")
-    parser.add_argument("--layer", type=int, default=0, help="the layer narrated in full (default 0)")
-    parser.add_argument("--head", type=int, default=0, help="the attention head narrated in full (default 0)")
+    parser.add_argument("--layer", type=non_negative_int, default=0, help="the layer narrated in full (default 0)")
+    parser.add_argument("--head", type=non_negative_int, default=0, help="the attention head narrated in full (default 0)")
     parser.add_argument("--norm-position", choices=("pre", "post"), default=None,
                         help="toy models: pre-norm (GPT-2) or post-norm (the paper, the default); refitted")
-    parser.add_argument("--seed", type=int, default=0, help="toy models: the seed of their fitting (default 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="toy models: the seed of their fitting (default 0)")
     parser.add_argument("--format", choices=FORMATS, default="terminal", help="terminal (default), markdown or html")
     parser.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of the terminal")
     parser.add_argument("--list-examples", action="store_true",
