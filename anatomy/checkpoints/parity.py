@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..trace import trace
+from ..trace import trace, trace_points
 from .files import CheckpointError
 from .gguf import gguf_file, gguf_tokenizer, load_gguf
 from .hf import read_config
@@ -112,6 +112,25 @@ def make_inputs(directory: Path, config, texts=None, text_b=None, pad=False, see
     return inputs
 
 
+# Intermediates only some families have: transformers' output field (a tensor per layer, [B*T, ...])
+# -> (anatomy's trace point, the forward flag that asks transformers for it). Asked for when the
+# anatomy model has the point.
+PER_LAYER_OUTPUTS = {"router_logits": ("blocks.{i}.mlp.router_logits", "output_router_logits")}
+
+
+def _per_layer_flags(model) -> dict:
+    points = trace_points(model)
+    return {flag: True for name, flag in PER_LAYER_OUTPUTS.values() if name.format(i=0) in points}
+
+
+def _per_layer_pairs(out, ids: torch.Tensor, mask) -> list:
+    pairs = []
+    for field, (name, _) in PER_LAYER_OUTPUTS.items():
+        for i, value in enumerate(getattr(out, field, None) or ()):
+            pairs.append((name.format(i=i), f"{field}[{i}]", value.reshape(*ids.shape, -1), mask))  # (B, T, ...)
+    return pairs
+
+
 def _stack_pairs(prefix: str, hf_prefix: str, config, states, attentions, mask, final: str):
     """(anatomy name, transformers name, transformers tensor, mask) for one stack."""
     n = config.n_layers
@@ -182,8 +201,9 @@ def parity_rows(path: str | Path, texts=None, text_b: str | None = None, pad: bo
             pairs.append(("logits", "logits", out.logits, x.tgt_mask))
         else:
             kwargs = {"token_type_ids": x.token_types} if x.token_types is not None else {}
-            out = theirs(input_ids=x.ids, attention_mask=x.mask.long(), **kwargs, **flags)
+            out = theirs(input_ids=x.ids, attention_mask=x.mask.long(), **kwargs, **flags, **_per_layer_flags(ours))
             pairs = _stack_pairs("", "", config, out.hidden_states, out.attentions, x.mask, _final("", config))
+            pairs += _per_layer_pairs(out, x.ids, x.mask)
             if getattr(out, "pooler_output", None) is not None and config.pooler:
                 pairs.append(("pooled", "pooler_output", out.pooler_output, None))
             if getattr(out, "logits", None) is not None:

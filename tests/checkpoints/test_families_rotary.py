@@ -57,6 +57,9 @@ CASES = {
     "gptj": ("GPTJForCausalLM", "GPTJConfig", dict(
         vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=37, n_positions=64,
         bos_token_id=0, eos_token_id=0, pad_token_id=PAD)),
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(
+        SMALL, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, sliding_window=5,
+        intermediate_size=40)),  # rows of 16 bytes: transformers' grouped expert kernel needs them
 }
 
 
@@ -150,3 +153,28 @@ def test_greedy_generation_equals_transformers(checkpoint, case, padded):
         expected = theirs.generate(input_ids=prompt, attention_mask=mask, **no_stop)
         ours = anatomy.generate(model, prompt, padding_mask=mask.bool(), max_new_tokens=8).sequences
     assert torch.equal(ours, expected)
+
+
+def test_router_logits_are_compared_and_expert_weights_choose_k_experts(checkpoint):
+    rows = {r.name: r for r in parity_rows(checkpoint("mixtral"), pad=True, tol=TOL)}
+    assert rows["blocks.1.mlp.router_logits"].ok and rows["blocks.1.mlp.router_logits"].reference == "router_logits[1]"
+    model = anatomy.from_pretrained(checkpoint("mixtral"))
+    ids = _ids((2, 7))
+    with anatomy.trace(model, ["blocks.0.mlp.router_logits", "blocks.0.mlp.expert_weights"]) as t:
+        model(ids)
+    weights, logits = t["blocks.0.mlp.expert_weights"], t["blocks.0.mlp.router_logits"]
+    assert ((weights > 0).sum(-1) == 2).all()  # num_experts_per_tok
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 7))
+    chosen = weights > 0  # the two largest router logits of each token
+    assert torch.equal(chosen, torch.zeros_like(chosen).scatter(-1, logits.topk(2, dim=-1).indices, True))
+
+
+def test_forcing_every_token_to_one_expert_runs_that_expert_alone(checkpoint):
+    model = anatomy.from_pretrained(checkpoint("mixtral"))
+    ids = _ids((1, 5))
+    only_expert_3 = lambda w: torch.zeros_like(w).index_fill(-1, torch.tensor([3]), 1.0)  # noqa: E731
+    with anatomy.trace(model, ["blocks.0.mlp_norm.out", "blocks.0.mlp.out"],
+                       interventions={"blocks.0.mlp.expert_weights": only_expert_3}) as t:
+        model(ids)
+    expected = model.blocks[0].mlp.experts[3](t["blocks.0.mlp_norm.out"])
+    torch.testing.assert_close(t["blocks.0.mlp.out"], expected)
