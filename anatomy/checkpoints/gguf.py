@@ -63,6 +63,7 @@ class GgufArchitecture:
     tensors: names that differ from TENSOR_NAMES for this architecture.
     swa_pattern: every swa_pattern-th layer attends fully, the others through the sliding window
     (llama.cpp's n_swa_pattern; 0: no sliding window).
+    partial_rotary: rope.dimension_count is the rotated width, a part of each head.
     """
 
     model_type: str
@@ -73,6 +74,7 @@ class GgufArchitecture:
     same_as: dict[str, str] = field(default_factory=dict)
     tensors: dict[str, str] = field(default_factory=dict)
     swa_pattern: int = 0
+    partial_rotary: bool = False
 
 
 # general.architecture -> how to read it. Only those whose model_type anatomy's registry has load.
@@ -93,6 +95,12 @@ GGUF_ARCHITECTURES = {
         tensors={"blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
                  "blk.{i}.ffn_norm": "model.layers.{i}.pre_feedforward_layernorm",
                  "blk.{i}.post_ffw_norm": "model.layers.{i}.post_feedforward_layernorm"}),
+    # Phi-3 keeps transformers' fused q/k/v and gate/up matrices (phi3.py splits them)
+    "phi3": GgufArchitecture(
+        "phi3", permuted_qk=False, fixed={"hidden_act": "silu"}, partial_rotary=True,
+        keys={"attention.sliding_window": "sliding_window"},
+        tensors={"blk.{i}.attn_qkv": "model.layers.{i}.self_attn.qkv_proj",
+                 "blk.{i}.ffn_up": "model.layers.{i}.mlp.gate_up_proj"}),
 }
 
 # 2. tensor names ---------------------------------------------------------------------------------
@@ -290,6 +298,9 @@ def hf_config(meta: dict, tensor_names: set[str], path: Path) -> dict:
         if f"tokenizer.ggml.{key}" in meta:
             hf[name] = meta[f"tokenizer.ggml.{key}"]
     hf.update({name: hf[other] for name, other in spec.same_as.items() if other in hf})
+    rotated = meta.get(f"{architecture}.rope.dimension_count")
+    if spec.partial_rotary and rotated and hf.get("num_attention_heads") and hf.get("hidden_size"):
+        hf["partial_rotary_factor"] = rotated / (hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"])
     if spec.swa_pattern and hf.get("sliding_window") and "num_hidden_layers" in hf:
         hf["layer_types"] = ["full_attention" if (i + 1) % spec.swa_pattern == 0 else "sliding_attention"
                              for i in range(hf["num_hidden_layers"])]

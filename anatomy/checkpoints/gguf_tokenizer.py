@@ -15,7 +15,7 @@ Each piece goes to the `tokenizers` component that does the same job.
 
 from __future__ import annotations
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
 from .files import CheckpointError
@@ -82,6 +82,9 @@ def sentencepiece_merges(tokens: list[str], scores: list[float]) -> list[tuple[s
 # Gemma's files differ in two ways: a token of spaces is written with real spaces ("  ", where the
 # vocabulary means "▁▁"), and the scores do not follow the merge order; the tokens' order does.
 TOKEN_ORDER_MERGES = ("gemma", "gemma2", "gemma3")
+# Phi-3 puts "▁" before the text even when it starts with a space ("  hi" -> "▁▁▁hi", where the
+# Metaspace rule of Llama's tokenizer gives "▁▁hi").
+PREPEND_ALWAYS = ("phi3",)
 
 
 def _sentencepiece(meta: dict, tokens: list[str]) -> Backend:
@@ -100,8 +103,11 @@ def _sentencepiece(meta: dict, tokens: list[str]) -> Backend:
     backend = Backend(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=True, byte_fallback=True,
                                  unk_token=tokens[unk] if unk is not None and 0 <= unk < len(tokens) else None))
     prefix = meta.get("tokenizer.ggml.add_space_prefix", True)  # "hello" is encoded as "▁hello"
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if prefix else "never",
-                                                     split=False)
+    if meta.get("general.architecture") in PREPEND_ALWAYS:
+        backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement="▁", prepend_scheme="first" if prefix else "never", split=False)
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
     return backend

@@ -170,6 +170,25 @@ def test_gemma2_matches_transformers(tmp_path, vocabs, softcaps):
     assert (ours - theirs).abs().max() <= ATOL
 
 
+def test_phi3_matches_transformers(tmp_path, vocabs):
+    """Phi-3: the fused qkv and gate_up matrices pass through under their own names; its tokenizer
+    always puts "▁" first, even before a leading space."""
+    vocab = dict(vocabs["llama"], pad=0)  # else transformers keeps Phi3Config's pad id 32000, past this vocabulary
+    config = transformers.Phi3Config(
+        vocab_size=len(vocab["tokens"]), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64, pad_token_id=0,
+        tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Phi3ForCausalLM(config).eval()
+    randomise(model)
+    path = write_gguf(tmp_path / "p.gguf", model, arch="phi3", vocab=vocab, types={"attn_qkv.weight": "Q8_0"})
+    ours, theirs = logits_pair(path, ids_for(len(vocab["tokens"])))
+    assert (ours - theirs).abs().max() <= ATOL
+    tokenizer, reference = gguf_tokenizer(path), transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    for text in TEXTS:
+        assert tokenizer.encode(text) == reference(text).input_ids, text
+
+
 @pytest.mark.parametrize("style", ["gpt2", "llama"])
 def test_tokenizer_matches_transformers(tmp_path, vocabs, style):
     vocab = vocabs[style]
