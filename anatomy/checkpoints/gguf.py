@@ -8,10 +8,11 @@ One .gguf file holds what a Hugging Face folder holds, under llama.cpp's names:
     tensors    "blk.0.attn_q.weight" Q4_1 [576, 576], "token_embd.weight" Q8_0 [49152, 576], ...
 
 Opening one is three translations, each a table below, and then the same road as a folder
-(Architecture.to_config + engine.load_into, the llama.py / qwen2.py tables):
+(hf.model_from_hf: the architecture's own table, llama.py, qwen2.py, ..., and the engine's checks):
     1. metadata -> the Hugging Face config dict of its model_type     GGUF_ARCHITECTURES, CONFIG_KEYS
-    2. tensor names -> Hugging Face names                             TENSOR_NAMES
-    3. values: dequantized by the `gguf` package, one tensor at a time; llama's q/k rows un-permuted
+    2. tensor names -> Hugging Face names                             TENSOR_NAMES (+ per architecture)
+    3. values: dequantized by the `gguf` package, one tensor at a time; what llama.cpp's converter
+       changed is undone (llama's q/k row order, Gemma's norm gains stored as w + 1)
 The tokenizer, built from the same metadata, is in gguf_tokenizer.py.
 """
 
@@ -32,7 +33,7 @@ from .registry import ARCHITECTURES
 from .tokenizer import Tokenizer
 
 # 1. metadata -> config ---------------------------------------------------------------------------
-# GGUF key (after "<architecture>.") -> Hugging Face config field, for the llama family.
+# GGUF key (after "<architecture>.") -> Hugging Face config field, shared by every architecture below.
 CONFIG_KEYS = {
     "block_count": "num_hidden_layers",
     "context_length": "max_position_embeddings",
@@ -77,9 +78,9 @@ class GgufArchitecture:
     partial_rotary: bool = False
 
 
-# general.architecture -> how to read it. Only those whose model_type anatomy's registry has load.
+# general.architecture -> how to read it. An architecture loads when its model_type is in the registry.
 GGUF_ARCHITECTURES = {
-    # for llama the rotary width is the head width (llama.cpp writes no key_length for llama)
+    # llama rotates whole heads: the rotary width is the head width (older files state only that)
     "llama": GgufArchitecture("llama", permuted_qk=True, keys={"rope.dimension_count": "head_dim"},
                               fixed={"hidden_act": "silu"}),
     # Qwen's graphs rotate halves (NEOX style), as Hugging Face does: no permutation.

@@ -107,7 +107,8 @@ def test_qwen_is_read_without_permutation(tmp_path, vocabs, arch, config_class, 
     vocab = dict(vocabs["gpt2"], pre="qwen2")
     config = getattr(transformers, config_class)(
         vocab_size=len(vocab["tokens"]), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=head_dim, intermediate_size=64, max_position_embeddings=64, tie_word_embeddings=False)
+        num_key_value_heads=2, head_dim=head_dim, intermediate_size=64, max_position_embeddings=64,
+        tie_word_embeddings=False)
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config).eval()
     randomise(model)
@@ -184,7 +185,8 @@ def test_phi3_matches_transformers(tmp_path, vocabs):
     path = write_gguf(tmp_path / "p.gguf", model, arch="phi3", vocab=vocab, types={"attn_qkv.weight": "Q8_0"})
     ours, theirs = logits_pair(path, ids_for(len(vocab["tokens"])))
     assert (ours - theirs).abs().max() <= ATOL
-    tokenizer, reference = gguf_tokenizer(path), transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    tokenizer = gguf_tokenizer(path)
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
     for text in TEXTS:
         assert tokenizer.encode(text) == reference(text).input_ids, text
 
