@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,12 @@ def _choice(name: str, value: Any, allowed: tuple) -> None:
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _positive_float(name: str, value: Any) -> None:
+    """A finite number > 0: NaN, infinities, booleans and strings are refused (a NaN eps gives NaN logits)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -234,8 +241,7 @@ class ModelConfig:
             raise ConfigError(
                 f"pos_offset={self.pos_offset} shifts rows of a learned table; pos_encoding is {self.pos_encoding!r}"
             )
-        if self.norm_eps <= 0:
-            raise ConfigError(f"norm_eps must be > 0, got {self.norm_eps}")
+        _positive_float("norm_eps", self.norm_eps)
         for name in SPECIAL_TOKEN_FIELDS:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
@@ -248,8 +254,8 @@ class ModelConfig:
                 raise ConfigError(f"the decoder stack (decoder_* fields): {error}") from None
 
     def _check_rotary_and_attention(self) -> None:
-        if self.rope_scaling != "none" and not self.rope_scaling_factor > 0:
-            raise ConfigError(f"rope_scaling_factor must be > 0, got {self.rope_scaling_factor}")
+        for name in ("rope_theta", "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor"):
+            _positive_float(name, getattr(self, name))
         if self.rope_scaling == "llama3" and not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
             raise ConfigError(
                 "llama3 rope scaling needs 0 < rope_low_freq_factor < rope_high_freq_factor, got "
@@ -257,9 +263,8 @@ class ModelConfig:
             )
         _positive_int("rope_original_max_len", self.rope_original_max_len)
         for name in ("rope_local_theta", "query_pre_attn_scalar", "attn_softcap", "final_logit_softcap"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(f"{name} must be > 0 or None, got {value!r}")
+            if getattr(self, name) is not None:
+                _positive_float(f"{name} (or None)", getattr(self, name))
         if self.sliding_window is not None:
             _positive_int("sliding_window", self.sliding_window)
         if self.layer_types is None:
