@@ -84,8 +84,8 @@ def integrated_gradients(
     sequence) at `position` (default: each row's last real token), by integrated gradients on the
     token embeddings (an encoder-decoder's source embeddings). baseline_ids: default all
     pad_token_id (or 0). extra["per_dim"] holds the [batch, pos, d_model] attributions."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
     model.eval()
     batch = as_batch(model, inputs, tokenizer)
     point, side = _embed_point(model)
@@ -94,6 +94,9 @@ def integrated_gradients(
         baseline_ids = torch.full_like(ids, model.config.pad_token_id or 0)
     if tuple(baseline_ids.shape) != tuple(ids.shape):
         raise ValueError(f"baseline_ids must have the inputs' shape {tuple(ids.shape)}, got {tuple(baseline_ids.shape)}")
+    length = batch.target.ids.size(1)
+    if position is not None and not (isinstance(position, int) and -length <= position < length):
+        raise ValueError(f"position must be an integer in [-{length}, {length}), got {position!r}")
     f = _target_logit(target, batch, position)
     with torch.no_grad():
         with trace(model, point) as t:

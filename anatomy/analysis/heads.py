@@ -62,7 +62,9 @@ def detect_heads(
     limit = config.max_seq_len if config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
     if length is None:
         length = min(24, config.vocab_size - len(special), (limit or 48) // 2)
-    if length < 2:
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 2:
         raise ValueError(f"length must be >= 2 (got {length}): a repeated sequence needs two distinct tokens")
     if limit is not None and 2 * length > limit:
         raise ValueError(f"2 x length = {2 * length} positions exceed max_seq_len={limit}; pass a smaller length")

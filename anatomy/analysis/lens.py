@@ -43,6 +43,8 @@ def logit_lens(model: nn.Module, inputs, *, tokenizer=None, top: int = 1) -> Res
     """[layer+1, batch, pos, vocab] log-probabilities of the residual stream at resid_pre of every
     block and after the last one. extra["top_ids"] / ["top_tokens"] / ["top_probs"]: the `top`
     most likely tokens per cell, [layer+1, batch, pos, top]."""
+    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= model.config.vocab_size:
+        raise ValueError(f"top must be an integer in [1, vocab_size={model.config.vocab_size}], got {top!r}")
     model.eval()
     batch = as_batch(model, inputs, tokenizer)
     prefix, n_layers = stack_prefix(model), len(stack_of(model).blocks)

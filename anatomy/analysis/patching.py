@@ -103,8 +103,10 @@ def patch(
         raise ValueError(f"method={method!r} is not supported; allowed values: {', '.join(METHODS)}")
     if logits_at not in ("all", "last"):
         raise ValueError(f"logits_at={logits_at!r} is not supported; allowed values: 'all', 'last'")
-    if runs_per_pass is not None and runs_per_pass < 1:
-        raise ValueError(f"runs_per_pass must be >= 1, got {runs_per_pass}")
+    if runs_per_pass is not None and (not isinstance(runs_per_pass, int) or runs_per_pass < 1):
+        raise ValueError(f"runs_per_pass must be an integer >= 1, got {runs_per_pass!r}")
+    if metric is not None and not callable(metric):
+        raise ValueError(f"metric must be a function of logits [batch, pos, vocab] -> [batch], got {type(metric).__name__}")
     model.eval()
     clean_batch, corrupt_batch = as_batch(model, clean, tokenizer), as_batch(model, corrupt, tokenizer)
     for side in ("target", "source"):

@@ -66,3 +66,17 @@ def test_rollout_runs_through_cross_attention():
     assert torch.all(final[6:, :6].sum(-1) > 0.2)  # each target token takes part of its flow from the source
     assert torch.all(final[:6, 6:] == 0)  # and the source never from the target
     assert len(result.tokens[0]) == 10
+
+
+def test_bad_arguments_are_named():
+    model = tiny()
+    with pytest.raises(ValueError, match="steps must be an integer"):
+        anatomy.integrated_gradients(model, ids(1, 4), 3, steps=0)
+    with pytest.raises(ValueError, match="position must be"):
+        anatomy.integrated_gradients(model, ids(1, 4), 3, position=9)
+    with pytest.raises(ValueError, match="one id per sequence"):
+        anatomy.integrated_gradients(model, ids(2, 4), [1, 2, 3])
+    with pytest.raises(ValueError, match="vocab_size=99"):
+        anatomy.gradient_x_input(model, ids(1, 4), 500)
+    with pytest.raises(ValueError, match="baseline_ids"):
+        anatomy.integrated_gradients(model, ids(1, 4), 3, baseline_ids=torch.zeros(1, 5, dtype=torch.long))

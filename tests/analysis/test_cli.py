@@ -10,6 +10,7 @@ from anatomy.cli import main
 SENTENCE = "Hello World, this is Alejandro!"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [
     ["lens", SENTENCE],
     ["heads", "--kind", "previous_token"],

@@ -110,6 +110,7 @@ def test_bad_arguments_are_named():
         anatomy.patch(model, clean, corrupt, metric=lambda logits: logits.sum())
 
 
+@pytest.mark.slow  # importing transformer_lens takes seconds
 @pytest.mark.parametrize("name, point, by", [
     ("get_act_patch_resid_pre", "resid_pre", "position"),
     ("get_act_patch_attn_out", "attn_out", "position"),

@@ -61,6 +61,7 @@ def browser():
         context.close()
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_views_draw_in_a_browser_show_tokens_as_text_and_fetch_nothing(browser, tmp_path):
     for index, result in enumerate(results()):
