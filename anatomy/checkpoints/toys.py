@@ -28,10 +28,15 @@ from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer as Backend
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from tokenizers.processors import TemplateProcessing
 from torch import nn
 
 from ..config import preset
 from ..models import build_model
+from .tokenizer import Tokenizer
 
 SENTENCE = "Hello World, this is Alejandro!"
 TRANSLATION = "Hola Mundo, soy Alejandro!"
@@ -120,16 +125,11 @@ def toy_vocabulary(name: str) -> tuple[str, ...]:
     return base + extra[name] + (UNK,)
 
 
-def toy_backend(name: str):
+def toy_backend(name: str) -> Backend:
     """A `tokenizers.Tokenizer` for the toy: WordLevel over its vocabulary, split on whitespace,
     unknown words -> <UNK>, and "<SOS> text <EOS>" when special tokens are added."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
-    from tokenizers.processors import TemplateProcessing
-
     vocab = {word: i for i, word in enumerate(toy_vocabulary(name))}
-    backend = Tokenizer(WordLevel(vocab, unk_token=UNK))
+    backend = Backend(WordLevel(vocab, unk_token=UNK))
     backend.pre_tokenizer = WhitespaceSplit()
     specials = [SOS, EOS, UNK] + ([MASK] if MASK in vocab else [])
     backend.add_special_tokens(specials)
@@ -138,13 +138,9 @@ def toy_backend(name: str):
     return backend
 
 
-def toy_tokenizer(name: str):
-    """The toy's tokenizer as anatomy's one Tokenizer type when it is available, else its backend."""
+def toy_tokenizer(name: str) -> Tokenizer:
+    """The toy's tokenizer, as anatomy's one Tokenizer type (built on toy_backend)."""
     backend = toy_backend(name)
-    try:
-        from .tokenizer import Tokenizer
-    except ImportError:
-        return backend
     eos = toy_vocabulary(name).index(EOS)
     return Tokenizer(backend, pad_id=eos)  # the article has no padding token: rows are padded with <EOS>
 
