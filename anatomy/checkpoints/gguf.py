@@ -65,6 +65,8 @@ class GgufArchitecture:
     swa_pattern: every swa_pattern-th layer attends fully, the others through the sliding window
     (llama.cpp's n_swa_pattern; 0: no sliding window).
     partial_rotary: rope.dimension_count is the rotated width, a part of each head.
+    local_rope_theta: the sliding layers' own rotary base, which the file does not state (llama.cpp
+    fixes it); the rotary settings are then given per layer type.
     """
 
     model_type: str
@@ -76,6 +78,7 @@ class GgufArchitecture:
     tensors: dict[str, str] = field(default_factory=dict)
     swa_pattern: int = 0
     partial_rotary: bool = False
+    local_rope_theta: float | None = None
 
 
 # general.architecture -> how to read it. An architecture loads when its model_type is in the registry.
@@ -92,6 +95,15 @@ GGUF_ARCHITECTURES = {
         "gemma2", permuted_qk=False, norm_offset=1.0, fixed={"hidden_act": "gelu_pytorch_tanh"}, swa_pattern=2,
         keys={"attention.sliding_window": "sliding_window", "attn_logit_softcapping": "attn_logit_softcapping",
               "final_logit_softcapping": "final_logit_softcapping"},
+        same_as={"query_pre_attn_scalar": "head_dim"},
+        tensors={"blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+                 "blk.{i}.ffn_norm": "model.layers.{i}.pre_feedforward_layernorm",
+                 "blk.{i}.post_ffw_norm": "model.layers.{i}.post_feedforward_layernorm"}),
+    # Gemma 3: Gemma 2's norms plus a norm on each q and k head; five sliding layers to one full,
+    # the sliding ones rotating with base 10 000
+    "gemma3": GgufArchitecture(
+        "gemma3_text", permuted_qk=False, norm_offset=1.0, fixed={"hidden_activation": "gelu_pytorch_tanh"},
+        swa_pattern=6, local_rope_theta=10_000.0, keys={"attention.sliding_window": "sliding_window"},
         same_as={"query_pre_attn_scalar": "head_dim"},
         tensors={"blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
                  "blk.{i}.ffn_norm": "model.layers.{i}.pre_feedforward_layernorm",
@@ -305,9 +317,15 @@ def hf_config(meta: dict, tensor_names: set[str], path: Path) -> dict:
     if spec.swa_pattern and hf.get("sliding_window") and "num_hidden_layers" in hf:
         hf["layer_types"] = ["full_attention" if (i + 1) % spec.swa_pattern == 0 else "sliding_attention"
                              for i in range(hf["num_hidden_layers"])]
+    # Rotary settings as transformers 5 writes them; the Architecture's reader accepts a scaling or
+    # refuses it, with the reason.
     scaling = meta.get(f"{architecture}.rope.scaling.type", "none")
-    if scaling != "none":  # the Architecture's reader accepts or refuses it, with the reason
-        hf["rope_scaling"] = {"rope_type": scaling, "factor": meta.get(f"{architecture}.rope.scaling.factor")}
+    rope = {"rope_type": "default"} if scaling == "none" else {
+        "rope_type": scaling, "factor": meta.get(f"{architecture}.rope.scaling.factor")}
+    if "rope_theta" in hf:
+        rope["rope_theta"] = hf.pop("rope_theta")
+    hf["rope_parameters"] = rope if spec.local_rope_theta is None else {
+        "full_attention": rope, "sliding_attention": {"rope_type": "default", "rope_theta": spec.local_rope_theta}}
     # llama.cpp leaves the output projection out when it is the embedding matrix.
     hf["tie_word_embeddings"] = "output.weight" not in tensor_names
     return hf

@@ -119,7 +119,11 @@ def write_gguf(path: Path, model, *, arch: str, vocab: dict, types: dict[str, st
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    rope = config.rope_parameters.get("full_attention", config.rope_parameters)  # Gemma 3: per layer type
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type", "default") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_rope_dimension_count(head_dim)
     writer.add_key_length(head_dim)  # as llama.cpp's converter writes it for a config with head_dim
@@ -140,8 +144,9 @@ def write_gguf(path: Path, model, *, arch: str, vocab: dict, types: dict[str, st
     if arch.startswith("gemma"):
         writer.add_add_space_prefix(False)  # llama.cpp's Gemma converters write this
     writer.add_chat_template(CHAT_TEMPLATE)
-    if arch == "gemma2":  # what llama.cpp's Gemma2Model converter adds
+    if arch in ("gemma2", "gemma3"):  # what llama.cpp's Gemma converters add
         writer.add_sliding_window(config.sliding_window)
+    if arch == "gemma2":
         writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
         writer.add_final_logit_softcapping(config.final_logit_softcapping)
     for key, value in (extra or {}).items():

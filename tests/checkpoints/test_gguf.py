@@ -171,6 +171,36 @@ def test_gemma2_matches_transformers(tmp_path, vocabs, softcaps):
     assert (ours - theirs).abs().max() <= ATOL
 
 
+@pytest.mark.parametrize("full_rope", [None, {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}])
+def test_gemma3_matches_transformers(tmp_path, vocabs, full_rope):
+    """Gemma 3: norms on each q and k head (stored + 1 like the others), five sliding layers to one
+    full one with their own rotary base, and a linear scaling of the full layers' rotary angles
+    (which transformers' GGUF reader ignores: that case is checked against the original model)."""
+    from anatomy.checkpoints import ARCHITECTURES
+
+    if "gemma3_text" not in ARCHITECTURES:
+        pytest.skip("anatomy has no gemma3_text architecture")
+    vocab = vocabs["llama"]
+    ropes = {} if full_rope is None else {"rope_parameters": {
+        "full_attention": full_rope, "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}}
+    config = transformers.Gemma3TextConfig(
+        vocab_size=len(vocab["tokens"]), hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=256, intermediate_size=64, max_position_embeddings=64, sliding_window=4,
+        **ropes)
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    randomise(model)
+    ids = ids_for(len(vocab["tokens"]))  # 11 tokens: past the window of 4
+    if full_rope is None:
+        path = write_gguf(tmp_path / "g3.gguf", model, arch="gemma3", vocab=vocab, types={"attn_v.weight": "Q8_0"})
+        ours, theirs = logits_pair(path, ids)
+    else:
+        path = write_gguf(tmp_path / "g3.gguf", model, arch="gemma3", vocab=vocab)
+        with torch.no_grad():
+            ours, theirs = load_gguf(path)(ids).logits, model(ids).logits
+    assert (ours - theirs).abs().max() <= ATOL
+
+
 def test_phi3_matches_transformers(tmp_path, vocabs):
     """Phi-3: the fused qkv and gate_up matrices pass through under their own names; its tokenizer
     always puts "▁" first, even before a leading space."""
