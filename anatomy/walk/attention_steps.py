@@ -144,7 +144,10 @@ def scores_steps(b: Builder, attn, a: str, q, k, v, q_tokens, kv_tokens, allowed
     scaled = lambda i, j: f"QKᵀ['{q_tokens[i]}', '{kv_tokens[j]}'] × {scale:.4f} = {fmt(float(raw[i, j]))} × {scale:.4f}"  # noqa: E731
     shown = [Matrix("S", "S", scores, rows=q_tokens, cols=kv_tokens, point=f"{a}scores", index=(0, h), highlight=fi,
                     operands=scaled)]
-    if bias is not None:
+    if bias is not None and b.config.pos_encoding == "relative":
+        text += say("relative_bias")
+        equation, latex = equation + " + B,   B[i, j] = b_h(bucket(j − i))", latex + r" + B, \quad B_{ij} = b_h(\mathrm{bucket}(j-i))"
+    elif bias is not None:
         text += say("alibi_bias")
         equation, latex = equation + " + B,   B[i, j] = −m_h |i − j|", latex + r" + B, \quad B_{ij} = -m_h |i-j|"
         shown.insert(0, Matrix("B", "B", head_bias, rows=q_tokens, cols=kv_tokens))
@@ -236,8 +239,10 @@ def output_projection_step(b: Builder, attn, a: str, tokens, section: str) -> No
     )
 
 
-def compact_attention_step(b: Builder, attn, a: str, x_in: str, tokens, allowed, section: str) -> None:
-    """The decoder's masked self-attention in one step, recomputed end to end for every head."""
+def compact_attention_step(b: Builder, attn, a: str, x_in: str, tokens, allowed, section: str,
+                           bias: torch.Tensor | None = None) -> None:
+    """The decoder's masked self-attention in one step, recomputed end to end for every head
+    (bias [H, T, T]: ALiBi's or T5's, added to the scores)."""
     x = b.get(x_in, 0)
     H, K, D = attn.n_heads, attn.n_kv_heads, attn.d_head
     scale = attn.scale if attn.scale is not None else 1.0 / math.sqrt(D)
@@ -247,7 +252,8 @@ def compact_attention_step(b: Builder, attn, a: str, x_in: str, tokens, allowed,
         q, k, v = project(attn, x, "q", h), project(attn, x, "k", g), project(attn, x, "v", g)
         if attn.rotary is not None:
             q, k = rotate(attn, q), rotate(attn, k)
-        heads.append(softmax(softcap(q @ k.T * scale, attn.softcap), allowed) @ v)
+        scores = softcap(q @ k.T * scale, attn.softcap) + (bias[h] if bias is not None else 0.0)
+        heads.append(softmax(scores, allowed) @ v)
     mine = linear(torch.cat(heads, dim=-1), attn.o_proj)
     h = b.head
     b.add(

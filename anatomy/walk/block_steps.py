@@ -95,9 +95,10 @@ def layer_steps(b: Builder, stack: nn.Module, p: str, layer: int, tokens: list[s
             attention_steps(b, block.cross_attn, f"{pre}cross_attn.", sub_in, memory[0], tokens, memory[1],
                             None, None, section, cross=True)
         elif compact_self:
-            compact_attention_step(b, block.attn, f"{pre}attn.", sub_in, tokens, self_mask, section)
+            compact_attention_step(b, block.attn, f"{pre}attn.", sub_in, tokens, self_mask, section,
+                                   position_bias(b, stack, len(tokens)))
         else:
-            bias = alibi(stack, len(tokens)) if b.config.pos_encoding == "alibi" else None
+            bias = position_bias(b, stack, len(tokens))
             attention_steps(b, block.attn, f"{pre}attn.", sub_in, sub_in, tokens, tokens, self_mask, bias,
                             section, cross=False)
         return f"{pre}{name}.out"
@@ -167,6 +168,17 @@ def layer_steps(b: Builder, stack: nn.Module, p: str, layer: int, tokens: list[s
                   b.check(f"X + {what}", f"the model's {result_point}", x + y, result),
                   residual_worked(b, x[fi], y[fi], result[fi], tokens[fi], f"the model's {result_point}"))
         stream = result_point
+
+
+def position_bias(b: Builder, stack: nn.Module, n: int) -> torch.Tensor | None:
+    """The bias self-attention adds to its scores, [H, T, T]: ALiBi's, or T5's learned bias per
+    bucket of key - query distance (the stack's own table, looked up for these positions)."""
+    if b.config.pos_encoding == "alibi":
+        return alibi(stack, n)
+    if b.config.pos_encoding == "relative":
+        position = torch.arange(n)
+        return f64(stack.relative_position_bias(position, position))  # (H, T, T)
+    return None
 
 
 def alibi(stack: nn.Module, n: int) -> torch.Tensor:

@@ -55,6 +55,8 @@ TEXT = {
     "scale_custom": "This model divides by √{scalar:g} (its query_pre_attn_scalar) rather than by √d_k.",
     "softcap": " The scores are then soft-capped: c·tanh(s/c) with c = {cap:g}, bounded to (−c, c).",
     "alibi_bias": " ALiBi then adds a bias −m_h·|i − j|: distant keys are penalised.",
+    "relative_bias": " T5 then adds a learned bias b_h for the bucket of the distance j − i (one bucket per "
+                     "distance up close, log-spaced ones farther away): one table per stack, shared by its layers.",
     "no_mask": "No mask: every token may attend to every token, before and after it (bidirectional "
                "attention, an encoder).",
     "no_mask_cross": "No mask: every target position may attend to every source token (there is no "

@@ -66,6 +66,8 @@ def lm_steps(b: Builder, lm_head, hidden_point: str, tokens, section: str, *, ma
     x = hidden
     if hasattr(lm_head, "transform_dense"):
         x = norm(activation(b.config.activation)[0](linear(x, lm_head.transform_dense)), lm_head.transform_norm)
+    if lm_head.rescale != 1.0:
+        x = x * lm_head.rescale  # T5's tied head reads H / √d_model
     cap = getattr(b.config, "final_logit_softcap", None)
     mine = softcap(linear(x, lm_head.proj), cap)
     tied = b.config.tie_embeddings

@@ -276,3 +276,15 @@ def test_decoder_sizes_survive_a_json_round_trip():
     assert again == config
     assert again.decoder_config().d_head == config.decoder_config().d_head == 16
     assert again.decoder_config().layer_types == ("full",)
+
+
+@pytest.mark.parametrize("case", ["t5", "flan-t5-like", "opt-350m-like", "gpt_neo", "roberta-mlm", "bart-uneven"])
+def test_the_walkthrough_recomputes_every_step(checkpoint, case):
+    """anatomy walk's float64 recomputation (relative bias, unscaled scores, projections, rescaled
+    head included) matches the model's own tensors at every step."""
+    from anatomy.walk import walkthrough
+
+    model = anatomy.from_pretrained(checkpoint(case))
+    target = _ids((4,), seed=2).tolist() if model.config.arch == "encoder-decoder" else None
+    walk = walkthrough(model, _ids((6,)).tolist(), target_ids=target)
+    assert walk.ok, [step.title for step in walk.failures]
