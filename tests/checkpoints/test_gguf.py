@@ -221,9 +221,11 @@ def test_phi3_matches_transformers(tmp_path, vocabs):
         assert tokenizer.encode(text) == reference(text).input_ids, text
 
 
-@pytest.mark.parametrize("style", ["gpt2", "llama"])
-def test_tokenizer_matches_transformers(tmp_path, vocabs, style):
-    vocab = vocabs[style]
+@pytest.mark.parametrize("style, pre", [("gpt2", "default"), ("gpt2", "llama-bpe"), ("gpt2", "qwen2"),
+                                        ("llama", "default")])
+def test_tokenizer_matches_transformers(tmp_path, vocabs, style, pre):
+    """Byte-level BPE cut as GPT-2, Llama 3 or Qwen 2 cut text; SentencePiece-style BPE."""
+    vocab = dict(vocabs[style], pre=pre)
     model = tiny_llama(len(vocab["tokens"]))
     path = write_gguf(tmp_path / "m.gguf", model, arch="llama", vocab=vocab, default="F16")
     ours = gguf_tokenizer(path)
