@@ -39,16 +39,21 @@ def load_average() -> str:
         return "n/a"
 
 
-def matmul_peak(n: int = 1536, repeats: int = 10) -> float:
-    """fp32 GFLOP/s of one large square matmul (2 n^3 flops), best of `repeats`: the compute ceiling."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
+def fastest(fn: Callable[[], object], repeats: int) -> float:
+    """Seconds of the fastest of `repeats` calls, after one untimed call: noise only ever adds time."""
+    fn()
     best = math.inf
     for _ in range(repeats):
         start = time.perf_counter()
-        torch.mm(a, b)
+        fn()
         best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e9
+    return best
+
+
+def matmul_peak(n: int = 1536, repeats: int = 10) -> float:
+    """fp32 GFLOP/s of one large square matmul (2 n^3 flops), best of `repeats`: the compute ceiling."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / fastest(lambda: torch.mm(a, b), repeats) / 1e9
 
 
 def read_bandwidth(megabytes: int = 256, repeats: int = 10) -> float:
@@ -56,13 +61,7 @@ def read_bandwidth(megabytes: int = 256, repeats: int = 10) -> float:
     access pattern of decoding (every weight read once per token); best of `repeats`."""
     rows = megabytes * 2**20 // 4 // 4096
     matrix, vector = torch.randn(rows, 4096), torch.randn(4096)
-    torch.mv(matrix, vector)
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mv(matrix, vector)
-        best = min(best, time.perf_counter() - start)
-    return matrix.numel() * 4 / best / 1e9
+    return matrix.numel() * 4 / fastest(lambda: torch.mv(matrix, vector), repeats) / 1e9
 
 
 # Memory -------------------------------------------------------------------------------------------

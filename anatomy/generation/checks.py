@@ -7,11 +7,11 @@ the value given and the values allowed.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable
 
 import torch
 
+from ..checkpoints.memory import available_memory as machine_memory
 from ..models import DecoderModel, EncoderDecoderModel
 from .runner import context_window
 
@@ -178,16 +178,4 @@ def available_memory(device: torch.device) -> int | None:
     """Bytes free for new tensors on `device` (None where it cannot be read)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    if device.type != "cpu":
-        return None
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    return machine_memory() if device.type == "cpu" else None

@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from ..positional import sinusoidal_table  # noqa: E402
 from .data import AttentionMap  # noqa: E402
 from .html import write_atomically  # noqa: E402
 
@@ -67,13 +68,11 @@ def map_heatmap(attention: AttentionMap, layer: int, head: int) -> Figure:
 
 
 def positional_encoding_figure(table=None, n_positions: int = 100, d_model: int = 512) -> Figure:
-    """The positional-encoding matrix [P, E] as an image: positions down, dimensions across (seed 004).
+    """The positional-encoding matrix [P, E] as an image: positions down, dimensions across (Armas, 2024).
 
     table defaults to the paper's sinusoids, anatomy.positional.sinusoidal_table(n_positions, d_model).
     """
     if table is None:
-        from anatomy.positional import sinusoidal_table
-
         table = sinusoidal_table(n_positions, d_model)
     table = np.asarray(table.detach() if hasattr(table, "detach") else table, dtype=np.float32)
     fig, ax = plt.subplots(figsize=(9, 4.2), layout="constrained")

