@@ -290,12 +290,17 @@ def metadata(reader) -> dict:
     return {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
 
 
+def readable_architectures() -> list[str]:
+    """The GGUF general.architecture values anatomy loads (for `anatomy models` and errors)."""
+    return sorted(a for a, spec in GGUF_ARCHITECTURES.items() if spec.model_type in ARCHITECTURES)
+
+
 def hf_config(meta: dict, tensor_names: set[str], path: Path) -> dict:
     """The Hugging Face config dict the file's metadata describes (model_type, sizes, special ids).
 
     Raises CheckpointError naming the file for an architecture anatomy cannot read."""
     architecture = meta.get("general.architecture")
-    readable = sorted(a for a, spec in GGUF_ARCHITECTURES.items() if spec.model_type in ARCHITECTURES)
+    readable = readable_architectures()
     if architecture not in readable:
         raise CheckpointError(
             f"GGUF file {str(path)!r} holds a {architecture!r} model; anatomy reads: {', '.join(readable)}")
