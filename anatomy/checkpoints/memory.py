@@ -126,7 +126,9 @@ def check_memory(config: ModelConfig, source: str, model: nn.Module | None = Non
     model built on meta: its parameters in `dtype` (when they go to the cpu) and its buffers."""
     available = available_memory()
     if model is None:
-        needed, what = position_table_bytes(config), f"position tables for max_seq_len={config.max_seq_len}"
+        needed = position_table_bytes(config)
+        what = (f"{_gb(needed)} for position tables (max_seq_len={config.max_seq_len} x "
+                f"max(d_model, d_head)={max(config.d_model, config.d_head)})")
     else:
         params, buffers = nbytes(model, dtype)
         on_cpu = device is None or torch.device(device).type == "cpu"

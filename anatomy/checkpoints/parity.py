@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..inputs import pad_batch
 from ..trace import trace, trace_points
 from .files import CheckpointError
 from .gguf import gguf_file, gguf_tokenizer, load_gguf
@@ -43,13 +44,6 @@ class _Inputs:
     token_types: torch.Tensor | None = None
     tgt_ids: torch.Tensor | None = None  # encoder-decoder only
     tgt_mask: torch.Tensor | None = None
-
-
-def _pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    length = max(map(len, rows))
-    ids = torch.tensor([r + [pad_id] * (length - len(r)) for r in rows])
-    mask = torch.tensor([[True] * len(r) + [False] * (length - len(r)) for r in rows])
-    return ids, mask  # (B, T), (B, T)
 
 
 def _random_rows(vocab: int, lengths: list[int], avoid: int | None, generator) -> list[list[int]]:
@@ -91,12 +85,12 @@ def make_inputs(directory: Path, config, texts=None, text_b=None, pad=False, see
         pairs = [(t, text_b) for t in texts] if text_b and config.arch == "encoder" else texts
         encodings = tokenizer.encode_batch(pairs)
         side = "source" if config.arch == "encoder-decoder" else "text"
-        ids, mask = _pad(_crop([e.ids for e in encodings], config.max_seq_len, side, notes), pad_id)
+        ids, mask = pad_batch(_crop([e.ids for e in encodings], config.max_seq_len, side, notes), pad_id)
         if config.type_vocab_size:
-            types, _ = _pad([e.type_ids[:config.max_seq_len] for e in encodings], 0)
+            types, _ = pad_batch([e.type_ids[:config.max_seq_len] for e in encodings], 0)
     else:
         lengths = [7, 4, 6][: len(texts)] if pad else [7]
-        ids, mask = _pad(_random_rows(config.vocab_size, lengths, config.pad_token_id, generator), pad_id)
+        ids, mask = pad_batch(_random_rows(config.vocab_size, lengths, config.pad_token_id, generator), pad_id)
         if config.type_vocab_size:
             types = torch.randint(0, config.type_vocab_size, ids.shape, generator=generator) * mask
     inputs = _Inputs(ids, mask, types)
@@ -108,7 +102,7 @@ def make_inputs(directory: Path, config, texts=None, text_b=None, pad=False, see
         else:
             lengths = [5, 3, 4][: len(texts)] if pad else [5]
             rows = [[start] + r for r in _random_rows(config.vocab_size, lengths, config.pad_token_id, generator)]
-        inputs.tgt_ids, inputs.tgt_mask = _pad(rows, pad_id)
+        inputs.tgt_ids, inputs.tgt_mask = pad_batch(rows, pad_id)
     return inputs
 
 

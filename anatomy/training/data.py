@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..inputs import pad_batch
 from .tokenizers import Tokenizer
 
 IGNORE_INDEX = -100  # label value that cross-entropy skips (padding positions)
@@ -325,17 +326,6 @@ class EpochBatches:
         return row[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
 
 
-def pad(seqs: list[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad to the longest: (ids (B, L), padding_mask (B, L), True = real token)."""
-    length = max(1, max(len(s) for s in seqs))
-    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), length), dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.from_numpy(s)
-        mask[i, :len(s)] = True
-    return ids, mask
-
-
 def seq2seq_batch(src: list[np.ndarray], tgt: list[np.ndarray], pad_id: int, bos_id: int, eos_id: int,
                   max_src_len: int, max_tgt_len: int) -> dict[str, torch.Tensor]:
     """Teacher forcing: the decoder reads <SOS> y1..yn and must predict y1..yn <EOS>.
@@ -344,9 +334,9 @@ def seq2seq_batch(src: list[np.ndarray], tgt: list[np.ndarray], pad_id: int, bos
     labels (B, T) with IGNORE_INDEX at padding. Sources and targets are cut to fit the model."""
     src = [s[:max_src_len] for s in src]
     tgt = [t[:max_tgt_len - 1] for t in tgt]
-    src_ids, src_mask = pad(src, pad_id)
-    tgt_in, tgt_mask = pad([np.concatenate([[bos_id], t]) for t in tgt], pad_id)
-    labels, label_mask = pad([np.concatenate([t, [eos_id]]) for t in tgt], pad_id)
+    src_ids, src_mask = pad_batch(src, pad_id)
+    tgt_in, tgt_mask = pad_batch([np.concatenate([[bos_id], t]) for t in tgt], pad_id)
+    labels, label_mask = pad_batch([np.concatenate([t, [eos_id]]) for t in tgt], pad_id)
     labels[~label_mask] = IGNORE_INDEX
     return {"src_ids": src_ids, "src_padding_mask": src_mask, "tgt_ids": tgt_in,
             "tgt_padding_mask": tgt_mask, "labels": labels}
@@ -356,5 +346,5 @@ def classify_batch(seqs: list[np.ndarray], labels: np.ndarray, pad_id: int, bos_
                    max_len: int) -> dict[str, torch.Tensor]:
     """<SOS>/[CLS] text <EOS>/[SEP], cut to `max_len`: input_ids (B, T), padding_mask (B, T), labels (B,)."""
     wrapped = [np.concatenate([[bos_id], s[:max_len - 2], [eos_id]]) for s in seqs]
-    ids, mask = pad(wrapped, pad_id)
+    ids, mask = pad_batch(wrapped, pad_id)
     return {"input_ids": ids, "padding_mask": mask, "labels": torch.as_tensor(labels, dtype=torch.long)}

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..generation import generate
-from .data import pad
+from ..inputs import pad_batch
 
 
 @torch.no_grad()
@@ -25,7 +25,7 @@ def greedy_translate(model, tokenizer, sources: list[np.ndarray], max_len: int, 
     out: list[list[int]] = [None] * len(sources)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        src_ids, src_mask = pad([s[:max_len] for s in (sources[i] for i in idx)], tokenizer.pad_id)
+        src_ids, src_mask = pad_batch([s[:max_len] for s in (sources[i] for i in idx)], tokenizer.pad_id)
         src_ids, src_mask = src_ids.to(device), src_mask.to(device)  # (B, S)
         generated = generate(
             model, src_ids=src_ids, src_padding_mask=src_mask, max_new_tokens=max_len, strategy="greedy",
