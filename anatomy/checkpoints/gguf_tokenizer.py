@@ -141,13 +141,12 @@ def tokenizer_from_metadata(meta: dict, source: str) -> Tokenizer:
     ids = {role: meta.get(f"tokenizer.ggml.{key}_token_id")
            for role, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown"))}
     ids = {role: i if isinstance(i, int) and 0 <= i < len(tokens) else None for role, i in ids.items()}
-    template = [(role, ids[role]) for role, flag, default in (("bos", "add_bos_token", adds_bos),
-                                                               ("eos", "add_eos_token", False))
-                if meta.get(f"tokenizer.ggml.{flag}", default) and ids[role] is not None]
-    if template:
-        names = {role: tokens[i] for role, i in template}
-        single = [names[r] for r, _ in template if r == "bos"] + ["$A"] + [names[r] for r, _ in template if r == "eos"]
+    # BOS / EOS around every text, as add_bos_token / add_eos_token say (SentencePiece: BOS by default)
+    head = [ids["bos"]] if meta.get("tokenizer.ggml.add_bos_token", adds_bos) and ids["bos"] is not None else []
+    tail = [ids["eos"]] if meta.get("tokenizer.ggml.add_eos_token", False) and ids["eos"] is not None else []
+    if head or tail:
         backend.post_processor = processors.TemplateProcessing(
-            single=single, special_tokens=sorted({(tokens[i], i) for _, i in template}))
+            single=[tokens[i] for i in head] + ["$A"] + [tokens[i] for i in tail],
+            special_tokens=sorted({(tokens[i], i) for i in head + tail}))
     return Tokenizer(backend, bos_id=ids["bos"], eos_id=ids["eos"], pad_id=ids["pad"], unk_id=ids["unk"],
                      chat_template=meta.get("tokenizer.chat_template"))

@@ -241,6 +241,18 @@ def test_tokenizer_matches_transformers(tmp_path, vocabs, style, pre):
     assert ours.vocab_size == len(vocab["tokens"])
 
 
+def test_add_bos_and_eos_flags_wrap_every_text(tmp_path, vocabs):
+    import gguf
+
+    vocab = vocabs["gpt2"]
+    flags = {"tokenizer.ggml.add_bos_token": (True, gguf.GGUFValueType.BOOL),
+             "tokenizer.ggml.add_eos_token": (True, gguf.GGUFValueType.BOOL)}
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama(len(vocab["tokens"])), arch="llama", vocab=vocab, extra=flags)
+    tokenizer = gguf_tokenizer(path)
+    plain = tokenizer.encode("Hello world", add_special_tokens=False)
+    assert tokenizer.encode("Hello world") == [vocab["bos"], *plain, vocab["eos"]]
+
+
 def test_gemma_tokenizer_matches_transformers(tmp_path, vocabs):
     """Gemma files spell a token of spaces with real spaces and rank merges by token order, not by
     score; no space is put before the text (add_space_prefix false)."""
