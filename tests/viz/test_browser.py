@@ -188,3 +188,24 @@ def test_model_view_labels_are_never_under_the_sticky_bar(open_view, tmp_path):
     assert all(top >= layout["bar"] - 1 for top in layout["labels"]), layout
     assert layout["detail"] >= layout["bar"] - 1, layout
     view.assert_safe()
+
+
+def test_the_sandboxed_jupyter_iframe_still_draws(browser, pair_map, tmp_path):
+    """What a notebook shows: the view inside <iframe sandbox="allow-scripts" srcdoc=...> runs and paints."""
+    notebook = tmp_path / "notebook.html"
+    notebook.write_text(f"<!DOCTYPE html><html><body>{head_view(pair_map)._repr_html_()}</body></html>")
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        page.goto(notebook.resolve().as_uri())
+        frame = page.frame_locator("iframe")
+        frame.locator(".stage canvas").wait_for(timeout=15000)
+        view = next(f for f in page.frames if f != page.main_frame)
+        view.wait_for_function("() => window.anatomyView && window.anatomyView.firstPaint !== null", timeout=15000)
+        assert view.evaluate("document.querySelectorAll('.column.right .token').length") == len(pair_map.keys)
+        assert view.evaluate("(() => { try { return window.parent.document.title; } catch (e) { return 'blocked'; } })()") \
+            == "blocked"  # the view cannot reach the notebook's page
+        assert errors == []
+    finally:
+        page.close()
