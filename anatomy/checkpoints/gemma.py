@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from .common import unsupported
-from .engine import Architecture, Rule, require
+from .engine import require
 from .files import CheckpointError
-from .llama import (FLAGS, PRE_NORMS, attention_rules, embedding_rules, mlp_rules, norm_rules, options_off,
-                    read_decoder, write_decoder)
+from .llama import FLAGS, lineage_architecture, options_off, read_decoder, write_decoder
 
 GEMMA_FLAGS = dict(FLAGS, activation="geglu_tanh", norm_plus_one=True, scale_embeddings=True)
 CLASSES = {"GemmaForCausalLM": "lm", "GemmaModel": "none"}
@@ -38,11 +37,4 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     return dict(write_decoder(config), hidden_act="gelu_pytorch_tanh", attention_bias=config.attn_bias)
 
 
-def table(config: ModelConfig) -> list[Rule]:
-    return embedding_rules(config) + norm_rules(PRE_NORMS) + attention_rules(config) + mlp_rules(config)
-
-
-ARCHITECTURE = Architecture(
-    model_type="gemma", classes=CLASSES, base_prefix="model", base_classes=("GemmaModel",),
-    to_config=to_config, to_hf_config=to_hf_config, table=table, ignore=(r"rotary_emb\.inv_freq$",),
-)
+ARCHITECTURE = lineage_architecture("gemma", CLASSES, to_config, to_hf_config)

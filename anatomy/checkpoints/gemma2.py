@@ -6,10 +6,9 @@ and full attention, as layer_types says (sliding first)."""
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .engine import Architecture, Rule, require
+from .engine import require
 from .gemma import GEMMA_FLAGS, read_gemma
-from .llama import (attention_rules, embedding_rules, layer_types, mlp_rules, norm_rules, options_off,
-                    write_decoder, write_layer_types)
+from .llama import layer_types, lineage_architecture, options_off, write_decoder, write_layer_types
 
 FLAGS = dict(GEMMA_FLAGS, norm_position="sandwich")
 CLASSES = {"Gemma2ForCausalLM": "lm", "Gemma2Model": "none"}
@@ -40,11 +39,4 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     )
 
 
-def table(config: ModelConfig) -> list[Rule]:
-    return embedding_rules(config) + norm_rules(SANDWICH_NORMS) + attention_rules(config) + mlp_rules(config)
-
-
-ARCHITECTURE = Architecture(
-    model_type="gemma2", classes=CLASSES, base_prefix="model", base_classes=("Gemma2Model",),
-    to_config=to_config, to_hf_config=to_hf_config, table=table, ignore=(r"rotary_emb\.inv_freq$",),
-)
+ARCHITECTURE = lineage_architecture("gemma2", CLASSES, to_config, to_hf_config, norms=SANDWICH_NORMS)

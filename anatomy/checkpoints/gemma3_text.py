@@ -8,12 +8,12 @@ off in the released models but read when a config sets it."""
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .engine import Architecture, Rule, require
+from .engine import require
 from .files import CheckpointError
 from .gemma import GEMMA_FLAGS, read_gemma
 from .gemma2 import SANDWICH_NORMS
-from .llama import (attention_rules, embedding_rules, layer_types, mlp_rules, norm_rules, options_off,
-                    rope_fields, rope_parameters, write_decoder, write_layer_types)
+from .llama import (layer_types, lineage_architecture, options_off, rope_fields, rope_parameters, write_decoder,
+                    write_layer_types)
 
 FLAGS = dict(GEMMA_FLAGS, norm_position="sandwich", qk_norm="per_head")
 CLASSES = {"Gemma3ForCausalLM": "lm", "Gemma3TextModel": "none"}
@@ -54,11 +54,4 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     )
 
 
-def table(config: ModelConfig) -> list[Rule]:
-    return embedding_rules(config) + norm_rules(SANDWICH_NORMS) + attention_rules(config) + mlp_rules(config)
-
-
-ARCHITECTURE = Architecture(
-    model_type="gemma3_text", classes=CLASSES, base_prefix="model", base_classes=("Gemma3TextModel",),
-    to_config=to_config, to_hf_config=to_hf_config, table=table, ignore=(r"rotary_emb(_local)?\.inv_freq$",),
-)
+ARCHITECTURE = lineage_architecture("gemma3_text", CLASSES, to_config, to_hf_config, norms=SANDWICH_NORMS)

@@ -174,12 +174,22 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     return dict(write_decoder(config), hidden_act="silu", attention_bias=config.attn_bias, mlp_bias=config.mlp_bias)
 
 
-def table(config: ModelConfig) -> list[Rule]:
-    return embedding_rules(config) + norm_rules(PRE_NORMS) + attention_rules(config) + mlp_rules(config)
+def lineage_architecture(model_type: str, classes: dict[str, str], to_config, to_hf_config, *,
+                         norms: dict[str, str] = PRE_NORMS, feed_forward=None) -> Architecture:
+    """A Llama-lineage Architecture: tensors under "model." (the base class saves them without it),
+    a table of the embeddings, the layer's `norms`, attention and `feed_forward` (default: the
+    gated MLP's gate_proj, up_proj, down_proj); the saved rotary frequencies are ignored."""
+    feed_forward = feed_forward or mlp_rules
+
+    def table(config: ModelConfig) -> list[Rule]:
+        return embedding_rules(config) + norm_rules(norms) + attention_rules(config) + feed_forward(config)
+
+    base = [name for name, head in classes.items() if head == "none"]
+    return Architecture(
+        model_type=model_type, classes=classes, base_prefix="model", base_classes=tuple(base),
+        to_config=to_config, to_hf_config=to_hf_config, table=table,
+        ignore=(r"rotary_emb(_local)?\.inv_freq$",),  # a buffer some versions saved; recomputed from rope_theta
+    )
 
 
-ARCHITECTURE = Architecture(
-    model_type="llama", classes=CLASSES, base_prefix="model", base_classes=("LlamaModel",),
-    to_config=to_config, to_hf_config=to_hf_config, table=table,
-    ignore=(r"rotary_emb\.inv_freq$",),  # a buffer some versions saved; recomputed from rope_theta
-)
+ARCHITECTURE = lineage_architecture("llama", CLASSES, to_config, to_hf_config)

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from .common import unsupported
-from .engine import Architecture, Rule, require
-from .llama import (FLAGS, PRE_NORMS, attention_rules, embedding_rules, mlp_rules, norm_rules, options_off,
-                    read_decoder, write_decoder)
+from .engine import require
+from .llama import FLAGS, lineage_architecture, options_off, read_decoder, write_decoder
 
 CLASSES = {"MistralForCausalLM": "lm", "MistralModel": "none"}
 
@@ -26,11 +25,4 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     return dict(write_decoder(config), hidden_act="silu", sliding_window=config.sliding_window)
 
 
-def table(config: ModelConfig) -> list[Rule]:
-    return embedding_rules(config) + norm_rules(PRE_NORMS) + attention_rules(config) + mlp_rules(config)
-
-
-ARCHITECTURE = Architecture(
-    model_type="mistral", classes=CLASSES, base_prefix="model", base_classes=("MistralModel",),
-    to_config=to_config, to_hf_config=to_hf_config, table=table, ignore=(r"rotary_emb\.inv_freq$",),
-)
+ARCHITECTURE = lineage_architecture("mistral", CLASSES, to_config, to_hf_config)

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from .common import field, unsupported
-from .engine import Architecture, Rule, require
-from .llama import (BLOCK, FLAGS, LAYER, PRE_NORMS, attention_rules, embedding_rules, norm_rules, options_off,
-                    read_decoder, write_decoder)
+from .engine import Rule, require
+from .llama import BLOCK, FLAGS, LAYER, lineage_architecture, options_off, read_decoder, write_decoder
 
 CLASSES = {"MixtralForCausalLM": "lm", "MixtralModel": "none"}
 EXPERT_WEIGHTS = {"w1": "fc_gate", "w3": "fc_in", "w2": "fc_out"}  # down(silu(w1 x) * w3 x) = w2(...)
@@ -19,7 +18,8 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     unsupported("mixtral", hf, hidden_act="silu", layer_types=None)
     return read_decoder(
         hf, "mixtral", CLASSES[class_name], attn_bias=False, attn_out_bias=False, mlp_bias=False,
-        n_experts=field(hf, "num_local_experts", "mixtral"), n_experts_per_token=field(hf, "num_experts_per_tok", "mixtral"),
+        n_experts=field(hf, "num_local_experts", "mixtral"),
+        n_experts_per_token=field(hf, "num_experts_per_tok", "mixtral"),
         sliding_window=hf.get("sliding_window"),
     )
 
@@ -34,16 +34,13 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
                 num_experts_per_tok=config.n_experts_per_token, sliding_window=config.sliding_window)
 
 
-def table(config: ModelConfig) -> list[Rule]:
+def expert_rules(config: ModelConfig) -> list[Rule]:
     moe, ours = f"{LAYER}.block_sparse_moe", f"{BLOCK}.mlp"
     rules = [Rule(f"{moe}.gate.weight", f"{ours}.router.weight")]
     for j in range(config.n_experts):
         rules += [Rule(f"{moe}.experts.{j}.{hf}.weight", f"{ours}.experts.{j}.{name}.weight")
                   for hf, name in EXPERT_WEIGHTS.items()]
-    return embedding_rules(config) + norm_rules(PRE_NORMS) + attention_rules(config) + rules
+    return rules
 
 
-ARCHITECTURE = Architecture(
-    model_type="mixtral", classes=CLASSES, base_prefix="model", base_classes=("MixtralModel",),
-    to_config=to_config, to_hf_config=to_hf_config, table=table, ignore=(r"rotary_emb\.inv_freq$",),
-)
+ARCHITECTURE = lineage_architecture("mixtral", CLASSES, to_config, to_hf_config, feed_forward=expert_rules)

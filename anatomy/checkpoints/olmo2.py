@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from .common import unsupported
-from .engine import Architecture, Rule, require
+from .engine import require
 from .llama import FLAGS as LLAMA_FLAGS
-from .llama import attention_rules, embedding_rules, mlp_rules, norm_rules, options_off, read_decoder, write_decoder
+from .llama import lineage_architecture, options_off, read_decoder, write_decoder
 
 FLAGS = dict(LLAMA_FLAGS, norm_position="post_sublayer", qk_norm="across_heads")
 CLASSES = {"Olmo2ForCausalLM": "lm", "Olmo2Model": "none"}
@@ -27,11 +27,4 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     return dict(write_decoder(config), hidden_act="silu", attention_bias=config.attn_bias)
 
 
-def table(config: ModelConfig) -> list[Rule]:
-    return embedding_rules(config) + norm_rules(OUTPUT_NORMS) + attention_rules(config) + mlp_rules(config)
-
-
-ARCHITECTURE = Architecture(
-    model_type="olmo2", classes=CLASSES, base_prefix="model", base_classes=("Olmo2Model",),
-    to_config=to_config, to_hf_config=to_hf_config, table=table, ignore=(r"rotary_emb\.inv_freq$",),
-)
+ARCHITECTURE = lineage_architecture("olmo2", CLASSES, to_config, to_hf_config, norms=OUTPUT_NORMS)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from .common import unsupported
-from .engine import Architecture, Rule, require
-from .llama import (FLAGS, PRE_NORMS, attention_rules, embedding_rules, layer_types, mlp_rules, norm_rules,
-                    options_off, read_decoder, write_decoder, write_layer_types)
+from .engine import require
+from .llama import (FLAGS, layer_types, lineage_architecture, options_off, read_decoder, write_decoder,
+                    write_layer_types)
 
 CLASSES = {"Qwen2ForCausalLM": "lm", "Qwen2Model": "none"}
 
@@ -26,11 +26,4 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
                 **write_layer_types(config))
 
 
-def table(config: ModelConfig) -> list[Rule]:
-    return embedding_rules(config) + norm_rules(PRE_NORMS) + attention_rules(config) + mlp_rules(config)
-
-
-ARCHITECTURE = Architecture(
-    model_type="qwen2", classes=CLASSES, base_prefix="model", base_classes=("Qwen2Model",),
-    to_config=to_config, to_hf_config=to_hf_config, table=table, ignore=(r"rotary_emb\.inv_freq$",),
-)
+ARCHITECTURE = lineage_architecture("qwen2", CLASSES, to_config, to_hf_config)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from . import bert, gpt2, llama, marian, mistral, roberta
 from . import bart, distilbert, gpt_neo, opt, t5
-from . import gemma, gemma2, gemma3_text, gpt_neox, gptj, mixtral, olmo2, phi3, qwen2, qwen3  # the rotary decoder families
+from . import gemma, gemma2, gemma3_text, gpt_neox, gptj, mixtral  # the rotary decoder families
+from . import olmo2, phi3, qwen2, qwen3  # the rotary decoder families
 from .engine import Architecture
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
