@@ -68,12 +68,18 @@ def bench_patching(settings: Settings) -> Row:
     times = alternate({"anatomy": anatomy_side, "TransformerLens": theirs, "all logits": anatomy_all_logits},
                       settings.repeats or 3, warmup=0)
     ms = {side: statistics.median(t) * 1e3 for side, t in times.items()}
-    row = Row("analysis", f"patching resid_pre, {n_layers} layers x {length} positions, width {d_model}", "ms",
+    row = Row("analysis", f"patching vs TransformerLens: resid_pre, {n_layers} layers x {length} positions, width {d_model}", "ms",
               ms["anatomy"], ms["TransformerLens"], False)
     row.notes = [f"{n_layers * length} patched runs; logits_at='last'; with every position's logits "
                  f"{ms['all logits']:.0f} ms ({ms['TransformerLens'] / ms['all logits']:.1f}x)",
                  f"max |diff| {error:.1e} (goal <= 1e-4, >= 3x)"]
     return row
+
+
+def _stored_mb(tensors) -> float:
+    """MB of the distinct storages behind `tensors` (views of one storage count once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values()) / 1e6
 
 
 def bench_cache(settings: Settings) -> Row:
@@ -95,9 +101,10 @@ def bench_cache(settings: Settings) -> Row:
     times = alternate({"anatomy": anatomy_side, "TransformerLens": theirs}, settings.repeats or 10, warmup=1)
     memory = {"anatomy": peak_memory_mb(anatomy_side), "transformers": peak_memory_mb(theirs)}
     ms = {side: statistics.median(t) * 1e3 for side, t in times.items()}
-    row = Row("analysis", f"full cache, GPT-2 {n_layers}x{d_model}, 1x{length}", "ms", ms["anatomy"],
+    row = Row("analysis", f"full cache vs TransformerLens: GPT-2 {n_layers}x{d_model}, 1x{length}", "ms", ms["anatomy"],
               ms["TransformerLens"], False)
-    row.notes = [f"{len(cache)} vs {len(their_cache)} tensors", memory_note(memory).replace("vs", "vs TL"),
+    row.notes = [f"{len(cache)} vs {len(their_cache)} tensors, {_stored_mb(cache.values()):.0f} vs "
+                 f"{_stored_mb(their_cache.values()):.0f} MB stored", memory_note(memory).replace("vs", "vs TL"),
                  f"max |diff| {error:.1e} (goal >= 1.5x, memory <= 0.5x)"]
     return row
 
@@ -124,7 +131,7 @@ def bench_integrated_gradients(settings: Settings) -> Row:
     error = ((result.values - reference).abs().max() / reference.abs().max()).item()
     times = alternate({"anatomy": anatomy_side, "Captum": theirs}, settings.repeats or 3, warmup=1)
     ms = {side: statistics.median(t) * 1e3 for side, t in times.items()}
-    row = Row("analysis", f"integrated gradients, {steps} steps, GPT-2 {n_layers}x{d_model}, 1x{length}", "ms",
+    row = Row("analysis", f"integrated gradients vs Captum: {steps} steps, GPT-2 {n_layers}x{d_model}, 1x{length}", "ms",
               ms["anatomy"], ms["Captum"], False)
     row.notes = [f"vs Captum LayerIntegratedGradients: max relative diff {error:.1e} (goal <= 1e-3)", result.check]
     return row
