@@ -103,8 +103,8 @@ def bench_cache(settings: Settings) -> Row:
     ms = {side: statistics.median(t) * 1e3 for side, t in times.items()}
     row = Row("analysis", f"full cache vs TransformerLens: GPT-2 {n_layers}x{d_model}, 1x{length}", "ms", ms["anatomy"],
               ms["TransformerLens"], False)
-    row.notes = [f"{len(cache)} vs {len(their_cache)} tensors, {_stored_mb(cache.values()):.0f} vs "
-                 f"{_stored_mb(their_cache.values()):.0f} MB stored", memory_note(memory).replace("vs", "vs TL"),
+    row.notes = [f"{len(cache)} vs {len(their_cache)} tensors, {_stored_mb(cache.values()):.1f} vs "
+                 f"{_stored_mb(their_cache.values()):.1f} MB stored", memory_note(memory).replace("vs", "vs TL"),
                  f"max |diff| {error:.1e} (goal >= 1.5x, memory <= 0.5x)"]
     return row
 
