@@ -48,6 +48,14 @@ def unsupported(model_type: str, hf: dict, **allowed) -> None:
         raise CheckpointError(f"this {model_type} checkpoint uses options anatomy does not implement: {', '.join(wrong)}")
 
 
+def label_fields(config) -> dict:
+    """config.json's id2label / label2id for a classification head (LABEL_0, LABEL_1, ...); {} for others."""
+    if config.head not in ("sequence-classification", "token-classification"):
+        return {}
+    return {"id2label": {str(i): f"LABEL_{i}" for i in range(config.num_labels)},
+            "label2id": {f"LABEL_{i}": i for i in range(config.num_labels)}}
+
+
 def num_labels(hf: dict) -> int:
     labels = hf.get("id2label")
     return len(labels) if isinstance(labels, dict) and labels else int(hf.get("num_labels", 2))

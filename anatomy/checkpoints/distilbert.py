@@ -7,7 +7,7 @@ pooler_activation="relu"."""
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .common import activation, field, num_labels, pad_id, to_hf_activation, unsupported
+from .common import activation, field, label_fields, num_labels, pad_id, to_hf_activation, unsupported
 from .engine import Architecture, Rule, require
 
 FLAGS = dict(
@@ -53,10 +53,7 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
         dropout=config.dropout, attention_dropout=config.effective_attn_dropout, sinusoidal_pos_embds=False,
         tie_word_embeddings=config.tie_embeddings,
     )
-    if config.head in ("sequence-classification", "token-classification"):
-        hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_labels)}
-        hf["label2id"] = {f"LABEL_{i}": i for i in range(config.num_labels)}
-    return hf
+    return {**hf, **label_fields(config)}
 
 
 def table(config: ModelConfig) -> list[Rule]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from .bert import layer_rules
-from .common import activation, field, num_labels, pad_id, to_hf_activation, unsupported
+from .common import activation, field, label_fields, num_labels, pad_id, to_hf_activation, unsupported
 from .engine import Architecture, Rule, require
 from .files import CheckpointError
 
@@ -70,10 +70,7 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
         hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.effective_attn_dropout,
         tie_word_embeddings=config.tie_embeddings, position_embedding_type="absolute",
     )
-    if config.head in ("sequence-classification", "token-classification"):
-        hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_labels)}
-        hf["label2id"] = {f"LABEL_{i}": i for i in range(config.num_labels)}
-    return hf
+    return {**hf, **label_fields(config)}
 
 
 def table(config: ModelConfig) -> list[Rule]:
