@@ -5,9 +5,6 @@ Shape letters: L layers, H heads, T query positions, S key positions, D head wid
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-
 import pytest
 
 from anatomy.viz import AttentionMap
@@ -34,28 +31,6 @@ def seq2seq_maps() -> list[AttentionMap]:
         AttentionMap("decoder self-attention", dec, target, target),
         AttentionMap("cross-attention", cross, target, source, cross=True),
     ]
-
-
-BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-
-
-@pytest.fixture(scope="session")
-def browser():
-    """A headless Debian Chromium driven by Playwright, with a fresh profile; skips when either is missing."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("the playwright package is not installed (pip install playwright)")
-    with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
-        context = playwright.chromium.launch_persistent_context(
-            profile, executable_path=chromium, headless=True, args=BROWSER_ARGS,
-            viewport={"width": 1280, "height": 860},
-        )
-        yield context
-        context.close()
 
 
 class OpenedView:

@@ -3,9 +3,6 @@ contents list links every step, hovering a cell shows its operands, and nothing 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-
 import pytest
 
 from anatomy.walk import toy_example, walkthrough
@@ -16,27 +13,18 @@ HOSTILE = '![b](https://x.example/i.png) <img src="https://x.example/j.png"> \x1
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
+def page(browser, tmp_path_factory):
     model, ids, options = toy_example()
     walk = walkthrough(model, ids + [7], **dict(options, tokens=options["tokens"] + [HOSTILE]))
     path = tmp_path_factory.mktemp("walk") / "walk.html"
     path.write_text(walk.to_html(), encoding="utf-8")
-    with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
-        context = playwright.chromium.launch_persistent_context(
-            profile, executable_path=chromium, headless=True,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-            viewport={"width": 1280, "height": 860})
-        tab = context.new_page()
-        requests: list[str] = []
-        tab.on("request", lambda request: requests.append(request.url))
-        tab.goto(path.resolve().as_uri())
-        tab.wait_for_load_state("load")
-        yield tab, walk, requests, path.resolve().as_uri()
-        context.close()
+    tab = browser.new_page()
+    requests: list[str] = []
+    tab.on("request", lambda request: requests.append(request.url))
+    tab.goto(path.resolve().as_uri())
+    tab.wait_for_load_state("load")
+    yield tab, walk, requests, path.resolve().as_uri()
+    tab.close()
 
 
 def test_equations_render_as_mathml(page):
