@@ -61,7 +61,7 @@ def test_token_types_need_a_token_type_table():
     (dict(norm_position="middle"), "allowed values: 'pre', 'post'"),
     (dict(activation="tanh"), "activation='tanh' is not supported"),
     (dict(attn_impl="flash"), "allowed values: 'sdpa', 'eager'"),
-    (dict(pos_encoding="relative"), "'sinusoidal', 'learned', 'rotary', 'alibi', 'none'"),
+    (dict(pos_encoding="absolute"), "'sinusoidal', 'learned', 'rotary', 'alibi', 'relative', 'none'"),
     (dict(n_heads=4, n_kv_heads=3), "multiple of n_kv_heads=3"),
     (dict(vocab_size=0), "vocab_size must be a positive integer"),
     (dict(dropout=1.5), r"dropout must be in \[0, 1\)"),
