@@ -355,6 +355,17 @@ def test_truncated_file_is_named(tmp_path, vocabs, keep):
         gguf_tokenizer(cut)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast")  # gguf quantizing the NaN block
+def test_non_finite_weights_are_named(tmp_path, vocabs):
+    vocab = vocabs["gpt2"]
+    model = tiny_llama(len(vocab["tokens"]))
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[3, 5] = float("nan")
+    path = write_gguf(tmp_path / "nan.gguf", model, arch="llama", vocab=vocab, types={"ffn_up.weight": "Q8_0"})
+    with pytest.raises(CheckpointError, match=r"nan.gguf[\s\S]*model.layers.1.mlp.up_proj.weight \(32 NaN"):
+        load_gguf(path)
+
+
 def test_not_a_gguf_file_is_named(tmp_path):
     path = tmp_path / "notes.gguf"
     path.write_text("just some text, not a model")
