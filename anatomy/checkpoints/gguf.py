@@ -108,6 +108,11 @@ GGUF_ARCHITECTURES = {
         tensors={"blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
                  "blk.{i}.ffn_norm": "model.layers.{i}.pre_feedforward_layernorm",
                  "blk.{i}.post_ffw_norm": "model.layers.{i}.post_feedforward_layernorm"}),
+    # OLMo 2: norms on the sublayers' outputs, and over all the heads' queries (and keys) at once
+    "olmo2": GgufArchitecture(
+        "olmo2", permuted_qk=False, fixed={"hidden_act": "silu"},
+        tensors={"blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+                 "blk.{i}.post_ffw_norm": "model.layers.{i}.post_feedforward_layernorm"}),
     # Phi-3 keeps transformers' fused q/k/v and gate/up matrices (phi3.py splits them)
     "phi3": GgufArchitecture(
         "phi3", permuted_qk=False, fixed={"hidden_act": "silu"}, partial_rotary=True,

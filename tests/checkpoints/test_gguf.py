@@ -201,6 +201,26 @@ def test_gemma3_matches_transformers(tmp_path, vocabs, full_rope):
     assert (ours - theirs).abs().max() <= ATOL
 
 
+def test_olmo2_gives_back_the_original_model(tmp_path, vocabs):
+    """OLMo 2 (norms after each sublayer, q/k norms across heads, no permutation): transformers has
+    no GGUF reader for it, so the reference is the original model, read back from an F32 file."""
+    from anatomy.checkpoints import ARCHITECTURES
+
+    if "olmo2" not in ARCHITECTURES:
+        pytest.skip("anatomy has no olmo2 architecture")
+    vocab = vocabs["gpt2"]
+    config = transformers.Olmo2Config(
+        vocab_size=len(vocab["tokens"]), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.Olmo2ForCausalLM(config).eval()
+    randomise(model)
+    path = write_gguf(tmp_path / "o.gguf", model, arch="olmo2", vocab=vocab)
+    ids = ids_for(len(vocab["tokens"]))
+    with torch.no_grad():
+        assert (load_gguf(path)(ids).logits - model(ids).logits).abs().max() <= 1e-5
+
+
 def test_phi3_matches_transformers(tmp_path, vocabs):
     """Phi-3: the fused qkv and gate_up matrices pass through under their own names; its tokenizer
     always puts "▁" first, even before a leading space."""
