@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import traceback
+import unicodedata
 
 import torch
 
@@ -151,11 +152,16 @@ def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -
 # The dispatcher ----------------------------------------------------------------------------------
 
 
+def printable(text: str, keep: str = "") -> str:
+    """Text safe for a terminal: every control character (C0, DEL, C1: ESC, BEL, CSI ...) except those
+    in `keep` shown as a visible escape such as \\x1b, so that no sequence reaches the terminal (none
+    can clear the screen, move the cursor or retitle the window)."""
+    return "".join(c if c in keep or unicodedata.category(c) != "Cc" else f"\\x{ord(c):02x}" for c in text)
+
+
 def one_line(text: str) -> str:
-    """`text` as one printable line: newlines joined, control characters shown as escapes (never sent
-    to the terminal, where they could move the cursor or retitle the window)."""
-    text = " ".join(str(text).split("\n"))
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    """`text` as one printable line: its lines joined by spaces, control characters escaped."""
+    return printable(" ".join(str(text).splitlines()))
 
 
 class Parser(argparse.ArgumentParser):

@@ -470,6 +470,15 @@ def test_cli_generates_from_a_saved_model_directory(tmp_path, capsys):
     assert "seed 1" in capsys.readouterr().err
 
 
+def test_cli_never_sends_control_characters_to_the_terminal(capsys):
+    from anatomy import cli
+
+    assert cli.main(["generate", "--prompt", "Hello \x1b]0;PWNED\x07\x1b[2J World,", "--max-new-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert out.startswith("Hello \\x1b]0;PWNED\\x07\\x1b[2J World,")  # shown, escaped
+
+
 # Fuzz: whatever the arguments, an answer or a ValueError that names the problem ----------------
 
 hypothesis = pytest.importorskip("hypothesis")

@@ -25,10 +25,14 @@ from ..cli import (
     non_negative_int,
     positive_float,
     positive_int,
+    printable,
     text,
 )
 from .generate import STRATEGIES, encode_prompt, generate
 from .runner import context_window
+
+
+KEEP = "\n\t"  # the control characters text may print as they are; any other is shown escaped
 
 
 def top_p(value: str) -> float:
@@ -83,8 +87,8 @@ class TextStreamer:
     spaces between words, so decoding tokens one by one would print the wrong text.
     """
 
-    def __init__(self, tokenizer, prompt: list[int], out=sys.stdout):
-        self.tokenizer, self.out = tokenizer, out
+    def __init__(self, tokenizer, prompt: list[int], out=None):
+        self.tokenizer, self.out = tokenizer, out or sys.stdout
         self.ids = list(prompt)
         self.printed = tokenizer.decode(self.ids)
 
@@ -94,7 +98,7 @@ class TextStreamer:
         if decoded.endswith("\ufffd"):  # half of a multi-byte character: wait for the rest
             return
         if decoded.startswith(self.printed):
-            self.out.write(decoded[len(self.printed):])
+            self.out.write(printable(decoded[len(self.printed):], keep=KEEP))
             self.out.flush()
         self.printed = decoded
 
@@ -139,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     streamer = TextStreamer(tokenizer, prompt) if strategy != "beam" else None
 
     if not encoder_decoder:
-        sys.stdout.write(args.prompt)
+        sys.stdout.write(printable(args.prompt, keep=KEEP))
         sys.stdout.flush()
     began = time.perf_counter()
     out = generate(
@@ -152,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     n_new = int(out.padding_mask[0, out.prompt_length:].sum())
     if streamer is None:
         whole, before = tokenizer.decode(out.sequences[0, :out.prompt_length + n_new].tolist()), tokenizer.decode(prompt)
-        sys.stdout.write(whole[len(before):] if whole.startswith(before) else whole)
+        sys.stdout.write(printable(whole[len(before):] if whole.startswith(before) else whole, keep=KEEP))
     sys.stdout.write("\n")
     sys.stdout.flush()  # the text first, then the notes and the summary on stderr
     window = context_window(model)

@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from ..checkpoints import from_pretrained, load_tokenizer
-from ..cli import add_device_argument, add_model_argument, non_negative_int, positive_int, text
+from ..cli import add_device_argument, add_model_argument, non_negative_int, positive_int, printable, text
 from ..generation import encode_prompt
 from . import views
 from .adapters import attention_from_ids, attention_from_model, greedy_continuation, tokens_of
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     except IndexError as error:  # a --layer, --head or --query past the model's: the message names the range
         raise ValueError(str(error)) from None
     for path in written:
-        print(f"wrote {path}")
+        print(f"wrote {printable(path)}")
     return 0
 
 
