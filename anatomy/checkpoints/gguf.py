@@ -348,6 +348,11 @@ def open_gguf(path: str | Path) -> tuple[dict, GgufWeights]:
     reader = read_gguf(path)
     meta = metadata(reader)
     hf = hf_config(meta, {t.name for t in reader.tensors}, path)
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise CheckpointError(
+            f"GGUF file {str(path)!r} scales each rotary frequency by its own factor (rope_freqs.weight, how "
+            "llama.cpp writes Llama 3.1's 'llama3' RoPE); the parameters behind those factors are not in the "
+            "file, so anatomy cannot build that RoPE from it: load the model's Hugging Face folder instead")
     unreadable = sorted({t.tensor_type.name for t in reader.tensors if not dequantizable(t.tensor_type)})
     if unreadable:
         raise CheckpointError(

@@ -100,11 +100,13 @@ def _encode(array: np.ndarray, qtype: str, rng: np.random.Generator) -> tuple[np
 
 
 def write_gguf(path: Path, model, *, arch: str, vocab: dict, types: dict[str, str] | None = None, default: str = "F32",
-               seed: int = 0, extra: dict | None = None, skip: tuple[str, ...] = ()) -> Path:
+               seed: int = 0, extra: dict | None = None, skip: tuple[str, ...] = (),
+               extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
     """Write `model` (a transformers decoder) as llama.cpp would: metadata, tokenizer, tensors.
 
     types: GGUF tensor-name suffix ("attn_q.weight", "token_embd.weight") -> quant type name;
-    everything else is stored as `default`. Tensors named in `skip` are left out.
+    everything else is stored as `default`. Tensors named in `skip` are left out; `extra_tensors`
+    (GGUF name -> array) are added as they are.
     """
     config = model.config
     rng = np.random.default_rng(seed)
@@ -165,6 +167,8 @@ def write_gguf(path: Path, model, *, arch: str, vocab: dict, types: dict[str, st
         qtype = next((t for s, t in (types or {}).items() if name.endswith(s)), default) if w.ndim == 2 else "F32"
         data, kind = _encode(w.numpy(), qtype, rng)
         writer.add_tensor(name, data, raw_dtype=kind)
+    for name, array in (extra_tensors or {}).items():
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -4,6 +4,7 @@ styles), and the errors for files anatomy cannot read."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -350,6 +351,15 @@ def test_unsupported_architecture_is_named(tmp_path, vocabs):
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(CheckpointError, match=r"mamba.gguf.*'mamba'.*anatomy reads: .*llama"):
+        load_gguf(path)
+
+
+def test_llama3_frequency_factors_are_refused_with_the_reason(tmp_path, vocabs):
+    vocab = vocabs["gpt2"]
+    factors = {"rope_freqs.weight": np.linspace(1.0, 8.0, 4, dtype=np.float32)}
+    path = write_gguf(tmp_path / "l31.gguf", tiny_llama(len(vocab["tokens"])), arch="llama", vocab=vocab,
+                      extra_tensors=factors)
+    with pytest.raises(CheckpointError, match=r"l31.gguf.*rope_freqs.weight.*llama3.*Hugging Face folder"):
         load_gguf(path)
 
 
