@@ -13,6 +13,7 @@ every problem can be reported before a single tensor is loaded. Every failure is
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -252,3 +253,16 @@ def write_safetensors(tensors: dict[str, torch.Tensor], directory: Path, max_sha
 def _write_one(tensors: dict[str, torch.Tensor], path: Path) -> None:
     # contiguous copies: safetensors refuses views that share memory (a tied matrix, a split)
     save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+    os.chmod(path, _file_mode())  # safetensors creates the file 0600; give it what open() gives config.json
+
+
+def _file_mode() -> int:
+    """0o666 less the process's umask, read from /proc without changing it (os.umask would, for every thread)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o644

@@ -129,6 +129,8 @@ def test_sharded_saves_are_read_back_by_transformers_and_anatomy(transformers, h
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 2 and all((saved / s).is_file() for s in shards)
     assert not (saved / "model.safetensors").exists()
+    config_mode = (saved / "config.json").stat().st_mode
+    assert all((saved / s).stat().st_mode == config_mode for s in shards)  # not safetensors' 0600
     theirs = transformers.LlamaForCausalLM.from_pretrained(saved).eval()
     with torch.no_grad():
         torch.testing.assert_close(theirs(IDS).logits, _logits(model, IDS), atol=1e-5, rtol=1e-5)
