@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import anatomy
-from conftest import FAMILIES, ids, tiny
+from analysis_models import FAMILIES, ids, tiny
 
 
 @pytest.mark.parametrize("family", ["decoder", "encoder", "encoder-decoder"])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import anatomy
-from conftest import inputs_for, tiny
+from analysis_models import inputs_for, tiny
 
 
 def test_the_lens_last_layer_is_the_models_log_probs(family_model):
@@ -36,7 +36,7 @@ def test_the_lens_first_layer_reads_the_embeddings():
 
 @pytest.mark.parametrize("family", ["decoder", "decoder-llama", "encoder", "encoder-decoder"])
 def test_components_sum_to_the_final_residual(family):
-    from conftest import FAMILIES
+    from analysis_models import FAMILIES
 
     model = tiny(**FAMILIES[family])
     result = anatomy.decompose(model, inputs_for(model))
@@ -81,7 +81,7 @@ def test_post_norm_models_refuse_decomposition():
 
 @pytest.mark.parametrize("family", ["decoder", "decoder-llama", "encoder-decoder"])
 def test_direct_logit_attributions_sum_to_the_logit(family):
-    from conftest import FAMILIES
+    from analysis_models import FAMILIES
 
     model = tiny(**FAMILIES[family])
     x = inputs_for(model)

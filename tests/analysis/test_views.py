@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 
 import pytest
 import torch
 
 import anatomy
-from conftest import ids, tiny
+from analysis_models import ids, tiny
 
 HOSTILE = ['<img src=x onerror="window.__pwned=1">', "</script><script>window.__pwned=1</script>", "&amp; $x$"]
 
@@ -46,24 +47,42 @@ def test_a_bad_suffix_is_named(tmp_path):
         anatomy.logit_lens(tiny(), ids(1, 4)).save(tmp_path / "lens.pdf")
 
 
-@pytest.fixture(scope="module")
-def browser():
-    """A headless Debian Chromium driven by Playwright (as in tests/viz); skips when either is missing."""
+def in_browser(check) -> None:
+    """check(context) in a headless Debian Chromium, driven by Playwright in a thread of its own: the
+    viz tests keep a session-wide Playwright running in this thread, and two cannot share one."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("no chromium on PATH")
     sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
-        context = playwright.chromium.launch_persistent_context(
-            profile, executable_path=chromium, headless=True,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield context
-        context.close()
+    failures = []
+
+    def run():
+        try:
+            with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
+                context = playwright.chromium.launch_persistent_context(
+                    profile, executable_path=chromium, headless=True,
+                    args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+                try:
+                    check(context)
+                finally:
+                    context.close()
+        except BaseException as failure:  # handed back to the test's own thread
+            failures.append(failure)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    if failures:
+        raise failures[0]
 
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_views_draw_in_a_browser_show_tokens_as_text_and_fetch_nothing(browser, tmp_path):
+def test_views_draw_in_a_browser_show_tokens_as_text_and_fetch_nothing(tmp_path):
+    in_browser(lambda browser: check_every_view(browser, tmp_path))
+
+
+def check_every_view(browser, tmp_path) -> None:
     for index, result in enumerate(results()):
         path = result.save(tmp_path / f"view{index}.html")
         page = browser.new_page()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import anatomy
-from conftest import FAMILIES, inputs_for, tiny
+from analysis_models import FAMILIES, inputs_for, tiny
 
 
 def log_probs(model, inputs):
