@@ -70,6 +70,7 @@ CASES = {
     # Flan-T5's shape: gated-gelu, a head of its own (not rescaled), here also a deeper decoder
     "flan-t5-like": ("T5ForConditionalGeneration", "T5Config", dict(
         T5_SIZES, feed_forward_proj="gated-gelu", num_decoder_layers=3, tie_word_embeddings=False, _untie_head=True)),
+    "t5-encoder": ("T5EncoderModel", "T5Config", dict(T5_SIZES, feed_forward_proj="gated-gelu")),
 }
 
 
@@ -236,7 +237,7 @@ def test_relative_position_buckets_are_t5s(bidirectional):
 
 
 FROM_SCRATCH = ["marian-uneven", "roberta-mlm", "roberta-classify", "distilbert-mlm", "distilbert-classify",
-                "bart-uneven", "opt-350m-like", "gpt_neo", "t5", "flan-t5-like"]
+                "bart-uneven", "opt-350m-like", "gpt_neo", "t5", "flan-t5-like", "t5-encoder"]
 
 
 @pytest.mark.parametrize("case", FROM_SCRATCH)
@@ -278,7 +279,7 @@ def test_decoder_sizes_survive_a_json_round_trip():
     assert again.decoder_config().layer_types == ("full",)
 
 
-@pytest.mark.parametrize("case", ["t5", "flan-t5-like", "opt-350m-like", "gpt_neo", "roberta-mlm", "bart-uneven"])
+@pytest.mark.parametrize("case", ["t5", "flan-t5-like", "t5-encoder", "opt-350m-like", "gpt_neo", "roberta-mlm", "bart-uneven"])
 def test_the_walkthrough_recomputes_every_step(checkpoint, case):
     """anatomy walk's float64 recomputation (relative bias, unscaled scores, projections, rescaled
     head included) matches the model's own tensors at every step."""
