@@ -19,16 +19,12 @@ import torch
 from torch import nn
 
 from .files import CheckpointError
+from .gguf import gguf_tokenizer, load_gguf
 from .hf import CONFIG_FILE, load_folder
 from .hub import is_hub_id, snapshot
 from .native import NATIVE_CONFIG, load_native
 from .tokenizer import TOKENIZER_FILE, Tokenizer
 from .toys import TOY_MODELS, build_toy, toy_tokenizer
-
-try:  # GGUF support lives in gguf.py, reading through the optional `gguf` package
-    from .gguf import gguf_tokenizer, load_gguf
-except ImportError:
-    gguf_tokenizer = load_gguf = None
 
 BUILTIN_MODELS = {
     "toy": "the article's decoder (d_model 4, 2 heads, 2 layers), fitted to predict each next word of its sentence",
@@ -97,12 +93,6 @@ def _packaged(name: str) -> Source:
     return _local(Path(importlib.import_module(module_name).get_model_path()))
 
 
-def _gguf():
-    if load_gguf is None:
-        raise CheckpointError("GGUF support is not available in this installation of anatomy")
-    return load_gguf, gguf_tokenizer
-
-
 def _check_options(dtype, device) -> None:
     if dtype is not None and dtype not in FLOAT_DTYPES:
         raise ValueError(f"dtype must be None (the checkpoint's own) or one of {', '.join(map(str, FLOAT_DTYPES))}, "
@@ -137,7 +127,7 @@ def from_pretrained(name_or_path: str | Path, *, revision: str | None = None, dt
     source = locate(name_or_path, revision)
     options = dict(dtype=dtype, device=device, attn_impl=attn_impl)
     if source.kind == "gguf":
-        model = _gguf()[0](source.path, **options)
+        model = load_gguf(source.path, **options)
     elif source.kind == "native":
         model = load_native(source.path, root=source.root, **options)
     else:
@@ -163,6 +153,6 @@ def load_tokenizer(name_or_path: str | Path, revision: str | None = None) -> Tok
 
 def _tokenizer_of(source: Source) -> Tokenizer | None:
     if source.kind == "gguf":
-        return _gguf()[1](source.path)
+        return gguf_tokenizer(source.path)
     files = (TOKENIZER_FILE, "vocab.txt", "vocab.json")
     return Tokenizer.load(source.path) if any((source.path / f).is_file() for f in files) else None
