@@ -21,8 +21,23 @@ A trace belongs to the thread that opened it: the functions it installs live in 
 state, so a forward pass in another thread, on the same model at the same time, neither sees
 an intervention nor records into this trace.
 
-TransformerLens names are accepted wherever a name or pattern is (`ALIASES` below), and
-`trace(..., grad=True)` keeps the recorded tensors in the autograd graph.
+TransformerLens names are accepted wherever a name or pattern is, and `trace(..., grad=True)`
+keeps the recorded tensors in the autograd graph. The names (ALIASES below; L is a layer or *):
+
+    TransformerLens                      anatomy
+    hook_embed, hook_pos_embed           embed, pos_embed
+    blocks.L.hook_resid_pre / _mid / _post   blocks.L.resid_pre / resid_mid / resid_post
+    blocks.L.ln1.hook_normalized         blocks.L.attn_norm.out      (ln2: mlp_norm.out)
+    blocks.L.attn.hook_q / _k / _v       blocks.L.attn.q / k / v     ([batch head pos d_head] here)
+    blocks.L.attn.hook_rot_q / _rot_k    blocks.L.attn.q_rot / k_rot
+    blocks.L.attn.hook_attn_scores       blocks.L.attn.scores        (unmasked here)
+    blocks.L.attn.hook_pattern           blocks.L.attn.pattern
+    blocks.L.attn.hook_z                 blocks.L.attn.z
+    blocks.L.attn.hook_result            blocks.L.attn.head_out
+    blocks.L.hook_attn_out               blocks.L.attn.out
+    blocks.L.mlp.hook_pre / hook_post    blocks.L.mlp.pre / mlp.post
+    blocks.L.hook_mlp_out                blocks.L.mlp.out
+    ln_final.hook_normalized             final_norm.out
 """
 
 from __future__ import annotations
