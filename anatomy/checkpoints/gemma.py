@@ -27,6 +27,14 @@ def read_gemma(hf: dict, model_type: str, head: str, **fields) -> ModelConfig:
                                                  "mlp_bias": False, **fields})
 
 
+def pre_attn_scalar(config: ModelConfig) -> int:
+    """query_pre_attn_scalar for config.json, which holds an integer (Gemma 2 and 3)."""
+    value = config.query_pre_attn_scalar
+    if value is None or not float(value).is_integer():
+        raise CheckpointError(f"a Gemma 2/3 checkpoint holds query_pre_attn_scalar as an integer; this config has {value!r}")
+    return int(value)
+
+
 def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     return read_gemma(hf, "gemma", CLASSES[class_name])
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from .engine import require
-from .gemma import GEMMA_FLAGS, read_gemma
+from .gemma import GEMMA_FLAGS, pre_attn_scalar, read_gemma
 from .llama import layer_types, lineage_architecture, options_off, write_decoder, write_layer_types
 
 FLAGS = dict(GEMMA_FLAGS, norm_position="sandwich")
@@ -34,7 +34,7 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     })
     return dict(
         write_decoder(config), hidden_act="gelu_pytorch_tanh", attention_bias=config.attn_bias,
-        query_pre_attn_scalar=config.query_pre_attn_scalar, attn_logit_softcapping=config.attn_softcap,
+        query_pre_attn_scalar=pre_attn_scalar(config), attn_logit_softcapping=config.attn_softcap,
         final_logit_softcapping=config.final_logit_softcap, **write_layer_types(config),
     )
 

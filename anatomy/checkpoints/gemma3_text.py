@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .engine import require
 from .files import CheckpointError
-from .gemma import GEMMA_FLAGS, read_gemma
+from .gemma import GEMMA_FLAGS, pre_attn_scalar, read_gemma
 from .gemma2 import SANDWICH_NORMS
 from .llama import (layer_types, lineage_architecture, options_off, rope_fields, rope_parameters, write_decoder,
                     write_layer_types)
@@ -47,7 +47,7 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     local = config.rope_theta if config.rope_local_theta is None else config.rope_local_theta
     return dict(
         write_decoder(config), hidden_activation="gelu_pytorch_tanh", attention_bias=config.attn_bias,
-        query_pre_attn_scalar=config.query_pre_attn_scalar, attn_logit_softcapping=config.attn_softcap,
+        query_pre_attn_scalar=pre_attn_scalar(config), attn_logit_softcapping=config.attn_softcap,
         final_logit_softcapping=config.final_logit_softcap, **write_layer_types(config),
         rope_parameters={"full_attention": rope_parameters(config),
                          "sliding_attention": {"rope_type": "default", "rope_theta": local}},

@@ -178,3 +178,48 @@ def test_forcing_every_token_to_one_expert_runs_that_expert_alone(checkpoint):
         model(ids)
     expected = model.blocks[0].mlp.experts[3](t["blocks.0.mlp_norm.out"])
     torch.testing.assert_close(t["blocks.0.mlp.out"], expected)
+
+
+LINEAGE = dict(arch="decoder", vocab_size=VOCAB, d_model=32, n_heads=4, n_kv_heads=2, n_layers=3, d_ff=40,
+               max_seq_len=64, pos_encoding="rotary", norm="rmsnorm", activation="swiglu", attn_bias=False,
+               attn_out_bias=False, mlp_bias=False, tie_embeddings=False, norm_eps=1e-6, dropout=0.0,
+               attn_dropout=0.0)
+GEMMA = dict(LINEAGE, activation="geglu_tanh", norm_plus_one=True, scale_embeddings=True, tie_embeddings=True)
+# name -> (a config built by anatomy, the transformers class its save_pretrained must name)
+FROM_SCRATCH = {
+    "mistral": (dict(LINEAGE, sliding_window=4), "MistralForCausalLM"),
+    "qwen2": (dict(LINEAGE, attn_bias=True, sliding_window=4, layer_types=("full", "sliding", "sliding")),
+              "Qwen2ForCausalLM"),
+    "qwen3": (dict(LINEAGE, qk_norm="per_head", rope_scaling="linear", rope_scaling_factor=2.0), "Qwen3ForCausalLM"),
+    "gemma2": (dict(GEMMA, norm_position="sandwich", query_pre_attn_scalar=16.0, attn_softcap=3.0,
+                    final_logit_softcap=5.0, sliding_window=4, layer_types=("sliding", "full", "sliding")),
+               "Gemma2ForCausalLM"),
+    "gemma3_text": (dict(GEMMA, norm_position="sandwich", qk_norm="per_head", query_pre_attn_scalar=16.0,
+                         sliding_window=4, layer_types=("sliding", "sliding", "full"), rope_local_theta=100.0),
+                    "Gemma3ForCausalLM"),
+    "olmo2": (dict(LINEAGE, norm_position="post_sublayer", qk_norm="across_heads"), "Olmo2ForCausalLM"),
+    "phi3": (dict(LINEAGE, rotary_dim=4), "Phi3ForCausalLM"),
+    "mixtral": (dict(LINEAGE, n_experts=3, n_experts_per_token=2), "MixtralForCausalLM"),
+    "gpt_neox": (dict(LINEAGE, norm="layernorm", activation="gelu", n_kv_heads=4, attn_bias=True, attn_out_bias=True,
+                      mlp_bias=True, parallel_residual=True, rotary_dim=4), "GPTNeoXForCausalLM"),
+    "gptj": (dict(LINEAGE, norm="layernorm", activation="gelu_tanh", n_kv_heads=4, mlp_bias=True, lm_head_bias=True,
+                  parallel_residual=True, parallel_shared_norm=True, rotary_dim=4, rotary_layout="interleaved"),
+             "GPTJForCausalLM"),
+}
+
+
+@pytest.mark.parametrize("name", list(FROM_SCRATCH))
+def test_a_model_built_by_anatomy_is_written_for_the_right_transformers_class(tmp_path, name):
+    transformers = pytest.importorskip("transformers")
+    fields, class_name = FROM_SCRATCH[name]
+    model = anatomy.build_model(anatomy.ModelConfig(**fields), seed=0).eval()
+    with torch.no_grad():  # norms and biases away from their initial values, so that each must land in its place
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.1)
+    model.save_pretrained(tmp_path, format="hf")
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [class_name]
+    theirs = getattr(transformers, class_name).from_pretrained(tmp_path, attn_implementation="eager").eval()
+    ids = _ids((2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, theirs(input_ids=ids).logits, rtol=0, atol=TOL)
+    assert anatomy.from_pretrained(tmp_path).config.replace(extra={}) == model.config
