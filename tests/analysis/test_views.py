@@ -8,7 +8,6 @@ import tempfile
 import threading
 
 import pytest
-import torch
 
 import anatomy
 from analysis_models import ids, tiny
