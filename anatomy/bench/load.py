@@ -103,7 +103,7 @@ def bench_load(settings: Settings) -> list[Row]:
     ready = {lib: statistics.median(r["warm_forward_seconds"] for r in rs) for lib, rs in results.items()}
     n_params = weight_bytes / 4
     case = f"Llama {n_params / 1e6:.3g}M float32 safetensors ({weight_bytes / 2**20:.0f} MiB)"
-    notes = [f"{runs} fresh process(es) each, alternating", f"load {load_average()}"]
+    notes = [f"{runs} fresh process{'es' if runs > 1 else ''} each, alternating", f"load {load_average()}"]
     return [
         Row("load", f"{case}: peak RSS (load + 1 forward) / weights' bytes", "x", ratio["anatomy"],
             ratio["transformers"], higher_is_better=False, notes=notes),
