@@ -62,6 +62,17 @@ def test_a_hub_id_from_the_cache_equals_the_folder(hf_checkpoint, offline_cache)
     assert hub_config == folder_config
 
 
+def test_hf_home_and_a_pinned_revision_are_honoured(hf_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    fake_hub_cache(tmp_path / "home" / "hub", REPO, hf_checkpoint("llama-gqa"))
+    model = anatomy.from_pretrained(REPO, revision=COMMIT)
+    assert torch.equal(_logits(model, IDS), _logits(anatomy.from_pretrained(hf_checkpoint("llama-gqa")), IDS))
+    with pytest.raises(CheckpointError, match="at revision 'v2'.*hf download tiny-org/tiny-llama --revision v2"):
+        anatomy.from_pretrained(REPO, revision="v2")
+
+
 def test_a_hub_id_not_in_the_cache_while_offline_says_how_to_fetch_it(offline_cache):
     with pytest.raises(CheckpointError) as error:
         anatomy.from_pretrained("someone/not-cached")
