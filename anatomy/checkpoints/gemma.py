@@ -31,7 +31,8 @@ def pre_attn_scalar(config: ModelConfig) -> int:
     """query_pre_attn_scalar for config.json, which holds an integer (Gemma 2 and 3)."""
     value = config.query_pre_attn_scalar
     if value is None or not float(value).is_integer():
-        raise CheckpointError(f"a Gemma 2/3 checkpoint holds query_pre_attn_scalar as an integer; this config has {value!r}")
+        raise CheckpointError("a Gemma 2/3 checkpoint holds query_pre_attn_scalar as an integer; "
+                              f"this config has {value!r}")
     return int(value)
 
 
