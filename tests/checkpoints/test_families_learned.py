@@ -184,6 +184,13 @@ def test_greedy_generation_equals_transformers(checkpoint, case):
             expected = theirs.generate(input_ids=prompt, decoder_start_token_id=model.config.decoder_start_token_id,
                                        **no_stop)
             ours = anatomy.generate(model, src_ids=prompt, max_new_tokens=8).sequences
+            assert torch.equal(ours, expected)
+            # Sources of different lengths: the second one padded at the end.
+            prompt[1, 3:], mask = PAD, torch.ones_like(prompt, dtype=torch.bool)
+            mask[1, 3:] = False
+            expected = theirs.generate(input_ids=prompt, attention_mask=mask.long(),
+                                       decoder_start_token_id=model.config.decoder_start_token_id, **no_stop)
+            ours = anatomy.generate(model, src_ids=prompt, src_padding_mask=mask, max_new_tokens=8).sequences
         else:
             expected = theirs.generate(input_ids=prompt, **no_stop)
             ours = anatomy.generate(model, prompt, max_new_tokens=8).sequences
