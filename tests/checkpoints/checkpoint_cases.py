@@ -7,7 +7,11 @@ transformers' own initialisation (std 0.02, unit norms, zero biases) would hide 
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
+from safetensors.torch import load_file
 
 VOCAB = 99
 PAD = VOCAB - 1
@@ -60,3 +64,55 @@ def randomise(model, seed: int = 0) -> None:
             noise = torch.randn(tensor.shape, generator=generator) * 0.2
             is_gain = ("norm" in name.lower()) and name.endswith("weight")
             tensor.copy_(1.0 + noise if is_gain else noise)
+
+
+def random_ids(shape, seed: int = 1) -> torch.Tensor:
+    """Token ids drawn from 2..VOCAB-2: never a special id of the tiny configs, never PAD."""
+    return torch.randint(2, VOCAB - 1, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _plain_config(transformers, config_class: str, fields: dict):
+    return getattr(transformers, config_class)(**fields)
+
+
+def checkpoint_factory(cases: dict, tmp_path_factory, make_config=_plain_config):
+    """make(case) -> the folder of a saved random transformers model of cases[case], built on first use.
+
+    cases: name -> (transformers class, config class, config fields); the field `_untie_head=True`
+    gives the model an lm_head of its own, as a Flan-T5 checkpoint stores one.
+    """
+    transformers = pytest.importorskip("transformers")
+    made = {}
+
+    def make(case: str):
+        if case not in made:
+            class_name, config_class, fields = cases[case]
+            fields = dict(fields)
+            untie = fields.pop("_untie_head", False)
+            torch.manual_seed(0)
+            model = getattr(transformers, class_name)(make_config(transformers, config_class, fields)).eval()
+            randomise(model)
+            if untie:  # transformers 5 builds every T5 tied; a Flan-T5 checkpoint stores its own lm_head
+                model.lm_head.weight = torch.nn.Parameter(torch.randn(model.lm_head.weight.shape) * 0.2)
+                model.config.tie_word_embeddings = False
+            made[case] = tmp_path_factory.mktemp(case)
+            model.save_pretrained(made[case])
+        return made[case]
+
+    return make
+
+
+def load_theirs(class_name: str, directory):
+    """The transformers model of a saved checkpoint, with the eager kernel whose weights parity compares."""
+    import transformers
+
+    return getattr(transformers, class_name).from_pretrained(directory, attn_implementation="eager").eval()
+
+
+def assert_written_back(source, saved, class_name: str) -> None:
+    """anatomy's save_pretrained wrote every tensor of the source checkpoint unchanged, for class_name."""
+    written, original = load_file(saved / "model.safetensors"), load_file(source / "model.safetensors")
+    assert set(written) == set(original)
+    for key, tensor in original.items():
+        assert torch.equal(written[key], tensor), key
+    assert json.loads((saved / "config.json").read_text())["architectures"] == [class_name]

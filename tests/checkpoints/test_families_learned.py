@@ -14,8 +14,7 @@ import json
 
 import pytest
 import torch
-from checkpoint_cases import VOCAB, randomise
-from safetensors.torch import load_file
+from checkpoint_cases import VOCAB, assert_written_back, checkpoint_factory, load_theirs, random_ids
 
 import anatomy
 from anatomy.checkpoints.parity import parity_rows
@@ -77,35 +76,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """checkpoint(case) -> the folder of a saved random transformers model (built once per module)."""
-    transformers = pytest.importorskip("transformers")
-    made = {}
-
-    def make(case: str):
-        if case not in made:
-            class_name, config_class, fields = CASES[case]
-            fields = dict(fields)
-            untie = fields.pop("_untie_head", False)
-            torch.manual_seed(0)
-            model = getattr(transformers, class_name)(getattr(transformers, config_class)(**fields)).eval()
-            randomise(model)
-            if untie:  # transformers 5 builds every T5 tied; a Flan-T5 checkpoint stores its own lm_head
-                model.lm_head.weight = torch.nn.Parameter(torch.randn(model.lm_head.weight.shape) * 0.2)
-                model.config.tie_word_embeddings = False
-            made[case] = tmp_path_factory.mktemp(case)
-            model.save_pretrained(made[case])
-        return made[case]
-
-    return make
-
-
-def _theirs(case: str, directory):
-    import transformers
-
-    return getattr(transformers, CASES[case][0]).from_pretrained(directory, attn_implementation="eager").eval()
-
-
-def _ids(shape, seed=1) -> torch.Tensor:
-    return torch.randint(2, VOCAB - 1, shape, generator=torch.Generator().manual_seed(seed))
+    return checkpoint_factory(CASES, tmp_path_factory)
 
 
 @pytest.mark.parametrize("pad", [False, True], ids=["unpadded", "padded"])
@@ -134,17 +105,12 @@ def test_save_pretrained_gives_transformers_the_same_model(checkpoint, tmp_path,
     source = checkpoint(case)
     model = anatomy.from_pretrained(source)
     saved = model.save_pretrained(tmp_path / "saved", format="hf")
-    written, original = load_file(saved / "model.safetensors"), load_file(source / "model.safetensors")
-    assert set(written) == set(original)
-    for key, tensor in original.items():
-        assert torch.equal(written[key], tensor), key
-    config = json.loads((saved / "config.json").read_text())
-    assert config["architectures"] == [CASES[case][0]]
-    ids, mask = _ids((2, 7)), torch.ones(2, 7, dtype=torch.long)
+    assert_written_back(source, saved, CASES[case][0])
+    ids, mask = random_ids((2, 7)), torch.ones(2, 7, dtype=torch.long)
     mask[1, 5:] = 0
-    tgt = _ids((2, 4), seed=2) if model.config.arch == "encoder-decoder" else None
-    reference = _logits(_theirs(case, source), case, ids, mask, tgt)
-    assert torch.equal(_logits(_theirs(case, saved), case, ids, mask, tgt), reference)
+    tgt = random_ids((2, 4), seed=2) if model.config.arch == "encoder-decoder" else None
+    reference = _logits(load_theirs(CASES[case][0], source), case, ids, mask, tgt)
+    assert torch.equal(_logits(load_theirs(CASES[case][0], saved), case, ids, mask, tgt), reference)
 
 
 def _generating(case: str) -> bool:
@@ -154,10 +120,10 @@ def _generating(case: str) -> bool:
 @pytest.mark.parametrize("case", [c for c in CASES if _generating(c)])
 def test_the_kv_cache_gives_the_full_pass(checkpoint, case):
     model = anatomy.from_pretrained(checkpoint(case))
-    ids = _ids((2, 7))
+    ids = random_ids((2, 7))
     with torch.no_grad():
         if model.config.arch == "encoder-decoder":
-            src = _ids((2, 6), seed=3)
+            src = random_ids((2, 6), seed=3)
             memory = model.encode(src)
             _, full = model.decode(ids, memory)
             cache = model.new_cache()
@@ -174,8 +140,8 @@ def test_the_kv_cache_gives_the_full_pass(checkpoint, case):
 @pytest.mark.parametrize("case", [c for c in CASES if _generating(c)])
 def test_greedy_generation_equals_transformers(checkpoint, case):
     directory = checkpoint(case)
-    model, theirs = anatomy.from_pretrained(directory), _theirs(case, directory)
-    prompt = _ids((2, 5))
+    model, theirs = anatomy.from_pretrained(directory), load_theirs(CASES[case][0], directory)
+    prompt = random_ids((2, 5))
     # transformers' own cache is not under test (and its T5 cache breaks with a decoder deeper than the encoder)
     no_stop = dict(do_sample=False, num_beams=1, eos_token_id=None, forced_eos_token_id=None,
                    pad_token_id=PAD, max_new_tokens=8, use_cache=False)
@@ -218,8 +184,8 @@ def test_decoder_sizes_are_validated_and_belong_to_encoder_decoders():
 def test_positions_count_real_tokens_under_left_padding(checkpoint):
     """RoBERTa numbers positions from the padding: a left-padded row gives transformers' logits."""
     directory = checkpoint("roberta-mlm")
-    model, theirs = anatomy.from_pretrained(directory), _theirs("roberta-mlm", directory)
-    ids = _ids((2, 6))
+    model, theirs = anatomy.from_pretrained(directory), load_theirs(CASES["roberta-mlm"][0], directory)
+    ids = random_ids((2, 6))
     ids[1, :2] = model.config.pad_token_id  # row 1: two pads, then four real tokens
     mask = ids != model.config.pad_token_id
     with torch.no_grad():
@@ -260,11 +226,11 @@ def test_a_config_built_from_scratch_is_written_as_its_own_type(checkpoint, tmp_
     written = json.loads((tmp_path / "config.json").read_text())
     assert written["model_type"] == loaded.extra["hf_config"]["model_type"]
     theirs = getattr(transformers, written["architectures"][0]).from_pretrained(tmp_path).eval()
-    ids, mask = _ids((2, 7)), torch.ones(2, 7, dtype=torch.bool)
+    ids, mask = random_ids((2, 7)), torch.ones(2, 7, dtype=torch.bool)
     mask[1, 5:] = False
     with torch.no_grad():
         if config.arch == "encoder-decoder":
-            tgt = _ids((2, 4), seed=2)
+            tgt = random_ids((2, 4), seed=2)
             ours, reference = model(ids, tgt, mask).logits, _logits(theirs, case, ids, mask.long(), tgt)
             keep = torch.ones(2, 4, dtype=torch.bool)
         else:
@@ -293,6 +259,6 @@ def test_the_walkthrough_recomputes_every_step(checkpoint, case):
     from anatomy.walk import walkthrough
 
     model = anatomy.from_pretrained(checkpoint(case))
-    target = _ids((4,), seed=2).tolist() if model.config.arch == "encoder-decoder" else None
-    walk = walkthrough(model, _ids((6,)).tolist(), target_ids=target)
+    target = random_ids((4,), seed=2).tolist() if model.config.arch == "encoder-decoder" else None
+    walk = walkthrough(model, random_ids((6,)).tolist(), target_ids=target)
     assert walk.ok, [step.title for step in walk.failures]

@@ -14,8 +14,7 @@ import json
 
 import pytest
 import torch
-from checkpoint_cases import VOCAB, randomise
-from safetensors.torch import load_file
+from checkpoint_cases import VOCAB, assert_written_back, checkpoint_factory, load_theirs, random_ids
 
 import anatomy
 from anatomy.checkpoints.parity import parity_rows
@@ -66,30 +65,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """checkpoint(case) -> the folder of a saved random transformers model (built once per module)."""
-    transformers = pytest.importorskip("transformers")
-    made = {}
-
-    def make(case: str):
-        if case not in made:
-            class_name, config_class, fields = CASES[case]
-            torch.manual_seed(0)
-            model = getattr(transformers, class_name)(getattr(transformers, config_class)(**fields)).eval()
-            randomise(model)
-            made[case] = tmp_path_factory.mktemp(case)
-            model.save_pretrained(made[case])
-        return made[case]
-
-    return make
-
-
-def _theirs(case: str, directory):
-    import transformers
-
-    return getattr(transformers, CASES[case][0]).from_pretrained(directory, attn_implementation="eager").eval()
-
-
-def _ids(shape, seed=1) -> torch.Tensor:
-    return torch.randint(2, VOCAB - 1, shape, generator=torch.Generator().manual_seed(seed))
+    return checkpoint_factory(CASES, tmp_path_factory)
 
 
 @pytest.mark.parametrize("pad", [False, True], ids=["unpadded", "padded"])
@@ -113,23 +89,18 @@ def test_save_pretrained_gives_transformers_the_same_model(checkpoint, tmp_path,
     source = checkpoint(case)
     model = anatomy.from_pretrained(source)
     saved = model.save_pretrained(tmp_path / "saved", format="hf")
-    written, original = load_file(saved / "model.safetensors"), load_file(source / "model.safetensors")
-    assert set(written) == set(original)
-    for key, tensor in original.items():
-        assert torch.equal(written[key], tensor), key
-    config = json.loads((saved / "config.json").read_text())
-    assert config["architectures"] == [CASES[case][0]]
+    assert_written_back(source, saved, CASES[case][0])
     assert anatomy.from_pretrained(saved).config == model.config
-    ids, mask = _ids((2, 9)), torch.ones(2, 9, dtype=torch.long)
+    ids, mask = random_ids((2, 9)), torch.ones(2, 9, dtype=torch.long)
     mask[1, 6:] = 0
-    reference = _logits(_theirs(case, source), ids, mask)
-    assert torch.equal(_logits(_theirs(case, saved), ids, mask), reference)
+    reference = _logits(load_theirs(CASES[case][0], source), ids, mask)
+    assert torch.equal(_logits(load_theirs(CASES[case][0], saved), ids, mask), reference)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_kv_cache_gives_the_full_pass(checkpoint, case):
     model = anatomy.from_pretrained(checkpoint(case))
-    ids = _ids((2, 11))  # longer than every sliding window in CASES
+    ids = random_ids((2, 11))  # longer than every sliding window in CASES
     with torch.no_grad():
         full = model(ids).logits
         cache = model.new_cache()
@@ -144,8 +115,8 @@ def test_the_kv_cache_gives_the_full_pass(checkpoint, case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_greedy_generation_equals_transformers(checkpoint, case, padded):
     directory = checkpoint(case)
-    model, theirs = anatomy.from_pretrained(directory), _theirs(case, directory)
-    prompt, mask = _ids((2, 6)), torch.ones(2, 6, dtype=torch.long)
+    model, theirs = anatomy.from_pretrained(directory), load_theirs(CASES[case][0], directory)
+    prompt, mask = random_ids((2, 6)), torch.ones(2, 6, dtype=torch.long)
     if padded:
         prompt[1, :2], mask[1, :2] = PAD, 0
     no_stop = dict(do_sample=False, num_beams=1, eos_token_id=None, pad_token_id=PAD, max_new_tokens=8)
@@ -159,7 +130,7 @@ def test_router_logits_are_compared_and_expert_weights_choose_k_experts(checkpoi
     rows = {r.name: r for r in parity_rows(checkpoint("mixtral"), pad=True, tol=TOL)}
     assert rows["blocks.1.mlp.router_logits"].ok and rows["blocks.1.mlp.router_logits"].reference == "router_logits[1]"
     model = anatomy.from_pretrained(checkpoint("mixtral"))
-    ids = _ids((2, 7))
+    ids = random_ids((2, 7))
     with anatomy.trace(model, ["blocks.0.mlp.router_logits", "blocks.0.mlp.expert_weights"]) as t:
         model(ids)
     weights, logits = t["blocks.0.mlp.expert_weights"], t["blocks.0.mlp.router_logits"]
@@ -171,7 +142,7 @@ def test_router_logits_are_compared_and_expert_weights_choose_k_experts(checkpoi
 
 def test_forcing_every_token_to_one_expert_runs_that_expert_alone(checkpoint):
     model = anatomy.from_pretrained(checkpoint("mixtral"))
-    ids = _ids((1, 5))
+    ids = random_ids((1, 5))
     only_expert_3 = lambda w: torch.zeros_like(w).index_fill(-1, torch.tensor([3]), 1.0)  # noqa: E731
     with anatomy.trace(model, ["blocks.0.mlp_norm.out", "blocks.0.mlp.out"],
                        interventions={"blocks.0.mlp.expert_weights": only_expert_3}) as t:
@@ -219,7 +190,7 @@ def test_a_model_built_by_anatomy_is_written_for_the_right_transformers_class(tm
     model.save_pretrained(tmp_path, format="hf")
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [class_name]
     theirs = getattr(transformers, class_name).from_pretrained(tmp_path, attn_implementation="eager").eval()
-    ids = _ids((2, 9))
+    ids = random_ids((2, 9))
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, theirs(input_ids=ids).logits, rtol=0, atol=TOL)
     assert anatomy.from_pretrained(tmp_path).config.replace(extra={}) == model.config
