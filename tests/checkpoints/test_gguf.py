@@ -37,10 +37,22 @@ def tiny_llama(vocab_size: int, **fields):
     config = transformers.LlamaConfig(
         vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=256, max_position_embeddings=64, rms_norm_eps=1e-5, **fields)
+    return random_model("LlamaForCausalLM", config)
+
+
+def random_model(model_class: str, config):
+    """A transformers model of `config` with every parameter drawn at random (seed 0)."""
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = getattr(transformers, model_class)(config).eval()
     randomise(model)
     return model
+
+
+def original_pair(path, model, ids):
+    """(anatomy's logits, the original transformers model's logits) for `ids`: the reference for
+    files transformers' GGUF reader cannot read, or reads without some of their keys."""
+    with torch.no_grad():
+        return load_gguf(path)(ids).logits, model(ids).logits
 
 
 def logits_pair(path, ids):
@@ -81,8 +93,8 @@ def test_f32_file_gives_back_the_original_model(tmp_path, vocabs):
     model = tiny_llama(len(vocab["tokens"]))
     path = write_gguf(tmp_path / "m.gguf", model, arch="llama", vocab=vocab, default="F32")
     ids = ids_for(len(vocab["tokens"]))
-    with torch.no_grad():
-        assert (load_gguf(path)(ids).logits - model(ids).logits).abs().max() <= 1e-5
+    ours, theirs = original_pair(path, model, ids)
+    assert (ours - theirs).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("shape, heads", [((32, 8), 4), ((16, 8), 2), ((16,), 2), ((64, 3), 1)])
@@ -101,45 +113,33 @@ def test_unpermute_undoes_llama_cpp_permutation(shape, heads):
 def test_qwen_is_read_without_permutation(tmp_path, vocabs, arch, config_class, model_class, head_dim):
     """llama.cpp runs Qwen with rotate_half rotary, as transformers does: its q/k rows are stored
     as they are, and un-permuting them would break the model."""
-    from anatomy.checkpoints import ARCHITECTURES
-
-    if arch not in ARCHITECTURES:
-        pytest.skip(f"anatomy has no {arch} architecture")
     vocab = dict(vocabs["gpt2"], pre="qwen2")
     config = getattr(transformers, config_class)(
         vocab_size=len(vocab["tokens"]), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=head_dim, intermediate_size=64, max_position_embeddings=64,
         tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = getattr(transformers, model_class)(config).eval()
-    randomise(model)
+    model = random_model(model_class, config)
     path = write_gguf(tmp_path / "q.gguf", model, arch=arch, vocab=vocab, types={"attn_q.weight": "Q8_0"})
     ours, theirs = logits_pair(path, ids_for(len(vocab["tokens"])))
     assert (ours - theirs).abs().max() <= ATOL
     f32 = write_gguf(tmp_path / "f32.gguf", model, arch=arch, vocab=vocab)
     ids = ids_for(len(vocab["tokens"]))
-    with torch.no_grad():
-        assert (load_gguf(f32)(ids).logits - model(ids).logits).abs().max() <= 1e-5
+    ours, theirs = original_pair(f32, model, ids)
+    assert (ours - theirs).abs().max() <= 1e-5
 
 
 def test_gemma_norm_gains_lose_llama_cpp_offset(tmp_path, vocabs):
     """llama.cpp stores Gemma's (1 + w) RMSNorm gains as w + 1 and does not permute q/k; an F32 file
     gives back the original transformers model (whose GGUF reader has no Gemma 1)."""
-    from anatomy.checkpoints import ARCHITECTURES
-
-    if "gemma" not in ARCHITECTURES:
-        pytest.skip("anatomy has no gemma architecture")
     vocab = vocabs["llama"]
     config = transformers.GemmaConfig(
         vocab_size=len(vocab["tokens"]), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.GemmaForCausalLM(config).eval()
-    randomise(model)
+    model = random_model("GemmaForCausalLM", config)
     path = write_gguf(tmp_path / "g.gguf", model, arch="gemma", vocab=vocab)
     ids = ids_for(len(vocab["tokens"]))
-    with torch.no_grad():
-        assert (load_gguf(path)(ids).logits - model(ids).logits).abs().max() <= 1e-5
+    ours, theirs = original_pair(path, model, ids)
+    assert (ours - theirs).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("softcaps", [(50.0, 30.0), (5.0, 3.0)])
@@ -148,27 +148,20 @@ def test_gemma2_matches_transformers(tmp_path, vocabs, softcaps):
     scores and logits, sliding-window layers alternating with full ones. transformers' GGUF reader
     ignores the soft-cap keys (it keeps Gemma2Config's 50 and 30), so with other caps the reference
     is the original model, read back from an F32 file."""
-    from anatomy.checkpoints import ARCHITECTURES
-
-    if "gemma2" not in ARCHITECTURES:
-        pytest.skip("anatomy has no gemma2 architecture")
     vocab = vocabs["llama"]
     config = transformers.Gemma2Config(
         vocab_size=len(vocab["tokens"]), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=256, query_pre_attn_scalar=256, intermediate_size=64,
         max_position_embeddings=64, sliding_window=4, attn_logit_softcapping=softcaps[0],
         final_logit_softcapping=softcaps[1])
-    torch.manual_seed(0)
-    model = transformers.Gemma2ForCausalLM(config).eval()
-    randomise(model)
+    model = random_model("Gemma2ForCausalLM", config)
     ids = ids_for(len(vocab["tokens"]))  # 11 tokens: past the window of 4
     if softcaps == (50.0, 30.0):
         path = write_gguf(tmp_path / "g2.gguf", model, arch="gemma2", vocab=vocab, types={"attn_q.weight": "Q8_0"})
         ours, theirs = logits_pair(path, ids)
     else:
         path = write_gguf(tmp_path / "g2.gguf", model, arch="gemma2", vocab=vocab)
-        with torch.no_grad():
-            ours, theirs = load_gguf(path)(ids).logits, model(ids).logits
+        ours, theirs = original_pair(path, model, ids)
     assert (ours - theirs).abs().max() <= ATOL
 
 
@@ -177,10 +170,6 @@ def test_gemma3_matches_transformers(tmp_path, vocabs, full_rope):
     """Gemma 3: norms on each q and k head (stored + 1 like the others), five sliding layers to one
     full one with their own rotary base, and a linear scaling of the full layers' rotary angles
     (which transformers' GGUF reader ignores: that case is checked against the original model)."""
-    from anatomy.checkpoints import ARCHITECTURES
-
-    if "gemma3_text" not in ARCHITECTURES:
-        pytest.skip("anatomy has no gemma3_text architecture")
     vocab = vocabs["llama"]
     ropes = {} if full_rope is None else {"rope_parameters": {
         "full_attention": full_rope, "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}}
@@ -188,38 +177,29 @@ def test_gemma3_matches_transformers(tmp_path, vocabs, full_rope):
         vocab_size=len(vocab["tokens"]), hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
         num_key_value_heads=2, head_dim=256, intermediate_size=64, max_position_embeddings=64, sliding_window=4,
         **ropes)
-    torch.manual_seed(0)
-    model = transformers.Gemma3ForCausalLM(config).eval()
-    randomise(model)
+    model = random_model("Gemma3ForCausalLM", config)
     ids = ids_for(len(vocab["tokens"]))  # 11 tokens: past the window of 4
     if full_rope is None:
         path = write_gguf(tmp_path / "g3.gguf", model, arch="gemma3", vocab=vocab, types={"attn_v.weight": "Q8_0"})
         ours, theirs = logits_pair(path, ids)
     else:
         path = write_gguf(tmp_path / "g3.gguf", model, arch="gemma3", vocab=vocab)
-        with torch.no_grad():
-            ours, theirs = load_gguf(path)(ids).logits, model(ids).logits
+        ours, theirs = original_pair(path, model, ids)
     assert (ours - theirs).abs().max() <= ATOL
 
 
 def test_olmo2_gives_back_the_original_model(tmp_path, vocabs):
     """OLMo 2 (norms after each sublayer, q/k norms across heads, no permutation): transformers has
     no GGUF reader for it, so the reference is the original model, read back from an F32 file."""
-    from anatomy.checkpoints import ARCHITECTURES
-
-    if "olmo2" not in ARCHITECTURES:
-        pytest.skip("anatomy has no olmo2 architecture")
     vocab = vocabs["gpt2"]
     config = transformers.Olmo2Config(
         vocab_size=len(vocab["tokens"]), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
-    torch.manual_seed(0)
-    model = transformers.Olmo2ForCausalLM(config).eval()
-    randomise(model)
+    model = random_model("Olmo2ForCausalLM", config)
     path = write_gguf(tmp_path / "o.gguf", model, arch="olmo2", vocab=vocab)
     ids = ids_for(len(vocab["tokens"]))
-    with torch.no_grad():
-        assert (load_gguf(path)(ids).logits - model(ids).logits).abs().max() <= 1e-5
+    ours, theirs = original_pair(path, model, ids)
+    assert (ours - theirs).abs().max() <= 1e-5
 
 
 def test_phi3_matches_transformers(tmp_path, vocabs):
@@ -230,9 +210,7 @@ def test_phi3_matches_transformers(tmp_path, vocabs):
         vocab_size=len(vocab["tokens"]), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64, pad_token_id=0,
         tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = transformers.Phi3ForCausalLM(config).eval()
-    randomise(model)
+    model = random_model("Phi3ForCausalLM", config)
     path = write_gguf(tmp_path / "p.gguf", model, arch="phi3", vocab=vocab, types={"attn_qkv.weight": "Q8_0"})
     ours, theirs = logits_pair(path, ids_for(len(vocab["tokens"])))
     assert (ours - theirs).abs().max() <= ATOL
