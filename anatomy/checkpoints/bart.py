@@ -7,9 +7,10 @@ sqrt(d_model) only when scale_embedding says so. The decoder may have its own si
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .common import activation, field, pad_id, to_hf_activation, unsupported
+from .common import unsupported
 from .engine import Architecture, Rule, require
-from .marian import layer_rules
+from .marian import fairseq_hf_sizes, fairseq_sizes, layer_rules
+from .table_helpers import plain_heads
 
 FLAGS = dict(
     arch="encoder-decoder", pos_encoding="learned", pos_offset=2, positions_from_padding=False, norm="layernorm",
@@ -22,34 +23,12 @@ CLASSES = {"BartForConditionalGeneration": "lm"}
 
 def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     unsupported("bart", hf, add_cross_attention=False)
-    return ModelConfig(
-        **FLAGS,
-        vocab_size=field(hf, "vocab_size", "bart"), d_model=field(hf, "d_model", "bart"),
-        n_heads=field(hf, "encoder_attention_heads", "bart"), n_layers=field(hf, "encoder_layers", "bart"),
-        d_ff=field(hf, "encoder_ffn_dim", "bart"), decoder_n_layers=field(hf, "decoder_layers", "bart"),
-        decoder_n_heads=field(hf, "decoder_attention_heads", "bart"), decoder_d_ff=field(hf, "decoder_ffn_dim", "bart"),
-        max_seq_len=field(hf, "max_position_embeddings", "bart", 1024),
-        activation=activation(hf, "activation_function", "bart", "gelu"),
-        scale_embeddings=bool(hf.get("scale_embedding", False)), pad_token_id=pad_id(hf),
-        dropout=hf.get("dropout", 0.1), attn_dropout=hf.get("attention_dropout", 0.0),
-        tie_embeddings=hf.get("tie_word_embeddings", True),
-    )
+    return ModelConfig(**FLAGS, **fairseq_sizes(hf, "bart"))
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("bart", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
-            d_embed=config.d_model)
-    decoder = config.decoder_config()
-    require("bart decoder", decoder, n_kv_heads=decoder.n_heads, d_head=decoder.d_model // decoder.n_heads)
-    return dict(
-        vocab_size=config.vocab_size, d_model=config.d_model,
-        encoder_layers=config.n_layers, decoder_layers=config.decoder_n_layers,
-        encoder_attention_heads=config.n_heads, decoder_attention_heads=config.decoder_n_heads,
-        encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.decoder_d_ff, max_position_embeddings=config.max_seq_len,
-        activation_function=to_hf_activation(config.activation, "bart"), scale_embedding=config.scale_embeddings,
-        dropout=config.dropout, attention_dropout=config.effective_attn_dropout, activation_dropout=0.0,
-        pad_token_id=config.pad_token_id, tie_word_embeddings=config.tie_embeddings, is_encoder_decoder=True,
-    )
+    require("bart", config, **FLAGS, **plain_heads(config))
+    return fairseq_hf_sizes(config, "bart")
 
 
 def table(config: ModelConfig) -> list[Rule]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .common import activation, field, label_fields, num_labels, pad_id, to_hf_activation, unsupported
 from .engine import Architecture, Rule, require
+from .table_helpers import plain_heads
 
 # What every BERT is, whatever its size.
 FLAGS = dict(
@@ -28,31 +29,41 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
         pooler = any(k.endswith("pooler.dense.weight") for k in keys)
     else:
         pooler = head == "sequence-classification"
-    d_model = field(hf, "hidden_size", "bert")
     return ModelConfig(
-        **FLAGS,
-        vocab_size=field(hf, "vocab_size", "bert"), d_model=d_model,
-        n_heads=field(hf, "num_attention_heads", "bert"), n_layers=field(hf, "num_hidden_layers", "bert"),
-        d_ff=field(hf, "intermediate_size", "bert", 4 * d_model),
+        **FLAGS, **bert_sizes(hf, "bert"),
         max_seq_len=field(hf, "max_position_embeddings", "bert", 512),
         activation=activation(hf, "hidden_act", "bert", "gelu"),
         norm_eps=hf.get("layer_norm_eps", 1e-12), type_vocab_size=hf.get("type_vocab_size", 2),
-        pad_token_id=pad_id(hf),
-        dropout=hf.get("hidden_dropout_prob", 0.1), attn_dropout=hf.get("attention_probs_dropout_prob", 0.1),
         head=head, pooler=pooler, lm_head_transform=head == "masked-lm", lm_head_bias=head == "masked-lm",
-        tie_embeddings=hf.get("tie_word_embeddings", True), num_labels=num_labels(hf),
     )
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("bert", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
-            d_embed=config.d_model)
+    require("bert", config, **FLAGS, **plain_heads(config))
     if config.head == "masked-lm":
         require("bert masked-lm", config, lm_head_transform=True, lm_head_bias=True)
+    return bert_hf_sizes(config, "bert")
+
+
+def bert_sizes(hf: dict, model_type: str) -> dict:
+    """The ModelConfig fields a BERT-style config (BERT's, RoBERTa's) spells the same way."""
+    d_model = field(hf, "hidden_size", model_type)
+    return dict(
+        vocab_size=field(hf, "vocab_size", model_type), d_model=d_model,
+        n_heads=field(hf, "num_attention_heads", model_type), n_layers=field(hf, "num_hidden_layers", model_type),
+        d_ff=field(hf, "intermediate_size", model_type, 4 * d_model), pad_token_id=pad_id(hf),
+        dropout=hf.get("hidden_dropout_prob", 0.1), attn_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+        tie_embeddings=hf.get("tie_word_embeddings", True), num_labels=num_labels(hf),
+    )
+
+
+def bert_hf_sizes(config: ModelConfig, model_type: str) -> dict:
+    """A BERT-style config of `config`; its position table has pos_offset rows before position 0."""
     hf = dict(
         vocab_size=config.vocab_size, hidden_size=config.d_model, num_attention_heads=config.n_heads,
-        num_hidden_layers=config.n_layers, intermediate_size=config.d_ff, max_position_embeddings=config.max_seq_len,
-        hidden_act=to_hf_activation(config.activation, "bert"), layer_norm_eps=config.norm_eps,
+        num_hidden_layers=config.n_layers, intermediate_size=config.d_ff,
+        max_position_embeddings=config.max_seq_len + config.pos_offset,
+        hidden_act=to_hf_activation(config.activation, model_type), layer_norm_eps=config.norm_eps,
         type_vocab_size=config.type_vocab_size, pad_token_id=config.pad_token_id,
         hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.effective_attn_dropout,
         tie_word_embeddings=config.tie_embeddings, position_embedding_type="absolute",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .common import activation, field, label_fields, num_labels, pad_id, to_hf_activation, unsupported
 from .engine import Architecture, Rule, require
+from .table_helpers import plain_heads
 
 FLAGS = dict(
     arch="encoder", pos_encoding="learned", norm="layernorm", norm_position="post", final_norm=False,
@@ -40,8 +41,7 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("distilbert", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
-            d_embed=config.d_model)
+    require("distilbert", config, **FLAGS, **plain_heads(config))
     if config.head == "masked-lm":
         require("distilbert masked-lm", config, lm_head_transform=True, lm_head_bias=True)
     if config.head == "sequence-classification":

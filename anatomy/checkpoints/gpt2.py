@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .common import activation, field, pad_id, to_hf_activation, unsupported
 from .engine import Architecture, Rule, require
+from .table_helpers import plain_heads
 
 FLAGS = dict(
     arch="decoder", pos_encoding="learned", norm="layernorm", norm_position="pre", final_norm=True,
@@ -34,8 +35,7 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("gpt2", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
-            d_embed=config.d_model)
+    require("gpt2", config, **FLAGS, **plain_heads(config))
     return dict(
         vocab_size=config.vocab_size, n_embd=config.d_model, n_head=config.n_heads, n_layer=config.n_layers,
         n_inner=config.d_ff, n_positions=config.max_seq_len,

@@ -10,6 +10,7 @@ from ..config import ModelConfig
 from .common import activation, field, pad_id, to_hf_activation
 from .engine import Architecture, Rule, require
 from .files import CheckpointError
+from .table_helpers import plain_heads
 
 FLAGS = dict(
     arch="decoder", pos_encoding="learned", norm="layernorm", norm_position="pre", final_norm=True,
@@ -53,8 +54,7 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("gpt_neo", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
-            d_embed=config.d_model)
+    require("gpt_neo", config, **FLAGS, **plain_heads(config))
     names = [{v: k for k, v in LAYER_TYPES.items()}[kind] for kind in config.layer_types]
     return dict(
         vocab_size=config.vocab_size, hidden_size=config.d_model, num_heads=config.n_heads, num_layers=config.n_layers,

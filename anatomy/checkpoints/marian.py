@@ -10,6 +10,7 @@ from ..config import ModelConfig
 from .common import activation, field, pad_id, to_hf_activation, unsupported
 from .engine import Architecture, Rule, require
 from .files import CheckpointError
+from .table_helpers import plain_heads
 
 FLAGS = dict(
     arch="encoder-decoder", pos_encoding="sinusoidal", sinusoid_layout="halves", norm="layernorm",
@@ -28,37 +29,47 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
             f"this marian checkpoint has vocab_size={hf.get('vocab_size')} but decoder_vocab_size="
             f"{hf['decoder_vocab_size']}; anatomy implements the shared vocabulary (share_encoder_decoder_embeddings)"
         )
-    return ModelConfig(
-        **FLAGS,
-        vocab_size=field(hf, "vocab_size", "marian"), d_model=field(hf, "d_model", "marian"),
-        n_heads=field(hf, "encoder_attention_heads", "marian"), n_layers=field(hf, "encoder_layers", "marian"),
-        d_ff=field(hf, "encoder_ffn_dim", "marian"), decoder_n_layers=field(hf, "decoder_layers", "marian"),
-        decoder_n_heads=field(hf, "decoder_attention_heads", "marian"),
-        decoder_d_ff=field(hf, "decoder_ffn_dim", "marian"),
-        max_seq_len=field(hf, "max_position_embeddings", "marian", 1024),
-        activation=activation(hf, "activation_function", "marian", "gelu"),
+    return ModelConfig(**FLAGS, **fairseq_sizes(hf, "marian"))
+
+
+def to_hf_config(config: ModelConfig, class_name: str) -> dict:
+    require("marian", config, **FLAGS, **plain_heads(config))
+    # Marian pads with its last id by convention, and starts decoding with the pad token.
+    pad = config.pad_token_id if config.pad_token_id is not None else config.vocab_size - 1
+    return dict(
+        fairseq_hf_sizes(config, "marian"), decoder_vocab_size=config.vocab_size, pad_token_id=pad,
+        decoder_start_token_id=pad, share_encoder_decoder_embeddings=True,
+    )
+
+
+def fairseq_sizes(hf: dict, model_type: str) -> dict:
+    """The ModelConfig fields a fairseq-style config (Marian's, BART's) spells the same way."""
+    return dict(
+        vocab_size=field(hf, "vocab_size", model_type), d_model=field(hf, "d_model", model_type),
+        n_heads=field(hf, "encoder_attention_heads", model_type), n_layers=field(hf, "encoder_layers", model_type),
+        d_ff=field(hf, "encoder_ffn_dim", model_type), decoder_n_layers=field(hf, "decoder_layers", model_type),
+        decoder_n_heads=field(hf, "decoder_attention_heads", model_type),
+        decoder_d_ff=field(hf, "decoder_ffn_dim", model_type),
+        max_seq_len=field(hf, "max_position_embeddings", model_type, 1024),
+        activation=activation(hf, "activation_function", model_type, "gelu"),
         scale_embeddings=bool(hf.get("scale_embedding", False)), pad_token_id=pad_id(hf),
         dropout=hf.get("dropout", 0.1), attn_dropout=hf.get("attention_dropout", 0.0),
         tie_embeddings=hf.get("tie_word_embeddings", True),
     )
 
 
-def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("marian", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
-            d_embed=config.d_model)
+def fairseq_hf_sizes(config: ModelConfig, model_type: str) -> dict:
+    """fairseq_sizes written back, once the decoder is checked to be plain multi-head attention."""
     decoder = config.decoder_config()
-    require("marian decoder", decoder, n_kv_heads=decoder.n_heads, d_head=decoder.d_model // decoder.n_heads)
-    # Marian pads with its last id by convention, and starts decoding with the pad token.
-    pad = config.pad_token_id if config.pad_token_id is not None else config.vocab_size - 1
+    require(f"{model_type} decoder", decoder, n_kv_heads=decoder.n_heads, d_head=decoder.d_model // decoder.n_heads)
     return dict(
-        vocab_size=config.vocab_size, decoder_vocab_size=config.vocab_size, d_model=config.d_model,
+        vocab_size=config.vocab_size, d_model=config.d_model,
         encoder_layers=config.n_layers, decoder_layers=config.decoder_n_layers,
         encoder_attention_heads=config.n_heads, decoder_attention_heads=config.decoder_n_heads,
         encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.decoder_d_ff, max_position_embeddings=config.max_seq_len,
-        activation_function=to_hf_activation(config.activation, "marian"), scale_embedding=config.scale_embeddings,
+        activation_function=to_hf_activation(config.activation, model_type), scale_embedding=config.scale_embeddings,
         dropout=config.dropout, attention_dropout=config.effective_attn_dropout, activation_dropout=0.0,
-        pad_token_id=pad, decoder_start_token_id=pad, tie_word_embeddings=config.tie_embeddings,
-        share_encoder_decoder_embeddings=True, is_encoder_decoder=True,
+        pad_token_id=config.pad_token_id, tie_word_embeddings=config.tie_embeddings, is_encoder_decoder=True,
     )
 
 

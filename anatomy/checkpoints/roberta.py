@@ -7,10 +7,11 @@ first token, which is anatomy's pooler, and a projection."""
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .bert import layer_rules
-from .common import activation, field, label_fields, num_labels, pad_id, to_hf_activation, unsupported
+from .bert import bert_hf_sizes, bert_sizes, layer_rules
+from .common import activation, field, unsupported
 from .engine import Architecture, Rule, require
 from .files import CheckpointError
+from .table_helpers import plain_heads
 
 FLAGS = dict(
     arch="encoder", pos_encoding="learned", positions_from_padding=True, norm="layernorm", norm_position="post",
@@ -33,25 +34,17 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
         raise CheckpointError(f"the roberta masked-LM head always uses gelu; this checkpoint's hidden_act is {act!r}")
     pad = field(hf, "pad_token_id", "roberta", 1)
     offset = pad + 1  # rows 0..pad are never a real token's
-    d_model = field(hf, "hidden_size", "roberta")
     return ModelConfig(
-        **FLAGS,
-        vocab_size=field(hf, "vocab_size", "roberta"), d_model=d_model,
-        n_heads=field(hf, "num_attention_heads", "roberta"), n_layers=field(hf, "num_hidden_layers", "roberta"),
-        d_ff=field(hf, "intermediate_size", "roberta", 4 * d_model),
+        **FLAGS, **bert_sizes(hf, "roberta"),
         max_seq_len=field(hf, "max_position_embeddings", "roberta", 514) - offset, pos_offset=offset,
         activation=act, norm_eps=hf.get("layer_norm_eps", 1e-5), type_vocab_size=hf.get("type_vocab_size", 1),
-        pad_token_id=pad_id(hf),
-        dropout=hf.get("hidden_dropout_prob", 0.1), attn_dropout=hf.get("attention_probs_dropout_prob", 0.1),
         head=head, pooler=head == "sequence-classification" or any(k.endswith("pooler.dense.weight") for k in keys),
         lm_head_transform=head == "masked-lm", lm_head_bias=head == "masked-lm",
-        tie_embeddings=hf.get("tie_word_embeddings", True), num_labels=num_labels(hf),
     )
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
-    require("roberta", config, **FLAGS, n_kv_heads=config.n_heads, d_head=config.d_model // config.n_heads,
-            d_embed=config.d_model)
+    require("roberta", config, **FLAGS, **plain_heads(config))
     if config.pad_token_id is None or config.pos_offset != config.pad_token_id + 1:
         raise CheckpointError(
             f"a roberta checkpoint needs pos_offset = pad_token_id + 1; this config has "
@@ -61,16 +54,7 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
         require("roberta masked-lm", config, lm_head_transform=True, lm_head_bias=True, activation="gelu")
     if config.head == "sequence-classification":
         require("roberta sequence-classification", config, pooler=True)
-    hf = dict(
-        vocab_size=config.vocab_size, hidden_size=config.d_model, num_attention_heads=config.n_heads,
-        num_hidden_layers=config.n_layers, intermediate_size=config.d_ff,
-        max_position_embeddings=config.max_seq_len + config.pos_offset,
-        hidden_act=to_hf_activation(config.activation, "roberta"), layer_norm_eps=config.norm_eps,
-        type_vocab_size=config.type_vocab_size, pad_token_id=config.pad_token_id,
-        hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.effective_attn_dropout,
-        tie_word_embeddings=config.tie_embeddings, position_embedding_type="absolute",
-    )
-    return {**hf, **label_fields(config)}
+    return bert_hf_sizes(config, "roberta")
 
 
 def table(config: ModelConfig) -> list[Rule]:
