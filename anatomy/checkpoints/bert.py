@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .common import activation, field, label_fields, num_labels, pad_id, to_hf_activation, unsupported
 from .engine import Architecture, Rule, require
-from .table_helpers import plain_heads
+from .table_helpers import plain_heads, weight_and_bias
 
 # What every BERT is, whatever its size.
 FLAGS = dict(
@@ -81,7 +81,7 @@ def layer_rules(layer: str, block: str = "blocks.{i}") -> list[Rule]:
         ("intermediate.dense", "mlp.fc_in"), ("output.dense", "mlp.fc_out"),
         ("output.LayerNorm", "mlp_norm"),
     ]:
-        rules += [Rule(f"{layer}.{hf}.{p}", f"{block}.{ours}.{p}") for p in ("weight", "bias")]
+        rules += weight_and_bias(f"{layer}.{hf}", f"{block}.{ours}")
     return rules
 
 
@@ -95,17 +95,17 @@ def table(config: ModelConfig) -> list[Rule]:
         *layer_rules("bert.encoder.layer.{i}"),
     ]
     if config.pooler:
-        rules += [Rule(f"bert.pooler.dense.{p}", f"pooler.dense.{p}") for p in ("weight", "bias")]
+        rules += weight_and_bias("bert.pooler.dense", "pooler.dense")
     if config.head == "masked-lm":
         for hf, ours in [("transform.dense", "transform_dense"), ("transform.LayerNorm", "transform_norm")]:
-            rules += [Rule(f"cls.predictions.{hf}.{p}", f"lm_head.{ours}.{p}") for p in ("weight", "bias")]
+            rules += weight_and_bias(f"cls.predictions.{hf}", f"lm_head.{ours}")
         rules += [
             Rule("cls.predictions.decoder.weight", "lm_head.proj.weight", derived=config.tie_embeddings),
             Rule("cls.predictions.bias", "lm_head.proj.bias"),
             Rule("cls.predictions.decoder.bias", "lm_head.proj.bias", derived=True),  # the same vector
         ]
     if config.head in ("sequence-classification", "token-classification"):
-        rules += [Rule(f"classifier.{p}", f"classifier.{p}") for p in ("weight", "bias")]
+        rules += weight_and_bias("classifier", "classifier")
     return rules
 
 

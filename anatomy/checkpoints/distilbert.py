@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .common import activation, field, label_fields, num_labels, pad_id, to_hf_activation, unsupported
 from .engine import Architecture, Rule, require
-from .table_helpers import plain_heads
+from .table_helpers import plain_heads, weight_and_bias
 
 FLAGS = dict(
     arch="encoder", pos_encoding="learned", norm="layernorm", norm_position="post", final_norm=False,
@@ -69,18 +69,18 @@ def table(config: ModelConfig) -> list[Rule]:
         ("attention.out_lin", "attn.o_proj"), ("sa_layer_norm", "attn_norm"),  # post-norm: Norm(x + Attention(x))
         ("ffn.lin1", "mlp.fc_in"), ("ffn.lin2", "mlp.fc_out"), ("output_layer_norm", "mlp_norm"),
     ]:
-        rules += [Rule(f"{layer}.{hf}.{p}", f"{block}.{ours}.{p}") for p in ("weight", "bias")]
+        rules += weight_and_bias(f"{layer}.{hf}", f"{block}.{ours}")
     if config.head == "masked-lm":
         for hf, ours in [("vocab_transform", "transform_dense"), ("vocab_layer_norm", "transform_norm")]:
-            rules += [Rule(f"{hf}.{p}", f"lm_head.{ours}.{p}") for p in ("weight", "bias")]
+            rules += weight_and_bias(hf, f"lm_head.{ours}")
         rules += [
             Rule("vocab_projector.weight", "lm_head.proj.weight", derived=config.tie_embeddings),
             Rule("vocab_projector.bias", "lm_head.proj.bias"),
         ]
     if config.head == "sequence-classification":  # pre_classifier + ReLU on the first token: the pooler
-        rules += [Rule(f"pre_classifier.{p}", f"pooler.dense.{p}") for p in ("weight", "bias")]
+        rules += weight_and_bias("pre_classifier", "pooler.dense")
     if config.head in ("sequence-classification", "token-classification"):
-        rules += [Rule(f"classifier.{p}", f"classifier.{p}") for p in ("weight", "bias")]
+        rules += weight_and_bias("classifier", "classifier")
     return rules
 
 

@@ -10,7 +10,7 @@ from ..config import ModelConfig
 from .common import activation, field, pad_id, to_hf_activation
 from .engine import Architecture, Rule, require
 from .files import CheckpointError
-from .table_helpers import plain_heads
+from .table_helpers import plain_heads, weight_and_bias
 
 FLAGS = dict(
     arch="decoder", pos_encoding="learned", norm="layernorm", norm_position="pre", final_norm=True,
@@ -78,8 +78,8 @@ def table(config: ModelConfig) -> list[Rule]:
     ]
     for hf, ours in [("ln_1", "attn_norm"), ("ln_2", "mlp_norm"),
                      ("mlp.c_fc", "mlp.fc_in"), ("mlp.c_proj", "mlp.fc_out")]:
-        rules += [Rule(f"{h}.{hf}.{p}", f"{block}.{ours}.{p}") for p in ("weight", "bias")]
-    rules += [Rule(f"transformer.ln_f.{p}", f"final_norm.{p}") for p in ("weight", "bias")]
+        rules += weight_and_bias(f"{h}.{hf}", f"{block}.{ours}")
+    rules += weight_and_bias("transformer.ln_f", "final_norm")
     if config.head == "lm":
         rules.append(Rule("lm_head.weight", "lm_head.proj.weight", derived=config.tie_embeddings))
     return rules

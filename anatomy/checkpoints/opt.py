@@ -10,6 +10,7 @@ from ..config import ModelConfig
 from .common import activation, field, pad_id, to_hf_activation, unsupported
 from .engine import Architecture, Rule, require
 from .files import CheckpointError
+from .table_helpers import weight_and_bias
 
 FLAGS = dict(
     arch="decoder", pos_encoding="learned", pos_offset=2, positions_from_padding=True, norm="layernorm",
@@ -64,13 +65,13 @@ def table(config: ModelConfig) -> list[Rule]:
     if config.d_embed != config.d_model:
         rules += [Rule(f"model.decoder.{p}.weight", f"{p}.weight") for p in ("project_in", "project_out")]
     if config.final_norm:
-        rules += [Rule(f"model.decoder.final_layer_norm.{p}", f"final_norm.{p}") for p in ("weight", "bias")]
+        rules += weight_and_bias("model.decoder.final_layer_norm", "final_norm")
     for hf, ours in [("self_attn.q_proj", "attn.q_proj"), ("self_attn.k_proj", "attn.k_proj"),
                      ("self_attn.v_proj", "attn.v_proj"), ("self_attn.out_proj", "attn.o_proj"),
                      ("fc1", "mlp.fc_in"), ("fc2", "mlp.fc_out")]:
         rules += [Rule(f"{layer}.{hf}.{p}", f"{block}.{ours}.{p}") for p in params]
     for hf, ours in [("self_attn_layer_norm", "attn_norm"), ("final_layer_norm", "mlp_norm")]:
-        rules += [Rule(f"{layer}.{hf}.{p}", f"{block}.{ours}.{p}") for p in ("weight", "bias")]
+        rules += weight_and_bias(f"{layer}.{hf}", f"{block}.{ours}")
     if config.head == "lm":
         rules.append(Rule("lm_head.weight", "lm_head.proj.weight", derived=config.tie_embeddings))
     return rules

@@ -11,7 +11,7 @@ from .bert import bert_hf_sizes, bert_sizes, layer_rules
 from .common import activation, field, unsupported
 from .engine import Architecture, Rule, require
 from .files import CheckpointError
-from .table_helpers import plain_heads
+from .table_helpers import plain_heads, weight_and_bias
 
 FLAGS = dict(
     arch="encoder", pos_encoding="learned", positions_from_padding=True, norm="layernorm", norm_position="post",
@@ -68,19 +68,19 @@ def table(config: ModelConfig) -> list[Rule]:
     ]
     if config.head == "masked-lm":
         for hf, ours in [("dense", "transform_dense"), ("layer_norm", "transform_norm")]:
-            rules += [Rule(f"lm_head.{hf}.{p}", f"lm_head.{ours}.{p}") for p in ("weight", "bias")]
+            rules += weight_and_bias(f"lm_head.{hf}", f"lm_head.{ours}")
         rules += [
             Rule("lm_head.decoder.weight", "lm_head.proj.weight", derived=config.tie_embeddings),
             Rule("lm_head.bias", "lm_head.proj.bias"),
             Rule("lm_head.decoder.bias", "lm_head.proj.bias", derived=True),  # the same vector
         ]
     if config.head == "sequence-classification":  # dense + tanh on the first token, then a projection
-        rules += [Rule(f"classifier.dense.{p}", f"pooler.dense.{p}") for p in ("weight", "bias")]
-        rules += [Rule(f"classifier.out_proj.{p}", f"classifier.{p}") for p in ("weight", "bias")]
+        rules += weight_and_bias("classifier.dense", "pooler.dense")
+        rules += weight_and_bias("classifier.out_proj", "classifier")
     elif config.pooler:
-        rules += [Rule(f"roberta.pooler.dense.{p}", f"pooler.dense.{p}") for p in ("weight", "bias")]
+        rules += weight_and_bias("roberta.pooler.dense", "pooler.dense")
     if config.head == "token-classification":
-        rules += [Rule(f"classifier.{p}", f"classifier.{p}") for p in ("weight", "bias")]
+        rules += weight_and_bias("classifier", "classifier")
     return rules
 
 
