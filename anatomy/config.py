@@ -297,11 +297,6 @@ class ModelConfig:
 
     # derived values --------------------------------------------------------------------------
     @property
-    def is_causal(self) -> bool:
-        """Whether the (only, or last) stack masks the future."""
-        return self.arch != "encoder"
-
-    @property
     def effective_attn_dropout(self) -> float:
         return self.dropout if self.attn_dropout is None else self.attn_dropout
 

@@ -75,11 +75,3 @@ def self_attention_mask(
 def cross_attention_mask(source_padding_mask: torch.Tensor | None) -> torch.Tensor | None:
     """[B, 1, 1, S] for the rectangular decoder-to-encoder scores [B, H, T, S]: only real source tokens."""
     return None if source_padding_mask is None else padding_to_key_mask(source_padding_mask)
-
-
-def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool mask -> additive mask: 0 where allowed, the most negative finite value where not.
-
-    finfo.min rather than -inf or -1e9: it cannot overflow in float16 and never yields inf - inf.
-    """
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
