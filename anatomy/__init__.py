@@ -6,6 +6,8 @@
         out = model(ids)
 """
 
+import importlib
+
 from .attention import ATTENTION_KERNELS, MultiHeadAttention, eager_attention, scaled_dot_product_attention, sdpa_attention
 from .cache import CacheFullError, KVCache
 from .config import PRESETS, ConfigError, ModelConfig, preset
@@ -54,8 +56,6 @@ _LAZY = {
 
 def __getattr__(name):
     if name in _LAZY:
-        import importlib
-
         module_name, attribute = _LAZY[name]
         return getattr(importlib.import_module(module_name), attribute)
     raise AttributeError(f"module 'anatomy' has no attribute {name!r}")
