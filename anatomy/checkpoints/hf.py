@@ -82,6 +82,24 @@ def stored_dtype(hf: dict, weights: Weights) -> torch.dtype:
     return torch.float32
 
 
+# The fields a config.json may give a layer count in, across the architectures anatomy reads.
+LAYER_COUNT_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "decoder_layers",
+                      "num_decoder_layers")
+
+
+def check_layer_count_fields(hf: dict, names: set[str], source: str) -> None:
+    """Before any config is built (a config makes per-layer tables): no layer count in config.json
+    may exceed what the weights' names number, the largest index in a name plus one. A config
+    claiming a billion layers is refused here, in the time it takes to read the names."""
+    indices = [int(part) for name in names for part in name.split(".") if part.isdigit()]
+    most = max(indices, default=-1) + 1
+    for field in LAYER_COUNT_FIELDS:
+        value = hf.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > most:
+            raise CheckpointError(f"{source!r} does not fit its config: {field} — the config says {value}, "
+                                  f"the weights hold {most} at most (the largest layer index in their names, plus one)")
+
+
 def model_from_hf(hf: dict, weights: Weights, *, dtype: torch.dtype | None = None, device=None,
                   attn_impl: str | None = None, extra: dict | None = None) -> nn.Module:
     """The anatomy model an HF config dict describes, loaded from `weights`, in eval mode.
@@ -94,6 +112,7 @@ def model_from_hf(hf: dict, weights: Weights, *, dtype: torch.dtype | None = Non
     source = weights.source
     arch, class_name = architecture_for(hf, repr(source))
     keys = set(weights)
+    check_layer_count_fields(hf, keys, source)
     try:
         config = arch.to_config(hf, class_name, keys)
         config = config.replace(**special_ids(hf, config.vocab_size, exclude=config.to_dict()))
