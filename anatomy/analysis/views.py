@@ -13,11 +13,14 @@ import html
 from importlib import resources
 from pathlib import Path
 from string import Template
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..viz.html import View, asset, page, script_json
-from .result import Result
+
+if TYPE_CHECKING:  # a Result knows its views (Result.view); the views only read a Result's fields
+    from .result import Result
 
 SCRIPT = (resources.files("anatomy.analysis") / "assets" / "analysis.js").read_text(encoding="utf-8")
 STYLE = """

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import re
-import unicodedata
 
+from ..cli import printable
 from .types import Matrix, WalkResult
 
 LIMIT = 16  # up to this many rows (or columns) are shown in full
@@ -85,12 +85,6 @@ def footer(walk: WalkResult) -> str:
 
 
 # Escaping -----------------------------------------------------------------------------------------
-
-def printable(s: str) -> str:
-    """Text safe for a terminal: every control character (C0, DEL, C1: ESC, BEL, CSI ...) shown as
-    a visible escape such as \\x1b, so no sequence reaches the terminal."""
-    return "".join(f"\\x{ord(ch):02x}" if unicodedata.category(ch) == "Cc" else ch for ch in s)
-
 
 _LATEX_SPECIAL = {
     "\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#",
