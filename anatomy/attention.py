@@ -1,4 +1,4 @@
-"""Attention: the seeds' scaled dot-product attention, its two kernels, and multi-head attention.
+"""Attention: the source texts' scaled dot-product attention, its two kernels, and multi-head attention.
 
 Shape letters: B batch, H query heads, K key/value heads, T query positions, S key positions,
 D head width (d_head), E model width (d_model).
@@ -31,7 +31,7 @@ TensorFn = Callable[[torch.Tensor], torch.Tensor]
 
 
 def scaled_dot_product_attention(q, k, v, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q k^T / sqrt(d_k)) v, for any leading dimensions: the seeds' function, corrected.
+    """softmax(q k^T / sqrt(d_k)) v, for any leading dimensions: the source texts' function, corrected.
 
     q [..., T, D], k [..., S, D], v [..., S, Dv]; mask bool broadcastable to [..., T, S],
     True = may attend. Returns (output [..., T, Dv], weights [..., T, S]). A query row with no key

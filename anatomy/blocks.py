@@ -2,11 +2,11 @@
 
 Shape letters: B batch, T positions, S source positions, E model width.
 
-Post-norm, the paper (section 3.1) and BERT:   x = Norm(x + Sublayer(x))
-Pre-norm, GPT-2, Llama and seed 000:            x = x + Sublayer(Norm(x))
-Sandwich, Gemma 2 and 3:                        x = x + Norm'(Sublayer(Norm(x)))
-Post-sublayer, OLMo 2:                          x = x + Norm'(Sublayer(x))
-Parallel, GPT-NeoX and GPT-J:                   x = x + Attn(Norm(x)) + MLP(Norm''(x))   (GPT-J: Norm'' = Norm)
+Post-norm, the paper (section 3.1) and BERT:      x = Norm(x + Sublayer(x))
+Pre-norm, GPT-2, Llama, "3 Transformer Anatomy":  x = x + Sublayer(Norm(x))
+Sandwich, Gemma 2 and 3:                          x = x + Norm'(Sublayer(Norm(x)))
+Post-sublayer, OLMo 2:                            x = x + Norm'(Sublayer(x))
+Parallel, GPT-NeoX and GPT-J:                     x = x + Attn(Norm(x)) + MLP(Norm''(x))   (GPT-J: Norm'' = Norm)
 
 An encoder block has self-attention and a feed-forward network; a decoder block of an
 encoder-decoder adds cross-attention between them, whose queries come from the decoder and

@@ -374,7 +374,7 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=1024, pos_encoding="learned", norm="layernorm", norm_position="pre",
         activation="gelu_tanh", dropout=0.1, norm_eps=1e-5,
     ),
-    # Seed 004's worked example: d_model 4, 2 heads, d_ff 8, 2 layers, the paper's block.
+    # The worked example of Alejandro Armas, "What are Transformers" (2024): d_model 4, 2 heads, d_ff 8, 2 layers, the paper's block.
     "toy": ModelConfig(
         arch="decoder", vocab_size=7, d_model=4, n_heads=2, n_layers=2, d_ff=8,
         max_seq_len=16, pos_encoding="sinusoidal", norm="layernorm", norm_position="post",

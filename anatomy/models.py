@@ -211,7 +211,7 @@ class _Saveable:
 # Families ---------------------------------------------------------------------------------------
 
 class EncoderModel(Stack, _Saveable):
-    """Encoder-only, bidirectional: every token attends to every real token (BERT, seed 000).
+    """Encoder-only, bidirectional: every token attends to every real token (BERT; the "3 Transformer Anatomy" notes).
 
     forward(input_ids [B, T], padding_mask [B, T] bool (True = real token), token_type_ids [B, T])
     -> EncoderOutput. Trace points after the stack: pooled [batch d_model], logits.
@@ -257,7 +257,7 @@ class EncoderModel(Stack, _Saveable):
 
 
 class DecoderModel(Stack, _Saveable):
-    """Decoder-only, causal: token t attends to tokens 0..t (GPT-2, Llama, seed 004's toy).
+    """Decoder-only, causal: token t attends to tokens 0..t (GPT-2, Llama, Armas's toy).
 
     forward(input_ids [B, T], padding_mask [B, past + T] bool, cache=None) -> DecoderOutput.
     With a cache (model.new_cache()), only the new tokens are given and their keys and values

@@ -26,9 +26,10 @@ def sinusoidal_table(n_positions: int, d_model: int, layout: str = "interleaved"
         PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
 
     The frequency is indexed by the *pair* i = 0 .. d_model/2 - 1: dimensions 2i and 2i+1 share
-    one frequency, one as a sine and one as a cosine. Seeds 001 and 004 write the exponent with
-    the dimension index instead of the pair index (10000^(2*dim/d)), which makes the frequencies
-    fall twice as fast and pairs no sine with its own cosine; this follows the paper.
+    one frequency, one as a sine and one as a cosine. The "Transformer Anatomy" notes and Armas
+    (2024) write the exponent with the dimension index instead of the pair index (10000^(2*dim/d)),
+    which makes the frequencies fall twice as fast and pairs no sine with its own cosine; this
+    follows the paper.
 
     layout "interleaved" puts sin, cos, sin, cos ... (the paper); "halves" puts every sine first
     and then every cosine (the Marian checkpoints), with the same frequencies.

@@ -7,7 +7,7 @@ import torch
 import anatomy
 from anatomy import build_model, preset
 
-IDS = torch.tensor([[1, 3, 4, 6, 5, 2, 0]])  # seed 004's sentence
+IDS = torch.tensor([[1, 3, 4, 6, 5, 2, 0]])  # Armas (2024): <SOS> Hello World, this is Alejandro! <EOS>
 TARGET = torch.tensor([[1, 3, 4, 6, 5]])
 
 

@@ -3,7 +3,7 @@
     anatomy_config.json   the ModelConfig, as JSON
     model.safetensors     every parameter under its anatomy name (a tied matrix once)
 
-The seed 004 toy (a post-norm decoder with sinusoids), a pre-norm encoder-decoder or a
+The article's toy (a post-norm decoder with sinusoids), a pre-norm encoder-decoder or a
 mean-pooled classifier have no transformers class; they still save and load, through the same
 checked engine as the four architectures, with an identity table.
 """

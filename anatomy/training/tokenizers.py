@@ -6,7 +6,7 @@ beside the model and loads back without anatomy:
 | kind        | model (HF)  | a token is                              | lossless round trip |
 |-------------|-------------|-----------------------------------------|---------------------|
 | `char`      | WordLevel   | one character (every character is split)| yes (for seen chars)|
-| `word`      | WordLevel   | one whitespace-separated word (seed 004)| no: spaces collapse |
+| `word`      | WordLevel   | one whitespace-separated word (Armas 2024)| no: spaces collapse |
 | `bpe`       | BPE         | a byte-level subword (GPT-2 style)      | yes                 |
 | `wordpiece` | WordPiece   | a subword, `##` marks a continuation    | no: BERT spacing    |
 
