@@ -9,7 +9,8 @@ from anatomy.training.data import (EpochBatches, LMBatches, classification_data,
                                    seq2seq_batch, tokenize_to_memmap)
 from anatomy.training.tokenizers import KINDS, Tokenizer, train_tokenizer
 
-SHAKESPEARE = Path("/work/shared/data/tinyshakespeare/input.txt")
+# ../shared beside the repository (tests/training/ -> tests/ -> repository -> its parent)
+SHAKESPEARE = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare" / "input.txt"
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 20
 
 

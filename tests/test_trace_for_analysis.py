@@ -1,0 +1,169 @@
+"""The trace for analyses: per-head outputs, gradients through recordings, TransformerLens names as
+aliases, and trace state that belongs to the thread that opened it."""
+
+import pytest
+import torch
+
+import anatomy
+from trace_cases import IDS, model_of
+
+# Per-head outputs, gradients, TransformerLens names --------------------------------------------------
+
+def test_head_outputs_sum_to_the_attention_output():
+    """sum_h head_out[:, :, h] + b^O = attn.out: each head's own write to the residual stream."""
+    model = model_of(arch="decoder", norm_position="pre", final_norm=True)
+    with torch.no_grad(), anatomy.trace(model, ["*.attn.head_out", "*.attn.out"]) as t:
+        model(IDS)
+    heads = t["blocks.1.attn.head_out"]  # [batch query head d_model]
+    assert heads.shape == (1, 7, 2, 4)
+    torch.testing.assert_close(heads.sum(2) + model.blocks[1].attn.o_proj.bias, t["blocks.1.attn.out"],
+                               atol=1e-6, rtol=1e-5)
+
+
+def test_replacing_one_head_output_equals_zeroing_its_z():
+    model = model_of()
+
+    def zero_z(z):
+        z = z.clone()
+        z[:, :, 1] = 0
+        return z
+
+    def zero_out(h):
+        h = h.clone()
+        h[:, :, 1] = 0
+        return h
+
+    with torch.no_grad():
+        with anatomy.trace(model, [], interventions={"blocks.0.attn.z": zero_z}):
+            by_z = model(IDS).logits
+        with anatomy.trace(model, [], interventions={"blocks.0.attn.head_out": zero_out}):
+            by_head_out = model(IDS).logits
+        clean = model(IDS).logits
+    torch.testing.assert_close(by_head_out, by_z, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(by_z, clean)
+
+
+def test_grad_true_keeps_the_recorded_tensors_in_the_graph():
+    model = model_of()
+    with anatomy.trace(model, ["blocks.0.resid_post", "blocks.0.attn.pattern"], grad=True) as t:
+        logits = model(IDS).logits
+    (grad,) = torch.autograd.grad(logits[0, -1, 2], t["blocks.0.resid_post"])
+    assert grad.shape == (1, 7, 4) and grad.abs().sum() > 0
+    with torch.no_grad(), anatomy.trace(model, "blocks.0.resid_post") as t:
+        model(IDS)
+    assert not t["blocks.0.resid_post"].requires_grad
+
+
+def test_an_intervention_must_return_a_tensor_of_the_same_dtype():
+    model = model_of()
+    for bad, word in [(lambda z: z.double(), "float64"), (lambda z: 3, "int"), (lambda z: [1], "list")]:
+        with pytest.raises(ValueError, match=word):
+            with torch.no_grad(), anatomy.trace(model, interventions={"blocks.0.attn.z": bad}):
+                model(IDS)
+
+
+# TransformerLens hook names, and the anatomy point each one means (golden).
+TRANSFORMER_LENS_NAMES = {
+    "hook_embed": "embed",
+    "hook_pos_embed": "pos_embed",
+    "blocks.1.hook_resid_pre": "blocks.1.resid_pre",
+    "blocks.1.ln1.hook_normalized": "blocks.1.attn_norm.out",
+    "blocks.1.attn.hook_q": "blocks.1.attn.q",
+    "blocks.1.attn.hook_k": "blocks.1.attn.k",
+    "blocks.1.attn.hook_v": "blocks.1.attn.v",
+    "blocks.1.attn.hook_attn_scores": "blocks.1.attn.scores",
+    "blocks.1.attn.hook_pattern": "blocks.1.attn.pattern",
+    "blocks.1.attn.hook_z": "blocks.1.attn.z",
+    "blocks.1.attn.hook_result": "blocks.1.attn.head_out",
+    "blocks.1.hook_attn_out": "blocks.1.attn.out",
+    "blocks.1.hook_resid_mid": "blocks.1.resid_mid",
+    "blocks.1.ln2.hook_normalized": "blocks.1.mlp_norm.out",
+    "blocks.1.mlp.hook_pre": "blocks.1.mlp.pre",
+    "blocks.1.mlp.hook_post": "blocks.1.mlp.post",
+    "blocks.1.hook_mlp_out": "blocks.1.mlp.out",
+    "blocks.1.hook_resid_post": "blocks.1.resid_post",
+    "ln_final.hook_normalized": "final_norm.out",
+}
+
+
+def test_transformer_lens_names_are_aliases_of_anatomy_points():
+    model = model_of(norm_position="pre", final_norm=True, pos_encoding="learned")
+    with torch.no_grad():
+        with anatomy.trace(model, list(TRANSFORMER_LENS_NAMES)) as theirs:
+            model(IDS)
+        with anatomy.trace(model, list(TRANSFORMER_LENS_NAMES.values())) as ours:
+            model(IDS)
+    assert list(theirs) == list(ours)
+    for tl_name, name in TRANSFORMER_LENS_NAMES.items():
+        assert torch.equal(theirs[tl_name], ours[name]), tl_name
+    with torch.no_grad(), anatomy.trace(model, "blocks.*.hook_resid_post") as t:  # patterns too
+        model(IDS)
+    assert list(t) == ["blocks.0.resid_post", "blocks.1.resid_post"]
+    with pytest.raises(KeyError, match="hook_resid_pre.*blocks.7.resid_pre"):
+        with anatomy.trace(model, "blocks.7.hook_resid_pre"):
+            pass
+
+
+# Threads: a trace belongs to the thread that opened it ---------------------------------------------
+
+def test_a_plain_forward_in_another_thread_never_sees_an_intervention():
+    """The 266-of-300 leak: thread A intervenes while thread B runs plain passes on the same model."""
+    import threading
+
+    model = model_of()
+    with torch.no_grad():
+        clean = model(IDS).logits
+    started, done = threading.Event(), threading.Event()
+    changed = []
+
+    def scramble(z):
+        started.set()
+        return torch.zeros_like(z)
+
+    def intervening():
+        with torch.no_grad(), anatomy.trace(model, [], interventions={"blocks.0.attn.z": scramble}):
+            while not done.is_set():
+                model(IDS)
+
+    worker = threading.Thread(target=intervening)
+    worker.start()
+    try:
+        assert started.wait(10)
+        with torch.no_grad():
+            for _ in range(100):
+                changed.append(not torch.equal(model(IDS).logits, clean))
+    finally:
+        done.set()
+        worker.join()
+    assert sum(changed) == 0
+    assert all(point.fn is None and point._n_threads == 0 for point in anatomy.trace_points(model).values())
+
+
+def test_disjoint_traces_in_two_threads_record_only_their_own_tensors():
+    import threading
+
+    model = model_of()
+    inputs = {"a": torch.tensor([[1, 2, 3, 4]]), "b": torch.tensor([[5, 6, 0, 1, 2, 3]])}
+    barrier = threading.Barrier(2)
+    wrong = []
+
+    def tracing(key):
+        ids = inputs[key]
+        barrier.wait()
+        for _ in range(50):
+            try:
+                with torch.no_grad(), anatomy.trace(model, ["embed", "blocks.1.resid_post"]) as t:
+                    model(ids)
+                    expected = model(ids).last_hidden_state
+            except Exception as error:  # e.g. "already being traced" by the other thread
+                wrong.append(f"{key}: {error}")
+                continue
+            if t["embed"].shape[1] != ids.shape[1] or not torch.equal(t["blocks.1.resid_post"], expected):
+                wrong.append(key)
+
+    threads = [threading.Thread(target=tracing, args=(key,)) for key in inputs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
