@@ -276,8 +276,6 @@ class ModelConfig:
             raise ConfigError(f"layer_types has {len(self.layer_types)} entries for n_layers={self.n_layers}")
         if "sliding" in self.layer_types and self.sliding_window is None:
             raise ConfigError("layer_types has 'sliding' layers but sliding_window is None; give the window width")
-        if self.qk_norm != "none" and self.norm != "rmsnorm":
-            raise ConfigError(f"qk_norm={self.qk_norm!r} is an RMSNorm; it needs norm='rmsnorm', got {self.norm!r}")
 
     def _check_residual_and_experts(self) -> None:
         if self.parallel_residual and self.norm_position != "pre":

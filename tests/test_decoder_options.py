@@ -31,7 +31,6 @@ def _model(**changes):
     (dict(sliding_window=4, layer_types=("full",)), "1 entries for n_layers=2"),
     (dict(rotary_dim=5), "rotary_dim=5 must be even"),
     (dict(rotary_dim=10), "at most d_head=8"),
-    (dict(qk_norm="per_head", norm="layernorm"), "needs norm='rmsnorm'"),
     (dict(parallel_shared_norm=True), "needs parallel_residual=True"),
     (dict(parallel_residual=True, norm_position="post"), "needs norm_position='pre'"),
     (dict(n_experts=2, n_experts_per_token=3), "at most n_experts=2"),
@@ -146,3 +145,15 @@ def test_a_parallel_block_lets_both_sublayers_read_the_same_stream():
         normed = block.attn_norm(x)
         expected = x + block.attn(normed, mask=None, position_ids=torch.arange(4)) + block.mlp(normed)
         torch.testing.assert_close(block(x, position_ids=torch.arange(4)), expected)
+
+
+def test_qk_norm_gives_unit_rms_queries_and_keys_whatever_the_block_norm():
+    """QK-norm is its own RMSNorm, so a LayerNorm model (the char-LM ablation's baseline) can take it."""
+    model = _model(norm="layernorm", pos_encoding="learned", qk_norm="per_head")
+    with torch.no_grad():  # projections large enough that eps does not matter
+        model.blocks[0].attn.q_proj.weight.mul_(100), model.blocks[0].attn.k_proj.weight.mul_(100)
+    with anatomy.trace(model, ["blocks.0.attn.q", "blocks.0.attn.k"]) as t:
+        model(torch.arange(6)[None] * 7)
+    for name in ("blocks.0.attn.q", "blocks.0.attn.k"):  # gains start at 1: each head's vector has RMS 1
+        rms = t[name].pow(2).mean(dim=-1).sqrt()
+        torch.testing.assert_close(rms, torch.ones_like(rms), atol=1e-4, rtol=0)
