@@ -3,10 +3,12 @@
     python recipes/ablation_report.py runs/ablation
 
 reads OUT/<variant>/seed<N>/{metrics.jsonl, model_config.json} and writes
-    OUT/ablation.md    variant | val loss (mean ± spread over seeds) | seeds | parameters | wall time | tokens/s
-    OUT/ablation.png   validation loss against step, the mean over seeds, one curve per variant
-The spread is the sample standard deviation (0 with one seed). Wall time is the training time that
-metrics.jsonl records at the last step; tokens/s the mean over the logged steps.
+    OUT/ablation.md    variant | val loss (mean ± spread over seeds) | seeds | parameters | wall time |
+                       CPU time | tokens/s
+    OUT/ablation.png   the validation curves (mean over seeds) and each variant's final loss against the baseline's
+The spread is the sample standard deviation (0 with one seed). Wall time and CPU time are what
+metrics.jsonl records at the last step (runs share the machine, so CPU time is the fairer measure
+of work; "–" where a run predates its recording); tokens/s the mean over the logged steps.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def runs(out: Path) -> dict[str, list[Path]]:
     return found
 
 
+def _mean_or_none(values: list) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.mean(known) if known else None
+
+
 def summarise(seed_dirs: list[Path]) -> dict:
     records = [read_metrics(d) for d in seed_dirs]
     finals = [[r["val_loss"] for r in rs if "val_loss" in r][-1] for rs in records]
@@ -45,6 +52,7 @@ def summarise(seed_dirs: list[Path]) -> dict:
         "seeds": len(finals),
         "parameters": sum(p.numel() for p in build_model(config).parameters()),
         "wall_s": statistics.mean(max(r.get("elapsed_s", 0.0) for r in rs) for rs in records),
+        "cpu_s": _mean_or_none([max((r["cpu_s"] for r in rs if "cpu_s" in r), default=None) for rs in records]),
         "tokens_per_s": statistics.mean(r["tokens_per_s"] for rs in records for r in rs if "tokens_per_s" in r),
         "curve": (steps, [statistics.mean(c[s] for c in curves) for s in steps]),
     }
@@ -52,23 +60,40 @@ def summarise(seed_dirs: list[Path]) -> dict:
 
 def table(results: dict[str, dict]) -> str:
     base = results.get("baseline")
-    lines = ["| variant | val loss | seeds | parameters | wall time | tokens/s |", "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| variant | val loss | seeds | parameters | wall time | CPU time | tokens/s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         delta = f" ({r['val_loss'] - base['val_loss']:+.4f})" if base and name != "baseline" else ""
         lines.append(f"| {name} | {r['val_loss']:.4f} ± {r['spread']:.4f}{delta} | {r['seeds']} | "
-                     f"{r['parameters'] / 1e6:.3f} M | {r['wall_s']:.0f} s | {r['tokens_per_s']:,.0f} |")
+                     f"{r['parameters'] / 1e6:.3f} M | {r['wall_s']:.0f} s | "
+                     f"{'–' if r['cpu_s'] is None else format(r['cpu_s'], '.0f') + ' s'} | {r['tokens_per_s']:,.0f} |")
     return "\n".join(lines)
 
 
 def plot(results: dict[str, dict], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    """Left: the validation curves (mean over seeds). Right: each variant's final loss minus the
+    baseline's, with the seeds' spread as error bars (better to the left of zero)."""
+    fig, (curves, finals) = plt.subplots(1, 2, figsize=(12, 5.5), dpi=110, gridspec_kw={"width_ratios": [3, 2]})
     for name, r in results.items():
-        emphasis = dict(lw=2.2, color="black") if name == "baseline" else dict(lw=2.2) if name == "modern" else dict(lw=1)
-        ax.plot(*r["curve"], label=name, **emphasis)
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation loss (nats per character), mean over seeds")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+        emphasis = dict(lw=2.4, color="black") if name == "baseline" else dict(lw=2.4, color="tab:red") \
+            if name == "modern" else dict(lw=0.9, alpha=0.8)
+        curves.plot(*r["curve"], label=name, **emphasis)
+    lowest = min(min(r["curve"][1]) for r in results.values())
+    curves.set_ylim(lowest - 0.05, lowest + 0.75)  # the end of training, where the variants differ
+    curves.set_xlabel("step")
+    curves.set_ylabel("validation loss (nats per character), mean over seeds")
+    curves.grid(alpha=0.3)
+    curves.legend(fontsize=7, ncol=2)
+    base = results["baseline"]["val_loss"] if "baseline" in results else 0.0
+    names = list(results)[::-1]  # baseline at the top
+    deltas = [results[n]["val_loss"] - base for n in names]
+    colours = ["black" if n == "baseline" else "tab:red" if n == "modern" else
+               "tab:green" if d < 0 else "tab:gray" for n, d in zip(names, deltas)]
+    finals.barh(names, deltas, xerr=[results[n]["spread"] for n in names], color=colours, capsize=2)
+    finals.axvline(0.0, color="black", lw=0.8)
+    finals.set_xlabel("final validation loss minus the baseline's (lower is better)")
+    finals.tick_params(axis="y", labelsize=8)
+    finals.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -228,6 +228,7 @@ class Trainer:
         c = self.config
         self.model.train()
         start_time, tokens_since, t_since = time.time(), 0, time.time()
+        start_cpu = time.process_time()  # CPU time: the work done, whatever the neighbours on the machine
         progress = ProgressBar(c.max_steps, self.step, enabled=c.progress and not c.quiet and self.dist.is_main)
         with progress:
             while self.step < c.max_steps:
@@ -240,7 +241,7 @@ class Trainer:
                     now = time.time()
                     record = {"step": self.step, "loss": loss, "lr": self.scheduler.get_last_lr()[0],
                               "tokens_per_s": tokens_since / max(now - t_since, 1e-9),
-                              "elapsed_s": now - start_time}
+                              "elapsed_s": now - start_time, "cpu_s": time.process_time() - start_cpu}
                     tokens_since, t_since = 0, now
                     self.log(record)
                     progress.update(self.step, loss, record["tokens_per_s"])
@@ -250,7 +251,7 @@ class Trainer:
                 paused = False  # evaluation and saving do not count toward tokens/s
                 if (c.eval_every and self.step % c.eval_every == 0) or last:
                     if self.dist.is_main:
-                        self._evaluate_and_log(progress, last, start_time)
+                        self._evaluate_and_log(progress, last, start_time, start_cpu)
                     distributed.barrier()
                     paused = True
                 if (c.save_every and self.step % c.save_every == 0) or last:
@@ -260,10 +261,11 @@ class Trainer:
                     t_since = time.time()
         return self.history
 
-    def _evaluate_and_log(self, progress: ProgressBar, final: bool, start_time: float) -> None:
+    def _evaluate_and_log(self, progress: ProgressBar, final: bool, start_time: float, start_cpu: float) -> None:
         metrics = self.evaluate(final=final)
         if metrics:
-            self.log({"step": self.step, **metrics, "elapsed_s": time.time() - start_time})
+            self.log({"step": self.step, **metrics, "elapsed_s": time.time() - start_time,
+                      "cpu_s": time.process_time() - start_cpu})
             text = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
             progress.print(text, self.step)
             if not progress.enabled:
