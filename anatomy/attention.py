@@ -46,6 +46,21 @@ def scaled_dot_product_attention(q, k, v, mask=None) -> tuple[torch.Tensor, torc
     return eager_attention(q, k, v, mask)
 
 
+def attention_weights(scores: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(scores) over the keys each query may attend to: scores [..., T, S] -> weights [..., T, S].
+
+    mask bool broadcastable to the scores, True = may attend; a row with no allowed key gets zeros.
+    """
+    if mask is not None:
+        # Adding finfo.min (not -inf) to forbidden scores: exp() sends them to exactly 0.
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)  # (..., T, S), rows sum to 1
+    if mask is not None:
+        # A row with no allowed key would be uniform over forbidden keys: make it zero instead.
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    return weights
+
+
 def eager_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -78,13 +93,7 @@ def eager_attention(
         scores = scores + bias
     if on_scores is not None:
         scores = on_scores(scores)
-    if mask is not None:
-        # Adding finfo.min (not -inf) to forbidden scores: exp() sends them to exactly 0.
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1)  # (B, H, T, S), rows sum to 1
-    if mask is not None:
-        # A row with no allowed key would be uniform over forbidden keys: make it zero instead.
-        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    weights = attention_weights(scores, mask)  # (B, H, T, S)
     if on_pattern is not None:
         weights = on_pattern(weights)
     if dropout_p > 0.0:
