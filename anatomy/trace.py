@@ -146,6 +146,43 @@ class TracePoint(nn.Module):
         return " ".join(self.axes) + (", on request" if self.on_request else "")
 
 
+@contextmanager
+def _paused() -> Iterator[None]:
+    """Every point an identity in this thread for the block (a recipe may run a module that has points)."""
+    saved = _functions()
+    _local.functions = {}
+    try:
+        yield
+    finally:
+        _local.functions = saved
+
+
+class _Recipe:
+    """A recorded value kept as fn(*args) and computed when first read; an argument may be another recipe."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor], args: tuple, shape: torch.Size):
+        self.fn, self.args, self.shape = fn, args, shape
+        self._value: torch.Tensor | None = None
+
+    def value(self) -> torch.Tensor:
+        if self._value is None:
+            args = [a.value() if isinstance(a, _Recipe) else a for a in self.args]
+            with _paused(), torch.no_grad():
+                self._value = self.fn(*args)
+            self.args = ()  # the inputs are the trace's to keep, not the recipe's
+        return self._value
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors this recipe keeps alive (its inputs, weight snapshots, masks)."""
+        if self._value is not None:
+            return [self._value]
+        held = []
+        for a in self.args:
+            for item in a.values() if isinstance(a, dict) else [a]:
+                held += item.tensors() if isinstance(item, _Recipe) else [item] if torch.is_tensor(item) else []
+        return held
+
+
 def trace_points(model: nn.Module) -> dict[str, TracePoint]:
     """Every trace point of `model`, by name, in the order the modules declare them.
 
@@ -177,6 +214,9 @@ class Trace(Mapping):
     positions of a rotary model at `pos_embed`) is absent, and asking for it says so.
     TransformerLens names work as keys too. `tokens` holds the string tokens when the inputs
     were text (anatomy.run_with_cache).
+
+    A value recorded as a recipe (trace(..., derive=...)) is computed from the tensors it was
+    derived from when first read, and kept: every name is answered, in the order of the pass.
     """
 
     def __init__(self, points: Mapping[str, TracePoint], names: list[str], grad: bool = False):
@@ -186,13 +226,30 @@ class Trace(Mapping):
         self._values: dict[str, torch.Tensor] = {}
         self.tokens: list[list[str]] | None = None
 
-    def _record(self, name: str, value: torch.Tensor) -> None:
+    def _record(self, name: str, value: torch.Tensor, recipe: tuple | None = None) -> None:
+        """Keep `value`, or the recipe (fn, args) it equals when every point an argument names (a str)
+        was recorded earlier in this pass."""
+        if recipe is not None and all(a in self._values for a in recipe[1] if isinstance(a, str)):
+            fn, args = recipe
+            args = tuple(self._values[a] if isinstance(a, str) else a for a in args)
+            self._values[name] = _Recipe(fn, args, value.shape)
+            return
         self._values[name] = value if self._grad else value.detach()
+
+    def stored(self) -> list[torch.Tensor]:
+        """The tensors this trace holds now: the recorded ones and what its unread recipes keep."""
+        held = []
+        for value in self._values.values():
+            held += value.tensors() if isinstance(value, _Recipe) else [value]
+        return held
 
     def __getitem__(self, name: str) -> torch.Tensor:
         name = anatomy_name(name)
         if name in self._values:
-            return self._values[name]
+            value = self._values[name]
+            if isinstance(value, _Recipe):
+                value = self._values[name] = value.value()
+            return value
         if name in self._names:
             raise KeyError(f"trace point {name!r} was selected but the forward pass did not reach it")
         raise KeyError(f"{name!r} was not traced; traced points: {', '.join(self._names[:8])}...")
@@ -224,6 +281,7 @@ def trace(
     interventions: Mapping[str, Intervention] | None = None,
     *,
     grad: bool = False,
+    derive: Callable[[str], tuple | None] | None = None,
 ) -> Iterator[Trace]:
     """Record the trace points matching `names` (glob patterns or TransformerLens names; None = all
     but the on-request ones) during the block, in this thread only.
@@ -234,6 +292,11 @@ def trace(
     the fused kernel never does. With `grad=True` the recorded tensors stay in the autograd graph
     (for torch.autograd.grad; the pass must run with gradients enabled). Everything is undone in a
     `finally`, even if the pass raises.
+
+    `derive(name)`, asked as each recorded point is reached, may return a recipe (fn, args): the
+    value equals fn(*args), where a str argument names a point recorded earlier in the pass. The
+    trace then keeps the recipe, not the tensor, and computes the value when it is first read.
+    Never for a point with an intervention, nor with grad=True (the graph's own tensors are kept).
 
     Raises KeyError for a name or pattern that matches no point of this model, RuntimeError when
     this thread already traces one of the points, ValueError when an intervention returns
@@ -263,6 +326,7 @@ def trace(
     def make_fn(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         intervene = interventions.get(name)
         record = name in recorded
+        may_derive = derive is not None and intervene is None and not grad
 
         def fn(x: torch.Tensor) -> torch.Tensor:
             if intervene is not None:
@@ -271,7 +335,7 @@ def trace(
                     _check_replacement(name, points[name], x, replaced)
                     x = replaced
             if record:
-                result._record(name, x)
+                result._record(name, x, derive(name) if may_derive else None)
             return x
 
         return fn
