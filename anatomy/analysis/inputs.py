@@ -13,6 +13,7 @@ Shape letters: B batch, T positions (target), S source positions, V vocabulary.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 
 from ..inputs import InputError
 from ..trace import Trace, trace
+from .derived import Derivations
 
 
 @dataclass
@@ -149,9 +151,15 @@ def as_batch(model: nn.Module, inputs, tokenizer=None) -> Batch:
 def run_with_cache(model: nn.Module, inputs, names=None, *, tokenizer=None, grad: bool = False):
     """(output, Trace): one forward pass of `inputs` with the trace points `names` recorded (None: all
     but the on-request per-head outputs; TransformerLens names accepted). `Trace.tokens` holds the
-    string tokens of the (decoder's) input. Runs without gradients unless grad=True."""
+    string tokens of the (decoder's) input. Runs without gradients unless grad=True.
+
+    A full cache (names=None, grad=False) keeps the points derived.py lists (attention patterns,
+    MLP activations, resid_mid, norm outputs) as recipes over the points it stores, and computes
+    each when first read: bitwise the value of the pass, at about two thirds of the memory."""
     batch = as_batch(model, inputs, tokenizer)
-    with torch.set_grad_enabled(grad), trace(model, names, grad=grad) as cache:
+    derivations = Derivations(model) if names is None and not grad else None
+    with torch.set_grad_enabled(grad), trace(model, names, grad=grad, derive=derivations) as cache, \
+            derivations.capturing() if derivations is not None else nullcontext():
         output = batch.run(model)
     cache.tokens = batch.target.tokens
     return output, cache
