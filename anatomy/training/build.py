@@ -31,7 +31,11 @@ def model_config(args, **fields) -> ModelConfig:
         d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers, d_ff=args.d_ff or 4 * args.d_model,
         dropout=args.dropout, pos_encoding=args.pos_encoding, norm=args.norm, norm_position=args.norm_position,
         activation=args.activation, qk_norm=args.qk_norm, attn_bias=args.bias, attn_out_bias=args.bias,
-        mlp_bias=args.bias, tie_embeddings=not args.untied, attn_impl=args.attn_impl, **fields)
+        mlp_bias=args.bias, tie_embeddings=not args.untied, attn_impl=args.attn_impl,
+        # the paper multiplies embeddings by sqrt(d_model) so that tokens are not drowned by the
+        # unit-amplitude sinusoids; against learned positions (initialised as small as the tokens) it
+        # would drown the positions instead
+        scale_embeddings=args.pos_encoding == "sinusoidal", **fields)
 
 
 def _tokenizer(args, run_dir: Path, files: list[str], info) -> Tokenizer:
@@ -93,11 +97,7 @@ def seq2seq(args, run_dir: Path, info):
         refs = Path(args.test_tgt).read_text(encoding="utf-8").splitlines()
         bleu_set = (test_src, [r.strip() for r in refs])
     model = _build_model(args, run_dir, model_config(
-        args, arch="encoder-decoder", vocab_size=tok.vocab_size, max_seq_len=args.max_len + 1,
-        # the paper multiplies embeddings by sqrt(d_model) so that tokens are not drowned by the
-        # unit-amplitude sinusoids; against learned positions (initialised as small as the tokens) it
-        # would drown the positions instead
-        scale_embeddings=args.pos_encoding == "sinusoidal", pad_token_id=tok.pad_id))
+        args, arch="encoder-decoder", vocab_size=tok.vocab_size, max_seq_len=args.max_len + 1, pad_token_id=tok.pad_id))
     task = Seq2SeqTask(src, tgt, tok, args.batch_size, args.max_len, args.seed, info.rank, info.world_size,
                        val=val, bleu_set=bleu_set, bleu_max=args.bleu_samples)
     return model, task, tok

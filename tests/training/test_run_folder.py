@@ -179,3 +179,12 @@ def test_architecture_flags_reach_the_model(tmp_path):
     assert (config.norm, config.activation, config.d_ff, config.pos_encoding, config.qk_norm) == \
         ("rmsnorm", "swiglu", 85, "rotary", "per_head")
     assert not (config.attn_bias or config.attn_out_bias or config.mlp_bias or config.tie_embeddings)
+
+
+def test_sinusoidal_positions_come_with_the_papers_embedding_scale(tmp_path):
+    """Token embeddings x sqrt(d_model) under unit-amplitude sinusoids (Vaswani et al., 3.4), for
+    every family: without it a character LM's tokens (initialised at std 0.02) are drowned."""
+    assert train(tmp_path, "sin", "--max-steps", "1", "--pos-encoding", "sinusoidal") == 0
+    assert train(tmp_path, "learned", "--max-steps", "1") == 0
+    assert ckpt.load_trained(tmp_path / "sin" / "model")[0].config.scale_embeddings
+    assert not ckpt.load_trained(tmp_path / "learned" / "model")[0].config.scale_embeddings
