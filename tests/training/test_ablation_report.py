@@ -49,6 +49,19 @@ def test_the_table_gives_mean_spread_and_delta_and_the_figure_is_written(tmp_pat
     assert (tmp_path / "ablation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_classification_runs_get_an_accuracy_column_against_a_named_baseline(tmp_path):
+    small = ModelConfig(arch="encoder", vocab_size=10, d_model=8, n_heads=2, n_layers=1, d_ff=16, max_seq_len=8)
+    for name, accuracy in (("learned", 0.75), ("rotary", 0.5)):
+        _run(tmp_path / name / "seed1", (0.7, 0.6), small, cpu=3.0)
+        metrics = tmp_path / name / "seed1" / "metrics.jsonl"
+        metrics.write_text(metrics.read_text() + json.dumps({"step": 2, "val_loss": 0.6, "val_accuracy": accuracy}) + "\n")
+    assert _report_module().main(tmp_path, baseline="learned") == 0
+    table = (tmp_path / "ablation.md").read_text().splitlines()
+    assert table[0].startswith("| variant | val loss | val accuracy | seeds |")
+    assert table[2].startswith("| learned | 0.6000 ± 0.0000 | 75.0% ± 0.0% | 1 |")
+    assert table[3].startswith("| rotary | 0.6000 ± 0.0000 (+0.0000) | 50.0% ± 0.0% | 1 |")
+
+
 def test_no_finished_run_is_an_error_not_an_empty_table(tmp_path, capsys):
     assert _report_module().main(tmp_path) == 2
     assert "no finished runs" in capsys.readouterr().err
