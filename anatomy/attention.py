@@ -61,6 +61,30 @@ def attention_weights(scores: torch.Tensor, mask: torch.Tensor | None = None) ->
     return weights
 
 
+def attention_scores(q: torch.Tensor, k: torch.Tensor, *, bias: torch.Tensor | None = None,
+                     scale: float | None = None, softcap: float | None = None) -> torch.Tensor:
+    """The scores before the softmax: q [B, H, T, D], k [B, H, S, D] -> [B, H, T, S].
+
+        scores = c * tanh((q k^T * scale) / c) + bias      scale = 1/sqrt(D) unless given; softcap c
+
+    The eager kernel's first step, and how a cache recomputes the scores it did not keep (same ops, same bits).
+    """
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias
+    return scores
+
+
+def repeat_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """[B, K, S, D] -> [B, H, S, D]: grouped-query attention, each key/value head serving H / K query heads."""
+    if x.size(1) == n_heads:
+        return x
+    return x.repeat_interleave(n_heads // x.size(1), dim=1)  # head h reads key/value head h // (H / K)
+
+
 def eager_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -85,12 +109,7 @@ def eager_attention(
     """
     if is_causal and mask is None:
         raise ValueError("is_causal=True says `mask` is the causal triangle; give the mask (masks.self_attention_mask)")
-    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
-    if softcap is not None:
-        scores = softcap * torch.tanh(scores / softcap)
-    if bias is not None:
-        scores = scores + bias
+    scores = attention_scores(q, k, bias=bias, scale=scale, softcap=softcap)  # (B, H, T, S)
     if on_scores is not None:
         scores = on_scores(scores)
     weights = attention_weights(scores, mask)  # (B, H, T, S)
@@ -247,10 +266,7 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 k, v = cache.store_cross(self.layer_index, k, v) if self.cross else cache.append(self.layer_index, k, v)
 
-        if self.n_kv_heads != self.n_heads:
-            group = self.n_heads // self.n_kv_heads
-            k = k.repeat_interleave(group, dim=1)  # (B, K, S, D) -> (B, H, S, D)
-            v = v.repeat_interleave(group, dim=1)
+        k, v = repeat_kv(k, self.n_heads), repeat_kv(v, self.n_heads)  # (B, K, S, D) -> (B, H, S, D)
 
         z, _ = self._kernel()(
             q, k, v, mask, is_causal=is_causal, bias=bias, scale=self.scale, softcap=self.softcap,

@@ -158,28 +158,44 @@ def _paused() -> Iterator[None]:
 
 
 class _Recipe:
-    """A recorded value kept as fn(*args) and computed when first read; an argument may be another recipe."""
+    """A recorded value kept as fn(*args) and computed when first read; an argument may be another recipe.
+
+    Recipes chain (resid_post of layer L is resid_mid + mlp.out, resid_mid is resid_pre + attn.out,
+    resid_pre of L + 1 is resid_post of L): reading the last layer's computes the chain below it
+    once, each link kept, with a list of the links still to compute rather than one call per link.
+    """
 
     def __init__(self, fn: Callable[..., torch.Tensor], args: tuple, shape: torch.Size):
         self.fn, self.args, self.shape = fn, args, shape
         self._value: torch.Tensor | None = None
 
+    def _waiting(self) -> list["_Recipe"]:
+        return [a for a in self.args if isinstance(a, _Recipe) and a._value is None]
+
     def value(self) -> torch.Tensor:
-        if self._value is None:
-            args = [a.value() if isinstance(a, _Recipe) else a for a in self.args]
-            with _paused(), torch.no_grad():
-                self._value = self.fn(*args)
-            self.args = ()  # the inputs are the trace's to keep, not the recipe's
+        pending = [self]  # depth first: a recipe is computed once every recipe it reads is
+        while pending:
+            recipe = pending[-1]
+            waiting = recipe._waiting() if recipe._value is None else []
+            if waiting:
+                pending += waiting
+                continue
+            pending.pop()
+            if recipe._value is None:
+                args = [a._value if isinstance(a, _Recipe) else a for a in recipe.args]
+                with _paused(), torch.no_grad():
+                    recipe._value = recipe.fn(*args)
+                recipe.args = ()  # the inputs are the trace's to keep, not the recipe's
         return self._value
 
     def tensors(self) -> list[torch.Tensor]:
-        """The tensors this recipe keeps alive (its inputs, weight snapshots, masks)."""
+        """The tensors this recipe itself keeps alive (inputs, weight snapshots, masks); an input that
+        is a recipe is a value of the trace too, and answers for its own."""
         if self._value is not None:
             return [self._value]
         held = []
         for a in self.args:
-            for item in a.values() if isinstance(a, dict) else [a]:
-                held += item.tensors() if isinstance(item, _Recipe) else [item] if torch.is_tensor(item) else []
+            held += [item for item in (a.values() if isinstance(a, dict) else [a]) if torch.is_tensor(item)]
         return held
 
 
@@ -281,7 +297,7 @@ def trace(
     interventions: Mapping[str, Intervention] | None = None,
     *,
     grad: bool = False,
-    derive: Callable[[str], tuple | None] | None = None,
+    derive: Callable[[str, torch.Tensor], tuple | None] | None = None,
 ) -> Iterator[Trace]:
     """Record the trace points matching `names` (glob patterns or TransformerLens names; None = all
     but the on-request ones) during the block, in this thread only.
@@ -293,9 +309,10 @@ def trace(
     (for torch.autograd.grad; the pass must run with gradients enabled). Everything is undone in a
     `finally`, even if the pass raises.
 
-    `derive(name)`, asked as each recorded point is reached, may return a recipe (fn, args): the
-    value equals fn(*args), where a str argument names a point recorded earlier in the pass. The
-    trace then keeps the recipe, not the tensor, and computes the value when it is first read.
+    `derive(name, x)`, asked as each recorded point is reached with its tensor x, may return a recipe
+    (fn, args): x equals fn(*args), where a str argument names a point recorded earlier in the pass
+    (itself perhaps a recipe). The trace then keeps the recipe, not x, and computes the value when it
+    is first read.
     Never for a point with an intervention, nor with grad=True (the graph's own tensors are kept).
 
     Raises KeyError for a name or pattern that matches no point of this model, RuntimeError when
@@ -335,7 +352,7 @@ def trace(
                     _check_replacement(name, points[name], x, replaced)
                     x = replaced
             if record:
-                result._record(name, x, derive(name) if may_derive else None)
+                result._record(name, x, derive(name, x) if may_derive else None)
             return x
 
         return fn

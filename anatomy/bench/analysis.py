@@ -97,14 +97,14 @@ def bench_cache(settings: Settings) -> Row:
             return bridge.run_with_cache(ids)
 
     (logits, cache), (their_logits, their_cache) = anatomy_side(), theirs()
-    last = f"blocks.{n_layers - 1}.hook_resid_post"
+    held = _stored_mb(cache.stored())  # before reading anything: a recipe's value is kept once read
+    last = f"blocks.{n_layers - 1}.hook_resid_post"  # a chain through every layer's residual stream
     error = max((logits.logits - their_logits).abs().max().item(), (cache[last] - their_cache[last]).abs().max().item())
     times = alternate({"anatomy": anatomy_side, "TransformerLens": theirs}, settings.repeats or 10, warmup=1)
     memory = {"anatomy": peak_memory_mb(anatomy_side), "transformers": peak_memory_mb(theirs)}
     ms = {side: statistics.median(t) * 1e3 for side, t in times.items()}
     row = Row("analysis", f"full cache vs TransformerLens: GPT-2 {n_layers}x{d_model}, 1x{length}", "ms", ms["anatomy"],
               ms["TransformerLens"], False)
-    held = _stored_mb(cache.stored())  # before reading: a recipe's value is kept once it is read
     row.notes = [f"{len(cache)} vs {len(their_cache)} tensors, {held:.1f} vs "
                  f"{_stored_mb(their_cache.values()):.1f} MB stored ({_stored_mb(cache.values()):.1f} MB once "
                  f"every derived point is read)", memory_note(memory).replace("vs", "vs TL"),
