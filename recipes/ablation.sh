@@ -11,6 +11,7 @@
 # Runs that finished (OUT/VARIANT/seedN/model exists) are skipped, so a killed ablation continues.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/run_once.sh"
 OUT=${1:-runs/ablation}
 shift || true
 
@@ -45,15 +46,11 @@ for name in ${VARIANTS:-$ORDER}; do
   fi
   for seed in ${SEEDS:-1337 1338 1339}; do
     run="$OUT/$name/seed$seed"
-    [ -d "$run/model" ] && continue
-    resume=()
-    [ -d "$run/checkpoints" ] && resume=(--resume)
-    echo "== $name, seed $seed -> $run"
     if [ "${FLAGS[$name]}" = "VARIANT=modern" ]; then
-      VARIANT=modern "$HERE/char_shakespeare.sh" "$run" --seed "$seed" ${resume[@]+"${resume[@]}"} "$@"
+      run_once "$run" env VARIANT=modern "$HERE/char_shakespeare.sh" "$run" --seed "$seed" "$@"
     else
       # shellcheck disable=SC2086  # the flags are words
-      "$HERE/char_shakespeare.sh" "$run" --seed "$seed" ${FLAGS[$name]} ${resume[@]+"${resume[@]}"} "$@"
+      run_once "$run" "$HERE/char_shakespeare.sh" "$run" --seed "$seed" ${FLAGS[$name]} "$@"
     fi
   done
 done

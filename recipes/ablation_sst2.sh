@@ -6,17 +6,13 @@
 #   SEEDS="1337 1338 1339" (default)   VARIANTS="learned rotary none" (default)
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/run_once.sh"
 OUT=${1:-runs/ablation-sst2}
 shift || true
 for name in ${VARIANTS:-learned rotary none}; do
   case "$name" in learned|rotary|none) ;; *) echo "unknown variant '$name'; known: learned rotary none" >&2; exit 2 ;; esac
   for seed in ${SEEDS:-1337 1338 1339}; do
-    run="$OUT/$name/seed$seed"
-    [ -d "$run/model" ] && continue
-    resume=()
-    [ -d "$run/checkpoints" ] && resume=(--resume)
-    echo "== $name, seed $seed -> $run"
-    "$HERE/sst2_scratch.sh" "$run" --seed "$seed" --pos-encoding "$name" ${resume[@]+"${resume[@]}"} "$@"
+    run_once "$OUT/$name/seed$seed" "$HERE/sst2_scratch.sh" "$OUT/$name/seed$seed" --seed "$seed" --pos-encoding "$name" "$@"
   done
 done
 python "$HERE/ablation_report.py" "$OUT" --baseline learned
