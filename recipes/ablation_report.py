@@ -29,10 +29,10 @@ from anatomy.training.metrics import read_metrics  # noqa: E402
 
 
 def runs(out: Path) -> dict[str, list[Path]]:
-    """variant -> its finished seed folders (those with a metrics.jsonl holding a validation loss)."""
+    """variant -> its finished seed folders (a model/ written at the end, and a validation loss)."""
     found: dict[str, list[Path]] = {}
     for seed_dir in sorted(out.glob("*/seed*")):
-        if any("val_loss" in r for r in read_metrics(seed_dir)):
+        if (seed_dir / "model").is_dir() and any("val_loss" in r for r in read_metrics(seed_dir)):
             found.setdefault(seed_dir.parent.name, []).append(seed_dir)
     return found
 
@@ -90,9 +90,10 @@ def plot(results: dict[str, dict], baseline: str, path: Path) -> None:
     """Left: the validation curves (mean over seeds). Right: each variant's final loss minus the
     baseline's, with the seeds' spread as error bars (better to the left of zero)."""
     fig, (curves, finals) = plt.subplots(1, 2, figsize=(12, 5.5), dpi=110, gridspec_kw={"width_ratios": [3, 2]})
-    for name, r in results.items():
+    palette = plt.get_cmap("tab20").colors  # 20 distinguishable colours, dashed after the first 20
+    for i, (name, r) in enumerate(results.items()):
         emphasis = dict(lw=2.4, color="black") if name == baseline else dict(lw=2.4, color="tab:red") \
-            if name == "modern" else dict(lw=0.9, alpha=0.8)
+            if name == "modern" else dict(lw=1.0, color=palette[i % 20], ls="-" if i < 20 else "--")
         curves.plot(*r["curve"], label=name, **emphasis)
     lowest = min(min(r["curve"][1]) for r in results.values())
     curves.set_ylim(lowest - 0.05, lowest + 0.75)  # the end of training, where the variants differ
@@ -101,7 +102,9 @@ def plot(results: dict[str, dict], baseline: str, path: Path) -> None:
     curves.grid(alpha=0.3)
     curves.legend(fontsize=7, ncol=2)
     base = results[baseline]["val_loss"][0] if baseline in results else 0.0
-    names = list(results)[::-1]  # the baseline at the top
+    # the baseline at the top, the modern combination at the bottom, the rest from worst to best
+    middle = sorted((n for n in results if n not in (baseline, "modern")), key=lambda n: -results[n]["val_loss"][0])
+    names = (["modern"] if "modern" in results else []) + middle[::-1] + ([baseline] if baseline in results else [])
     deltas = [results[n]["val_loss"][0] - base for n in names]
     colours = ["black" if n == baseline else "tab:red" if n == "modern" else
                "tab:green" if d < 0 else "tab:gray" for n, d in zip(names, deltas)]

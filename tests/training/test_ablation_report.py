@@ -19,7 +19,7 @@ def _report_module():
 
 
 def _run(folder: Path, finals: tuple[float, float], config: ModelConfig, cpu: float | None) -> None:
-    folder.mkdir(parents=True)
+    (folder / "model").mkdir(parents=True)  # written when a run finishes
     (folder / "model_config.json").write_text(config.to_json())
     records = [{"step": 1, "loss": 3.0, "tokens_per_s": 1000.0, "elapsed_s": 1.0},
                {"step": 1, "val_loss": finals[0], "elapsed_s": 1.5},
@@ -35,7 +35,8 @@ def test_the_table_gives_mean_spread_and_delta_and_the_figure_is_written(tmp_pat
     _run(tmp_path / "baseline" / "seed1", (2.5, 2.0), small, cpu=8.0)
     _run(tmp_path / "baseline" / "seed2", (2.5, 2.2), small, cpu=None)  # an older run, no CPU time
     _run(tmp_path / "rmsnorm" / "seed1", (2.4, 1.9), small, cpu=None)
-    (tmp_path / "unfinished" / "seed1").mkdir(parents=True)  # no metrics: not reported
+    _run(tmp_path / "unfinished" / "seed1", (2.9, 2.8), small, cpu=None)
+    (tmp_path / "unfinished" / "seed1" / "model").rmdir()  # killed before the end: not reported
     assert _report_module().main(tmp_path) == 0
     table = (tmp_path / "ablation.md").read_text().splitlines()
     assert table[0].startswith("| variant | val loss | seeds | parameters | wall time | CPU time |")
