@@ -31,6 +31,8 @@ from generation_cases import TINY, decoder, seq2seq
     (dict(pad_token_id=13), r"pad_token_id must be a token id in \[0, vocab_size=13\), got 13"),
     (dict(pad_token_id=-1, num_beams=2), r"pad_token_id must be a token id"),
     (dict(num_beams=2, length_penalty=float("nan")), "length_penalty must be a finite number, got nan"),
+    (dict(num_beams=2, length_penalty=10**12), r"length_penalty must be in \[-10, 10\], got 1000000000000"),
+    (dict(num_beams=2, length_penalty=-10.5), r"length_penalty must be in \[-10, 10\], got -10.5"),
     (dict(input_ids=torch.tensor([[1, 2]], dtype=torch.uint8)), r"input_ids .* dtype torch.long .* torch.uint8"),
     (dict(input_ids=torch.tensor([[1, 2]], dtype=torch.int8)), r"input_ids .* torch.int8"),
     (dict(input_ids=torch.tensor([[1, 2]], dtype=torch.int16)), r"input_ids .* torch.int16"),

@@ -23,6 +23,9 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+MAX_LENGTH_PENALTY = 10
+
+
 def _finite(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -83,7 +86,11 @@ def check_arguments(model, input_ids, padding_mask, src_ids, src_padding_mask, *
         raise ValueError(f"num_beams must be an integer >= 1, got {num_beams!r}")
     if strategy != "beam" and num_beams != 1:
         raise ValueError(f"num_beams={num_beams} needs strategy='beam' (strategy is {strategy!r})")
+    # length^alpha: an |alpha| beyond 10 has no use, and a huge integer alpha makes Python's exact
+    # integer power run for hours
     _finite("length_penalty", length_penalty)
+    if not -MAX_LENGTH_PENALTY <= length_penalty <= MAX_LENGTH_PENALTY:
+        raise ValueError(f"length_penalty must be in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}], got {length_penalty!r}")
     if not isinstance(use_cache, bool):
         raise ValueError(f"use_cache must be True or False, got {use_cache!r}")
     if strategy == "sample":
