@@ -42,7 +42,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Computed in float32 whatever the input dtype, as the Llama reference does.
         x32 = x.float()
-        normed = F.rms_norm(x32, x32.shape[-1:], eps=self.eps)  # x / sqrt(mean(x^2) + eps), one fused op
+        normed = F.rms_norm(x32, x32.shape[-1:], eps=self.eps)  # x / sqrt(mean(x^2) + eps), PyTorch's own
         if self.plus_one:  # Gemma multiplies by its gain in float32 too
             return self.out(((1.0 + self.weight.float()) * normed).to(x.dtype))
         return self.out(self.weight * normed.to(x.dtype))
