@@ -12,7 +12,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .layers import ACTIVATIONS, make_norm
-from .losses import chunked_cross_entropy
+from .losses import chunked_cross_entropy, vocabulary_logits
 
 
 class LMHead(nn.Module):
@@ -38,7 +38,7 @@ class LMHead(nn.Module):
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.proj(self.transform(x))  # (B, T, V)
+        logits = vocabulary_logits(self.transform(x), self.proj.weight, self.proj.bias)  # (B, T, V)
         if self.softcap is not None:
             logits = self.softcap * torch.tanh(logits / self.softcap)
         return logits

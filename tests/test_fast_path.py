@@ -3,7 +3,9 @@
 The fast paths of the hot loop (see BENCHMARKS.md for what each one measured):
 - Dropout skips its module call where it is the identity (evaluation, or p = 0);
 - DecoderModel.loss / LMHead.loss compute the LM head and the cross-entropy a chunk of positions
-  at a time (chunked_cross_entropy), with their gradients, never holding all the logits.
+  at a time (chunked_cross_entropy), with their gradients, never holding all the logits;
+- the LM head projects onto a large vocabulary a block of 1024 rows at a time on the CPU
+  (vocabulary_logits): each logit the same dot product, equal to float32 rounding.
 Each is checked against the plain path it replaces within 1e-5: outputs, losses and gradients.
 """
 
@@ -16,7 +18,7 @@ from anatomy import ModelConfig, build_model
 import torch.nn.functional as F
 
 from anatomy.layers import Dropout
-from anatomy.losses import chunked_cross_entropy
+from anatomy.losses import VOCABULARY_BLOCK, chunked_cross_entropy, vocabulary_logits
 
 TINY = dict(vocab_size=23, d_model=16, n_heads=4, n_layers=2, d_ff=32, max_seq_len=32)
 FAMILIES = ["encoder", "decoder", "encoder-decoder"]
@@ -110,3 +112,42 @@ def test_decoder_loss_equals_cross_entropy_of_forward_logits(config):
     params = list(model.parameters())
     for ours, plain in zip(torch.autograd.grad(loss, params), torch.autograd.grad(expected, params)):
         torch.testing.assert_close(ours, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("shape", [(5,), (3, 7), (2, 3, 7)])
+def test_vocabulary_blocks_equal_the_single_product(with_bias, shape):
+    """Block by block or in one product, every logit is the same dot product, for a vocabulary that
+    is not a multiple of the block (the BLAS may pick another kernel for a small block: float32
+    rounding, no more)."""
+    vocab = 2 * VOCABULARY_BLOCK + 517
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(*shape, 48, generator=generator)
+    weight = torch.randn(vocab, 48, generator=generator)
+    bias = torch.randn(vocab, generator=generator) if with_bias else None
+    logits = vocabulary_logits(hidden, weight, bias)
+    assert logits.shape == (*shape, vocab)
+    torch.testing.assert_close(logits, F.linear(hidden, weight, bias), atol=1e-6, rtol=1e-6)
+
+
+def test_vocabulary_logits_under_autocast_and_autograd():
+    """Under autocast the dtype is the product's; under autograd the gradient flows as through F.linear."""
+    vocab = 3 * VOCABULARY_BLOCK
+    hidden, weight = torch.randn(4, 32), torch.randn(vocab, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert vocabulary_logits(hidden, weight).dtype == F.linear(hidden, weight).dtype == torch.bfloat16
+    vocabulary_logits(hidden, weight).square().sum().backward()
+    expected = torch.autograd.grad(F.linear(hidden, weight).square().sum(), weight)[0]
+    torch.testing.assert_close(weight.grad, expected, atol=0, rtol=0)
+
+
+def test_a_large_vocabulary_models_logits_do_not_depend_on_grad_mode():
+    """The decoder's logits are the same, to float32 rounding, whether autograd tracks the pass (one
+    product) or not (vocabulary blocks)."""
+    config = ModelConfig(arch="decoder", **{**TINY, "vocab_size": 2 * VOCABULARY_BLOCK + 3})
+    model = build_model(config, seed=0).eval()
+    tokens = torch.randint(0, config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    tracked = model(tokens).logits
+    assert tracked.requires_grad
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens).logits, tracked.detach(), atol=1e-6, rtol=1e-6)
