@@ -1,6 +1,7 @@
 """The trace points a full cache keeps as recipes: each is the same operation, on the same tensors,
 as the forward pass computed it with, so the value read later is bitwise the one that pass made.
 
+    blocks.L.attn.q_rot   = rotary(q, position_ids), k_rot likewise          the tables the pass read
     blocks.L.attn.scores  = attention_scores(q or q_rot, repeat_kv(k or k_rot), bias, scale, softcap)
     blocks.L.attn.pattern = attention_weights(scores, mask)                  the eager kernel's functions
     blocks.L.attn.z       = (pattern @ repeat_kv(v)) transposed to [batch query head d_head]
@@ -125,6 +126,13 @@ class Derivations:
         def z_recipe(kwargs):  # the kernel's output is dropout(pattern) @ v
             return None if attention.training and attention.dropout_p > 0.0 else (z, (name("pattern"), name("v")))
 
+        if rotated:  # q_rot = rotary(q, position_ids), with the cos/sin tables the pass read
+            def rotate(x, position_ids, tables):
+                return functional_call(attention.rotary, tables, (x, position_ids))
+
+            for point, source in (("q_rot", "q"), ("k_rot", "k")):
+                self.recipes[name(point)] = call(lambda kwargs, source=source: (
+                    rotate, (name(source), kwargs.get("position_ids"), dict(attention.rotary.named_buffers()))))
         self.recipes[name("scores")] = call(
             lambda kwargs: (scores, (q, k, kwargs.get("bias"), attention.scale, attention.softcap)))
         self.recipes[name("pattern")] = call(lambda kwargs: (attention_weights, (name("scores"), kwargs.get("mask"))))

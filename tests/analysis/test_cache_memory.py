@@ -120,6 +120,28 @@ def test_the_last_layer_reads_first_through_a_deep_chain():
     assert cache["blocks.12.resid_pre"] is cache["blocks.11.resid_post"]  # one tensor, as in the pass
 
 
+ROTARY = {"halves": dict(pos_encoding="rotary"),
+          "interleaved, partial": dict(pos_encoding="rotary", rotary_layout="interleaved", rotary_dim=2),
+          "grouped-query, positions from padding": dict(pos_encoding="rotary", n_kv_heads=2,
+                                                        positions_from_padding=True)}
+
+
+@pytest.mark.parametrize("overrides", ROTARY.values(), ids=list(ROTARY))
+def test_rotated_queries_and_keys_are_recipes_over_the_passes_tables(overrides):
+    """q_rot and k_rot are rotary(q) and rotary(k) as the pass computed them, bitwise, even after
+    the model's tables have changed (here: the model moved to float64)."""
+    model = tiny(**overrides)
+    batch = as_batch(model, ids(2, 9))
+    batch.target.padding_mask = PADDING.flip(1)  # left padding: row 1's positions start at its first token
+    _, cache = run_with_cache(model, batch)
+    reference = stored_everything(model, batch)
+    assert not {"attn.q_rot", "attn.k_rot"} & _stored_kinds(cache)
+    model.double()
+    for name in reference:
+        if name.endswith(("q_rot", "k_rot", "scores")):
+            assert cache[name].dtype == torch.float32 and torch.equal(cache[name], reference[name]), name
+
+
 def test_attention_dropout_keeps_z_stored_and_the_rest_exact():
     model = tiny(dropout=0.0, attn_dropout=0.5).train()
     torch.manual_seed(0)
