@@ -15,6 +15,14 @@ from .layers import ACTIVATIONS, make_norm
 from .losses import chunked_cross_entropy, vocabulary_logits
 
 
+class VocabularyProjection(nn.Linear):
+    """nn.Linear onto the vocabulary, h W^T + b, computed by vocabulary_logits: on the CPU a block of
+    1024 vocabulary rows at a time, which is faster there for a large vocabulary, with equal logits."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return vocabulary_logits(x, self.weight, self.bias)
+
+
 class LMHead(nn.Module):
     """Hidden states -> vocabulary logits, optionally through a transform (dense, act, norm; BERT)."""
 
@@ -24,7 +32,7 @@ class LMHead(nn.Module):
             self.transform_dense = nn.Linear(config.d_model, config.d_model)
             self.transform_act = ACTIVATIONS[config.activation][0]
             self.transform_norm = make_norm(config)
-        self.proj = nn.Linear(config.d_embed, config.vocab_size, bias=config.lm_head_bias)
+        self.proj = VocabularyProjection(config.d_embed, config.vocab_size, bias=config.lm_head_bias)
         if config.tie_embeddings:
             self.proj.weight = token_embedding.weight  # the paper, 3.4: one matrix for both
         self.softcap = config.final_logit_softcap  # logits -> c * tanh(logits / c) (Gemma 2)
@@ -38,7 +46,7 @@ class LMHead(nn.Module):
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = vocabulary_logits(self.transform(x), self.proj.weight, self.proj.bias)  # (B, T, V)
+        logits = self.proj(self.transform(x))  # (B, T, V)
         if self.softcap is not None:
             logits = self.softcap * torch.tanh(logits / self.softcap)
         return logits

@@ -151,3 +151,19 @@ def test_a_large_vocabulary_models_logits_do_not_depend_on_grad_mode():
     assert tracked.requires_grad
     with torch.no_grad():
         torch.testing.assert_close(model(tokens).logits, tracked.detach(), atol=1e-6, rtol=1e-6)
+
+
+def test_a_hook_on_the_lm_heads_projection_sees_the_logits():
+    """The blocked product runs inside lm_head.proj (an nn.Linear), so module hooks there still fire,
+    as Captum's layer attributions and hand-written hooks expect."""
+    config = ModelConfig(arch="decoder", **{**TINY, "vocab_size": 2 * VOCABULARY_BLOCK + 3})
+    model = build_model(config, seed=0).eval()
+    assert isinstance(model.lm_head.proj, nn.Linear)
+    seen = []
+    handle = model.lm_head.proj.register_forward_hook(lambda module, args, output: seen.append(output))
+    try:
+        with torch.no_grad():
+            logits = model(ids()).logits
+    finally:
+        handle.remove()
+    assert len(seen) == 1 and torch.equal(seen[0], logits)
