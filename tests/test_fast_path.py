@@ -116,7 +116,7 @@ def test_decoder_loss_equals_cross_entropy_of_forward_logits(config):
 
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("shape", [(5,), (3, 7), (2, 3, 7)])
-def test_vocabulary_blocks_equal_the_single_product(with_bias, shape):
+def test_vocabulary_blocks_equal_the_single_product(with_bias, shape, monkeypatch):
     """Block by block or in one product, every logit is the same dot product, for a vocabulary that
     is not a multiple of the block (the BLAS may pick another kernel for a small block: float32
     rounding, no more)."""
@@ -125,7 +125,12 @@ def test_vocabulary_blocks_equal_the_single_product(with_bias, shape):
     hidden = torch.randn(*shape, 48, generator=generator)
     weight = torch.randn(vocab, 48, generator=generator)
     bias = torch.randn(vocab, generator=generator) if with_bias else None
+    products = []
+    linear = F.linear
+    monkeypatch.setattr(F, "linear", lambda *args: products.append(args[1].shape) or linear(*args))
     logits = vocabulary_logits(hidden, weight, bias)
+    monkeypatch.undo()
+    assert products == [(VOCABULARY_BLOCK, 48)] * 2 + [(517, 48)]  # three blocks, the last one short
     assert logits.shape == (*shape, vocab)
     torch.testing.assert_close(logits, F.linear(hidden, weight, bias), atol=1e-6, rtol=1e-6)
 
