@@ -15,6 +15,9 @@ only the others. The logits of a training batch are large (8 x 128 positions x 5
 206 MB, and as much again for their gradient). Because the gradient of softmax cross-entropy
 is local to each row, the rows can be processed a chunk at a time: the chunk's logits exist
 only while its loss and gradients are computed. Measured in BENCHMARKS.md.
+
+Both the loss and the LM head (heads.py) compute the logits h W^T + b with vocabulary_logits,
+which on the CPU takes the vocabulary a block of rows at a time.
 """
 
 from __future__ import annotations
