@@ -172,3 +172,23 @@ def test_a_hook_on_the_lm_heads_projection_sees_the_logits():
     finally:
         handle.remove()
     assert len(seen) == 1 and torch.equal(seen[0], logits)
+
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(leading=st.lists(st.integers(0, 4), min_size=0, max_size=3), width=st.integers(1, 40),
+       vocab=st.integers(2 * VOCABULARY_BLOCK + 1, 3 * VOCABULARY_BLOCK + 7), with_bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_vocabulary_logits_equal_f_linear_for_any_shape(leading, width, vocab, with_bias, seed):
+    """Any leading shape (none, empty axes, one row), any width, any vocabulary past two blocks."""
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(*leading, width, generator=generator)
+    weight = torch.randn(vocab, width, generator=generator)
+    bias = torch.randn(vocab, generator=generator) if with_bias else None
+    logits = vocabulary_logits(hidden, weight, bias)
+    assert logits.shape == (*leading, vocab)
+    torch.testing.assert_close(logits, F.linear(hidden, weight, bias), atol=1e-5, rtol=1e-5)
