@@ -19,8 +19,10 @@ import importlib
 import math
 import os
 import sys
+import tempfile
 import traceback
 import unicodedata
+from pathlib import Path
 
 import torch
 
@@ -103,6 +105,58 @@ def text(value: str) -> str:
     return value
 
 
+def _writable_folder(folder: Path, shown: str) -> None:
+    """Raise ArgumentTypeError unless a file can be created in `folder` (tried: as root, access()
+    says yes to folders such as /proc where nothing can be created)."""
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{shown}: the folder {one_line(str(folder), 200)} does not exist"
+                                         if not folder.exists() else f"{shown}: {one_line(str(folder), 200)} is not a folder")
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"{shown}: cannot write in the folder {one_line(str(folder), 200)} "
+                                         f"({error.strerror or error})") from None
+
+
+def output_file(*suffixes: str):
+    """An argparse type for a file to write (--out, --png), checked before any model loads: a name
+    (not empty, not a folder), one of `suffixes` if given, in a folder that exists and takes a new file."""
+
+    def check(value: str) -> str:
+        shown = one_line(value, 200)
+        if not value.strip():
+            raise argparse.ArgumentTypeError("an empty file name")
+        path = Path(value).expanduser()
+        try:
+            if value.endswith(os.sep) or path.is_dir():
+                raise argparse.ArgumentTypeError(f"{shown} is a folder; give a file name")
+            if suffixes and path.suffix.lower() not in suffixes:
+                raise argparse.ArgumentTypeError(f"{shown}: the name must end in {' or '.join(suffixes)}")
+            _writable_folder(path.parent, shown)
+        except OSError as error:  # a name or a path too long, a loop of links
+            raise argparse.ArgumentTypeError(f"{shown}: {error.strerror or error}") from None
+        return value
+
+    return check
+
+
+def output_folder(value: str) -> str:
+    """An argparse type for a folder to write into (a run folder), created if missing: not empty,
+    not a file, and its nearest existing ancestor takes new files."""
+    shown = one_line(value, 200)
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty folder name")
+    path = Path(value).expanduser()
+    try:
+        if path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{shown} is a file; give a folder")
+        existing = next(p for p in (path, *path.parents) if p.exists())  # "." or "/" at the latest
+        _writable_folder(existing, shown)
+    except OSError as error:  # a path too long, a loop of links
+        raise argparse.ArgumentTypeError(f"{shown}: {error.strerror or error}") from None
+    return value
+
+
 # --model and --device -----------------------------------------------------------------------------
 
 
@@ -152,23 +206,62 @@ def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -
 # The dispatcher ----------------------------------------------------------------------------------
 
 
+# What never reaches a terminal as it is: control characters (Cc: C0, DEL, C1: ESC, BEL, CSI ...),
+# which can clear the screen, move the cursor or retitle the window; format characters (Cf: the
+# bidirectional overrides and isolates U+202A-U+202E and U+2066-U+2069, the marks U+200E/F), which
+# reorder what a line shows ("Trojan Source"); lone surrogates (Cs: bytes a shell passed that are not
+# UTF-8, which would fail to print); the line and paragraph separators (Zl, Zp).
+UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+JOINERS = "\u200c\u200d"  # Cf, but how Persian, the Indic scripts and emoji sequences are written: kept
+MAX_MESSAGE = 500  # characters of a message the dispatcher prints, whatever the input
+
+
+def _escaped(c: str) -> str:
+    code = ord(c)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8, as Python keeps it (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def printable(text: str, keep: str = "") -> str:
-    """Text safe for a terminal: every control character (C0, DEL, C1: ESC, BEL, CSI ...) except those
-    in `keep` shown as a visible escape such as \\x1b, so that no sequence reaches the terminal (none
-    can clear the screen, move the cursor or retitle the window)."""
-    return "".join(c if c in keep or unicodedata.category(c) != "Cc" else f"\\x{ord(c):02x}" for c in text)
+    """Text safe for a terminal: every control character, format character (bidirectional
+    overrides), lone surrogate and line separator (UNPRINTABLE) except those in `keep` shown as a
+    visible escape such as \\x1b or \\u202e, so that no sequence reaches the terminal and what a line
+    shows is what it holds. A byte that was not UTF-8 is shown as the byte (\\xff)."""
+    return "".join(c if c in keep or c in JOINERS or unicodedata.category(c) not in UNPRINTABLE else _escaped(c)
+                   for c in text)
 
 
-def one_line(text: str) -> str:
-    """`text` as one printable line: its lines joined by spaces, control characters escaped."""
-    return printable(" ".join(str(text).splitlines()))
+def one_line(text: str, limit: int | None = None) -> str:
+    """`text` as one printable line: its lines joined by spaces, control characters escaped; past
+    `limit` characters, cut and ended with how many more there were."""
+    text = " ".join(str(text).splitlines())
+    if limit is not None and len(text) > limit:
+        return f"{printable(text[:limit])}… ({len(text) - limit:,} more characters)"
+    return printable(text)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, with every option's default shown, "(default: ...)", where its help does not
+    already say it (flags and options without a default show none)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help = action.help or ""
+        if "default" in help or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return help
+        return help + (" " if help else "") + "(default: %(default)s)"
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with a mistake reported in one line ("prog: error: ...; see prog --help")."""
+    """argparse, with a mistake reported in one line ("prog: error: ...; see prog --help") and the
+    defaults shown in --help (HelpFormatter), for the command and every subcommand."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message, MAX_MESSAGE)} (see {self.prog} --help)\n")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -227,13 +320,14 @@ def main(argv: list[str] | None = None) -> int:
         # whose message names the argument and the allowed values; OSError: a file or a folder.
         if os.environ.get("ANATOMY_DEBUG"):
             raise
-        print(f"{prog}: error: {one_line(_describe(error))}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(_describe(error), MAX_MESSAGE)}", file=sys.stderr)
         return 2
-    except Exception as error:  # a bug in anatomy, not the user's mistake: still one line, status 1
-        if os.environ.get("ANATOMY_DEBUG"):
+    except BaseException as error:  # a bug in anatomy, not the user's mistake: still one line, status 1
+        # BaseException: a panic in a Rust extension (tokenizers' PanicException) is not an Exception.
+        if isinstance(error, (SystemExit, GeneratorExit)) or os.environ.get("ANATOMY_DEBUG"):
             raise
         where = traceback.extract_tb(error.__traceback__)[-1]
-        print(f"{prog}: internal error: {type(error).__name__}: {one_line(str(error))} "
+        print(f"{prog}: internal error: {type(error).__name__}: {one_line(str(error), MAX_MESSAGE)} "
               f"(at {os.path.basename(where.filename)}:{where.lineno}; ANATOMY_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return 1
