@@ -100,6 +100,23 @@ def check_layer_count_fields(hf: dict, names: set[str], source: str) -> None:
                                   f"the weights hold {most} at most (the largest layer index in their names, plus one)")
 
 
+def config_from_hf(hf: dict, keys: set[str], source: str, attn_impl: str | None = None
+                   ) -> tuple[ModelConfig, Architecture, str]:
+    """(ModelConfig, Architecture, HF class name) of an HF config dict and its weights' tensor names
+    (read from the headers; no tensor is loaded). Raises CheckpointError naming `source` for a
+    config anatomy cannot build or layer counts the names do not hold."""
+    arch, class_name = architecture_for(hf, repr(source))
+    check_layer_count_fields(hf, keys, source)
+    try:
+        config = arch.to_config(hf, class_name, keys)
+        config = config.replace(**special_ids(hf, config.vocab_size, exclude=config.to_dict()))
+        if attn_impl is not None:
+            config = config.replace(attn_impl=attn_impl)
+    except (ConfigError, TypeError, ValueError, KeyError, AttributeError) as error:
+        raise CheckpointError(f"the config of {source!r} describes a model anatomy cannot build: {error}") from None
+    return config, arch, class_name
+
+
 def model_from_hf(hf: dict, weights: Weights, *, dtype: torch.dtype | None = None, device=None,
                   attn_impl: str | None = None, extra: dict | None = None) -> nn.Module:
     """The anatomy model an HF config dict describes, loaded from `weights`, in eval mode.
@@ -110,16 +127,8 @@ def model_from_hf(hf: dict, weights: Weights, *, dtype: torch.dtype | None = Non
     any tensor that is missing, unexpected, mis-shaped, non-finite or inconsistent.
     """
     source = weights.source
-    arch, class_name = architecture_for(hf, repr(source))
     keys = set(weights)
-    check_layer_count_fields(hf, keys, source)
-    try:
-        config = arch.to_config(hf, class_name, keys)
-        config = config.replace(**special_ids(hf, config.vocab_size, exclude=config.to_dict()))
-        if attn_impl is not None:
-            config = config.replace(attn_impl=attn_impl)
-    except (ConfigError, TypeError, ValueError, KeyError, AttributeError) as error:
-        raise CheckpointError(f"the config of {source!r} describes a model anatomy cannot build: {error}") from None
+    config, arch, class_name = config_from_hf(hf, keys, source, attn_impl)
     config.extra.update({"hf_config": hf, "hf_class": class_name, "source": source, **(extra or {})})
     dtype = dtype or stored_dtype(hf, weights)
     prefixed = any(k.startswith(arch.base_prefix + ".") for k in keys)

@@ -42,16 +42,21 @@ def save_native(model: nn.Module, directory: str | Path, max_shard_size: int | s
     return out
 
 
+def native_config(directory: Path, attn_impl: str | None = None) -> ModelConfig:
+    """The ModelConfig in `directory`'s anatomy_config.json; CheckpointError naming the file if invalid."""
+    path = directory / NATIVE_CONFIG
+    try:
+        config = ModelConfig.from_dict(read_json(path, "anatomy config"))
+        return config if attn_impl is None else config.replace(attn_impl=attn_impl)
+    except (ConfigError, TypeError, ValueError, KeyError) as error:
+        raise CheckpointError(f"{str(path)!r} describes an invalid model: {error}") from None
+
+
 def load_native(directory: Path, *, dtype: torch.dtype | None = None, device=None, attn_impl: str | None = None,
                 root: Path | None = None) -> nn.Module:
     """anatomy_config.json + weights -> the model, with the same checks and memory path as HF folders."""
     path = directory / NATIVE_CONFIG
-    try:
-        config = ModelConfig.from_dict(read_json(path, "anatomy config"))
-        if attn_impl is not None:
-            config = config.replace(attn_impl=attn_impl)
-    except (ConfigError, TypeError, ValueError, KeyError) as error:
-        raise CheckpointError(f"{str(path)!r} describes an invalid model: {error}") from None
+    config = native_config(directory, attn_impl)
     weights = Weights(directory, root=root)
     dtype = dtype or next((weights.dtype(k) for k in weights if weights.dtype(k).is_floating_point), torch.float32)
     source = str(path)

@@ -10,8 +10,10 @@ In that order: a built-in name wins, then a path that exists, then a Hub id.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +62,7 @@ def locate(name_or_path: str | Path, revision: str | None = None) -> Source:
     path = Path(text).expanduser()
     if path.exists():
         return _local(path)
+    check_spelling(text)
     if is_hub_id(text):
         folder, root = snapshot(text, revision)
         return _local(folder, root)
@@ -67,6 +70,17 @@ def locate(name_or_path: str | Path, revision: str | None = None) -> Source:
         f"{text!r} does not exist: give a built-in name ({', '.join(BUILTIN_MODELS)}), a checkpoint folder, a .gguf "
         "file or a Hugging Face Hub id like 'org/name'"
     )
+
+
+def check_spelling(name: str) -> None:
+    """Raise CheckpointError ("did you mean 'smollm2'?") for a name that is no path, no "org/name"
+    Hub id, and reads like a built-in name misspelt (difflib's similarity 0.75 or more)."""
+    if "/" in name or os.sep in name:
+        return
+    close = difflib.get_close_matches(name.lower(), BUILTIN_MODELS, n=1, cutoff=0.75)
+    if close:
+        raise CheckpointError(f"{name!r} is not a built-in model: did you mean {close[0]!r}? "
+                              f"(built in: {', '.join(BUILTIN_MODELS)})")
 
 
 def _local(path: Path, root: Path | None = None) -> Source:
