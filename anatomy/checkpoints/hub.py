@@ -81,10 +81,14 @@ def _download(repo_id: str, revision: str | None, patterns: list[str]) -> Path:
     except RevisionNotFoundError:
         raise CheckpointError(f"{where}: the Hub repository has no such revision") from None
     except LocalEntryNotFoundError:
-        how = ("unset HF_HUB_OFFLINE and load it once with network, or run `hf download " + repo_id
-               + (f" --revision {revision}" if revision else "") + "`")
-        state = "HF_HUB_OFFLINE is set" if offline() else "the Hub cannot be reached"
+        if "/" not in repo_id:  # a bare name that is not cached: a mistyped name or path more likely than a Hub id
+            raise CheckpointError(f"{where} is not a built-in name (`anatomy models` lists them), a local folder or a "
+                                  "file, nor a model in the Hugging Face cache; a Hub id reads 'org/name'") from None
+        download = f"`hf download {repo_id}" + (f" --revision {revision}" if revision else "") + "`"
+        # name only what is set: advice about a variable the user never set would mislead
+        how = (f"HF_HUB_OFFLINE is set: unset it and load it once with network, or run {download}" if offline()
+               else f"the Hub cannot be reached from here: run {download} where it can, or copy the folder here")
         raise CheckpointError(f"{where} is not a local folder or built-in name, and is not in the Hugging Face cache "
-                              f"{str(cache)!r} ({state}): {how}") from None
+                              f"{str(cache)!r}: {how}") from None
     except (HfHubHTTPError, OSError, ValueError) as error:
         raise CheckpointError(f"{where} could not be fetched from the Hugging Face Hub: {str(error)[:300]}") from None
