@@ -48,6 +48,8 @@ _LAZY = {
     "AttentionMap": ("anatomy.viz", "AttentionMap"),
     "attention_from_model": ("anatomy.viz.adapters", "attention_from_model"),
     "walkthrough": ("anatomy.walk", "walkthrough"),
+    "SAE": ("anatomy.sae", "SAE"),
+    "load_sae": ("anatomy.sae", "load_sae"),
     **{name: ("anatomy.analysis", name) for name in (
         "run_with_cache", "logit_lens", "decompose", "direct_logit_attribution", "patch", "integrated_gradients",
         "gradient_x_input", "attention_rollout", "detect_heads", "process_weights")},

@@ -17,6 +17,9 @@ nn.Module hook machinery is never entered on the default path.
     with anatomy.trace(model, interventions={"blocks.1.attn.z": zero_head_3}):
         model(ids)
 
+    with anatomy.trace(model, ["blocks.1.resid_post.sae.features"], saes={"blocks.1.resid_post": sae}) as t:
+        model(ids)                       # an SAE spliced in (anatomy/sae): the outputs unchanged
+
 A trace belongs to the thread that opened it: the functions it installs live in thread-local
 state, so a forward pass in another thread, on the same model at the same time, neither sees
 an intervention nor records into this trace.
@@ -89,6 +92,21 @@ def anatomy_name(name: str) -> str:
         match = pattern.match(name)
         if match:
             return ours.replace("L", match.group(1)) if match.groups() else ours
+    return name
+
+
+_INVERSE_PATTERNS = [
+    (re.compile("^" + re.escape(ours).replace("L", r"(\d+)") + "$"), tl) for tl, ours in ALIASES.items()
+]
+
+
+def transformer_lens_name(name: str) -> str:
+    """The TransformerLens hook name of an anatomy point (blocks.3.resid_post -> blocks.3.hook_resid_post);
+    a name the table lacks unchanged."""
+    for pattern, tl in _INVERSE_PATTERNS:
+        match = pattern.match(name)
+        if match:
+            return tl.replace("L", match.group(1)) if match.groups() else tl
     return name
 
 
@@ -298,6 +316,7 @@ def trace(
     *,
     grad: bool = False,
     derive: Callable[[str, torch.Tensor], tuple | None] | None = None,
+    saes: Mapping[str, nn.Module] | None = None,
 ) -> Iterator[Trace]:
     """Record the trace points matching `names` (glob patterns or TransformerLens names; None = all
     but the on-request ones) during the block, in this thread only.
@@ -315,11 +334,20 @@ def trace(
     is first read.
     Never for a point with an intervention, nor with grad=True (the graph's own tensors are kept).
 
+    `saes` maps a point to a sparse autoencoder (anatomy.SAE) spliced in there: the point's value x
+    (after its own intervention, and as recorded) goes on as sae.splice(x) = reconstruction + error,
+    which is x itself until something changes it, and the SAE's trace points join this trace as
+    `<point>.sae.features`, `.sae.recon` and `.sae.error`, to record or intervene on like any other.
+    A transcoder is keyed by the point it writes (blocks.L.mlp.out) and reads `sae.point` (its input).
+
     Raises KeyError for a name or pattern that matches no point of this model, RuntimeError when
     this thread already traces one of the points, ValueError when an intervention returns
     something other than a tensor of the same shape, dtype and device.
     """
     points = trace_points(model)
+    spliced, sources = _attach(points, saes or {})
+    if spliced:
+        derive = None  # a recipe would recompute a point from values the SAEs no longer pass on
     if isinstance(names, str):
         names = [names]
     if names is None:
@@ -335,7 +363,7 @@ def trace(
         resolved[ours] = fn
     interventions = resolved
     result = Trace(points, recorded, grad=grad)
-    active = set(recorded) | set(interventions)
+    active = set(recorded) | set(interventions) | set(spliced) | set(sources)
     busy = sorted(name for name in active if points[name].fn is not None)
     if busy:
         raise RuntimeError(f"trace points {busy} are already being traced in this thread; nested traces are not supported")
@@ -344,6 +372,7 @@ def trace(
         intervene = interventions.get(name)
         record = name in recorded
         may_derive = derive is not None and intervene is None and not grad
+        sae, reads = spliced.get(name, (None, None))
 
         def fn(x: torch.Tensor) -> torch.Tensor:
             if intervene is not None:
@@ -353,6 +382,12 @@ def trace(
                     x = replaced
             if record:
                 result._record(name, x, derive(name, x) if may_derive else None)
+            if name in sources:  # a transcoder further on reads this point
+                sources[name] = x
+            if sae is not None:
+                if reads is not None and sources[reads] is None:
+                    raise RuntimeError(f"the transcoder at {name!r} reads {reads!r}, which this pass has not reached")
+                x = sae.splice(x, None if reads is None else sources[reads])
             return x
 
         return fn
@@ -366,6 +401,31 @@ def trace(
     finally:
         for name in installed:
             points[name].fn = None
+
+
+def _attach(points: dict[str, TracePoint], saes: Mapping[str, nn.Module]) -> tuple[dict[str, tuple], dict]:
+    """For trace(..., saes=...): (point -> (the SAE spliced there, the point it reads if another one),
+    {point a transcoder reads: None}); adds every SAE's own points to `points` as `<point>.sae.<name>`."""
+    spliced, sources = {}, {}
+    for name, sae in saes.items():
+        ours = anatomy_name(name)
+        if ours not in points:
+            _select(points, [name])  # raises, listing the points
+            raise KeyError(f"an SAE is attached to one exact point name, not the pattern {name!r}")
+        if not callable(getattr(sae, "splice", None)):
+            raise TypeError(f"saes[{name!r}] must be an anatomy.SAE (a module with splice), got {type(sae).__name__}")
+        if any(sae is other for other, _ in spliced.values()):
+            raise ValueError(f"one SAE is attached at two points ({name!r} too): attach a copy (copy.deepcopy)")
+        reads = sae.point if getattr(sae, "is_transcoder", False) else None
+        if getattr(sae, "is_transcoder", False):
+            if reads is None:
+                raise ValueError(f"the transcoder at {ours!r} does not say which point it reads (sae.point)")
+            if reads not in points:
+                raise KeyError(f"the transcoder at {ours!r} reads {reads!r}, which this model does not have")
+            sources[reads] = None
+        spliced[ours] = (sae, reads)
+        points.update({f"{ours}.sae.{inner}": point for inner, point in trace_points(sae).items()})
+    return spliced, sources
 
 
 def _check_replacement(name: str, point: TracePoint, x: torch.Tensor, replaced) -> None:

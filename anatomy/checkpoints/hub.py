@@ -65,6 +65,12 @@ def snapshot(repo_id: str, revision: str | None = None) -> tuple[Path, Path]:
     return folder, folder.parent.parent  # <cache>/models--org--name/snapshots/<commit>
 
 
+def fetch(repo_id: str, patterns: list[str], revision: str | None = None) -> Path:
+    """The snapshot folder of `repo_id` holding the files that match `patterns` (glob patterns of paths in
+    the repository), downloaded if needed; the errors of `snapshot`."""
+    return _download(repo_id, revision, patterns)
+
+
 def _download(repo_id: str, revision: str | None, patterns: list[str]) -> Path:
     cache = cache_dir()
     where = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
