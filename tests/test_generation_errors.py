@@ -6,7 +6,7 @@ import torch
 
 import anatomy
 from anatomy import ModelConfig
-from anatomy.generation import encode_prompt, generate
+from anatomy.generation import generate
 from generation_cases import TINY, decoder, seq2seq
 
 # Clear errors ----------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ def test_cli_generates_from_a_saved_model_directory(tmp_path, capsys):
     captured = capsys.readouterr()
     # 7 prompt tokens + 40 > max_seq_len 24: the window slides, the same as the API, said once
     assert captured.err.count("the window slid") == 1
-    expected = generate(model, torch.tensor([encode_prompt(tokenizer, prompt)]), max_new_tokens=40,
+    expected = generate(model, torch.tensor([tokenizer.encode_prompt(prompt)]), max_new_tokens=40,
                         stop_tokens=tokenizer.eos_id)
     assert expected.window_slid
     new = expected.new_tokens[0][expected.padding_mask[0, expected.prompt_length:]]

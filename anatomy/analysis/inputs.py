@@ -98,27 +98,34 @@ def _tokenizer(model: nn.Module, tokenizer):
     return tokenizer
 
 
-def as_text(model: nn.Module, inputs, tokenizer=None) -> Text:
-    """One side: a string, a list of strings (right-padded batch), or ids [T] / [B, T]."""
+def as_text(model: nn.Module, inputs, tokenizer=None, side: str = "input") -> Text:
+    """One side: a string, a list of strings (right-padded batch), or ids [T] / [B, T].
+
+    A text is encoded as the model reads it: a decoder's input as a prompt (its tokenizer's
+    template, BOS where it adds one, never a closing EOS), an encoder's or a source with the whole
+    template ([CLS] ... [SEP]), and an encoder-decoder's target as its decoder start token and the
+    text. Tokens are shown as text (Tokenizer.labels: "␣capital", not "Ġcapital")."""
     if isinstance(inputs, str) or (isinstance(inputs, Sequence) and inputs and all(isinstance(x, str) for x in inputs)):
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
         tok = _tokenizer(model, tokenizer)
-        ids, mask = tok(texts)
-        tokens = []
-        for row, text in enumerate(texts):
-            pieces = tok.tokens(text)[: ids.size(1)]
-            tokens.append(pieces + [""] * (ids.size(1) - len(pieces)))
+        if side == "target":
+            rows = [tok.encode_target(text, model.config.decoder_start_token_id) for text in texts]
+        else:
+            rows = tok.encode_batch(texts, max_length=tok.max_length,
+                                    prompt=side == "input" and model.config.arch == "decoder")
+        ids, mask = tok.pad(rows)
+        tokens = [tok.labels(row) + [""] * (ids.size(1) - len(row)) for row in rows]
         return Text(ids, mask if not bool(mask.all()) else None, tokens)
     ids = inputs if torch.is_tensor(inputs) else _as_ids(inputs)
     if ids.dim() == 1:
         ids = ids[None]  # (T,) -> (1, T)
-    if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+    if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise InputError(f"inputs must be a string, a list of strings, or integer token ids [T] or [batch, T]; "
                          f"got a tensor of shape {tuple(ids.shape)} and dtype {ids.dtype}")
     ids = ids.long()
     tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if tok is not None:
-        tokens = [[tok.id_to_token(int(i)) or str(int(i)) for i in row] for row in ids]
+        tokens = [tok.labels(row.tolist()) for row in ids]
     else:
         tokens = [[str(int(i)) for i in row] for row in ids]
     return Text(ids, None, tokens)
@@ -141,7 +148,7 @@ def as_batch(model: nn.Module, inputs, tokenizer=None) -> Batch:
         if not (isinstance(inputs, tuple) and len(inputs) == 2):
             raise InputError("an encoder-decoder model takes inputs=(source, target), each a string, a list of "
                              "strings or token ids")
-        source, target = as_text(model, inputs[0], tokenizer), as_text(model, inputs[1], tokenizer)
+        source, target = as_text(model, inputs[0], tokenizer, "source"), as_text(model, inputs[1], tokenizer, "target")
         if source.ids.size(0) != target.ids.size(0):
             raise InputError(f"source has batch {source.ids.size(0)} but target has batch {target.ids.size(0)}")
         return Batch(target, source)

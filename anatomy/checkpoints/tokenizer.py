@@ -8,6 +8,7 @@ trainers (char / word / BPE / WordPiece), GGUF files and the toy models.
     tok = anatomy.load_tokenizer("minilm")
     tok.encode("Hello world")          # [101, 7592, 2088, 102]   (the model's special tokens added)
     tok.tokens("Hello world")          # ['[CLS]', 'hello', 'world', '[SEP]']
+    gpt2.tokens("The capital")         # ['The', '␣capital']: each token as text (token_text.py)
     ids, padding_mask = tok(["a", "a longer text"])   # (B, T) long, (B, T) bool, True = real token
 
 Four special roles, each an id or None: bos (begin of sequence; anatomy's <SOS>, BERT's [CLS]),
@@ -29,6 +30,7 @@ from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPEToken
 
 from ..inputs import pad_batch
 from .files import CheckpointError, read_json
+from .token_text import piece_decoder, visible
 
 ROLES = ("bos", "eos", "pad", "unk")
 # role -> the tokens that conventionally play it: anatomy's own first, then BERT's, RoBERTa's, GPT-2's.
@@ -65,6 +67,9 @@ class Tokenizer:
         self.chat_template = chat_template
         self.max_length = max_length
         self._truncating_copies: dict[int, Backend] = {}
+        self._piece_text = piece_decoder(backend.to_str())
+        self._added = {i: token.content for i, token in backend.get_added_tokens_decoder().items()}
+        self._texts: dict[int, str] = {}  # id -> token_text, filled as ids are shown
 
     # ---- text -> ids -----------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True, *, add_bos: bool = False,
@@ -74,14 +79,47 @@ class Tokenizer:
         return self.encode_batch([text], add_special_tokens, add_bos=add_bos, add_eos=add_eos)[0]
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True, *, add_bos: bool = False,
-                     add_eos: bool = False, max_length: int | None = None) -> list[list[int]]:
+                     add_eos: bool = False, max_length: int | None = None, prompt: bool = False) -> list[list[int]]:
         """`encode` for many texts at once (the Rust side runs them in parallel). max_length cuts
-        the text, not the template: BERT's final [SEP] stays."""
+        the text, not the template: BERT's final [SEP] stays. prompt: see `encode_prompt`."""
         head = [self._required("bos")] if add_bos else []
         tail = [self._required("eos")] if add_eos else []
         backend = self.backend if max_length is None else self._truncating(max_length)
         encodings = backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
-        return [head + e.ids + tail for e in encodings]
+        rows = []
+        for e in encodings:
+            ids = e.ids
+            if prompt and ids and e.special_tokens_mask[-1] and ids[-1] == self.eos_id:
+                ids = ids[:-1]  # the template closed the text; a prompt goes on
+            rows.append(head + ids + tail)
+        return rows
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """The ids a decoder continues from: the tokenizer's own template at the start (Llama's
+        BOS, anatomy's <SOS>), and never an end-of-sequence token at the end that the template
+        would close the text with, since a prompt is not finished: the toy's "Hello World, this"
+        -> <SOS> Hello World, this."""
+        return self.encode_batch([text], prompt=True)[0]
+
+    def encode_target(self, text: str, decoder_start_token_id: int | None = None) -> list[int]:
+        """An encoder-decoder's decoder input: its start token, then the text without a template
+        (Marian, T5 and BART start from their config's decoder_start_token_id; None uses this
+        tokenizer's BOS). Raises ValueError when there is no start token."""
+        start = decoder_start_token_id if decoder_start_token_id is not None else self.bos_id
+        if start is None:
+            raise ValueError("no decoder start token: the model's config names no decoder_start_token_id and the "
+                             "tokenizer has no BOS")
+        return [start] + self.encode(text, add_special_tokens=False)
+
+    def encode_for(self, config, text: str, target: str | None = None) -> tuple[list[int], list[int] | None]:
+        """(ids, target ids or None) as a model of this `config` (a ModelConfig) reads them: a
+        decoder's text as a prompt (`encode_prompt`), an encoder's or a source with the whole
+        template, an encoder-decoder's target from its decoder start token (`encode_target`)."""
+        if config.arch == "decoder":
+            return self.encode_prompt(text), None
+        if config.arch == "encoder-decoder" and target is not None:
+            return self.encode(text), self.encode_target(target, config.decoder_start_token_id)
+        return self.encode(text), None
 
     def _truncating(self, max_length: int) -> Backend:
         """A copy of the backend that cuts every text to max_length ids (kept, one per length)."""
@@ -92,17 +130,22 @@ class Tokenizer:
         return self._truncating_copies[max_length]
 
     def tokens(self, text: str, add_special_tokens: bool = True) -> list[str]:
-        """The string pieces `encode` maps to ids, in order."""
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).tokens
+        """The tokens `encode` gives, each shown as text (`labels`): "The capital" -> ['The', '␣capital']."""
+        return self.labels(self.encode(text, add_special_tokens))
 
-    def __call__(self, texts: str | Sequence[str], padding_side: str = "right",
-                 add_special_tokens: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, texts: str | Sequence[str], padding_side: str = "right", add_special_tokens: bool = True,
+                 prompt: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """A padded batch: (ids [B, T] long, padding_mask [B, T] bool, True = real token).
 
         Each row is cut to `max_length` (the model's limit) when the tokenizer has one; padding goes
-        on the right (encoders, training) or the left (prompts for generation)."""
+        on the right (encoders, training) or the left (prompts for generation). prompt: each row
+        as `encode_prompt` gives it."""
         rows = self.encode_batch([texts] if isinstance(texts, str) else list(texts), add_special_tokens,
-                                 max_length=self.max_length)
+                                 max_length=self.max_length, prompt=prompt)
+        return self.pad(rows, padding_side)
+
+    def pad(self, rows: Sequence[Sequence[int]], padding_side: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of ids -> (ids [B, T], padding_mask [B, T]), filled with the pad id (else eos, else 0)."""
         filler = next((i for i in (self.pad_id, self.eos_id) if i is not None), 0)  # masked out anyway
         return pad_batch(rows, filler, side=padding_side)
 
@@ -112,7 +155,28 @@ class Tokenizer:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, i: int) -> str | None:
+        """The vocabulary's own piece for id i ("Ġcapital"), None for an unknown id; to show a token,
+        use `labels`."""
         return self.backend.id_to_token(int(i))
+
+    def token_texts(self, ids: Iterable[int]) -> list[str]:
+        """The text each token stands for, one token at a time: byte-level "Ġcapital" -> " capital",
+        SentencePiece "▁Paris" -> " Paris", "<0x0A>" -> "\\n" (token_text.py); special tokens as they
+        are. An id outside the vocabulary is written <id 123>."""
+        texts = []
+        for i in ids:
+            i = int(i)
+            if i not in self._texts:
+                piece = self.backend.id_to_token(i)
+                self._texts[i] = (self._added[i] if i in self._added else
+                                  f"<id {i}>" if piece is None else self._piece_text(piece))
+            texts.append(self._texts[i])
+        return texts
+
+    def labels(self, ids: Iterable[int]) -> list[str]:
+        """Each token as it is shown everywhere in anatomy: its text (`token_texts`) with spaces,
+        new lines and control characters made visible ("␣capital", "↵"; token_text.LEGEND)."""
+        return [visible(text) for text in self.token_texts(ids)]
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)

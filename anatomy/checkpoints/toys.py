@@ -14,10 +14,18 @@ appends the words its task needs, then `<UNK>` for any other word:
     toy-encoder  encoder (MLM)    fills in one masked word of the sentence ("<MASK>" -> "is")
     toy-seq2seq  encoder-decoder  translates it: "Hello World, this is Alejandro!" -> "Hola Mundo, soy Alejandro!"
 
-Each is fitted deterministically (seeded weights, full-batch Adam for a fixed number of steps, a
-second or so on one thread) the first time it is asked for, then kept in memory for the process.
-The weights start at a readable scale (embeddings ~ N(0, 1), matrices ~ N(0, 1/fan_in)), so the
-numbers a walkthrough prints stay the size a learner can check by hand.
+The fitted weights ship with the package (toy_weights/, a few KB of safetensors per toy, post-norm
+as in the paper and pre-norm as in GPT-2), so a toy loads in milliseconds and predicts the same on
+every machine. They were written by
+
+    python -m anatomy.checkpoints.fit_toys      # refits all six and rewrites toy_weights/
+
+which fits each toy deterministically: weights drawn from a seed at a readable scale (embeddings
+~ N(0, 1), matrices ~ N(0, 1/fan_in), so the numbers a walkthrough prints stay the size a learner
+can check by hand), then full-batch Adam in float64 until every target has probability >= 0.9.
+Float64 keeps the path nearly independent of the thread count and the CPU: a refit on another
+machine may differ in the last bits but predicts the same words. Any other seed or architecture
+override is fitted the same way when asked for (under a second), then kept for the process.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import resources
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,9 +42,10 @@ from tokenizers import Tokenizer as Backend
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from tokenizers.processors import TemplateProcessing
+from safetensors.torch import load_file
 from torch import nn
 
-from ..config import preset
+from ..config import ModelConfig, preset
 from ..models import build_model
 from .tokenizer import Tokenizer
 
@@ -127,13 +138,16 @@ def toy_vocabulary(name: str) -> tuple[str, ...]:
 
 def toy_backend(name: str) -> Backend:
     """A `tokenizers.Tokenizer` for the toy: WordLevel over its vocabulary, split on whitespace,
-    unknown words -> <UNK>, and "<SOS> text <EOS>" when special tokens are added."""
+    unknown words -> <UNK>. With special tokens, the decoder's prompt is "<SOS> text" (what it
+    continues, as GPT-style tokenizers add BOS and never EOS); an encoder's or a source's input is
+    the whole "<SOS> text <EOS>", as BERT's is [CLS] text [SEP]."""
     vocab = {word: i for i, word in enumerate(toy_vocabulary(name))}
     backend = Backend(WordLevel(vocab, unk_token=UNK))
     backend.pre_tokenizer = WhitespaceSplit()
     specials = [SOS, EOS, UNK] + ([MASK] if MASK in vocab else [])
     backend.add_special_tokens(specials)
-    backend.post_processor = TemplateProcessing(single=f"{SOS} $A {EOS}", pair=f"{SOS} $A {EOS} $B {EOS}",
+    single = f"{SOS} $A" if TOYS[name].arch == "decoder" else f"{SOS} $A {EOS}"
+    backend.post_processor = TemplateProcessing(single=single, pair=f"{SOS} $A {EOS} $B {EOS}",
                                                 special_tokens=[(SOS, vocab[SOS]), (EOS, vocab[EOS])])
     return backend
 
@@ -212,37 +226,75 @@ def _check_name(name: str) -> None:
         raise ValueError(f"unknown toy {name!r}; choose one of {', '.join(TOY_MODELS)}")
 
 
-MAX_STEPS = 1500
-LEARNING_RATE = 0.03
+MAX_STEPS = 3000
+LEARNING_RATE = 0.01
 CONFIDENT = 0.9  # fitting stops once every target gets at least this probability
+RESTARTS = 4  # a fit that is not confident after MAX_STEPS starts again from the next seed
+# The variants that ship fitted: the paper's post-norm block, and GPT-2's pre-norm one (`walk --norm-position pre`).
+NORM_VARIANTS = {"post": {}, "pre": {"norm_position": "pre", "final_norm": True}}
+WEIGHTS = resources.files("anatomy.checkpoints") / "toy_weights"
+
+
+def toy_config(name: str, **overrides) -> ModelConfig:
+    """The toy's architecture: preset("toy") for its family and vocabulary, with its special ids."""
+    _check_name(name)
+    toy, vocab = TOYS[name], toy_vocabulary(name)
+    specials = {"bos_token_id": vocab.index(SOS), "eos_token_id": vocab.index(EOS)}
+    if toy.arch == "encoder-decoder":
+        specials["decoder_start_token_id"] = vocab.index(SOS)  # the decoder reads <SOS> y1 y2 ...
+    if toy.arch == "encoder":
+        specials["head"] = "masked-lm"
+    return preset("toy", arch=toy.arch, vocab_size=len(vocab), **specials, **overrides)
+
+
+def fit_toy(name: str, *, seed: int = SEED, **overrides) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Fit toy `name` on its task and return (its float32 state dict, how it was fitted).
+
+    Full-batch Adam in float64 on the cross-entropy of the task's targets, stopping once every
+    target has probability >= CONFIDENT; if MAX_STEPS pass first, the fit starts again from
+    seed + 1, up to RESTARTS times. Raises RuntimeError if none of them learns the task."""
+    inputs, targets = task_batch(name)
+    keep = targets != -100
+    config = toy_config(name, **overrides)
+    for attempt in range(RESTARTS):
+        model = readable_init(build_model(config, seed=seed + attempt), seed + attempt).double().train()
+        with torch.enable_grad():  # the caller may be inside torch.no_grad()
+            steps = _fit(model, inputs, targets, keep)
+        if steps is not None:
+            state = {key: value.detach().float().contiguous() for key, value in model.state_dict().items()}
+            return state, {"seed": str(seed + attempt), "steps": str(steps), "fitted_by": "python -m anatomy.checkpoints.fit_toys"}
+    raise RuntimeError(f"the toy {name} did not learn its task from seeds {seed} to {seed + RESTARTS - 1}")
+
+
+def _fit(model: nn.Module, inputs: dict, targets: torch.Tensor, keep: torch.Tensor) -> int | None:
+    """Adam on the kept targets' cross-entropy until every one is CONFIDENT: the steps taken, or None."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
+    for step in range(MAX_STEPS):
+        optimizer.zero_grad()
+        logits = model(**inputs).logits
+        if bool((logits.softmax(-1)[keep].gather(-1, targets[keep][:, None]) >= CONFIDENT).all()):
+            return step
+        F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100).backward()
+        optimizer.step()
+    return None
+
+
+def _shipped_file(name: str, seed: int, overrides: dict) -> Path | None:
+    """The packaged weights for these settings, if they ship (seed 0, post- or pre-norm)."""
+    variant = next((norm for norm, fields in NORM_VARIANTS.items() if fields == overrides), None)
+    if seed != SEED or variant is None:
+        return None
+    path = Path(str(WEIGHTS / f"{name}-{variant}.safetensors"))
+    return path if path.is_file() else None
 
 
 @lru_cache(maxsize=None)
 def _fitted_state(name: str, seed: int, overrides: tuple) -> dict[str, torch.Tensor]:
-    """Fit the toy on its task (full batch, Adam) until every target is predicted with probability
-    >= CONFIDENT (at most MAX_STEPS steps), and return its parameters. Deterministic: the same
-    seed takes the same path."""
-    toy = TOYS[name]
-    model = toy_model(len(toy_vocabulary(name)), arch=toy.arch, seed=seed,
-                      **({"head": "masked-lm"} if toy.arch == "encoder" else {}), **dict(overrides))
-    inputs, targets = task_batch(name)
-    model.train()
-    keep = targets != -100
-    with torch.enable_grad():  # the caller may be inside torch.no_grad()
-        _fit(model, inputs, targets, keep)
-    return {key: value.detach().clone() for key, value in model.state_dict().items()}
-
-
-def _fit(model: nn.Module, inputs: dict, targets: torch.Tensor, keep: torch.Tensor) -> None:
-    """Full-batch Adam on the cross-entropy of the kept targets, until every one is CONFIDENT."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
-    for _ in range(MAX_STEPS):
-        optimizer.zero_grad()
-        logits = model(**inputs).logits
-        if bool((logits.softmax(-1)[keep].gather(-1, targets[keep][:, None]) >= CONFIDENT).all()):
-            break
-        F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100).backward()
-        optimizer.step()
+    """The toy's weights: the shipped file for the shipped settings, else a fit (kept per process)."""
+    shipped = _shipped_file(name, seed, dict(overrides))
+    if shipped is not None:
+        return load_file(str(shipped))
+    return fit_toy(name, seed=seed, **dict(overrides))[0]
 
 
 def build_toy(name: str, *, seed: int = SEED, max_seq_len: int | None = None, **overrides) -> nn.Module:
@@ -250,14 +302,13 @@ def build_toy(name: str, *, seed: int = SEED, max_seq_len: int | None = None, **
 
     `max_seq_len` grows the position table for longer texts (the sinusoids are a formula, so the
     fitted weights do not change); `overrides` (e.g. norm_position="pre", final_norm=True) change
-    the architecture, and the toy is fitted again for it. Raises ValueError for an unknown name.
+    the architecture. Seed 0 in post- or pre-norm loads the shipped weights; anything else is
+    fitted when first asked for. Raises ValueError for an unknown name.
     """
     _check_name(name)
-    toy = TOYS[name]
     state = _fitted_state(name, seed, tuple(sorted(overrides.items())))
     sizes = {"max_seq_len": max(max_seq_len or 0, preset("toy").max_seq_len)}
-    model = build_model(preset("toy", arch=toy.arch, vocab_size=len(toy_vocabulary(name)),
-                               **({"head": "masked-lm"} if toy.arch == "encoder" else {}), **overrides, **sizes))
+    model = build_model(toy_config(name, **overrides, **sizes))
     model.load_state_dict(state)
-    model.toy = toy
+    model.toy = TOYS[name]
     return model.eval()

@@ -5,7 +5,7 @@ filters), runner.py (one step: the cache and the sliding window), checks.py (eve
 cli.py (`anatomy generate`).
 """
 
-from .generate import STRATEGIES, GenerationOutput, encode_prompt, generate
+from .generate import STRATEGIES, GenerationOutput, generate
 from .sampling import sampling_distribution, top_k_filter, top_p_filter
 
-__all__ = ["STRATEGIES", "GenerationOutput", "encode_prompt", "generate", "sampling_distribution", "top_k_filter", "top_p_filter"]
+__all__ = ["STRATEGIES", "GenerationOutput", "generate", "sampling_distribution", "top_k_filter", "top_p_filter"]

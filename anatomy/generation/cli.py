@@ -28,7 +28,7 @@ from ..cli import (
     printable,
     text,
 )
-from .generate import STRATEGIES, encode_prompt, generate
+from .generate import STRATEGIES, generate
 from .runner import context_window
 
 
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--model {args.model} is an encoder; generation needs a decoder or an encoder-decoder")
     eos, bos = special_id(model, tokenizer, "eos"), special_id(model, tokenizer, "bos")
 
-    prompt = encode_prompt(tokenizer, args.prompt) if args.prompt else []
+    prompt = tokenizer.encode_prompt(args.prompt) if args.prompt else []
     kwargs = {}
     if encoder_decoder:
         if args.src is None:

@@ -26,7 +26,7 @@ from .runner import Runner
 from .sampling import sampling_distribution
 from .search import GenerationOutput, beam_search, one_path
 
-__all__ = ["STRATEGIES", "GenerationOutput", "encode_prompt", "generate"]
+__all__ = ["STRATEGIES", "GenerationOutput", "generate"]
 
 Streamer = Callable[[list[int]], None]
 
@@ -149,12 +149,3 @@ def generate(
         model.train(was_training)
     output.seed = seed
     return output
-
-
-def encode_prompt(tokenizer, text: str) -> list[int]:
-    """The ids a decoder continues from: the text with the tokenizer's own template (Llama's BOS,
-    anatomy's <SOS>), less a closing end-of-sequence token, since the text is not finished."""
-    ids = tokenizer.encode(text)
-    if ids and tokenizer.eos_id is not None and ids[-1] == tokenizer.eos_id:
-        ids = ids[:-1]
-    return ids

@@ -101,8 +101,8 @@ def seq2seq_attention(model, src_ids: Sequence[int], src_tokens: Sequence[str],
 
 
 def tokens_of(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
-    """The token string of each id (`<id>` for an id the vocabulary lacks)."""
-    return [tokenizer.id_to_token(i) or f"<{i}>" for i in ids]
+    """Each token as text, as anatomy shows tokens everywhere (Tokenizer.labels: "␣capital")."""
+    return tokenizer.labels(ids)
 
 
 def cut(ids: list[int], limit: int | None, what: str, notes: list[str] | None) -> list[int]:
@@ -131,11 +131,15 @@ def attention_from_model(model, tokenizer: Tokenizer, text: str, text_b: str | N
         if text_b is None:
             raise ValueError("an encoder-decoder model needs a source text and a target text (TEXT TEXT_B)")
         src = cut(tokenizer.encode(text), model.encoder.max_positions, "the source", notes)
-        tgt = cut(tokenizer.encode(text_b), model.decoder.max_positions, "the target", notes)
+        tgt = cut(tokenizer.encode_target(text_b, model.config.decoder_start_token_id), model.decoder.max_positions,
+                  "the target", notes)
         return seq2seq_attention(model, src, tokens_of(tokenizer, src), tgt, tokens_of(tokenizer, tgt))
     if text_b is not None and arch != "encoder":
         raise ValueError(f"a {arch} reads one text: a sentence pair (TEXT_B) needs an encoder, a translation "
                          "target an encoder-decoder")
+    if arch == "decoder":  # a prompt: the tokenizer's template, never a closing EOS
+        ids = cut(tokenizer.encode_prompt(text), model.max_positions, "the text", notes)
+        return attention_from_ids(model, ids, tokens_of(tokenizer, ids))
     encoding = tokenizer.backend.encode(text, text_b)  # the pair template and token types of the tokenizer
     ids = cut(encoding.ids, model.max_positions, "the text" if text_b is None else "the pair", notes)
     types = encoding.type_ids[:len(ids)]

@@ -16,14 +16,15 @@ import argparse
 import sys
 
 from ..checkpoints import from_pretrained, load_tokenizer
-from ..cli import add_device_argument, add_model_argument, non_negative_int, positive_int, printable, text
-from ..generation import encode_prompt
+from ..checkpoints.describe import config_of
+from ..cli import add_device_argument, add_model_argument, non_negative_int, output_file, positive_int, printable, text
 from . import views
 from .adapters import attention_from_ids, attention_from_model, greedy_continuation, tokens_of
 from .plots import map_heatmap, save_figure
 
 VIEWS = ("head", "model", "neuron", "generation")
 MAX_VIEW_TOKENS = 1024  # the generation view of a model without a position table: at most this many tokens
+NEW_TOKENS = 8  # the generation view's default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,23 +34,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_argument(parser)
     add_device_argument(parser)
     parser.add_argument("--view", choices=VIEWS, default="head", help="which view to write (default: head)")
-    parser.add_argument("--out", metavar="FILE.html", help="write the interactive view here (one self-contained file)")
-    parser.add_argument("--png", metavar="FILE.png", help="write the heatmap of --layer/--head as a PNG")
-    parser.add_argument("--svg", metavar="FILE.svg", help="write the heatmap of --layer/--head as an SVG")
+    parser.add_argument("--out", metavar="FILE.html", type=output_file(".html"),
+                        help="write the interactive view here (one self-contained file)")
+    parser.add_argument("--png", metavar="FILE.png", type=output_file(".png"),
+                        help="write the heatmap of --layer/--head as a PNG")
+    parser.add_argument("--svg", metavar="FILE.svg", type=output_file(".svg"),
+                        help="write the heatmap of --layer/--head as an SVG")
     parser.add_argument("--layer", type=non_negative_int, default=0,
-                        help="layer to open first and to draw in images (default 0)")
-    parser.add_argument("--head", type=non_negative_int, default=0,
-                        help="head to open first and to draw in images (default 0)")
-    parser.add_argument("--query", type=non_negative_int, default=0,
-                        help="neuron view: the query position to open first (default 0)")
-    parser.add_argument("--new-tokens", type=positive_int, default=8,
-                        help="generation view: tokens to generate (default 8; prompt and new tokens must fit the "
-                        "model's positions)")
+                        help="layer to open first and to draw in images")
+    parser.add_argument("--head", type=non_negative_int, default=None,
+                        help="model and neuron views: the head to open first; images: the head drawn (default: 0)")
+    parser.add_argument("--query", type=non_negative_int, default=None,
+                        help="neuron view: the query position to open first (default: 0)")
+    parser.add_argument("--new-tokens", type=positive_int, default=None,
+                        help=f"generation view: tokens to generate (default: {NEW_TOKENS}; prompt and new tokens must "
+                        "fit the model's positions)")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every option against the view and the model's config, before the model loads: an option the
+    view would ignore is refused, and so is a layer or head the model does not have."""
+    if not (args.out or args.png or args.svg):
+        raise ValueError("nothing to write; give --out FILE.html and/or --png FILE.png / --svg FILE.svg")
+    if args.head is not None and args.view in ("head", "generation") and not (args.png or args.svg):
+        raise ValueError(f"the {args.view} view shows every head: --head picks the head of --view model or neuron, "
+                         "and of --png/--svg")
+    if args.query is not None and args.view != "neuron":
+        raise ValueError("--query is for --view neuron")
+    if args.new_tokens is not None and args.view != "generation":
+        raise ValueError("--new-tokens is for --view generation")
+    config = config_of(args.model)
+    if config is None:  # a Hub id not downloaded yet: the views check the traced maps
+        return
+    for option, value, size in (("layer", args.layer, config.n_layers), ("head", args.head, config.n_heads)):
+        if value is not None and value >= size:
+            raise ValueError(f"--{option} {value} is out of range: --model {args.model} has {option}s 0..{size - 1}")
+    if args.view == "generation":
+        if config.arch != "decoder":
+            raise ValueError(f"the generation view needs a decoder; --model {args.model} is an {config.arch}")
+        if args.text_b is not None:
+            raise ValueError("the generation view takes one prompt TEXT, not a pair")
+        limit = config.max_seq_len if config.pos_encoding in ("learned", "sinusoidal", "rotary") else MAX_VIEW_TOKENS
+        if (args.new_tokens or NEW_TOKENS) >= limit:
+            raise ValueError(f"--new-tokens {args.new_tokens or NEW_TOKENS}: one pass of --model {args.model} holds "
+                             f"{limit} positions, for the prompt and the new tokens together")
+    elif args.text_b is not None and config.arch == "decoder":
+        raise ValueError(f"--model {args.model} is a decoder, which reads one text: TEXT_B (a sentence pair) needs an "
+                         "encoder (e.g. --model toy-encoder or minilm), a translation target an encoder-decoder "
+                         "(--model toy-seq2seq)")
 
 
 def run(args: argparse.Namespace) -> int:
-    if not (args.out or args.png or args.svg):
-        raise ValueError("nothing to write; give --out FILE.html and/or --png FILE.png / --svg FILE.svg")
+    check_arguments(args)
+    args.head, args.query = args.head or 0, args.query or 0
+    args.new_tokens = args.new_tokens or NEW_TOKENS
     model = from_pretrained(args.model, device=args.device)
     tokenizer = getattr(model, "tokenizer", None) or load_tokenizer(args.model)
     maps, prompt_length = trace_attention(args, model, tokenizer)
@@ -83,7 +121,7 @@ def generation_attention(args, model, tokenizer):
         raise ValueError(f"the generation view needs a decoder; --model {args.model} is an {model.config.arch}")
     if args.text_b is not None:
         raise ValueError("the generation view takes one prompt TEXT, not a pair")
-    prompt = encode_prompt(tokenizer, args.text)
+    prompt = tokenizer.encode_prompt(args.text)
     ids = greedy_continuation(model, prompt, args.new_tokens, limit=MAX_VIEW_TOKENS)
     return attention_from_ids(model, ids, tokens_of(tokenizer, ids)), len(prompt)
 

@@ -26,16 +26,13 @@ def toy_example(name: str = "toy", **overrides):
     """(model, ids, kwargs) for a trained toy on its own text: `walkthrough(model, ids, **kwargs)`."""
     toy, tokenizer = TOYS[name], toy_tokenizer(name)
     model = build_toy(name, **overrides)
-    ids = tokenizer.encode(toy.text)
-    options = {"vocab": tokenizer.id_to_token, "model_name": name, "task": toy.task}
-    if toy.arch == "decoder":
-        ids = ids[:-1]
-    if toy.target is not None:
-        target = tokenizer.encode(toy.target)[:-1]
-        options.update(target_ids=target, target_tokens=[tokenizer.id_to_token(i) for i in target])
+    ids, target = tokenizer.encode_for(model.config, toy.text, toy.target)
+    options = {"vocab": lambda i: tokenizer.labels([i])[0], "model_name": name, "task": toy.task}
+    if target is not None:
+        options.update(target_ids=target, target_tokens=tokenizer.labels(target))
     if toy.arch == "encoder":
         options["mask_token"] = "<MASK>"
-    return model, ids, dict(options, tokens=[tokenizer.id_to_token(i) for i in ids])
+    return model, ids, dict(options, tokens=tokenizer.labels(ids))
 
 
 __all__ = [

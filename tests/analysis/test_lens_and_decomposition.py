@@ -117,28 +117,21 @@ def test_bad_targets_are_named():
         anatomy.direct_logit_attribution(model, torch.tensor([[1, 2]]), target=torch.zeros(3, 3, dtype=torch.long))
 
 
-class WordTokenizer:
-    """The Tokenizer interface run_with_cache uses: __call__(texts) -> (ids, mask), tokens, id_to_token."""
+def word_tokenizer() -> anatomy.Tokenizer:
+    """A word-level tokenizer over a few words, with no template: "<pad>" is id 0."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
 
     words = ["<pad>"] + "the cat sat on a mat dog ran".split()
-
-    def __call__(self, texts):
-        rows = [[self.words.index(w) for w in text.split()] for text in texts]
-        length = max(map(len, rows))
-        ids = torch.tensor([row + [0] * (length - len(row)) for row in rows])
-        mask = torch.tensor([[True] * len(row) + [False] * (length - len(row)) for row in rows])
-        return ids, mask
-
-    def tokens(self, text):
-        return text.split()
-
-    def id_to_token(self, i):
-        return self.words[i]
+    backend = Backend(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    return anatomy.Tokenizer(backend, pad_id=0)
 
 
 def test_run_with_cache_takes_text_a_padded_batch_and_ids():
     model = tiny()
-    tokenizer = WordTokenizer()
+    tokenizer = word_tokenizer()
     output, cache = anatomy.run_with_cache(model, ["the cat sat", "a dog ran on the mat"], tokenizer=tokenizer)
     assert cache.tokens == [["the", "cat", "sat", "", "", ""], ["a", "dog", "ran", "on", "the", "mat"]]
     assert cache["blocks.0.attn.pattern"].shape == (2, 4, 6, 6)

@@ -57,16 +57,20 @@ def test_cli_a_pair_on_an_encoder_is_a_sentence_pair(tmp_path):
     assert '"sentenceBStart":4' in out.read_text()  # <SOS> Hello World, <EOS> | this <MASK> Alejandro! <EOS>
 
 
-def test_cli_generation_view_refuses_more_tokens_than_one_pass_holds(tmp_path, capsys):
+@pytest.mark.parametrize("new_tokens, message", [
+    ("100000", "holds 16 positions"),  # past the model's positions: refused before it loads
+    ("13", "at most 12 new tokens"),  # past what the prompt leaves: refused before generating
+])
+def test_cli_generation_view_refuses_more_tokens_than_one_pass_holds(new_tokens, message, tmp_path, capsys):
     out = tmp_path / "generation.html"
-    assert main(["viz", "Hello World, this", "--view", "generation", "--new-tokens", "100000", "--out", str(out)]) == 2
-    assert "at most 12 new tokens" in capsys.readouterr().err and not out.exists()
+    assert main(["viz", "Hello World, this", "--view", "generation", "--new-tokens", new_tokens, "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err and not out.exists()
 
 
 def test_cli_announces_a_text_cut_to_the_model_positions(tmp_path, capsys):
     out = tmp_path / "long.html"
     assert main(["viz", " ".join(["Hello"] * 40), "--out", str(out)]) == 0
-    assert "the text has 42 tokens; the model takes 16 positions: the view shows the first 16" in capsys.readouterr().err
+    assert "the text has 41 tokens; the model takes 16 positions: the view shows the first 16" in capsys.readouterr().err
 
 
 def test_cli_errors_name_the_allowed_values(tmp_path, capsys):
