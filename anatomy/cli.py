@@ -69,6 +69,14 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def seed(text: str) -> int:
+    """A random seed: an integer from 0 to 2**32 - 1, what torch, numpy and random all take."""
+    value = _number(text, int)
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{value} is not a seed (0 to {2**32 - 1})")
+    return value
+
+
 def finite_float(text: str) -> float:
     return _number(text)
 
@@ -131,7 +139,8 @@ def output_file(*suffixes: str):
             if value.endswith(os.sep) or path.is_dir():
                 raise argparse.ArgumentTypeError(f"{shown} is a folder; give a file name")
             if suffixes and path.suffix.lower() not in suffixes:
-                raise argparse.ArgumentTypeError(f"{shown}: the name must end in {' or '.join(suffixes)}")
+                allowed = ", ".join(suffixes[:-1]) + " or " + suffixes[-1] if len(suffixes) > 1 else suffixes[0]
+                raise argparse.ArgumentTypeError(f"{shown}: the name must end in {allowed}")
             _writable_folder(path.parent, shown)
         except OSError as error:  # a name or a path too long, a loop of links
             raise argparse.ArgumentTypeError(f"{shown}: {error.strerror or error}") from None

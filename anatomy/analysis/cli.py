@@ -16,7 +16,8 @@ import argparse
 import torch
 
 from ..checkpoints import from_pretrained
-from ..cli import add_model_argument, positive_int
+from ..checkpoints.describe import config_of
+from ..cli import add_model_argument, one_line, output_file, positive_int, printable, text
 from .attribution import attention_rollout, gradient_x_input, integrated_gradients
 from .decompose import decompose, direct_logit_attribution
 from .heads import KINDS, detect_heads
@@ -24,21 +25,79 @@ from .lens import logit_lens
 from .patching import BY, patch
 
 ANALYSES = ("lens", "decompose", "dla", "patch", "ig", "gxi", "rollout", "heads")
+# The options each analysis reads (None: the default below); any other given is refused, not ignored.
+OPTIONS = {"target": ("ig", "gxi", "dla"), "point": ("patch",), "by": ("patch",), "kind": ("heads",),
+           "steps": ("ig",), "clean": ("patch",), "corrupt": ("patch",)}
+DEFAULTS = {"point": "resid_pre", "by": "position", "kind": "induction", "steps": 50}
+MAX_STEPS = 4096  # ig: each step is one forward and backward pass
+
+
+def ig_steps(value: str) -> int:
+    """An argparse type: integrated gradients' steps, 1 to MAX_STEPS."""
+    steps = positive_int(value)
+    if steps > MAX_STEPS:
+        raise argparse.ArgumentTypeError(f"{steps} steps is more than {MAX_STEPS} (each is a forward and a backward pass)")
+    return steps
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("analysis", choices=ANALYSES, help="which analysis: " + ", ".join(ANALYSES))
-    parser.add_argument("text", nargs="?", help="the input text (the source, for an encoder-decoder)")
+    parser.add_argument("text", nargs="?", type=text, help="the input text (the source, for an encoder-decoder)")
     add_model_argument(parser)
-    parser.add_argument("--target-text", help="encoder-decoder: the decoder's input text")
-    parser.add_argument("--target", help="ig, gxi, dla: the token whose logit is explained (default: the top prediction)")
-    parser.add_argument("--clean", help="patch: the clean text")
-    parser.add_argument("--corrupt", help="patch: the corrupted text (same number of tokens)")
-    parser.add_argument("--point", default="resid_pre", help="patch: the point in each block (default resid_pre)")
-    parser.add_argument("--by", choices=BY, default="position", help="patch: one cell per position, head or layer")
-    parser.add_argument("--kind", choices=KINDS, default="induction", help="heads: which kind to score")
-    parser.add_argument("--steps", type=positive_int, default=50, help="ig: Gauss-Legendre steps (default 50)")
-    parser.add_argument("--out", help="write the view: .html (interactive, offline), .png or .svg")
+    parser.add_argument("--target-text", type=text, help="encoder-decoder: the decoder's input text")
+    parser.add_argument("--target", type=text,
+                        help="ig, gxi, dla: the token whose logit is explained (default: the top prediction)")
+    parser.add_argument("--clean", type=text, help="patch: the clean text")
+    parser.add_argument("--corrupt", type=text, help="patch: the corrupted text (same number of tokens)")
+    parser.add_argument("--point", help=f"patch: the point in each block (default: {DEFAULTS['point']})")
+    parser.add_argument("--by", choices=BY, help=f"patch: one cell per position, head or layer (default: {DEFAULTS['by']})")
+    parser.add_argument("--kind", choices=KINDS, help=f"heads: which kind to score (default: {DEFAULTS['kind']})")
+    parser.add_argument("--steps", type=ig_steps, help=f"ig: Gauss-Legendre steps, 1 to {MAX_STEPS} "
+                        f"(default: {DEFAULTS['steps']})")
+    parser.add_argument("--out", type=output_file(".html", ".png", ".svg"),
+                        help="write the view: .html (interactive, offline), .png or .svg")
+
+
+def unmet_need(analysis: str, config) -> str | None:
+    """Why a model of `config` cannot run `analysis`, read from its config before it loads (the
+    analyses raise the same for a loaded model); None when it can."""
+    logits = config.arch == "encoder-decoder" or config.head in ("lm", "masked-lm")
+    if analysis in ("lens", "dla", "ig", "gxi", "patch") and not logits:
+        return f"{analysis} needs token logits, from an LM or masked-LM head; this model has head={config.head!r}"
+    if analysis in ("decompose", "dla") and config.norm_position != "pre":
+        return (f"{analysis} needs pre-norm blocks, where the residual stream is a sum of components; this model "
+                f"has norm_position={config.norm_position!r}")
+    if analysis in ("decompose", "dla") and config.embed_norm:
+        return f"{analysis}: this model normalises its embeddings before the first block, so they are no sum of components"
+    if analysis == "dla" and (config.lm_head_transform or config.final_logit_softcap is not None):
+        return "dla needs a linear unembedding; this model has an LM-head transform or a logit soft-cap"
+    return None
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every argument against the analysis and the model's config, before the model loads."""
+    analysis = args.analysis
+    for option, users in OPTIONS.items():
+        if getattr(args, option) is not None and analysis not in users:
+            raise ValueError(f"--{option} is for {' and '.join(users)}, not {analysis}")
+    if analysis in ("heads", "patch") and args.text is not None:
+        scored = "repeated random tokens" if analysis == "heads" else "--clean and --corrupt"
+        raise ValueError(f"{analysis} takes no TEXT: it runs on {scored}")
+    if analysis == "patch" and (args.clean is None or args.corrupt is None):
+        raise ValueError("anatomy analyze patch needs --clean and --corrupt texts")
+    if analysis not in ("heads", "patch") and args.text is None:
+        raise ValueError(f"anatomy analyze {analysis} needs TEXT")
+    config = config_of(args.model)
+    if config is None:  # a Hub id not downloaded yet: the analysis checks the loaded model
+        return
+    reason = unmet_need(analysis, config)
+    if reason:
+        raise ValueError(f"--model {one_line(args.model, 100)}: {reason}")
+    if config.arch == "encoder-decoder" and analysis != "heads" and args.target_text is None:
+        raise ValueError("an encoder-decoder model needs --target-text (the decoder's input) beside the source TEXT")
+    if config.arch != "encoder-decoder" and args.target_text is not None:
+        raise ValueError(f"--target-text is for an encoder-decoder, not --model {one_line(args.model, 100)} "
+                         f"(arch={config.arch})")
 
 
 def _inputs(model, text: str | None, target_text: str | None, name: str = "TEXT"):
@@ -63,6 +122,10 @@ def _target_id(model, inputs, target: str | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
+    for option, default in DEFAULTS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, default)
     model = from_pretrained(args.model).eval()
     torch.manual_seed(0)
     analysis = args.analysis
@@ -95,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"check: {result.check}")
     print(_summary(result))
     if args.out:
-        print(f"wrote {result.save(args.out)}")
+        print(f"wrote {printable(str(result.save(args.out)))}")
     return 0
 
 

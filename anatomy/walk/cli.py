@@ -15,17 +15,23 @@ Exit status: 0 when every step's recomputation matched, 1 when one did not, 2 fo
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import textwrap
 
 from ..checkpoints import from_pretrained, load_tokenizer
+from ..checkpoints.describe import config_of
 from ..checkpoints.toys import MASK, TOY_MODELS, TOYS, build_toy, toy_tokenizer
-from ..cli import add_device_argument, add_model_argument, non_negative_int
+from ..cli import add_device_argument, add_model_argument, non_negative_int, output_file, printable, seed, text
 from ..viz import write_atomically
 from .examples import EXAMPLES, example_walk
-from .walkthrough import Walkthrough, walkthrough
+from .walkthrough import Walkthrough, check_layer_and_head, walkthrough
 
 FORMATS = ("terminal", "markdown", "html")
 DEFAULT_TEXT = {"minilm": "Time flies like an arrow"}  # the bertviz example of the "3 Transformer Anatomy" notes
+# A toy's position table (sinusoids, a formula) grows to fit a text, up to this many tokens: every
+# step prints [T, T] matrices, and a walk of 17 000 tokens would take gigabytes to say nothing readable.
+MAX_TOY_TOKENS = 1024
 
 
 class WalkError(ValueError):
@@ -33,31 +39,34 @@ class WalkError(ValueError):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("text", nargs="?", default=None,
+    parser.add_argument("text", nargs="?", default=None, type=text,
                         help="the input text (default: the model's own example; for minilm: "
                              f"{DEFAULT_TEXT['minilm']!r})")
     add_model_argument(parser, default="toy", help="the model whose forward pass is narrated")
     add_device_argument(parser)
-    parser.add_argument("--target", default=None, help="an encoder-decoder: the decoder's text")
-    parser.add_argument("--layer", type=non_negative_int, default=0, help="the layer narrated in full (default 0)")
-    parser.add_argument("--head", type=non_negative_int, default=0, help="the attention head narrated in full (default 0)")
+    parser.add_argument("--target", default=None, type=text, help="an encoder-decoder: the decoder's text")
+    parser.add_argument("--layer", type=non_negative_int, default=0, help="the layer narrated in full")
+    parser.add_argument("--head", type=non_negative_int, default=0, help="the attention head narrated in full")
     parser.add_argument("--norm-position", choices=("pre", "post"), default=None,
                         help="toy models: pre-norm (GPT-2) or post-norm (the paper, the default); refitted")
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="toy models: the seed of their fitting (default 0)")
-    parser.add_argument("--format", choices=FORMATS, default="terminal", help="terminal (default), markdown or html")
-    parser.add_argument("--out", default=None, metavar="FILE", help="write to FILE instead of the terminal")
+    parser.add_argument("--seed", type=seed, default=0, help="toy models: the seed of their fitting")
+    parser.add_argument("--format", choices=FORMATS, default="terminal", help="terminal, markdown or html")
+    parser.add_argument("--out", default=None, metavar="FILE", type=output_file(),
+                        help="write to FILE instead of the terminal")
     parser.add_argument("--list-examples", action="store_true",
-                        help="list the source texts' worked examples (a name first on each line)")
+                        help="list the source texts' worked examples (each a name, then its description, indented)")
     parser.add_argument("--example", default=None, metavar="NAME", choices=sorted(EXAMPLES),
                         help="walk one source text's worked example, with its own numbers")
 
 
 def _toy(args: argparse.Namespace) -> tuple:
-    """(model, ids, walkthrough options) for a built-in toy, grown to fit a long text."""
+    """(model, ids, walkthrough options) for a built-in toy, grown to fit a long text; every
+    argument is checked before the toy is built."""
     name, toy = args.model, TOYS[args.model]
     overrides = {}
     if args.norm_position:
         overrides = {"norm_position": args.norm_position, "final_norm": args.norm_position == "pre"}
+    check_layer_and_head(config_of(name), args.layer, args.head)
     tokenizer = toy_tokenizer(name)
     text = args.text if args.text is not None else toy.text
     ids = tokenizer.encode(text)
@@ -65,40 +74,66 @@ def _toy(args: argparse.Namespace) -> tuple:
     if toy.arch == "encoder-decoder":
         target_ids = tokenizer.encode(args.target if args.target is not None else toy.target)[:-1]  # no <EOS>
     elif args.target is not None:
-        raise WalkError(f"--target is for an encoder-decoder; {name} is a {toy.arch}")
-    if toy.arch == "decoder":
+        raise WalkError(f"--target is for an encoder-decoder; {name} is {_a(toy.arch)}")
+    if toy.arch == "decoder" and ids and ids[-1] == tokenizer.eos_id:
         ids = ids[:-1]  # the decoder predicts what follows: no prediction after <EOS>
     longest = max(len(ids), len(target_ids or []))
+    if longest > MAX_TOY_TOKENS:
+        raise WalkError(f"the text is {longest} tokens long; a toy's walk reads at most {MAX_TOY_TOKENS}")
     model = build_toy(name, seed=args.seed, max_seq_len=longest, **overrides).to(args.device)
     return model, ids, target_ids, tokenizer, toy.task
 
 
 def _pretrained(args: argparse.Namespace) -> tuple:
-    """(model, ids, target ids, tokenizer) for any name or path the resolver knows."""
+    """(model, ids, target ids, tokenizer) for any name or path the resolver knows. The config and
+    the tokenizer come first, so that every argument is checked before a weight loads."""
     if args.norm_position:
         raise WalkError("--norm-position applies to the toy models only")
-    model = from_pretrained(args.model, device=args.device)
-    tokenizer = getattr(model, "tokenizer", None) or load_tokenizer(args.model)
+    config = config_of(args.model)  # None: a Hub id not downloaded yet, checked once it is
+    if config is not None:
+        check_layer_and_head(config, args.layer, args.head)
+        if config.arch != "encoder-decoder" and args.target is not None:
+            raise WalkError(f"--target is for an encoder-decoder; {args.model} is {_a(config.arch)}")
+        if config.arch == "encoder-decoder" and args.target is None:
+            raise WalkError(f"{args.model} is an encoder-decoder: give the decoder's text with --target")
+    tokenizer = load_tokenizer(args.model)
     text = args.text if args.text is not None else DEFAULT_TEXT.get(args.model, "Hello World, this is Alejandro!")
-    arch = model.config.arch
     ids = tokenizer.encode(text)
-    if arch == "decoder" and len(ids) > 1 and ids[-1] == tokenizer.eos_id:
+    if config is not None:
+        _check_length(args, config, ids, tokenizer)
+    model = from_pretrained(args.model, device=args.device, tokenizer=False)
+    if config is None:  # now it is known
+        check_layer_and_head(model.config, args.layer, args.head)
+    target_ids = _check_length(args, model.config, ids, tokenizer)
+    if model.config.arch == "decoder" and len(ids) > 1 and ids[-1] == tokenizer.eos_id:
         ids = ids[:-1]
+    return model, ids, target_ids, tokenizer, None
+
+
+def _a(arch: str) -> str:
+    return f"an {arch}" if arch.startswith("encoder") else f"a {arch}"
+
+
+def _check_length(args: argparse.Namespace, config, ids: list[int], tokenizer) -> list[int] | None:
+    """The target's ids (an encoder-decoder), after checking that the text and the target fit the
+    model's positions; WalkError otherwise."""
     target_ids = None
-    if arch == "encoder-decoder":
+    if config.arch == "encoder-decoder":
         if args.target is None:
             raise WalkError(f"{args.model} is an encoder-decoder: give the decoder's text with --target")
         target_ids = tokenizer.encode(args.target)
         if len(target_ids) > 1 and target_ids[-1] == tokenizer.eos_id:
             target_ids = target_ids[:-1]
-        start = model.config.decoder_start_token_id if hasattr(model.config, "decoder_start_token_id") else None
+        start = config.decoder_start_token_id
         if start is not None and (not target_ids or target_ids[0] != start):
             target_ids = [start] + target_ids
-    limit = model.config.max_seq_len if model.config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
+    elif args.target is not None:
+        raise WalkError(f"--target is for an encoder-decoder; {args.model} is {_a(config.arch)}")
+    limit = config.max_seq_len if config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
     longest = max(len(ids), len(target_ids or []))
     if limit is not None and longest > limit:
         raise WalkError(f"the text is {longest} tokens long; {args.model} reads at most {limit} (its max_seq_len)")
-    return model, ids, target_ids, tokenizer, None
+    return target_ids
 
 
 def build(args: argparse.Namespace) -> Walkthrough:
@@ -124,11 +159,19 @@ def build(args: argparse.Namespace) -> Walkthrough:
     return walk
 
 
+def list_examples(width: int = 80) -> str:
+    """One paragraph per worked example, its name first, wrapped to `width` columns."""
+    indent = max(map(len, EXAMPLES)) + 2
+    return "\n".join(textwrap.fill(example.description, min(width, 80), initial_indent=f"{name:<{indent}}",
+                                    subsequent_indent=" " * indent) for name, example in EXAMPLES.items())
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list_examples:
-        for name, example in EXAMPLES.items():
-            print(f"{name:<10} {example.description}")
+        print(list_examples(shutil.get_terminal_size().columns))
         return 0
+    if args.example and (args.text is not None or args.target is not None or args.model != "toy"):
+        raise WalkError("--example walks a source text's own model and numbers: it takes no TEXT, --model or --target")
     walk = example_walk(args.example) if args.example else build(args)
     if args.format == "markdown":
         output = walk.to_markdown()
@@ -138,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         output = None
     if args.out:
         write_atomically(args.out, output if output is not None else walk.to_text())
-        print(f"anatomy walk: wrote {len(walk.steps)} steps to {args.out}", file=sys.stderr)
+        print(f"anatomy walk: wrote {len(walk.steps)} steps to {printable(args.out)}", file=sys.stderr)
     elif output is not None:
         sys.stdout.write(output)
     else:

@@ -65,6 +65,19 @@ def _labeller(vocab) -> Callable[[int], str]:
     return lambda i: str(vocab[i]) if i < len(vocab) else str(i)
 
 
+def check_layer_and_head(config, layer: int, head: int) -> None:
+    """Raise ValueError, naming the range, for a layer or head that `config` (a ModelConfig) does not
+    have; an encoder-decoder's must exist in both its stacks."""
+    seq2seq = config.arch == "encoder-decoder"
+    n_layers = config.decoder_config().n_layers if seq2seq else config.n_layers
+    n_layers = min(n_layers, config.n_layers)
+    if not 0 <= layer < n_layers:
+        raise ValueError(f"layer {layer} is out of range: this model has {n_layers} layers, choose 0 … {n_layers - 1}")
+    n_heads = min(config.n_heads, config.decoder_config().n_heads) if seq2seq else config.n_heads
+    if not 0 <= head < n_heads:
+        raise ValueError(f"head {head} is out of range: this model has {n_heads} heads, choose 0 … {n_heads - 1}")
+
+
 def walkthrough(
     model: nn.Module,
     ids,
@@ -94,13 +107,7 @@ def walkthrough(
     """
     config = model.config
     seq2seq = config.arch == "encoder-decoder"
-    n_layers = config.decoder_config().n_layers if seq2seq else config.n_layers
-    n_layers = min(n_layers, config.n_layers)
-    if not 0 <= layer < n_layers:
-        raise ValueError(f"layer {layer} is out of range: this model has {n_layers} layers, choose 0 … {n_layers - 1}")
-    n_heads = min(config.n_heads, config.decoder_config().n_heads) if seq2seq else config.n_heads
-    if not 0 <= head < n_heads:
-        raise ValueError(f"head {head} is out of range: this model has {n_heads} heads, choose 0 … {n_heads - 1}")
+    check_layer_and_head(config, layer, head)
     label = _labeller(vocab)
     ids = _as_ids(ids)
     tokens = list(tokens) if tokens is not None else [label(i) for i in ids]

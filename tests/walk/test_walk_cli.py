@@ -64,11 +64,13 @@ def test_pre_norm_from_the_command_line(tmp_path):
     assert "LayerNorm before the attention" in text and "Final LayerNorm" in text
 
 
-def test_list_examples_puts_a_name_first_on_each_line(capsys):
+def test_list_examples_puts_a_name_first_and_fits_80_columns(capsys):
     assert main(["walk", "--list-examples"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert [line.split()[0] for line in lines] == ["armas", "anasashb", "notes"]
-    assert all(len(line.split(maxsplit=1)[1]) > 20 for line in lines)
+    lines = capsys.readouterr().out.rstrip().splitlines()
+    firsts = [line for line in lines if not line.startswith(" ")]  # a description goes on, indented
+    assert [line.split()[0] for line in firsts] == ["armas", "anasashb", "notes"]
+    assert all(len(line.split(maxsplit=1)[1]) > 20 for line in firsts)
+    assert max(len(line) for line in lines) <= 80
 
 
 def test_an_unknown_example_lists_the_choices(capsys):
