@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 from torch.nn.modules.module import register_module_parameter_registration_hook
+from torch.overrides import TorchFunctionMode
 
 from ..config import ModelConfig
 from ..models import FAMILIES
@@ -38,49 +40,65 @@ from .files import CheckpointError
 HEADROOM_BYTES = 256 * 2**20
 
 
+# One thread's construction must not change another's: a model built in another thread meanwhile
+# gets real, initialised parameters. Two mechanisms, both confined to the building thread:
+#   1. torch's parameter-registration hook is process-wide, so it is registered once, here, and
+#      never removed (registering and removing it per load raced with other threads iterating
+#      torch's hook table: "OrderedDict mutated during iteration"); it acts only in a thread that
+#      is inside `parameters_on_meta`, as a thread-local depth says.
+#   2. torch.nn.init is skipped on meta tensors through a TorchFunctionMode, which torch keeps per
+#      thread (torch.device("meta") as a context manager is one too); torch.nn.init itself is
+#      never replaced.
+_building = threading.local()
+
+
+def _parameter_to_meta(module: nn.Module, name: str, parameter: nn.Parameter | None) -> nn.Parameter | None:
+    """In a thread inside `parameters_on_meta`: the parameter as a meta tensor (a shape, no memory).
+    A parameter already on meta (a tied matrix assigned twice) is kept, so ties hold."""
+    if not getattr(_building, "depth", 0) or parameter is None or parameter.device.type == "meta":
+        return None
+    return nn.Parameter(parameter.to("meta"), requires_grad=parameter.requires_grad)
+
+
+register_module_parameter_registration_hook(_parameter_to_meta)
+
+# torch.nn.init's in-place initialisers, skipped on meta tensors while building a model whose weights
+# come from a file: a meta tensor holds no values, and the first initialiser run on one imports
+# torch's decompositions (about a second).
+INIT_FUNCTIONS = frozenset(getattr(nn.init, name) for name in (
+    "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_"))
+
+
+class _SkipInitOnMeta(TorchFunctionMode):
+    """torch.nn.init on a meta tensor returns the tensor as it is; everything else runs as usual."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in INIT_FUNCTIONS:  # torch passes the tensor by keyword
+            tensor = kwargs.get("tensor", args[0] if args else None)
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
 @contextmanager
 def parameters_on_meta() -> Iterator[None]:
-    """Every parameter registered inside this block lives on the meta device (a shape, no memory).
-
-    Uses torch's global parameter-registration hook: do not build other models in other threads
-    meanwhile. A parameter already on meta (a tied matrix assigned twice) is kept, so ties hold."""
-
-    def to_meta(module: nn.Module, name: str, parameter: nn.Parameter) -> nn.Parameter | None:
-        if parameter is None or parameter.device.type == "meta":
-            return None
-        return nn.Parameter(parameter.to("meta"), requires_grad=parameter.requires_grad)
-
-    handle = register_module_parameter_registration_hook(to_meta)
+    """Every parameter registered by this thread inside this block lives on the meta device, and
+    is not initialised; buffers are computed as usual. Other threads are not affected."""
+    _building.depth = getattr(_building, "depth", 0) + 1
     try:
-        yield
+        with _SkipInitOnMeta():
+            yield
     finally:
-        handle.remove()
-
-
-# torch.nn.init's in-place initialisers, skipped while building a model whose weights come from a file
-INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
-                  "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
-
-
-@contextmanager
-def no_init() -> Iterator[None]:
-    """torch.nn.init does nothing inside this block (as transformers' no_init_weights): the values
-    would be overwritten, and initialising a meta tensor costs seconds of imports on first use."""
-    saved = {name: getattr(nn.init, name) for name in INIT_FUNCTIONS}
-    for name in saved:
-        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
-    try:
-        yield
-    finally:
-        for name, function in saved.items():
-            setattr(nn.init, name, function)
+        _building.depth -= 1
 
 
 def empty_model(config: ModelConfig, source: str = "the checkpoint") -> nn.Module:
     """The model `config` describes, parameters on meta (to be assigned by engine.load_into),
     buffers computed. Raises CheckpointError when the config asks for more than can be allocated."""
     try:
-        with parameters_on_meta(), no_init():
+        with parameters_on_meta():
             return FAMILIES[config.arch](config)
     except (RuntimeError, MemoryError, ValueError) as error:
         first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
