@@ -72,6 +72,15 @@ def test_top_k_keeps_the_k_largest():
     torch.testing.assert_close(probs[0, [1, 3]], torch.softmax(logits[0, [1, 3]] / 0.5, -1))
 
 
+def test_extreme_temperatures_reach_their_limits_without_nan():
+    logits = torch.tensor([[0.1, 2.0, -1.0, 1.5, 0.3], [80.0, -50.0, 79.0, 0.0, -math.inf]])
+    coldest = sampling_distribution(logits, temperature=1e-300)  # T -> 0: the argmax, not inf / inf
+    assert torch.equal(coldest, torch.nn.functional.one_hot(logits.argmax(-1), 5).float())
+    hottest = sampling_distribution(logits[:1], temperature=1e300)  # T -> inf: uniform
+    torch.testing.assert_close(hottest, torch.full((1, 5), 0.2))
+    torch.testing.assert_close(sampling_distribution(logits, temperature=0.7), torch.softmax(logits / 0.7, -1))
+
+
 def test_top_k_one_is_greedy():
     model = decoder()
     prompt = ids(2, 3)

@@ -53,8 +53,13 @@ def sampling_distribution(logits: torch.Tensor, temperature: float = 1.0, top_k:
 
     with the filters applied in the order top-k, then top-p. temperature < 1 sharpens the
     distribution (towards greedy), > 1 flattens it (towards uniform).
+
+    The largest logit is subtracted first (softmax and both filters are unchanged by a shift), so
+    that a tiny temperature (even one that rounds to 0 in the logits' dtype) sends every other
+    logit to -inf, never to +inf or NaN: the distribution becomes the argmax's, as T -> 0 does.
     """
-    logits = logits / temperature
+    shifted = logits - logits.amax(dim=-1, keepdim=True)  # <= 0; the largest is 0 and stays 0
+    logits = torch.where(shifted == 0, shifted, shifted / temperature)
     if top_k is not None:
         logits = top_k_filter(logits, top_k)
     if top_p is not None:
