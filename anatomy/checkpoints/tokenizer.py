@@ -29,6 +29,7 @@ from tokenizers import Tokenizer as Backend
 from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer
 
 from ..inputs import pad_batch
+from .chat import render_chat, turn_end
 from .files import CheckpointError, read_json
 from .token_text import piece_decoder, visible
 
@@ -110,6 +111,31 @@ class Tokenizer:
             raise ValueError("no decoder start token: the model's config names no decoder_start_token_id and the "
                              "tokenizer has no BOS")
         return [start] + self.encode(text, add_special_tokens=False)
+
+    # ---- chat ----------------------------------------------------------------------------------
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+        """The conversation `messages` ([{"role", "content"}, ...]) written in this checkpoint's own
+        chat format (chat.py), ending with the assistant's header when add_generation_prompt.
+        Raises ChatError (a ValueError) without a template or for malformed messages."""
+        return render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                           bos_token=self._special_text("bos"), eos_token=self._special_text("eos"))
+
+    def encode_chat(self, messages) -> list[int]:
+        """The ids of `apply_chat_template(messages)`: the template writes its own special tokens, so
+        none are added (as transformers does)."""
+        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+
+    def turn_end_ids(self) -> list[int]:
+        """The ids that end an answer: the template's end of turn when it is one token (SmolLM2's
+        <|im_end|>), and EOS."""
+        end = turn_end(self.chat_template, self._special_text("bos"), self._special_text("eos"))
+        ids = self.encode(end, add_special_tokens=False) if end else []
+        found = [ids[0]] if len(ids) == 1 else []
+        return found + [self.eos_id] if self.eos_id is not None and self.eos_id not in found else found
+
+    def _special_text(self, role: str) -> str | None:
+        i = self.special_ids[role]
+        return None if i is None else self.id_to_token(i)
 
     def encode_for(self, config, text: str, target: str | None = None) -> tuple[list[int], list[int] | None]:
         """(ids, target ids or None) as a model of this `config` (a ModelConfig) reads them: a

@@ -49,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", type=text, default="", help="the text to continue (decoder-only), or the "
                         "decoder's forced beginning (encoder-decoder)")
     parser.add_argument("--src", type=text, default=None, help="the source text, for an encoder-decoder model")
+    parser.add_argument("--chat", type=text, default=None, metavar="MESSAGE",
+                        help="a chat model: send MESSAGE as the user, written in the checkpoint's own chat template, "
+                             "and print only the answer (it stops at the template's end of turn)")
+    parser.add_argument("--system", type=text, default=None, metavar="TEXT",
+                        help="with --chat: the system message (default: the template's own, if it has one)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N",
                         help="at most this many new tokens; past the model's context the window slides")
     parser.add_argument("--strategy", choices=STRATEGIES, default=None,
@@ -103,7 +108,20 @@ class TextStreamer:
         self.printed = decoded
 
 
+def chat_messages(args: argparse.Namespace) -> list[dict] | None:
+    """--chat and --system as a conversation (None without --chat); checked before anything loads."""
+    if args.system is not None and args.chat is None:
+        raise ValueError("--system goes with --chat MESSAGE")
+    if args.chat is None:
+        return None
+    if args.prompt or args.src is not None:
+        raise ValueError("--chat MESSAGE is the whole input: leave out --prompt and --src")
+    system = [] if args.system is None else [{"role": "system", "content": args.system}]
+    return system + [{"role": "user", "content": args.chat}]
+
+
 def run(args: argparse.Namespace) -> int:
+    messages = chat_messages(args)
     model = from_pretrained(args.model, device=args.device)
     tokenizer = getattr(model, "tokenizer", None) or load_tokenizer(args.model)
     config = model.config
@@ -114,7 +132,13 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = tokenizer.encode_prompt(args.prompt) if args.prompt else []
     kwargs = {}
-    if encoder_decoder:
+    stops = None if args.no_stop or eos is None else [eos]
+    if messages is not None:
+        if encoder_decoder:
+            raise ValueError(f"--chat needs a chat-tuned decoder; --model {args.model} is an encoder-decoder")
+        prompt = tokenizer.encode_chat(messages)  # ChatError (a ValueError) when there is no template
+        stops = None if args.no_stop else tokenizer.turn_end_ids() or stops
+    elif encoder_decoder:
         if args.src is None:
             raise ValueError("an encoder-decoder model needs --src TEXT")
         kwargs["src_ids"] = torch.tensor([tokenizer.encode(args.src)], device=args.device)
@@ -142,14 +166,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--num-beams {args.num_beams} needs --strategy beam")
     streamer = TextStreamer(tokenizer, prompt) if strategy != "beam" else None
 
-    if not encoder_decoder:
+    if not encoder_decoder and messages is None:  # a chat prints only the answer
         sys.stdout.write(printable(args.prompt, keep=KEEP))
         sys.stdout.flush()
     began = time.perf_counter()
     out = generate(
         model, torch.tensor([prompt], device=args.device), strategy=strategy, max_new_tokens=args.max_new_tokens,
         num_beams=args.num_beams, length_penalty=args.length_penalty if strategy == "beam" else 1.0,
-        stop_tokens=None if args.no_stop or eos is None else [eos], use_cache=not args.no_cache,
+        stop_tokens=stops, use_cache=not args.no_cache,
         streamer=streamer, **kwargs,
     )
     seconds = time.perf_counter() - began

@@ -35,6 +35,7 @@ def generate(
     model: nn.Module,
     input_ids: torch.Tensor | None = None,
     *,
+    messages: list[dict] | None = None,
     padding_mask: torch.Tensor | None = None,
     src_ids: torch.Tensor | None = None,
     src_padding_mask: torch.Tensor | None = None,
@@ -84,9 +85,25 @@ def generate(
     each step.
     streamer: called after every step with the list of the B tokens just chosen (greedy, sample).
 
+    messages: a conversation, [{"role": "system" | "user" | "assistant", "content": str}, ...], for
+    a chat model (instead of input_ids): it is written in the checkpoint's own chat template
+    (model.tokenizer.apply_chat_template) followed by the assistant's header, and generation stops
+    at the template's end of turn (unless stop_tokens says otherwise). The answer is `.texts[0]`.
+    `.texts` holds each row's new tokens as text whenever the model carries its tokenizer.
+
     The model runs in eval mode under torch.inference_mode (its mode is restored afterwards).
     Raises ValueError for any argument outside its allowed values, naming them, and for NaN logits.
     """
+    tokenizer = getattr(model, "tokenizer", None)
+    if messages is not None:
+        if input_ids is not None:
+            raise ValueError("give either input_ids or messages, not both")
+        if tokenizer is None:
+            raise ValueError("messages need the model's tokenizer: load the model with anatomy.from_pretrained")
+        device = next(model.parameters()).device
+        input_ids = torch.tensor([tokenizer.encode_chat(messages)], device=device)
+        if stop_tokens is None:
+            stop_tokens = tokenizer.turn_end_ids() or None
     if strategy is None:
         strategy = "beam" if isinstance(num_beams, int) and num_beams > 1 else "greedy"
     check_arguments(model, input_ids, padding_mask, src_ids, src_padding_mask, strategy=strategy,
@@ -148,4 +165,7 @@ def generate(
     finally:
         model.train(was_training)
     output.seed = seed
+    if tokenizer is not None and hasattr(tokenizer, "decode"):
+        output.texts = [tokenizer.decode(row[keep].tolist()) for row, keep in
+                        zip(output.new_tokens, output.padding_mask[:, output.prompt_length:])]
     return output

@@ -37,6 +37,8 @@ class GenerationOutput:
                           run can be repeated
     window_slid   bool    True where the sequence outgrew the model's context (max_seq_len) and the
                           later steps saw only the last max_seq_len tokens (see runner.py)
+    texts         list[str] | None  each row's new tokens as text (special tokens left out), when
+                          the model carries its tokenizer
     """
 
     sequences: torch.Tensor
@@ -46,6 +48,7 @@ class GenerationOutput:
     prompt_length: int
     seed: int | None = None
     window_slid: bool = False
+    texts: list[str] | None = None
 
     @property
     def new_tokens(self) -> torch.Tensor:
