@@ -13,6 +13,15 @@ the token embeddings x with a baseline x' (the embeddings of baseline ids):
 with the Gauss-Legendre points a_k and weights w_k on [0, 1] (Captum's default method). It is
 complete: sum_i IG_i = f(x) - f(x'), up to the quadrature error, which the result reports.
 
+The integrand g(a) = d f / d a along the path is far from smooth on real models: on SmolLM2, "The
+capital of France is" -> " Paris" from a padding baseline, it swings between -1800 and +4300 for
+an integral of 10.3, in spikes a few hundredths of [0, 1] wide, so 50 evenly spread Gauss-Legendre
+points miss completeness by 130% and 300 still by 8%. By default the points therefore go where
+the spikes are: [0, 1] is cut into panels of NODES_PER_PANEL Gauss-Legendre points, and the
+panels where the path's gradient is largest (width x max |g|) are halved, round after round, until
+sum_i IG_i is within `tolerance` of f(x) - f(x') or `max_steps` gradients were computed. A fixed
+`steps` gives Captum's rule exactly.
+
 Attention rollout (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers"): average
 each layer's heads, add the residual connection as the identity, renormalise the rows, and
 multiply the layers: R = A'_L ... A'_1 with A'_l = rownorm(0.5 mean_h A_l + 0.5 I).
@@ -69,13 +78,22 @@ def _with_ids(batch: Batch, side: str, ids: torch.Tensor) -> Batch:
     return Batch(replaced, batch.source) if side == "target" else Batch(batch.target, replaced)
 
 
+NODES_PER_PANEL = 8  # Gauss-Legendre points per panel of the adaptive rule
+FIRST_PANELS = 8  # the adaptive rule starts from 64 points, about Captum's default 50
+TOLERANCE = 0.05  # completeness, relative, that the adaptive rule stops at
+MAX_STEPS = 2048  # gradients the adaptive rule may compute
+PANEL_MEMORY = 512 * 2**20  # bytes the adaptive rule's panels may hold
+
+
 def integrated_gradients(
     model: nn.Module,
     inputs,
     target,
     *,
     baseline_ids: torch.Tensor | None = None,
-    steps: int = 50,
+    steps: int | None = None,
+    tolerance: float = TOLERANCE,
+    max_steps: int = MAX_STEPS,
     position: int | None = None,
     steps_per_pass: int | None = None,
     tokenizer=None,
@@ -83,9 +101,19 @@ def integrated_gradients(
     """[batch, pos]: each input token's share of f = the logit of `target` (an id, or one per
     sequence) at `position` (default: each row's last real token), by integrated gradients on the
     token embeddings (an encoder-decoder's source embeddings). baseline_ids: default all
-    pad_token_id (or 0). extra["per_dim"] holds the [batch, pos, d_model] attributions."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    pad_token_id (or 0).
+
+    steps: None (default) places the points adaptively until completeness is within `tolerance`
+    (relative) or `max_steps` gradients were computed (see the module docstring); an integer uses
+    that many Gauss-Legendre points, as Captum's LayerIntegratedGradients does. extra["steps"] is
+    the number of gradients computed, extra["per_dim"] the [batch, pos, d_model] attributions.
+    Raises ValueError for a bad argument."""
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps must be None (adaptive) or an integer >= 1, got {steps!r}")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
+        raise ValueError(f"tolerance must be a number in (0, 1), got {tolerance!r}")
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < FIRST_PANELS * NODES_PER_PANEL:
+        raise ValueError(f"max_steps must be an integer >= {FIRST_PANELS * NODES_PER_PANEL}, got {max_steps!r}")
     model.eval()
     batch = as_batch(model, inputs, tokenizer)
     point, side = _embed_point(model)
@@ -106,30 +134,86 @@ def integrated_gradients(
         with trace(model, point) as t:
             f_baseline = f(model, baseline)
         x_base = t[point]
-    alphas, weights = gauss_legendre(steps)
+    delta = (f_input - f_baseline).double()  # (B,)
     chunk = steps_per_pass or max(1, 4096 // ids.numel())
-    total = torch.zeros_like(x, dtype=torch.float64)  # sum_k w_k grad_k, (B, T, E)
-    for start in range(0, steps, chunk):
-        a = alphas[start:start + chunk].to(x.dtype)  # (n,)
-        path = (x_base + a[:, None, None, None] * (x - x_base)[None]).flatten(0, 1)  # (n*B, T, E)
-        path.requires_grad_(True)
-        with torch.enable_grad(), trace(model, [], interventions={point: lambda _: path}):
-            score = f(model, batch.repeat(len(a)))  # (n*B,)
-            (grad,) = torch.autograd.grad(score.sum(), path)
-        grad = grad.view(len(a), *x.shape).double()  # (n, B, T, E)
-        total += (weights[start:start + chunk, None, None, None] * grad).sum(0)
+
+    def weighted_gradients(alphas: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum_k w_k grad f(path(a_k)) [B, T, E], g(a_k) = grad . (x - x') [N, B]) in float64."""
+        total = torch.zeros_like(x, dtype=torch.float64)
+        g = []
+        for start in range(0, len(alphas), chunk):
+            a = alphas[start:start + chunk].to(x.dtype)  # (n,)
+            path = (x_base + a[:, None, None, None] * (x - x_base)[None]).flatten(0, 1)  # (n*B, T, E)
+            path.requires_grad_(True)
+            with torch.enable_grad(), trace(model, [], interventions={point: lambda _: path}):
+                score = f(model, batch.repeat(len(a)))  # (n*B,)
+                (grad,) = torch.autograd.grad(score.sum(), path)
+            grad = grad.view(len(a), *x.shape).double()  # (n, B, T, E)
+            total += (weights[start:start + chunk, None, None, None] * grad).sum(0)
+            g.append((grad * (x - x_base).double()[None]).sum((-1, -2)))  # (n, B)
+        return total, torch.cat(g)
+
+    def completeness(total: torch.Tensor) -> float:
+        attributed = ((x - x_base).double() * total).sum((-1, -2))  # (B,)
+        return ((attributed - delta).abs() / delta.abs().clamp_min(1e-12)).max().item()
+
+    if steps is not None:
+        total, _ = weighted_gradients(*gauss_legendre(steps))
+        error, computed, rule = completeness(total), steps, f"{steps} Gauss-Legendre steps"
+    else:
+        total, error, computed, n_panels = _adaptive(weighted_gradients, completeness, tolerance, max_steps)
+        rule = f"adaptive Gauss-Legendre: {computed} gradients on {n_panels} panels"
     per_dim = (x - x_base).double() * total  # (B, T, E)
     values = per_dim.sum(-1)  # (B, T)
-    delta = (f_input - f_baseline).double()
-    error = ((values.sum(-1) - delta).abs() / delta.abs().clamp_min(1e-12)).max().item()
-    hint = "" if error < 1e-2 else "; not converged: more steps, or another baseline"
+    converged = error <= (tolerance if steps is None else 1e-2)
+    hint = "" if converged else "; not converged: more steps, or another baseline"
     return Result(
         "integrated gradients", values.float(), ("batch", "pos"),
-        check=f"completeness: sum of attributions = f(x) - f(baseline) within {error:.1e} (relative, {steps} "
-              f"Gauss-Legendre steps){hint}",
+        check=f"completeness: sum of attributions = f(x) - f(baseline) within {error:.1e} (relative, {rule}){hint}",
         error=error, tokens=getattr(batch, side).tokens,
-        extra={"per_dim": per_dim.float(), "f_input": f_input, "f_baseline": f_baseline},
+        extra={"per_dim": per_dim.float(), "f_input": f_input, "f_baseline": f_baseline, "steps": computed,
+               "converged": converged},
     )
+
+
+def _adaptive(weighted_gradients, completeness, tolerance: float, max_steps: int):
+    """Composite Gauss-Legendre on panels of [0, 1], halving the panels where the path's gradient is
+    largest until completeness <= tolerance or max_steps gradients. Returns (sum_k w_k grad_k
+    [B, T, E], completeness, gradients computed, panels)."""
+    nodes, weights = gauss_legendre(NODES_PER_PANEL)
+
+    def evaluate(lo: float, hi: float) -> dict:
+        total, g = weighted_gradients(lo + (hi - lo) * nodes, (hi - lo) * weights)
+        return {"lo": lo, "hi": hi, "total": total, "size": (hi - lo) * g.abs().max().item()}
+
+    panels = [evaluate(i / FIRST_PANELS, (i + 1) / FIRST_PANELS) for i in range(FIRST_PANELS)]
+    computed = FIRST_PANELS * NODES_PER_PANEL
+    # Each panel keeps its share of the integral ([B, T, E] float64) to be replaced when it is halved:
+    # no more panels than PANEL_MEMORY holds.
+    panel_bytes = panels[0]["total"].numel() * 8
+    max_steps = min(max_steps, max(computed, PANEL_MEMORY // panel_bytes * NODES_PER_PANEL))
+    total = sum(p["total"] for p in panels)
+    error = completeness(total)
+    while error > tolerance and computed + 2 * NODES_PER_PANEL <= max_steps:
+        # Halve the largest panels that together hold half of the gradient's size (Dörfler's marking),
+        # as many as the budget allows.
+        ranked = sorted(panels, key=lambda p: p["size"], reverse=True)
+        budget = (max_steps - computed) // (2 * NODES_PER_PANEL)
+        marked, held, whole = [], 0.0, sum(p["size"] for p in panels)
+        for panel in ranked[:budget]:
+            marked.append(panel)
+            held += panel["size"]
+            if held >= 0.5 * whole:
+                break
+        for panel in marked:
+            middle = 0.5 * (panel["lo"] + panel["hi"])
+            halves = [evaluate(panel["lo"], middle), evaluate(middle, panel["hi"])]
+            total = total - panel["total"] + halves[0]["total"] + halves[1]["total"]
+            panels.remove(panel)
+            panels.extend(halves)
+            computed += 2 * NODES_PER_PANEL
+        error = completeness(total)
+    return total, error, computed, len(panels)
 
 
 def gradient_x_input(model: nn.Module, inputs, target, *, position: int | None = None, tokenizer=None) -> Result:

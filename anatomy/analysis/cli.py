@@ -28,7 +28,7 @@ ANALYSES = ("lens", "decompose", "dla", "patch", "ig", "gxi", "rollout", "heads"
 # The options each analysis reads (None: the default below); any other given is refused, not ignored.
 OPTIONS = {"target": ("ig", "gxi", "dla"), "point": ("patch",), "by": ("patch",), "kind": ("heads",),
            "steps": ("ig",), "clean": ("patch",), "corrupt": ("patch",)}
-DEFAULTS = {"point": "resid_pre", "by": "position", "kind": "induction", "steps": 50}
+DEFAULTS = {"point": "resid_pre", "by": "position", "kind": "induction"}
 MAX_STEPS = 4096  # ig: each step is one forward and backward pass
 
 
@@ -52,8 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--point", help=f"patch: the point in each block (default: {DEFAULTS['point']})")
     parser.add_argument("--by", choices=BY, help=f"patch: one cell per position, head or layer (default: {DEFAULTS['by']})")
     parser.add_argument("--kind", choices=KINDS, help=f"heads: which kind to score (default: {DEFAULTS['kind']})")
-    parser.add_argument("--steps", type=ig_steps, help=f"ig: Gauss-Legendre steps, 1 to {MAX_STEPS} "
-                        f"(default: {DEFAULTS['steps']})")
+    parser.add_argument("--steps", type=ig_steps, help=f"ig: a fixed number of Gauss-Legendre steps (Captum's rule), "
+                        f"1 to {MAX_STEPS} (default: adaptive, until completeness is within 5%%)")
     parser.add_argument("--out", type=output_file(".html", ".png", ".svg"),
                         help="write the view: .html (interactive, offline), .png or .svg")
 

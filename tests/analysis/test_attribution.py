@@ -31,6 +31,43 @@ def test_integrated_gradients_equals_captum():
     torch.testing.assert_close(ours.extra["per_dim"], theirs.detach(), atol=1e-3 * scale.item(), rtol=0)
 
 
+def spiky_path_model() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, int]:
+    """A Llama-style model whose baseline embedding is nearly the negative of the last input token's,
+    so that the straight path passes close to zero, where RMSNorm's x / rms(x) turns round and the
+    gradient spikes (what real models do between a padding embedding and a word's: measured on
+    SmolLM2). The embeddings are scaled to a real model's size relative to RMSNorm's eps.
+    Returns (model, ids, baseline ids, the predicted token)."""
+    model = tiny(**FAMILIES["decoder-llama"])
+    x, baseline = ids(1, 6, seed=3), torch.full((1, 6), 5)
+    with torch.no_grad():
+        table = model.token_embedding.weight
+        table.mul_(30)
+        noise = torch.randn(table.size(1), generator=torch.Generator().manual_seed(0))
+        table[5] = -0.97 * table[x[0, -1]] + 0.01 * noise
+    return model, x, baseline, int(model(x).logits[0, -1].argmax())
+
+
+def test_integrated_gradients_place_their_points_until_complete():
+    model, x, baseline, target = spiky_path_model()
+    fixed = anatomy.integrated_gradients(model, x, target, baseline_ids=baseline, steps=50)
+    adaptive = anatomy.integrated_gradients(model, x, target, baseline_ids=baseline)
+    reference = anatomy.integrated_gradients(model, x, target, baseline_ids=baseline, steps=3000)
+    assert fixed.error > 0.05 and "not converged" in fixed.check  # Captum's default misses the spike
+    assert adaptive.error <= 0.05 and adaptive.extra["converged"] and "not converged" not in adaptive.check
+    assert f"{adaptive.extra['steps']} gradients" in adaptive.check
+    assert reference.error < 1e-3
+    # Not completeness by luck: each token's share is the fine rule's, within the tolerance.
+    scale = reference.values.abs().sum()
+    assert (adaptive.values - reference.values).abs().max() <= 0.05 * scale
+    assert (fixed.values - reference.values).abs().max() > (adaptive.values - reference.values).abs().max()
+
+
+def test_the_adaptive_rule_says_when_it_ran_out_of_steps():
+    model, x, baseline, target = spiky_path_model()
+    capped = anatomy.integrated_gradients(model, x, target, baseline_ids=baseline, tolerance=1e-9, max_steps=80)
+    assert capped.extra["steps"] <= 80 and not capped.extra["converged"] and "not converged" in capped.check
+
+
 def test_gradient_x_input_by_hand():
     model = tiny()
     x = ids(1, 6)
@@ -70,8 +107,12 @@ def test_rollout_runs_through_cross_attention():
 
 def test_bad_arguments_are_named():
     model = tiny()
-    with pytest.raises(ValueError, match="steps must be an integer"):
+    with pytest.raises(ValueError, match="steps must be None .adaptive. or an integer"):
         anatomy.integrated_gradients(model, ids(1, 4), 3, steps=0)
+    with pytest.raises(ValueError, match="tolerance must be"):
+        anatomy.integrated_gradients(model, ids(1, 4), 3, tolerance=0)
+    with pytest.raises(ValueError, match="max_steps must be"):
+        anatomy.integrated_gradients(model, ids(1, 4), 3, max_steps=10)
     with pytest.raises(ValueError, match="position must be"):
         anatomy.integrated_gradients(model, ids(1, 4), 3, position=9)
     with pytest.raises(ValueError, match="one id per sequence"):
