@@ -22,6 +22,7 @@ import sys
 import tempfile
 import traceback
 import unicodedata
+import warnings
 from pathlib import Path
 
 import torch
@@ -70,10 +71,11 @@ def non_negative_int(text: str) -> int:
 
 
 def seed(text: str) -> int:
-    """A random seed: an integer from 0 to 2**32 - 1, what torch, numpy and random all take."""
+    """A random seed: an integer from 0 to 2**63 - 1 (what torch.Generator takes, and the range
+    `anatomy generate` draws an unseeded run's seed from, so that every printed seed can be given)."""
     value = _number(text, int)
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"{value} is not a seed (0 to {2**32 - 1})")
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{value} is not a seed (0 to 2**63 - 1)")
     return value
 
 
@@ -147,6 +149,29 @@ def output_file(*suffixes: str):
         return value
 
     return check
+
+
+def input_file(value: str) -> str:
+    """An argparse type for a file to read (--data, --src, --train ...), checked before anything
+    runs: it exists, is a file, and opens for reading."""
+    shown = one_line(value, 200)
+    try:
+        if not Path(value).expanduser().is_file():
+            raise argparse.ArgumentTypeError(f"{shown} is not a file" if Path(value).expanduser().exists()
+                                             else f"{shown} does not exist")
+        open(Path(value).expanduser(), "rb").close()
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"{shown}: {error.strerror or error}") from None
+    return value
+
+
+def threads(text: str) -> int:
+    """An argparse type: torch CPU threads, 1 to the cores this process may use."""
+    value = positive_int(text)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if value > cores:
+        raise argparse.ArgumentTypeError(f"{value} threads: this machine gives this process {cores} core(s)")
+    return value
 
 
 def output_folder(value: str) -> str:
@@ -316,7 +341,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.exit(2, f"{prog}: unavailable, a dependency is missing ({args._missing})\n")
         if not hasattr(args, "_run"):
             parser.error("name a command")
-        return int(args._run(args) or 0)
+        shown, warnings.formatwarning = warnings.formatwarning, _warning_line(prog)
+        try:
+            return int(args._run(args) or 0)
+        finally:
+            warnings.formatwarning = shown
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
@@ -340,6 +369,17 @@ def main(argv: list[str] | None = None) -> int:
               f"(at {os.path.basename(where.filename)}:{where.lineno}; ANATOMY_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return 1
+
+
+def _warning_line(prog: str):
+    """warnings.formatwarning for the command line: "prog: warning: ..." as one printable, bounded
+    line (a resumed run's skipped checkpoints name paths, which may hold any byte). Only how a
+    warning is shown changes: filters, and pytest.warns or a caller's catch_warnings, still work."""
+
+    def format(message, category, filename, lineno, line=None) -> str:
+        return f"{prog}: warning: {one_line(str(message), MAX_MESSAGE)}\n"
+
+    return format
 
 
 def _describe(error: BaseException) -> str:

@@ -38,6 +38,31 @@ def model_config(args, **fields) -> ModelConfig:
         scale_embeddings=args.pos_encoding == "sinusoidal", **fields)
 
 
+def task_fields(args) -> dict:
+    """The config fields the task fixes; model_config takes the rest from the command line."""
+    if args.task == "lm":
+        return {"arch": "decoder", "max_seq_len": args.context}
+    if args.task == "seq2seq":
+        return {"arch": "encoder-decoder", "max_seq_len": args.max_len + 1}
+    return {"arch": "encoder", "max_seq_len": args.max_len, "head": "sequence-classification", "pooling": args.pooling}
+
+
+def planned_config(args, run_dir: Path) -> ModelConfig:
+    """The model the run will build, known before its tokenizer is trained: a resumed run's saved
+    shape, else the command line's with the vocabulary of a given tokenizer file, or --vocab-size
+    (default DEFAULT_VOCAB_SIZE), which bounds what a trained tokenizer ends with (a char
+    vocabulary, every character seen, is usually far smaller). Raises ConfigError (a ValueError)
+    for a shape that cannot be built, such as d_model not divisible by n_heads."""
+    saved = run_dir / RUN_CONFIG
+    if args.resume and saved.exists():
+        return ModelConfig.from_json(saved.read_text())
+    vocab_size = args.vocab_size or DEFAULT_VOCAB_SIZE
+    if args.tokenizer not in KINDS:
+        vocab_size = Tokenizer.load(args.tokenizer).vocab_size
+    labels = {"num_labels": len(args.labels.split(","))} if args.task == "classify" and args.labels else {}
+    return model_config(args, **task_fields(args), vocab_size=vocab_size, **labels)
+
+
 def _tokenizer(args, run_dir: Path, files: list[str], info) -> Tokenizer:
     """The run's tokenizer: the one saved in the run (resume), a given file, or trained on `files`
     by rank 0 and then read by every rank."""
@@ -76,8 +101,7 @@ def lm(args, run_dir: Path, info):
         train_ids, val_ids = ids, tokenize_to_memmap(args.val_data, tok, args.cache_dir)
     else:
         train_ids, val_ids = split_tokens(ids, args.val_fraction)
-    model = _build_model(args, run_dir, model_config(args, arch="decoder", vocab_size=tok.vocab_size,
-                                                     max_seq_len=args.context))
+    model = _build_model(args, run_dir, model_config(args, **task_fields(args), vocab_size=tok.vocab_size))
     train = LMBatches(train_ids, args.context, args.batch_size, args.seed, info.rank, info.world_size)
     val = LMBatches(val_ids, args.context, args.batch_size, args.seed + 1)
     return model, LMTask(train, val, args.eval_batches), tok
@@ -96,8 +120,8 @@ def seq2seq(args, run_dir: Path, info):
         test_src, _ = parallel_text(args.test_src, args.test_tgt, tok, tok, args.cache_dir)
         refs = Path(args.test_tgt).read_text(encoding="utf-8").splitlines()
         bleu_set = (test_src, [r.strip() for r in refs])
-    model = _build_model(args, run_dir, model_config(
-        args, arch="encoder-decoder", vocab_size=tok.vocab_size, max_seq_len=args.max_len + 1, pad_token_id=tok.pad_id))
+    model = _build_model(args, run_dir, model_config(args, **task_fields(args), vocab_size=tok.vocab_size,
+                                                     pad_token_id=tok.pad_id))
     task = Seq2SeqTask(src, tgt, tok, args.batch_size, args.max_len, args.seed, info.rank, info.world_size,
                        val=val, bleu_set=bleu_set, bleu_max=args.bleu_samples)
     return model, task, tok
@@ -121,9 +145,8 @@ def classify(args, run_dir: Path, info):
         val_seqs, val_y, _ = classification_data(args.val, tok, names, cache_dir=args.cache_dir)
         val = (val_seqs, val_y)
     if model is None:
-        model = _build_model(args, run_dir, model_config(
-            args, arch="encoder", vocab_size=tok.vocab_size, max_seq_len=args.max_len,
-            head="sequence-classification", num_labels=len(names), pooling=args.pooling, pad_token_id=tok.pad_id))
+        model = _build_model(args, run_dir, model_config(args, **task_fields(args), vocab_size=tok.vocab_size,
+                                                         num_labels=len(names), pad_token_id=tok.pad_id))
     elif model.config.num_labels != len(names):
         raise ValueError(f"--labels gives {model.config.num_labels} labels, {args.train} has {len(names)}")
     return model, ClassifyTask(seqs, y, tok, args.batch_size, args.max_len, args.seed, info.rank,

@@ -20,11 +20,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cli import (add_device_argument, add_model_argument, non_negative_float, non_negative_int, positive_float,
-                   positive_int, probability)
+from ..checkpoints.describe import config_of
+from ..cli import (add_device_argument, add_model_argument, input_file, non_negative_float, non_negative_int,
+                   one_line, output_folder, positive_float, positive_int, printable, probability, seed, text, threads)
 from ..config import ACTIVATIONS, ATTN_IMPLS, NORM_POSITIONS, NORMS, POS_ENCODINGS, QK_NORMS
 from . import distributed
-from .build import BUILDERS, RUN_CONFIG
+from .budget import check_training_memory
+from .build import BUILDERS, RUN_CONFIG, planned_config
 from .checkpoint import checkpoint_candidates, remove_temporaries, save_trained, write_text_atomically
 from .metrics import METRICS
 from .rundir import RunLock
@@ -45,6 +47,41 @@ DEFAULTS = {
 }
 
 
+MAX_VOCAB = 2**20  # a tokenizer trained here: more entries than this is no vocabulary a model can use on one machine
+
+
+def vocab_size(value: str) -> int:
+    """An argparse type: a vocabulary size, 2 to MAX_VOCAB."""
+    size = positive_int(value)
+    if not 2 <= size <= MAX_VOCAB:
+        raise argparse.ArgumentTypeError(f"{size} is not a vocabulary size (2 to {MAX_VOCAB:,})")
+    return size
+
+
+MAX_LAYERS = 1000  # deeper than any Transformer trained so far; building a model is a loop over its blocks
+
+
+def layer_count(value: str) -> int:
+    """An argparse type: a number of blocks, 1 to MAX_LAYERS."""
+    count = positive_int(value)
+    if count > MAX_LAYERS:
+        raise argparse.ArgumentTypeError(f"{count:,} layers is more than {MAX_LAYERS:,}")
+    return count
+
+
+def label_list(value: str) -> str:
+    """An argparse type: comma-separated class labels, at least two, none empty, none repeated."""
+    value = text(value)
+    labels = value.split(",")
+    if any(not label.strip() for label in labels):
+        raise argparse.ArgumentTypeError(f"{one_line(value, 100)!r} has an empty label (labels are separated by commas)")
+    if len(set(labels)) != len(labels):
+        raise argparse.ArgumentTypeError(f"{one_line(value, 100)!r} names a label twice")
+    if len(labels) < 2:
+        raise argparse.ArgumentTypeError(f"{one_line(value, 100)!r}: a classifier needs at least two labels")
+    return value
+
+
 def fraction(text: str) -> float:
     """A number strictly between 0 and 1 (a validation share, an Adam beta)."""
     value = probability(text)
@@ -57,30 +94,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tasks = parser.add_subparsers(dest="task", metavar="TASK", required=True)
 
     lm = tasks.add_parser("lm", help="next-token language model (decoder) on a text file")
-    lm.add_argument("--data", required=True, help="a UTF-8 text file")
-    lm.add_argument("--val-data", help="validation text (default: the last --val-fraction of --data)")
-    lm.add_argument("--val-fraction", type=fraction, default=0.1)
+    lm.add_argument("--data", required=True, type=input_file, help="a UTF-8 text file")
+    lm.add_argument("--val-data", type=input_file, help="validation text (default: the last --val-fraction of --data)")
+    lm.add_argument("--val-fraction", type=fraction, default=0.1, help="share of --data kept for validation")
     lm.add_argument("--context", type=positive_int, default=64, help="block size T: tokens the model sees at once")
     lm.add_argument("--eval-batches", type=positive_int, default=50, help="validation batches per evaluation")
 
     s2s = tasks.add_parser("seq2seq", help="translation (encoder-decoder) on two line-aligned files")
-    s2s.add_argument("--src", required=True, help="source sentences, one per line")
-    s2s.add_argument("--tgt", required=True, help="target sentences, line i translating --src line i")
-    s2s.add_argument("--val-src")
-    s2s.add_argument("--val-tgt")
-    s2s.add_argument("--test-src", help="source side of the set to score with BLEU at the end")
-    s2s.add_argument("--test-tgt", help="references for --test-src")
+    s2s.add_argument("--src", required=True, type=input_file, help="source sentences, one per line")
+    s2s.add_argument("--tgt", required=True, type=input_file, help="target sentences, line i translating --src line i")
+    s2s.add_argument("--val-src", type=input_file, help="validation source sentences (with --val-tgt)")
+    s2s.add_argument("--val-tgt", type=input_file, help="validation target sentences (with --val-src)")
+    s2s.add_argument("--test-src", type=input_file, help="source side of the set to score with BLEU at the end "
+                     "(with --test-tgt)")
+    s2s.add_argument("--test-tgt", type=input_file, help="references for --test-src")
     s2s.add_argument("--max-len", type=positive_int, default=64, help="tokens kept per sentence (and decoded at most)")
     s2s.add_argument("--bleu-samples", type=non_negative_int, default=0,
                      help="also compute BLEU on the first N test sentences at every evaluation")
 
     cls = tasks.add_parser("classify", help="sequence classification (encoder) on a TSV of text<TAB>label")
-    cls.add_argument("--train", required=True, help="TSV: text<TAB>label (a header line is detected)")
-    cls.add_argument("--val", help="TSV to report accuracy on")
-    cls.add_argument("--labels", help="comma-separated allowed labels, in class order (default: those in --train)")
+    cls.add_argument("--train", required=True, type=input_file, help="TSV: text<TAB>label (a header line is detected)")
+    cls.add_argument("--val", type=input_file, help="TSV to report accuracy on")
+    cls.add_argument("--labels", type=label_list,
+                     help="comma-separated allowed labels, in class order (default: those in --train)")
     cls.add_argument("--max-len", type=positive_int, default=64, help="tokens kept per text")
     add_model_argument(cls, default=None, flag="--init", required=False, help="fine-tune this pretrained encoder")
-    cls.add_argument("--pooling", choices=("first", "mean"), default="mean")
+    cls.add_argument("--pooling", choices=("first", "mean"), default="mean",
+                     help="the sequence's vector: its first token's, or the mean of its tokens'")
 
     for task, sub in (("lm", lm), ("seq2seq", s2s), ("classify", cls)):
         _common_arguments(sub, *DEFAULTS[task])
@@ -88,55 +128,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_defaults: dict) -> None:
     g = p.add_argument_group("run")
-    g.add_argument("--out", required=True, help="run directory")
+    g.add_argument("--out", required=True, type=output_folder, help="run directory")
     g.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
-    g.add_argument("--seed", type=non_negative_int, default=1337)
+    g.add_argument("--seed", type=seed, default=1337, help="seed of the weights, the data order and dropout")
     add_device_argument(g, default="auto")
-    g.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
-    g.add_argument("--cache-dir", help="where token ids are cached (default ~/.cache/anatomy/tokens)")
+    g.add_argument("--threads", type=threads, help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--cache-dir", type=output_folder,
+                   help="where token ids are cached (default: ~/.cache/anatomy/tokens)")
     g.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     g.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
     g = p.add_argument_group("tokenizer")
     g.add_argument("--tokenizer", default=train_defaults["tokenizer"],
                    help=f"{' | '.join(KINDS)} (trained on the training data), or a tokenizer.json / directory")
-    g.add_argument("--vocab-size", type=positive_int, help="for word, bpe, wordpiece (default 8000)")
+    g.add_argument("--vocab-size", type=vocab_size, help="for word, bpe, wordpiece (default: 8000)")
 
     g = p.add_argument_group("model")
-    g.add_argument("--d-model", type=positive_int, default=model_defaults["d_model"])
-    g.add_argument("--n-heads", type=positive_int, default=model_defaults["n_heads"])
-    g.add_argument("--n-layers", type=positive_int, default=model_defaults["n_layers"])
-    g.add_argument("--d-ff", type=positive_int, help="feed-forward width (default 4 x d_model)")
-    g.add_argument("--dropout", type=probability, default=model_defaults["dropout"])
-    g.add_argument("--pos-encoding", default=model_defaults["pos_encoding"], choices=POS_ENCODINGS)
-    g.add_argument("--norm", default="layernorm", choices=NORMS)
-    g.add_argument("--norm-position", default="pre", choices=NORM_POSITIONS)
+    g.add_argument("--d-model", type=positive_int, default=model_defaults["d_model"], help="width of the residual stream")
+    g.add_argument("--n-heads", type=positive_int, default=model_defaults["n_heads"],
+                   help="attention heads (must divide --d-model)")
+    g.add_argument("--n-layers", type=layer_count, default=model_defaults["n_layers"], help="blocks (per stack)")
+    g.add_argument("--d-ff", type=positive_int, help="feed-forward width (default: 4 x d_model)")
+    g.add_argument("--dropout", type=probability, default=model_defaults["dropout"], help="dropout probability")
+    g.add_argument("--pos-encoding", default=model_defaults["pos_encoding"], choices=POS_ENCODINGS,
+                   help="how positions enter the model")
+    g.add_argument("--norm", default="layernorm", choices=NORMS, help="the normalisation")
+    g.add_argument("--norm-position", default="pre", choices=NORM_POSITIONS,
+                   help="norm before each sublayer (GPT-2) or after the residual sum (the paper)")
     g.add_argument("--activation", default="gelu", choices=ACTIVATIONS,
                    help="gated ones (swiglu, geglu) have 3 matrices: d_ff 2/3 as wide keeps the parameters")
     g.add_argument("--qk-norm", default="none", choices=QK_NORMS, help="RMSNorm on queries and keys")
     g.add_argument("--no-bias", dest="bias", action="store_false", help="no biases in attention and feed-forward")
     g.add_argument("--untied", action="store_true", help="an output matrix of its own, not the token embeddings")
-    g.add_argument("--attn-impl", default="sdpa", choices=ATTN_IMPLS)
+    g.add_argument("--attn-impl", default="sdpa", choices=ATTN_IMPLS, help="the attention kernel")
 
     g = p.add_argument_group("training")
-    g.add_argument("--max-steps", type=positive_int, default=train_defaults["max_steps"])
+    g.add_argument("--max-steps", type=positive_int, default=train_defaults["max_steps"], help="optimizer steps")
     g.add_argument("--batch-size", type=positive_int, default=train_defaults["batch_size"],
                    help="per rank, per micro-batch")
     g.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
     g.add_argument("--lr", type=positive_float, default=train_defaults["lr"],
                    help="peak learning rate (inverse-sqrt: multiplier of the paper's formula)")
     g.add_argument("--min-lr-ratio", type=probability, default=0.1, help="cosine ends at lr x this")
-    g.add_argument("--schedule", choices=SCHEDULES, default=train_defaults["schedule"])
-    g.add_argument("--warmup", type=non_negative_int, default=train_defaults["warmup"])
-    g.add_argument("--weight-decay", type=non_negative_float, default=0.1)
+    g.add_argument("--schedule", choices=SCHEDULES, default=train_defaults["schedule"], help="learning-rate schedule")
+    g.add_argument("--warmup", type=non_negative_int, default=train_defaults["warmup"],
+                   help="steps of linear warm-up")
+    g.add_argument("--weight-decay", type=non_negative_float, default=0.1, help="AdamW's decoupled weight decay")
     betas = train_defaults.get("betas", (0.9, 0.99))
-    g.add_argument("--beta1", type=fraction, default=betas[0])
-    g.add_argument("--beta2", type=fraction, default=betas[1])
-    g.add_argument("--label-smoothing", type=probability, default=train_defaults.get("label_smoothing", 0.0))
+    g.add_argument("--beta1", type=fraction, default=betas[0], help="AdamW's first-moment decay")
+    g.add_argument("--beta2", type=fraction, default=betas[1], help="AdamW's second-moment decay")
+    g.add_argument("--label-smoothing", type=probability, default=train_defaults.get("label_smoothing", 0.0),
+                   help="share of the target's probability spread over the vocabulary")
     g.add_argument("--clip", type=non_negative_float, default=1.0, help="max gradient norm (0: no clipping)")
-    g.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
+    g.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                   help="auto: bf16 autocast on a GPU that has it, else fp32")
     g.add_argument("--eval-every", type=non_negative_int, default=250, help="steps (0: only at the end)")
-    g.add_argument("--log-every", type=positive_int, default=10)
+    g.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
     g.add_argument("--save-every", type=non_negative_int, default=500, help="steps (0: only at the end)")
     g.add_argument("--keep", type=positive_int, default=2, help="checkpoints kept on disk")
 
@@ -174,7 +221,7 @@ def summary(args, model, task, tokenizer, info) -> str:
         ("steps", f"{args.max_steps:,} x {at_most}{per_step:,} tokens per step ({sizes['batch']} x {args.grad_accum} "
                   f"micro-batch(es) x {info.world_size} rank(s)) = {at_most}{per_step * args.max_steps:,} tokens"),
     ]
-    return f"anatomy train {args.task} -> {args.out}\n" + "\n".join(f"  {k:<11} {v}" for k, v in rows)
+    return f"anatomy train {args.task} -> {printable(args.out)}\n" + "\n".join(f"  {k:<11} {v}" for k, v in rows)
 
 
 def _lock(run_dir: Path, info) -> RunLock | None:
@@ -193,7 +240,32 @@ def _lock(run_dir: Path, info) -> RunLock | None:
     return lock
 
 
+def check_arguments(args) -> None:
+    """What can be checked before the run folder is touched or a file read: options that go in
+    pairs, the --init encoder, and the memory one training step will need (budget.py)."""
+    if args.task == "seq2seq":
+        for first, second in (("val_src", "val_tgt"), ("test_src", "test_tgt")):
+            if (getattr(args, first) is None) != (getattr(args, second) is None):
+                raise ValueError(f"--{first.replace('_', '-')} and --{second.replace('_', '-')} go together: "
+                                 "give both or neither")
+    if args.task == "classify" and args.init:
+        config = config_of(args.init)
+        if config is None:  # a Hub id not downloaded yet: the load checks it
+            return
+        if config.arch != "encoder":
+            raise ValueError(f"--init {one_line(args.init, 100)} is a {config.arch}; classify fine-tunes an encoder")
+        labels = len(args.labels.split(",")) if args.labels else config.num_labels
+        config = config.replace(head="sequence-classification", num_labels=labels, pooling=args.pooling)
+    else:
+        config = planned_config(args, Path(args.out))
+    tokens = min(config.max_seq_len, args.max_len if args.task == "classify" else config.max_seq_len)
+    shape = (f"the run's model (d_model {config.d_model:,}, {config.n_layers:,} layers, d_ff {config.d_ff:,}, "
+             f"{tokens:,} positions, vocabulary {config.vocab_size:,}, batch {args.batch_size:,})")
+    check_training_memory(config, args.batch_size, tokens, args.device, shape)
+
+
 def run(args) -> int:
+    check_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     info = distributed.setup(args.device)
@@ -212,7 +284,7 @@ def run(args) -> int:
                 (run_dir / stale).unlink(missing_ok=True)
         distributed.barrier()
         random.seed(args.seed)
-        np.random.seed(args.seed)
+        np.random.seed(args.seed % 2**32)  # numpy takes 32 bits
         model, task, tok = BUILDERS[args.task](args, run_dir, info)
         if info.is_main:
             write_text_atomically(run_dir / "train_args.json", json.dumps(plain_arguments(args, tok), indent=1))
@@ -226,7 +298,7 @@ def run(args) -> int:
             final = {k: v for r in history for k, v in r.items() if k != "step"}
             done = ", ".join(f"{k} {final[k]:.4f}" for k in ("loss", "val_loss", "val_accuracy", "bleu") if k in final)
             if not args.quiet:
-                print(f"done: {done}; model in {out}")
+                print(f"done: {done}; model in {printable(str(out))}")
         return 0
     finally:
         if lock is not None:

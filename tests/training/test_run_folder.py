@@ -36,7 +36,7 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path, c
         err = capsys.readouterr().err
         assert f"is in use by another run (process {os.getpid()})" in err and err.count("\n") == 1
         assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock"]  # it wrote nothing
-    # the lock file left behind is not a lock: the kernel released it with its holder
+    assert not (tmp_path / "run" / ".lock").exists()  # removed by its holder
     assert train(tmp_path, "run", "--max-steps", "2") == 0
     assert [r["step"] for r in read_metrics(tmp_path / "run") if "loss" in r] == [1, 2]
 
@@ -45,6 +45,48 @@ def test_a_stale_lock_file_from_a_dead_run_does_not_block(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / ".lock").write_text("999999999\n")
     assert train(tmp_path, "run", "--max-steps", "1") == 0
+
+
+def test_the_lock_is_removed_when_the_run_ends_however_it_ends(tmp_path):
+    assert train(tmp_path, "run", "--max-steps", "1") == 0
+    assert not (tmp_path / "run" / ".lock").exists()
+    assert train(tmp_path, "run", "--max-steps", "1", "--batch-size", "0") == 2  # refused by argparse
+    assert train(tmp_path, "other", "--max-steps", "1", "--resume") == 0
+    assert not list((tmp_path / "run").glob(".lock*")) and not list((tmp_path / "other").glob(".lock*"))
+
+
+def _contend(run_dir: str, rounds: int) -> tuple[int, list[str]]:
+    """In a child process: try to take the lock `rounds` times; while holding it, prove that nobody
+    else does (an exclusive marker file). Returns (times held, refusals that named no live process)."""
+    import re
+
+    from anatomy.training.rundir import RunFolderInUse
+
+    held, bad = 0, []
+    for _ in range(rounds):
+        try:
+            lock = RunLock(run_dir).acquire()
+        except RunFolderInUse as refused:
+            if not re.search(r"process \d+\)", str(refused)):
+                bad.append(str(refused))
+            continue
+        marker = os.open(os.path.join(run_dir, "holder"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # fails if two hold
+        os.close(marker)
+        os.unlink(os.path.join(run_dir, "holder"))
+        lock.release()
+        held += 1
+    return held, bad
+
+
+def test_a_refusal_always_names_the_holder_and_one_run_holds_at_a_time(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    with context.Pool(6) as pool:
+        results = pool.starmap(_contend, [(str(tmp_path), 200)] * 6)
+    assert sum(held for held, _ in results) > 0
+    assert [message for _, bad in results for message in bad] == []  # never "process unknown"
+    assert not list(tmp_path.iterdir())  # no lock and no pending lock file left
 
 
 def test_temporaries_of_killed_saves_are_removed_at_start(tmp_path):
