@@ -233,8 +233,8 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and not (0.0 <= value < 1.0):
                 raise ConfigError(f"{name} must be in [0, 1), got {value}")
-        if self.type_vocab_size < 0:
-            raise ConfigError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
+        if isinstance(self.type_vocab_size, bool) or not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
+            raise ConfigError(f"type_vocab_size must be an integer >= 0 (0: no token types), got {self.type_vocab_size!r}")
         if isinstance(self.pos_offset, bool) or not isinstance(self.pos_offset, int) or self.pos_offset < 0:
             raise ConfigError(f"pos_offset must be an integer >= 0, got {self.pos_offset!r}")
         if self.pos_offset and self.pos_encoding != "learned":

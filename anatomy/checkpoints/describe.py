@@ -48,13 +48,13 @@ def config_of(name_or_path: str | Path, revision: str | None = None) -> ModelCon
     else:
         source = locate(name, revision)  # a built-in package or a local path: nothing is fetched
     if source.kind == "native":
-        return native_config(source.path)
+        return native_config(source.path, root=source.root)
     if source.kind == "gguf":
         hf, weights = open_gguf(source.path)
     else:
         hf, _, _ = read_config(source.path)
         weights = Weights(source.path, root=source.root)
-    return config_from_hf(hf, set(weights), weights.source)[0]
+    return config_from_hf(hf, weights)[0]
 
 
 def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:

@@ -25,10 +25,13 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .files import CheckpointError, Weights
+from .files import CheckpointError, Weights, listing, shorten
 
 # How closely a derived tensor in a checkpoint must match the model's own (a formula, a tied copy).
 DERIVED_ATOL = 1e-6
+# How many problems of each kind a message lists (then how many more): a message stays short
+# whatever the file holds (200 000 extra tensors made a 3.9 MB line).
+PROBLEMS_SHOWN = 5
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,8 @@ def check_coverage(model: nn.Module, rules: list[Rule], model_type: str) -> None
     if unknown or uncovered:
         raise CheckpointError(
             f"the {model_type} mapping table does not fit the model: "
-            + (f"names the model lacks: {unknown}; " if unknown else "")
-            + (f"parameters no rule fills: {uncovered}" if uncovered else "")
+            + (f"names the model lacks: {listing(unknown)}; " if unknown else "")
+            + (f"parameters no rule fills: {listing(uncovered)}" if uncovered else "")
         )
 
 
@@ -164,7 +167,7 @@ def check_fit(model: nn.Module, rules: list[Rule], weights: Weights, ignore: tup
     unexpected and mis-shaped tensor by name (with both shapes where they differ)."""
     check_coverage(model, rules, model_type)
     tensors = _tensors(model)
-    missing, mismatched = [], []
+    missing, mismatched, not_floating = [], [], []
     for rule in rules:
         expected = _expected_shape(rule, [tensors[n] for n in rule.ours])
         if rule.hf not in weights:
@@ -173,6 +176,9 @@ def check_fit(model: nn.Module, rules: list[Rule], weights: Weights, ignore: tup
         elif tuple(weights.shape(rule.hf)) != expected:
             got = weights.shape(rule.hf)
             mismatched.append(f"{rule.hf}: checkpoint has {_shape_str(got)}, model expects {_shape_str(expected)}")
+        elif not rule.derived and not weights.dtype(rule.hf).is_floating_point:
+            # A parameter is trained by gradients: an integer or bool tensor cannot be one.
+            not_floating.append(f"{rule.hf} ({str(weights.dtype(rule.hf)).removeprefix('torch.')})")
     known = {r.hf for r in rules}
     patterns = [re.compile(p) for p in ignore]
     unexpected = [k for k in weights if k not in known and not any(p.search(k) for p in patterns)]
@@ -180,6 +186,7 @@ def check_fit(model: nn.Module, rules: list[Rule], weights: Weights, ignore: tup
         ("missing tensors", missing),
         ("unexpected tensors", [f"{k} {_shape_str(weights.shape(k))}" for k in unexpected]),
         ("mis-shaped tensors", mismatched),
+        ("tensors of an integer or bool dtype, where the model has floating-point parameters", not_floating),
     ])
 
 
@@ -263,7 +270,9 @@ def _expected_shape(rule: Rule, targets: list[torch.Tensor]) -> tuple[int, ...]:
 
 
 def _raise_problems(source: str, model_type: str, sections: list[tuple[str, list[str]]]) -> None:
-    problems = [f"{title} ({len(items)}):\n    " + "\n    ".join(items) for title, items in sections if items]
+    problems = [f"{title} ({len(items)}):\n    " + "\n    ".join(map(shorten, items[:PROBLEMS_SHOWN]))
+                + (f"\n    ... and {len(items) - PROBLEMS_SHOWN} more" if len(items) > PROBLEMS_SHOWN else "")
+                for title, items in sections if items]
     if problems:
         raise CheckpointError(f"{source} does not fit this {model_type} model:\n  " + "\n  ".join(problems))
 

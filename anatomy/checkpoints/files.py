@@ -13,6 +13,7 @@ every problem can be reported before a single tensor is loaded. Every failure is
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 from collections.abc import Iterator
@@ -28,6 +29,19 @@ INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be read or does not fit the model it describes."""
+
+
+def shorten(text: str, limit: int = 120) -> str:
+    """`text` cut to `limit` characters (a name inside a message: a tensor name may be megabytes)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def listing(items, limit: int = 5) -> str:
+    """The first `limit` items, each shortened, then how many more: a message stays a few hundred
+    characters whatever a file holds."""
+    items = list(items)
+    shown = ", ".join(shorten(str(item)) for item in items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def read_json(path: Path, what: str, kind: type = dict):
@@ -49,6 +63,21 @@ def read_json(path: Path, what: str, kind: type = dict):
     return data
 
 
+def check_finite(data, what: str) -> None:
+    """Raise CheckpointError naming the first NaN or Infinity anywhere in a config (JSON has no
+    such values; Python's json reads and writes them), by its path: "rope_parameters.factor"."""
+    pending = [("", data)]
+    while pending:  # a loop, not recursion: read_json has bounded the depth, not this
+        path, value = pending.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise CheckpointError(f"{what} gives {shorten(path or 'the value', 80)} = {value}; every number "
+                                  "in a config must be finite")
+        if isinstance(value, dict):
+            pending += [(f"{path}.{key}" if path else str(key), item) for key, item in value.items()]
+        elif isinstance(value, list):
+            pending += [(f"{path}[{i}]", item) for i, item in enumerate(value)]
+
+
 # safetensors' dtype names -> torch dtypes (the header says which; no tensor is read to know it)
 SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -56,8 +85,68 @@ SAFETENSORS_DTYPES = {
 }
 
 
+# The longest header safetensors itself accepts.
+MAX_HEADER_BYTES = 100_000_000
+
+
+def read_safetensors_header(path: Path) -> dict[str, tuple[torch.dtype | None, tuple[int, ...]]]:
+    """name -> (dtype, shape) of every tensor of a .safetensors file, from its header alone.
+
+    The format: 8 bytes, the header's length n (little-endian); n bytes of JSON, each tensor's
+    {"dtype", "shape", "data_offsets": [begin, end]} with begin and end counted from the header's
+    end. Nothing else is read or mapped, so that sizes can be checked against the memory available
+    before the data is touched. Every offset is checked in exact integers: end - begin must be the
+    shape's bytes, and end within the file. A dtype anatomy does not know maps to None.
+    Raises CheckpointError naming the file (and the tensor) when the header is malformed."""
+    where = f"weights file {shorten(str(path))!r}"
+    try:
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            prefix = file.read(8)
+            length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+            if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
+                raise CheckpointError(f"{where} is corrupt or truncated: it does not start with the length of a "
+                                      f"safetensors header (of at most {MAX_HEADER_BYTES} bytes, within the file)")
+            header = json.loads(file.read(length))
+    except OSError as error:
+        raise CheckpointError(f"{where} cannot be read: {shorten(str(error))}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise CheckpointError(f"{where} is corrupt or truncated: its header is not JSON") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where} is corrupt: its header is not a JSON object")
+    data_bytes = size - 8 - length
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        problem = _entry_problem(entry, data_bytes)
+        if problem:
+            raise CheckpointError(f"{where} is corrupt or truncated: tensor {shorten(name)!r} {problem}")
+        tensors[name] = (SAFETENSORS_DTYPES.get(entry["dtype"]), tuple(entry["shape"]))
+    return dict(sorted(tensors.items()))  # in safetensors' own order, by name
+
+
+def _entry_problem(entry, data_bytes: int) -> str | None:
+    """Why a header entry is malformed (None when it is not): types, then offsets in exact integers."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+        return "has no dtype"
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        return "has a shape that is not a list of sizes"
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(n) is int for n in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        return "has data_offsets that are not [begin, end]"
+    if offsets[1] > data_bytes:
+        return f"needs bytes up to {offsets[1]} of the data, the file holds {data_bytes}"
+    dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+    if dtype is not None and offsets[1] - offsets[0] != math.prod(shape) * dtype.itemsize:
+        return f"has {offsets[1] - offsets[0]} bytes for a {entry['dtype']} tensor of shape {shape}"
+    return None
+
+
 class _SafetensorsShard:
-    """One .safetensors file, memory-mapped: the header is read at once, a tensor's bytes when asked.
+    """One .safetensors file: names, dtypes and shapes from its header at once; the file is
+    memory-mapped when a first tensor is asked for, after every check has passed.
 
     safetensors stores no checksum: a flipped byte inside a tensor's data loads silently (only NaN
     or Inf values are caught, by the engine). Compare the file's sha256 with the publisher's if it
@@ -65,17 +154,15 @@ class _SafetensorsShard:
 
     def __init__(self, path: Path):
         self.path = path
-        try:
-            self._file = safe_open(str(path), framework="pt")
-            self._keys = list(self._file.keys())
-            slices = {key: self._file.get_slice(key) for key in self._keys}
-            self._shapes = {key: tuple(s.get_shape()) for key, s in slices.items()}
-            self._dtypes = {key: SAFETENSORS_DTYPES.get(s.get_dtype()) for key, s in slices.items()}
-        except (SafetensorError, OSError, ValueError) as error:
-            raise CheckpointError(f"weights file {str(path)!r} is corrupt or truncated: {error}") from None
+        header = read_safetensors_header(path)
+        self._keys = list(header)
+        self._dtypes = {key: dtype for key, (dtype, _) in header.items()}
+        self._shapes = {key: shape for key, (_, shape) in header.items()}
+        self._file = None
         unknown = sorted(k for k, d in self._dtypes.items() if d is None)
         if unknown:
-            raise CheckpointError(f"weights file {str(path)!r} holds tensors of a dtype anatomy does not read: {unknown[:5]}")
+            raise CheckpointError(f"weights file {shorten(str(path))!r} holds tensors of a dtype anatomy does not "
+                                  f"read: {listing(unknown)}")
 
     def keys(self) -> list[str]:
         return self._keys
@@ -87,10 +174,19 @@ class _SafetensorsShard:
         return self._dtypes[key]
 
     def get(self, key: str) -> torch.Tensor:
+        where = shorten(str(self.path))
+        if self._file is None:
+            try:
+                self._file = safe_open(str(self.path), framework="pt")
+            except (SafetensorError, OSError, ValueError) as error:
+                raise CheckpointError(f"weights file {where!r} is corrupt or truncated: {shorten(str(error))}") from None
+            except MemoryError:
+                raise CheckpointError(f"weights file {where!r} cannot be memory-mapped: this process has not the "
+                                      "address space for it") from None
         try:
             return self._file.get_tensor(key)
         except Exception as error:  # safetensors reports truncated data only when a tensor is read
-            raise CheckpointError(f"tensor {key!r} of {str(self.path)!r} cannot be read: {error}") from None
+            raise CheckpointError(f"tensor {shorten(key)!r} of {where!r} cannot be read: {shorten(str(error))}") from None
 
 
 class _PickleShard:
@@ -135,9 +231,20 @@ def _torch_load(path: Path):
         return torch.load(str(path), map_location="cpu", weights_only=True)
 
 
+def _is_shard_name(value) -> bool:
+    """A weight file's name as an index may give it: a string ending in .safetensors or .bin, with
+    no control character (a NUL byte cannot be in a path) and no longer than a file name may be."""
+    return (isinstance(value, str) and value.endswith((".safetensors", ".bin")) and len(value) <= 4096
+            and value.isprintable())
+
+
 def _open_shard(path: Path):
-    if not path.is_file():
-        raise CheckpointError(f"weights file {str(path)!r} is missing")
+    try:
+        found = path.is_file()
+    except OSError as error:  # a name too long for the file system
+        raise CheckpointError(f"weights file {shorten(str(path))!r} cannot be opened: {error.strerror}") from None
+    if not found:
+        raise CheckpointError(f"weights file {shorten(str(path))!r} is missing")
     return _SafetensorsShard(path) if path.suffix == ".safetensors" else _PickleShard(path)
 
 
@@ -180,18 +287,17 @@ class Weights:
         weight_map = read_json(path, "shard index").get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"shard index {str(path)!r} has no 'weight_map' object")
-        wrong = [f"{k!r}: {v!r}" for k, v in weight_map.items()
-                 if not isinstance(v, str) or not v.endswith((".safetensors", ".bin"))]
+        wrong = [f"{k!r}: {v!r}" for k, v in weight_map.items() if not _is_shard_name(v)]
         if wrong:
-            raise CheckpointError(f"shard index {str(path)!r} maps tensors to things that are not weight file names: "
-                                  f"{', '.join(wrong[:5])}")
+            raise CheckpointError(f"shard index {shorten(str(path))!r} maps tensors to things that are not weight file "
+                                  f"names: {listing(wrong)}")
         files = sorted(set(weight_map.values()))
         for file in files:
             inside(directory / file, root, f"shard {file!r} of {str(path)!r}:")
         shards = {file: _open_shard(directory / file) for file in files}
         problems = [f"{key} (listed in {file})" for key, file in weight_map.items() if key not in shards[file].keys()]
         if problems:
-            raise CheckpointError(f"shard index {path.name} lists tensors its shards lack: {', '.join(problems[:20])}")
+            raise CheckpointError(f"shard index {path.name} lists tensors its shards lack: {listing(problems)}")
         return {key: shards[file] for key, file in weight_map.items()}
 
     def __contains__(self, key: str) -> bool:

@@ -21,8 +21,10 @@ from torch import nn
 
 from ..config import SPECIAL_TOKEN_FIELDS, ConfigError, ModelConfig
 from .engine import Architecture, Rule, check_fit, expand, export, load_into
-from .files import CheckpointError, Weights, read_json, write_safetensors
-from .memory import check_layers, check_memory, empty_model
+from .files import CheckpointError, Weights, check_finite, read_json, shorten, write_safetensors
+from .memory import (
+    check_claimed_sizes, check_config_sizes, check_layers, check_memory, check_weights_memory, empty_model,
+)
 from .registry import ARCHITECTURES
 from .sentence import sentence_transformers_config
 
@@ -82,16 +84,28 @@ def stored_dtype(hf: dict, weights: Weights) -> torch.dtype:
     return torch.float32
 
 
-# The fields a config.json may give a layer count in, across the architectures anatomy reads.
-LAYER_COUNT_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "decoder_layers",
+# The fields a config.json gives sizes in, across the architectures anatomy reads: counts of layers
+# and experts (each holds at least one tensor), and widths (each the length of some tensor's axis).
+LAYER_COUNT_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers", "decoder_layers",
                       "num_decoder_layers")
+COUNT_FIELDS = LAYER_COUNT_FIELDS + ("num_local_experts", "num_experts_per_tok")
+WIDTH_FIELDS = (
+    "hidden_size", "n_embd", "d_model", "dim", "word_embed_proj_dim",  # the model width
+    "intermediate_size", "n_inner", "ffn_dim", "hidden_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff",
+    "num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads",
+    "num_key_value_heads", "head_dim", "d_kv", "rotary_dim",
+    "vocab_size", "decoder_vocab_size", "type_vocab_size", "relative_attention_num_buckets", "num_labels",
+)
+# position counts: integers, bounded later by the memory their tables take (rotary, sinusoids)
+POSITION_FIELDS = ("max_position_embeddings", "n_positions")
 
 
 def check_layer_count_fields(hf: dict, names: set[str], source: str) -> None:
     """Before any config is built (a config makes per-layer tables): no layer count in config.json
     may exceed what the weights' names number, the largest index in a name plus one. A config
     claiming a billion layers is refused here, in the time it takes to read the names."""
-    indices = [int(part) for name in names for part in name.split(".") if part.isdigit()]
+    indices = [int(part) for name in names for part in name.split(".") if part.isascii() and part.isdigit()
+               and len(part) < 19]  # a longer run of digits is no layer index (and int() would refuse 4300 digits)
     most = max(indices, default=-1) + 1
     for field in LAYER_COUNT_FIELDS:
         value = hf.get(field)
@@ -100,20 +114,32 @@ def check_layer_count_fields(hf: dict, names: set[str], source: str) -> None:
                                   f"the weights hold {most} at most (the largest layer index in their names, plus one)")
 
 
-def config_from_hf(hf: dict, keys: set[str], source: str, attn_impl: str | None = None
-                   ) -> tuple[ModelConfig, Architecture, str]:
-    """(ModelConfig, Architecture, HF class name) of an HF config dict and its weights' tensor names
-    (read from the headers; no tensor is loaded). Raises CheckpointError naming `source` for a
-    config anatomy cannot build or layer counts the names do not hold."""
+def config_from_hf(hf: dict, weights, attn_impl: str | None = None) -> tuple[ModelConfig, Architecture, str]:
+    """(ModelConfig, Architecture, HF class name) of an HF config dict and its weights, whose names
+    and shapes come from the headers (no tensor is loaded).
+
+    Every size is bounded before anything is built from it: numbers finite, layer and expert
+    counts within the number of tensors, widths within the longest axis (memory.check_claimed_sizes),
+    then the built config's sizes again (memory.check_config_sizes). Raises CheckpointError naming
+    the weights' source for a config anatomy cannot build or sizes the weights do not back."""
+    source = weights.source
+    keys = set(weights)
     arch, class_name = architecture_for(hf, repr(source))
+    what = f"the config of {shorten(source)!r}"
+    check_finite(hf, what)
     check_layer_count_fields(hf, keys, source)
+    check_claimed_sizes(hf, COUNT_FIELDS, WIDTH_FIELDS, weights, what, at_least={"type_vocab_size": 0})
+    for name in POSITION_FIELDS:
+        if hf.get(name) is not None and (type(hf[name]) is not int or hf[name] < 1):
+            raise CheckpointError(f"{what} gives {name}={shorten(repr(hf[name]), 40)}; it must be an integer >= 1")
     try:
         config = arch.to_config(hf, class_name, keys)
         config = config.replace(**special_ids(hf, config.vocab_size, exclude=config.to_dict()))
         if attn_impl is not None:
             config = config.replace(attn_impl=attn_impl)
-    except (ConfigError, TypeError, ValueError, KeyError, AttributeError) as error:
-        raise CheckpointError(f"the config of {source!r} describes a model anatomy cannot build: {error}") from None
+    except (ConfigError, TypeError, ValueError, KeyError, AttributeError, ArithmeticError) as error:
+        raise CheckpointError(f"{what} describes a model anatomy cannot build: {shorten(str(error), 300)}") from None
+    check_config_sizes(config, weights, source)
     return config, arch, class_name
 
 
@@ -128,15 +154,16 @@ def model_from_hf(hf: dict, weights: Weights, *, dtype: torch.dtype | None = Non
     """
     source = weights.source
     keys = set(weights)
-    config, arch, class_name = config_from_hf(hf, keys, source, attn_impl)
+    config, arch, class_name = config_from_hf(hf, weights, attn_impl)
     config.extra.update({"hf_config": hf, "hf_class": class_name, "source": source, **(extra or {})})
     dtype = dtype or stored_dtype(hf, weights)
     prefixed = any(k.startswith(arch.base_prefix + ".") for k in keys)
     expected = {"i": config.n_layers, "j": config.decoder_n_layers or config.n_layers}
     check_layers(rules_for(arch, config, prefixed, per_layer=False), keys, expected, source)
     check_memory(config, source)
-    model = empty_model(config, source)
     rules = rules_for(arch, config, prefixed)
+    check_weights_memory(weights, [rule.hf for rule in rules if not rule.derived], dtype, device, source)
+    model = empty_model(config, source)
     check_fit(model, rules, weights, arch.ignore, arch.model_type)
     check_memory(config, source, model, dtype, device)
     load_into(model, rules, weights, arch.ignore, arch.model_type, dtype=dtype, device=device)

@@ -20,8 +20,10 @@ bytes, in the dtype asked for, against the memory available. Each failure is a C
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import resource
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +36,7 @@ from torch.overrides import TorchFunctionMode
 from ..config import ModelConfig
 from ..models import FAMILIES
 from .engine import Rule
-from .files import CheckpointError
+from .files import CheckpointError, shorten
 
 # Memory the process keeps for itself beyond the model (activations of a first forward pass, Python).
 HEADROOM_BYTES = 256 * 2**20
@@ -105,6 +107,63 @@ def empty_model(config: ModelConfig, source: str = "the checkpoint") -> nn.Modul
         raise CheckpointError(f"{source}: anatomy cannot build the model its config describes ({first})") from None
 
 
+def header_sizes(weights) -> tuple[int, int]:
+    """(how many tensors the weights hold, how many values the largest of them holds), from the
+    headers alone. Every width a config gives is an axis of some tensor, so none exceeds the
+    second; a width that merely differs from the file's is left to the engine, which names every
+    mis-shaped tensor."""
+    names = list(weights)
+    return len(names), max((math.prod(weights.shape(name)) for name in names), default=0)
+
+
+def check_claimed_sizes(fields: dict, counts: tuple[str, ...], widths: tuple[str, ...], weights, what: str,
+                        at_least: dict[str, int] | None = None) -> None:
+    """Before a config is built from `fields` (config.json, anatomy_config.json, GGUF metadata), bound
+    every size it claims by the weight headers, so that nothing iterates, compiles or allocates in
+    proportion to a number no file backs:
+        counts  (layers, experts): each layer, each expert, holds at least one tensor, so
+                1 <= count <= the number of tensors;
+        widths  (model width, heads, vocabulary, ...): each is the length of some tensor's axis, so
+                at_least (default 1) <= width <= the values the largest tensor holds.
+    A field absent or None is left to the config's own default. Raises CheckpointError naming the
+    field, its value and the bound."""
+    n_tensors, largest = header_sizes(weights)
+    at_least = at_least or {}
+    for group, bound, meaning in ((counts, n_tensors, f"the weights hold {n_tensors} tensors (each layer or expert "
+                                                      "holds at least one)"),
+                                  (widths, largest, f"the largest tensor in the weights holds {largest} values")):
+        for name in group:
+            value = fields.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise CheckpointError(f"{what} gives {name}={shorten(repr(value), 40)}; it must be an integer")
+            low = at_least.get(name, 1)
+            if not low <= value <= bound:
+                raise CheckpointError(f"{what} gives {name}={value}, outside [{low}, {bound}]: {meaning}")
+
+
+def check_config_sizes(config: ModelConfig, weights, source: str) -> None:
+    """The sizes of a built ModelConfig (derived ones included: d_head, d_ff) against the weight
+    headers, before any per-layer table or module exists: the stacks' layers, times the experts of
+    each, within the number of tensors; every width within the values of the largest tensor.
+    CheckpointError otherwise."""
+    n_tensors, largest = header_sizes(weights)
+    layers = config.n_layers + (config.decoder_n_layers or 0)
+    if layers * max(config.n_experts, 1) > n_tensors:
+        experts = f" x {config.n_experts} experts" if config.n_experts else ""
+        raise CheckpointError(f"{source}: the config's {layers} layers{experts} need at least "
+                              f"{layers * max(config.n_experts, 1)} tensors, the weights hold {n_tensors}")
+    widths = ["vocab_size", "d_model", "d_embed", "d_ff", "n_heads", "n_kv_heads", "d_head", "n_experts",
+              "type_vocab_size", "decoder_d_ff", "decoder_n_heads"]
+    widths += ["relative_buckets"] if config.pos_encoding == "relative" else []
+    widths += ["num_labels"] if config.head in ("sequence-classification", "token-classification") else []
+    wide = [f"{name}={getattr(config, name)}" for name in widths if (getattr(config, name) or 0) > largest]
+    if wide:
+        raise CheckpointError(f"{source}: the config gives {', '.join(wide)}, more than the {largest} values of the "
+                              "largest tensor in the weights")
+
+
 def layer_counts(rules: list[Rule], names: set[str]) -> dict[str, int]:
     """For each per-layer placeholder ("{i}", "{j}"), how many layers the checkpoint's names hold."""
     counts: dict[str, int] = {}
@@ -156,6 +215,21 @@ def check_memory(config: ModelConfig, source: str, model: nn.Module | None = Non
                               "available; nothing was allocated")
 
 
+def check_weights_memory(weights, names, dtype: torch.dtype, device, source: str) -> None:
+    """Before building: the bytes the named checkpoint tensors take once loaded (floating ones in
+    `dtype`), read from the headers, against the memory available when they go to the cpu. A weight
+    file larger than memory is refused here, before a byte of it is mapped. CheckpointError otherwise."""
+    if device is not None and torch.device(device).type != "cpu":
+        return
+    needed = sum(math.prod(weights.shape(name))
+                 * (dtype.itemsize if weights.dtype(name).is_floating_point else weights.dtype(name).itemsize)
+                 for name in names if name in weights)
+    available = available_memory()
+    if needed + HEADROOM_BYTES > available:
+        raise CheckpointError(f"{source}: this model's weights take about {_gb(needed)} in {str(dtype).removeprefix('torch.')}"
+                              f", more than the {_gb(available)} of memory available; nothing was allocated")
+
+
 def nbytes(model: nn.Module, dtype: torch.dtype | None) -> tuple[int, int]:
     """(parameter bytes, buffer bytes) of a model, floating parameters counted in `dtype` when given."""
     params = {id(p): p for p in model.parameters()}.values()
@@ -165,7 +239,23 @@ def nbytes(model: nn.Module, dtype: torch.dtype | None) -> tuple[int, int]:
 
 
 def available_memory() -> int:
-    """Bytes the machine can still give this process (MemAvailable of /proc/meminfo, else free pages)."""
+    """Bytes this process can still take: the machine's MemAvailable (/proc/meminfo; else its free
+    pages), or less where a limit on this process is nearer: an address-space limit (RLIMIT_AS, as
+    `ulimit -v` sets; a memory map counts against it) or its container's cgroup memory limit."""
+    room = [_meminfo_available()]
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        room.append(soft - _status_bytes("VmSize"))
+    for limit, usage in (("memory.max", "memory.current"),  # cgroup v2, then v1
+                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        limit_bytes, usage_bytes = _read_int(f"/sys/fs/cgroup/{limit}"), _read_int(f"/sys/fs/cgroup/{usage}")
+        if limit_bytes is not None and usage_bytes is not None:
+            room.append(limit_bytes - usage_bytes)
+            break
+    return max(0, min(room))
+
+
+def _meminfo_available() -> int:
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -174,6 +264,28 @@ def available_memory() -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _status_bytes(field: str) -> int:
+    """A size from /proc/self/status ("VmSize:  123 kB"), in bytes; 0 when unknown."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _read_int(path: str) -> int | None:
+    """The integer a one-line file holds (a cgroup's limit: "max" means none), else None."""
+    try:
+        with open(path) as file:
+            text = file.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def _gb(n: int) -> str:

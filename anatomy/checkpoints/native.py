@@ -18,11 +18,11 @@ from torch import nn
 
 from ..config import ConfigError, ModelConfig
 from .engine import Rule, check_fit, export, load_into
-from .files import CheckpointError, Weights, read_json, write_safetensors
-from .memory import check_memory, empty_model
+from .files import CheckpointError, Weights, check_finite, read_json, shorten, write_safetensors
+from .memory import check_claimed_sizes, check_config_sizes, check_memory, check_weights_memory, empty_model
 
 NATIVE_CONFIG = "anatomy_config.json"
-LAYER_NAME = re.compile(r"(encoder\.|decoder\.|)blocks\.(\d+)\.")
+LAYER_NAME = re.compile(r"(encoder\.|decoder\.|)blocks\.([0-9]{1,18})\.")
 
 
 def identity_table(model: nn.Module) -> list[Rule]:
@@ -42,26 +42,44 @@ def save_native(model: nn.Module, directory: str | Path, max_shard_size: int | s
     return out
 
 
-def native_config(directory: Path, attn_impl: str | None = None) -> ModelConfig:
-    """The ModelConfig in `directory`'s anatomy_config.json; CheckpointError naming the file if invalid."""
+# anatomy_config.json's sizes, bounded by the weight headers before a ModelConfig exists (its
+# __post_init__ makes a tuple of n_layers layer types): counts of layers and experts, and widths.
+COUNT_FIELDS = ("n_layers", "decoder_n_layers", "n_experts")
+WIDTH_FIELDS = ("vocab_size", "d_model", "d_embed", "d_ff", "decoder_d_ff", "n_heads", "decoder_n_heads",
+                "n_kv_heads", "d_head", "type_vocab_size")
+
+
+def native_config(directory: Path, attn_impl: str | None = None, *, root: Path | None = None,
+                  weights: Weights | None = None) -> ModelConfig:
+    """The ModelConfig in `directory`'s anatomy_config.json, its sizes bounded by the weights' headers
+    (opened here unless given; `root` as for Weights). CheckpointError naming the file if invalid."""
     path = directory / NATIVE_CONFIG
+    what = repr(shorten(str(path)))
+    data = read_json(path, "anatomy config")
+    weights = weights if weights is not None else Weights(directory, root=root)
+    check_finite(data, what)
+    check_claimed_sizes(data, COUNT_FIELDS, WIDTH_FIELDS, weights, what,
+                        at_least={"n_experts": 0, "type_vocab_size": 0})
     try:
-        config = ModelConfig.from_dict(read_json(path, "anatomy config"))
-        return config if attn_impl is None else config.replace(attn_impl=attn_impl)
-    except (ConfigError, TypeError, ValueError, KeyError) as error:
-        raise CheckpointError(f"{str(path)!r} describes an invalid model: {error}") from None
+        config = ModelConfig.from_dict(data)
+        config = config if attn_impl is None else config.replace(attn_impl=attn_impl)
+    except (ConfigError, TypeError, ValueError, KeyError, ArithmeticError) as error:
+        raise CheckpointError(f"{what} describes an invalid model: {shorten(str(error), 300)}") from None
+    check_config_sizes(config, weights, str(path))
+    return config
 
 
 def load_native(directory: Path, *, dtype: torch.dtype | None = None, device=None, attn_impl: str | None = None,
                 root: Path | None = None) -> nn.Module:
     """anatomy_config.json + weights -> the model, with the same checks and memory path as HF folders."""
     path = directory / NATIVE_CONFIG
-    config = native_config(directory, attn_impl)
     weights = Weights(directory, root=root)
+    config = native_config(directory, attn_impl, weights=weights)
     dtype = dtype or next((weights.dtype(k) for k in weights if weights.dtype(k).is_floating_point), torch.float32)
     source = str(path)
     _check_depth(config, weights, source)
     check_memory(config, source)
+    check_weights_memory(weights, list(weights), dtype, device, source)
     model = empty_model(config, source)
     check_fit(model, identity_table(model), weights, (), "anatomy")
     check_memory(config, source, model, dtype, device)

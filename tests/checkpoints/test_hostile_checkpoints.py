@@ -62,7 +62,7 @@ def test_a_million_layers_is_refused_from_the_names_alone(gpt2_dir, layers):
 def test_a_vocabulary_the_weights_do_not_have_is_refused_before_reading(gpt2_dir, vocab):
     _edit_config(gpt2_dir, vocab_size=vocab)
     with pytest.raises(CheckpointError, match=rf"wte.weight: checkpoint has \[99, 32\], model expects \[{vocab}, 32\]"
-                                              r"|cannot build the model"):
+                                              rf"|cannot build the model|gives vocab_size={vocab}, outside"):
         anatomy.from_pretrained(gpt2_dir)
 
 
@@ -82,7 +82,7 @@ def test_non_finite_or_negative_floats_are_refused_by_name(llama_dir, field, val
     config.pop("rope_parameters", None)
     (llama_dir / "config.json").write_text(json.dumps(config))  # json writes NaN / Infinity, as Python reads them
     name = "norm_eps" if field == "rms_norm_eps" else "rope_theta"
-    with pytest.raises(CheckpointError, match=rf"{name} must be a finite number > 0"):
+    with pytest.raises(CheckpointError, match=rf"{name} must be a finite number > 0|{field} = {value}; every number"):
         anatomy.from_pretrained(llama_dir)
 
 
