@@ -57,7 +57,9 @@ def attention_steps(b: Builder, attn, a: str, q_in: str, kv_in: str, q_tokens, k
     g = h // (H // K)  # the key/value head serving query head h
     T, S = len(q_tokens), len(kv_tokens)
     xq, xkv = b.get(q_in, 0), b.get(kv_in, 0)
-    src = "M" if cross else "X"
+    # The keys and values read the memory M (cross-attention) or the same input as the queries: X̂
+    # where a norm precedes the sublayer (pre-norm), X where it does not (the paper's post-norm).
+    src = "M" if cross else ("X̂" if q_in.endswith("norm.out") else "X")
     q, k, v = b.get(f"{a}q", 0, h), b.get(f"{a}k", 0, g), b.get(f"{a}v", 0, g)
     q_rows, kv_rows = slice(h * D, (h + 1) * D), slice(g * D, (g + 1) * D)
     shown = [b.param(f"W_{n}", f"W_{n}", getattr(attn, f"{n}_proj").weight, rows)
@@ -77,6 +79,7 @@ def attention_steps(b: Builder, attn, a: str, q_in: str, kv_in: str, q_tokens, k
     bv = " + b_v" if attn.v_proj.bias is not None else ""
     in_name = "X̂" if q_in.endswith("norm.out") else "X"
     in_latex = r"\hat X" if in_name == "X̂" else "X"
+    src_latex = r"\hat X" if src == "X̂" else src
     xrow, qrow = xq[fi], q[fi]
     worked = [] if attn.qk_norm != "none" or not b.small else [b.worked(
         f"q['{q_tokens[fi]}', 0] = x · W_q[:, 0]{bq} = {products(xrow, f64(attn.q_proj.weight[h * D]))}"
@@ -87,7 +90,7 @@ def attention_steps(b: Builder, attn, a: str, q_in: str, kv_in: str, q_tokens, k
         section, f"Cross-attention: Q from the decoder, K and V from the encoder (head {h})" if cross
         else f"Queries, keys and values (head {h})", text,
         f"Q = {in_name}·W_q{bq},   K = {src}·W_k{bk},   V = {src}·W_v{bv}",
-        f"Q = {in_latex} W_q{bq}, \\quad K = {src} W_k{bk}, \\quad V = {src} W_v{bv}",
+        f"Q = {in_latex} W_q{bq}, \\quad K = {src_latex} W_k{bk}, \\quad V = {src_latex} W_v{bv}",
         shown,
         b.check("the projections with the module's W and b", f"the model's {a}q, {a}k, {a}v",
                 mine, torch.cat([q, k, v])),

@@ -24,6 +24,11 @@ def norm_name(module: nn.Module) -> str:
     return "LayerNorm" if isinstance(module, LayerNorm) else "RMSNorm"
 
 
+def norm_parameters(module: nn.Module) -> str:
+    """The parameters a norm has, in words: LayerNorm's "γ, β and ε", RMSNorm's "γ and ε"."""
+    return "γ, β and ε" if getattr(module, "bias", None) is not None else "γ and ε"
+
+
 def norm_worked(b: Builder, x: torch.Tensor, module: nn.Module, result: torch.Tensor, token: str,
                 against: str) -> list[Worked]:
     """LayerNorm (or RMSNorm) of one row by hand: mean, variance, normalised row, then γ and β."""
@@ -43,8 +48,10 @@ def norm_worked(b: Builder, x: torch.Tensor, module: nn.Module, result: torch.Te
             b.worked(f"normalised = (x − {fmt(float(mean))}) / √({float(var):.6f} + {module.eps:g}) = {vec(normalised)}",
                      r"\hat x = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}}", normalised,
                      torch.nn.functional.layer_norm(x, (E,), eps=module.eps), "torch's layer_norm without γ, β"),
-            b.worked(f"× γ {vec(g)} + β {vec(beta)} = {vec(normalised * g + beta)}",
-                     r"\gamma \odot \hat x + \beta", normalised * g + beta, result, against),
+            b.worked(f"× γ {vec(g)}" + (f" + β {vec(beta)}" if module.bias is not None else "")
+                     + f" = {vec(normalised * g + beta)}",
+                     r"\gamma \odot \hat x" + (r" + \beta" if module.bias is not None else ""),
+                     normalised * g + beta, result, against),
         ]
     ms = (x ** 2).sum() / E
     normalised = x / torch.sqrt(ms + module.eps)
@@ -65,7 +72,7 @@ def norm_step(b: Builder, section: str, title: str, text: str, module, x_point: 
     b.add(
         section, title, text, f"{what} = {name}(X)", f"{what} = \\mathrm{{{name}}}(X)".replace("X̂", r"\hat X"),
         [b.matrix(what, what.replace("X̂", r"\hat X"), out_point, (0,), rows=tokens, highlight=fi)],
-        b.check(f"{name}(X) with the module's γ, β and ε", f"the model's {out_point}", norm(x, module), out),
+        b.check(f"{name}(X) with the module's {norm_parameters(module)}", f"the model's {out_point}", norm(x, module), out),
         norm_worked(b, x[fi], module, out[fi], tokens[fi], f"the model's {out_point}[0, {fi}]"),
     )
 
@@ -155,7 +162,7 @@ def layer_steps(b: Builder, stack: nn.Module, p: str, layer: int, tokens: list[s
                     shown.append(b.param("β", r"\beta", before.bias, labels=["β"]))
             b.add(section, f"Residual and {n}", say("post_norm", rule=rule, eps=before.eps),
                   f"X' = {n}(X + {what}(X))", f"X' = \\mathrm{{{n}}}(X + \\mathrm{{{what}}}(X))", shown,
-                  b.check(f"{n}(X + {what}) from the module's γ, β, ε", f"the model's {result_point}",
+                  b.check(f"{n}(X + {what}) from the module's {norm_parameters(before)}", f"the model's {result_point}",
                           norm(x + y, before), result),
                   residual_worked(b, x[fi], y[fi], (x + y)[fi], tokens[fi], f"X + {what}, as shown")
                   + norm_worked(b, (x + y)[fi], before, result[fi], tokens[fi], f"the model's {result_point}[0, {fi}]"))
@@ -194,53 +201,71 @@ def ffn_steps(b: Builder, mlp: nn.Module, m: str, x_in: str, tokens, section: st
         return moe_step(b, mlp, m, x_in, tokens, section)
     act, act_eq, act_name = activation(b.config.activation)
     x = b.get(x_in, 0)
+    # Name what the model has: x̂ where a norm precedes, a bias only where there is one, and a gated
+    # unit's three matrices by their roles (gate, up, down: SwiGLU, GeGLU).
+    xin = "x̂" if x_in.endswith("norm.out") else "x"
+    xin_latex = r"\hat x" if xin == "x̂" else "x"
+    b1 = " + b_1" if mlp.fc_in.bias is not None else ""
+    b2 = " + b_2" if mlp.fc_out.bias is not None else ""
     if mlp.gated:
         gate = linear(x, mlp.fc_gate)
-        hidden_mine = act(gate) * linear(x, mlp.fc_in)
-        equation = f"FFN(x) = ({act_name}(x·W_gate) ⊙ x·W_in)·W_out"
-        latex = r"\mathrm{FFN}(x) = \left(\mathrm{" + act_name + r"}(x W_{gate}) \odot x W_{in}\right) W_{out}"
+        up = linear(x, mlp.fc_in)
+        hidden_mine = act(gate) * up
+        w_first, w_second = "W_gate", "W_down"
+        hidden_name = f"{act_name}({xin}·W_gate) ⊙ {xin}·W_up"
+        hidden_latex = r"\mathrm{" + act_name + "}(" + xin_latex + r" W_{gate}) \odot " + xin_latex + r" W_{up}"
+        equation = f"FFN({xin}) = ({hidden_name})·W_down"
+        latex = r"\mathrm{FFN}(" + xin_latex + r") = \left(" + hidden_latex + r"\right) W_{down}"
     else:
         gate = linear(x, mlp.fc_in)
         hidden_mine = act(gate)
-        equation = f"FFN(x) = {act_name}(x·W_1 + b_1)·W_2 + b_2,   {act_name}(x) = {act_eq}"
-        latex = r"\mathrm{FFN}(x) = \mathrm{" + act_name + r"}(x W_1 + b_1)\, W_2 + b_2"
+        w_first, w_second = "W_1", "W_2"
+        hidden_name = f"{act_name}({xin}·W_1{b1})"
+        hidden_latex = r"\mathrm{" + act_name + "}(" + xin_latex + " W_1" + b1 + ")"
+        equation = f"FFN({xin}) = {hidden_name}·W_2{b2},   {act_name}(x) = {act_eq}"
+        latex = r"\mathrm{FFN}(" + xin_latex + ") = " + hidden_latex + r"\, W_2" + b2
         if b.config.activation == "relu":
-            equation = "FFN(x) = max(0, x·W_1 + b_1)·W_2 + b_2"
-            latex = r"\mathrm{FFN}(x) = \max(0,\, x W_1 + b_1)\, W_2 + b_2"
+            equation = f"FFN({xin}) = max(0, {xin}·W_1{b1})·W_2{b2}"
+            latex = r"\mathrm{FFN}(" + xin_latex + r") = \max(0,\, " + xin_latex + " W_1" + b1 + r")\, W_2" + b2
     out_mine = linear(hidden_mine, mlp.fc_out)
     pre, hidden, out = b.get(f"{m}pre", 0), b.get(f"{m}post", 0), b.get(f"{m}out", 0)
     F, E = b.config.d_ff, b.config.d_model
     fi = b.row(len(tokens))
     n = int(hidden[fi].abs().argmax())  # the neuron most active on the highlighted row
-    shown = [b.param("W_1", "W_1", mlp.fc_in.weight)] if b.small else []
-    shown.append(b.matrix(f"{act_name}(x·W_1 + b_1)", r"\mathrm{" + act_name + r"}(x W_1 + b_1)",
-                          f"{m}post", (0,), rows=tokens, highlight=fi))
+    shown = [b.param(w_first, w_first, (mlp.fc_gate if mlp.gated else mlp.fc_in).weight)] if b.small else []
+    if b.small and mlp.gated:
+        shown.append(b.param("W_up", "W_up", mlp.fc_in.weight))
+    shown.append(b.matrix(hidden_name, hidden_latex, f"{m}post", (0,), rows=tokens, highlight=fi))
     if b.small:
-        shown.append(b.param("W_2", "W_2", mlp.fc_out.weight))
+        shown.append(b.param(w_second, w_second, mlp.fc_out.weight))
     shown.append(b.matrix("FFN", r"\mathrm{FFN}", f"{m}out", (0,), rows=tokens, highlight=fi))
     weight_in = f64(mlp.fc_gate.weight if mlp.gated else mlp.fc_in.weight)[n]
     bias_in = mlp.fc_gate.bias if mlp.gated else mlp.fc_in.bias
     column_out = f64(mlp.fc_out.weight)[:, n]  # (E,): what neuron n writes per unit of activation
     contribution = hidden[fi, n] * column_out
+    first = "gate" if mlp.gated else "pre-activation"
     worked = [
-        b.worked(f"neuron {n}, row '{tokens[fi]}': pre-activation = {products(x[fi], weight_in)}"
+        b.worked(f"neuron {n}, row '{tokens[fi]}': {first} = {products(x[fi], weight_in)}"
                  + (f" {signed(float(f64(bias_in)[n]))}" if bias_in is not None else "") + f" = {fmt(float(gate[fi, n]))}",
-                 f"h_{{{n}}} = x \\cdot W_1[:, {n}] + b_{{1,{n}}} = {fmt(float(gate[fi, n]))}",
+                 f"h_{{{n}}} = {xin_latex} \\cdot {w_first}[:, {n}]" + (f" + b_{{1,{n}}}" if bias_in is not None else "")
+                 + f" = {fmt(float(gate[fi, n]))}",
                  gate[fi, n], pre[fi, n], f"the model's {m}pre[0, {fi}, {n}]"),
         b.worked(f"activation {act_name}({fmt(float(gate[fi, n]))})"
-                 + (f" × up {fmt(float(hidden_mine[fi, n] / act(gate[fi, n])))}" if mlp.gated and float(act(gate[fi, n])) != 0 else "")
+                 + (f" × up {fmt(float(up[fi, n]))} (= {xin}·W_up[:, {n}])" if mlp.gated else "")
                  + f" = {fmt(float(hidden_mine[fi, n]))}",
-                 f"\\mathrm{{{act_name}}}(h_{{{n}}}) = {fmt(float(hidden_mine[fi, n]))}",
+                 f"\\mathrm{{{act_name}}}(h_{{{n}}})" + (f" \\cdot u_{{{n}}}" if mlp.gated else "")
+                 + f" = {fmt(float(hidden_mine[fi, n]))}",
                  hidden_mine[fi, n], hidden[fi, n], f"the model's {m}post[0, {fi}, {n}]"),
-        b.worked(f"its contribution to the output: {fmt(float(hidden[fi, n]))} × W_2[{n}, :] = {vec(contribution)}; "
+        b.worked(f"its contribution to the output: {fmt(float(hidden[fi, n]))} × {w_second}[{n}, :] = {vec(contribution)}; "
                  f"the {F} neurons' contributions" + (" plus b_2" if mlp.fc_out.bias is not None else "")
                  + f" sum to FFN('{tokens[fi]}') = {vec(out[fi])}",
-                 f"\\mathrm{{FFN}}(x) = \\sum_n a_n W_2[n, :] + b_2",
+                 f"\\mathrm{{FFN}}({xin_latex}) = \\sum_n a_n {w_second}[n, :]" + b2,
                  (hidden[fi][:, None] * f64(mlp.fc_out.weight).T).sum(0)
                  + (f64(mlp.fc_out.bias) if mlp.fc_out.bias is not None else 0.0), out[fi], f"the model's {m}out[0, {fi}]"),
     ]
     b.add(
-        section, "Feed-forward network", say("ffn", E=E, F=F, act=act_name), equation, latex, shown,
+        section, "Feed-forward network", say("ffn_gated" if mlp.gated else "ffn", E=E, F=F, act=act_name),
+        equation, latex, shown,
         b.check("both layers with the module's weights", f"the model's {m}post and {m}out",
                 torch.cat([hidden_mine.flatten(), out_mine.flatten()]), torch.cat([hidden.flatten(), out.flatten()])),
         worked,

@@ -89,6 +89,11 @@ TEXT = {
     "ffn": "The same two-layer network is applied to every position on its own: widen from d_model = "
            "{E} to d_ff = {F}, apply the non-linearity {act}, and project back to {E}. Attention mixed "
            "information between tokens; this step processes each token's mixture.",
+    "ffn_gated": "The same gated network is applied to every position on its own: two projections widen it "
+                 "from d_model = {E} to d_ff = {F}, a gate passed through {act} and an up projection, which "
+                 "are multiplied element by element (the gate decides how much of each up unit passes), and "
+                 "W_down projects back to {E}. Attention mixed information between tokens; this step "
+                 "processes each token's mixture.",
     "moe": "A mixture of experts: a router scores {n} feed-forward networks for each token, and the "
            "token's output is the weighted sum of the {k} experts it picks.",
     "later_layers": "Each further layer repeats the same steps with its own weights, reading the previous "

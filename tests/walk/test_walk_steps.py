@@ -158,3 +158,30 @@ def test_bad_arguments_name_the_range():
         walkthrough(model, ids, head=2)
     with pytest.raises(ValueError, match="needs target_ids"):
         walkthrough(toy_example("toy-seq2seq")[0], ids)
+
+
+def step_text(walk, title_start: str) -> str:
+    step = next(step for step in walk.steps if step.title.startswith(title_start))
+    return " ".join([step.equation, step.latex] + [m.name for m in step.matrices]
+                    + [c.summary for c in step.checks] + [w.text for w in step.worked])
+
+
+def test_the_narration_follows_the_model():
+    # Llama's block: pre-norm RMSNorm, no biases, SwiGLU.
+    llama = ModelConfig(**{**BASE, **ARCHITECTURES["gqa-rotary-rmsnorm-swiglu"], "attn_bias": False,
+                           "attn_out_bias": False, "mlp_bias": False})
+    walk = walkthrough(build_model(llama, seed=0), list(range(3, 13)))
+    qkv = step_text(walk, "Queries, keys and values")
+    assert "K = X̂·W_k" in qkv and "V = X̂·W_v" in qkv and "b_k" not in qkv and r"K = \hat X W_k" in qkv
+    ffn = step_text(walk, "Feed-forward network")
+    assert "FFN(x̂) = (SiLU(x̂·W_gate) ⊙ x̂·W_up)·W_down" in ffn
+    assert "b_1" not in ffn and "b_2" not in ffn and "W_1" not in ffn and "W_down[" in ffn
+    assert "gate" in next(s for s in walk.steps if s.title == "Feed-forward network").text
+    norm = step_text(walk, "RMSNorm before the attention")
+    assert "γ and ε" in norm and "β" not in norm
+    # The paper's block: post-norm LayerNorm with biases, ReLU.
+    toy_walk = walkthrough(*toy_example()[:2], **toy_example()[2])
+    qkv = step_text(toy_walk, "Queries, keys and values")
+    assert "Q = X·W_q + b_q,   K = X·W_k + b_k" in qkv
+    assert "FFN(x) = max(0, x·W_1 + b_1)·W_2 + b_2" in step_text(toy_walk, "Feed-forward network")
+    assert "γ, β and ε" in step_text(toy_walk, "Residual and LayerNorm")
