@@ -35,7 +35,7 @@ BATTERY = [
     (["generate", "--device", "tpu"], "--device"),
     (["generate", "--model", "{tmp}/no-such-model"], "no-such-model"),
     (["generate", "--model", "toy-encoder"], "encoder"),
-    (["generate", "--model", "toy-seq2seq"], "--src"),
+    (["generate", "--model", "toy-seq2seq", "--chat", "Hello"], "--chat"),
     (["generate", "--src", "Hello"], "--src"),
     (["generate", "--prompt", INVALID_UTF8], "UTF-8"),
     (["generate", "--temperature", "0.5", "--strategy", "greedy"], "--temperature"),

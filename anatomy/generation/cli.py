@@ -1,5 +1,6 @@
 """`anatomy generate`: write text with a trained or pretrained model, streamed as it is produced.
 
+    anatomy generate                                          # the toy continues "Hello World, this"
     anatomy generate --prompt "What are"                      # the built-in toy decoder
     anatomy generate --model runs/lm --prompt "Once upon a time" --max-new-tokens 64
     anatomy generate --model runs/lm --prompt "The" --strategy sample --temperature 0.8 --top-p 0.9 --seed 0
@@ -18,21 +19,38 @@ import time
 import torch
 
 from ..checkpoints import from_pretrained, load_tokenizer
+from ..checkpoints.describe import config_of
+from ..checkpoints.toys import TOYS
 from ..cli import (
     add_device_argument,
     add_model_argument,
     finite_float,
-    non_negative_int,
+    one_line,
     positive_float,
     positive_int,
     printable,
+    seed,
     text,
 )
+from .checks import MAX_LENGTH_PENALTY
 from .generate import STRATEGIES, generate
 from .runner import context_window
 
 
 KEEP = "\n\t"  # the control characters text may print as they are; any other is shown escaped
+MAX_NEW_TOKENS = 2**20  # past the context the window slides, so only time bounds it: a million tokens is a book
+MAX_BEAMS = 256  # beam search keeps this many sequences (and their caches) at every step
+TOY_PROMPT_WORDS = 3  # with no --prompt, a toy decoder continues the first words of its own sentence
+
+
+def bounded(kind, low, high):
+    """An argparse type: `kind` (an argparse type), within [low, high]."""
+    def check(value: str):
+        number = kind(value)
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not between {low:,} and {high:,}")
+        return number
+    return check
 
 
 def top_p(value: str) -> float:
@@ -54,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and print only the answer (it stops at the template's end of turn)")
     parser.add_argument("--system", type=text, default=None, metavar="TEXT",
                         help="with --chat: the system message (default: the template's own, if it has one)")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N",
+    parser.add_argument("--max-new-tokens", type=bounded(positive_int, 1, MAX_NEW_TOKENS),
+                        default=64, metavar="N",
                         help="at most this many new tokens; past the model's context the window slides")
     parser.add_argument("--strategy", choices=STRATEGIES, default=None,
                         help="default: sample if a sampling option is given, beam if --num-beams > 1, else greedy")
@@ -63,11 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most probable tokens")
     parser.add_argument("--top-p", type=top_p, default=None,
                         help="sample among the fewest most probable tokens holding probability >= p, in (0, 1]")
-    parser.add_argument("--num-beams", type=positive_int, default=1, help="beams for beam search")
-    parser.add_argument("--length-penalty", type=finite_float, default=1.0,
+    parser.add_argument("--num-beams", type=bounded(positive_int, 1, MAX_BEAMS), default=1,
+                        help="beams for beam search")
+    parser.add_argument("--length-penalty", default=1.0,
+                        type=bounded(finite_float, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY),
                         help="beam search ranks by log p / length^this")
-    parser.add_argument("--seed", type=non_negative_int, default=None, help="seed for sampling (printed when not "
-                        "given)")
+    parser.add_argument("--seed", type=seed, default=None, help="seed for sampling (printed when not given)")
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole sequence at every step")
     parser.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-sequence token")
 
@@ -120,8 +140,47 @@ def chat_messages(args: argparse.Namespace) -> list[dict] | None:
     return system + [{"role": "user", "content": args.chat}]
 
 
+def check_arguments(args: argparse.Namespace) -> str:
+    """What can be checked before the model loads: options that go together, and the model's
+    family against --prompt, --src and --chat. Returns the strategy."""
+    sampling = [name for name in ("temperature", "top_k", "top_p", "seed") if getattr(args, name) is not None]
+    strategy = args.strategy or ("sample" if sampling else "beam" if args.num_beams > 1 else "greedy")
+    if strategy != "sample" and sampling:
+        raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in sampling)} only apply to --strategy sample")
+    if strategy != "beam" and args.num_beams > 1:
+        raise ValueError(f"--num-beams {args.num_beams} needs --strategy beam")
+    config = config_of(args.model)
+    model = f"--model {one_line(args.model, 100)}"
+    if config is None:  # a Hub id not downloaded yet: checked once it is loaded
+        return strategy
+    if config.arch == "encoder":
+        raise ValueError(f"{model} is an encoder; generation needs a decoder or an encoder-decoder")
+    if config.arch == "encoder-decoder" and args.chat is not None:
+        raise ValueError(f"--chat needs a chat-tuned decoder; {model} is an encoder-decoder")
+    if config.arch == "encoder-decoder" and args.src is None and args.model not in TOYS:
+        raise ValueError("an encoder-decoder model needs --src TEXT")
+    if config.arch == "decoder" and args.src is not None:
+        raise ValueError(f"--src is for encoder-decoder models; {model} is a decoder (give --prompt)")
+    return strategy
+
+
+def default_input(args: argparse.Namespace, arch: str) -> None:
+    """With nothing to continue or translate, what a toy was fitted on; and say so on stderr."""
+    if args.chat is not None or args.prompt or (arch == "encoder-decoder" and args.src is not None):
+        return
+    if args.model in TOYS and arch == "decoder":
+        args.prompt = " ".join(TOYS[args.model].text.split()[:TOY_PROMPT_WORDS])
+        print(f"[no --prompt: continuing the beginning of the toy's own sentence, “{args.prompt}”]", file=sys.stderr)
+    elif args.model in TOYS:
+        args.src = TOYS[args.model].text
+        print(f"[no --src: translating the toy's own sentence, “{args.src}”]", file=sys.stderr)
+    elif arch == "decoder":
+        print("[no --prompt: generating from the end-of-text token, as after a finished text]", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     messages = chat_messages(args)
+    strategy = check_arguments(args)
     model = from_pretrained(args.model, device=args.device)
     tokenizer = getattr(model, "tokenizer", None) or load_tokenizer(args.model)
     config = model.config
@@ -129,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
     if config.arch == "encoder":
         raise ValueError(f"--model {args.model} is an encoder; generation needs a decoder or an encoder-decoder")
     eos, bos = special_id(model, tokenizer, "eos"), special_id(model, tokenizer, "bos")
+    default_input(args, config.arch)
 
     prompt = tokenizer.encode_prompt(args.prompt) if args.prompt else []
     kwargs = {}
@@ -154,16 +214,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("give --prompt TEXT (the tokenizer has no special token to start from)")
         prompt = [start]
 
-    sampling = {name: value for name, value in
-                (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p),
-                 ("seed", args.seed)) if value is not None}
-    strategy = args.strategy or ("sample" if sampling else "beam" if args.num_beams > 1 else "greedy")
     if strategy == "sample":
-        kwargs.update(sampling)
-    elif sampling:
-        raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in sampling)} only apply to --strategy sample")
-    if strategy != "beam" and args.num_beams > 1:
-        raise ValueError(f"--num-beams {args.num_beams} needs --strategy beam")
+        kwargs.update({name: getattr(args, name) for name in ("temperature", "top_k", "top_p", "seed")
+                       if getattr(args, name) is not None})
     streamer = TextStreamer(tokenizer, prompt) if strategy != "beam" else None
 
     if not encoder_decoder and messages is None:  # a chat prints only the answer
