@@ -1,0 +1,253 @@
+"""`anatomy sae train|eval|features`: train an SAE or a transcoder, measure it, show its features.
+
+    anatomy sae train --model smollm2 --point blocks.15.resid_post --data input.txt --features 4608 --k 32 --out runs/sae
+    anatomy sae eval runs/sae --data heldout.txt                  # L0, FVE, CE loss recovered, dead, dense
+    anatomy sae features runs/sae --data text.txt --out features.html
+
+A run folder holds sae_train_config.json, metrics.jsonl, sae.png, checkpoints/, and at the end sae/
+(SAELens's format) and eval.json. `--resume` continues a killed run; under torchrun the run trains with
+DistributedDataParallel. RUN_OR_FOLDER is a run folder, an SAE folder (SAELens or Gemma Scope) or a Hub id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from ..cli import (add_device_argument, add_model_argument, non_negative_int, positive_float, positive_int,
+                   probability, text)
+from .modules import KINDS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="sae_command", metavar="COMMAND", required=True)
+
+    train = commands.add_parser("train", help="train an SAE (or a transcoder) on a model's activations")
+    add_model_argument(train, default="smollm2", help="the model whose activations the SAE reads")
+    train.add_argument("--point", required=True, type=text,
+                       help="the trace point it reads (blocks.12.resid_post; TransformerLens names too)")
+    train.add_argument("--point-out", type=text,
+                       help="a transcoder: the point it predicts (e.g. --point blocks.3.mlp_norm.out --point-out blocks.3.mlp.out)")
+    train.add_argument("--data", required=True, nargs="+", help="UTF-8 text files")
+    train.add_argument("--eval-fraction", type=probability, default=0.05,
+                       help="the last share of each file held out for evaluation (default 0.05)")
+    train.add_argument("--out", required=True, help="run folder")
+    train.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
+    g = train.add_argument_group("the SAE")
+    g.add_argument("--kind", choices=KINDS, default="topk")
+    g.add_argument("--features", type=positive_int, default=4608, help="d_sae (default 4608)")
+    g.add_argument("--k", type=positive_float, default=32, help="active features per token (topk, batchtopk; default 32)")
+    g.add_argument("--l1", type=positive_float, default=5e-3, help="relu: the L1 coefficient")
+    g.add_argument("--l0", type=positive_float, default=1e-3, help="jumprelu: the L0 coefficient")
+    g = train.add_argument_group("activations")
+    g.add_argument("--context", type=positive_int, default=128, help="tokens per context (default 128)")
+    g.add_argument("--skip", type=non_negative_int, default=1,
+                   help="leading positions of each context left out (default 1: the first token's outlier)")
+    g.add_argument("--fill-tokens", type=positive_int, default=2**18, help="rows harvested per fill: the memory bound")
+    g.add_argument("--shards", help="keep the harvested activations in this folder (safetensors), for later epochs and runs")
+    g = train.add_argument_group("training")
+    g.add_argument("--max-steps", type=positive_int, default=2000)
+    g.add_argument("--batch-size", type=positive_int, default=4096, help="rows per step and rank (default 4096)")
+    g.add_argument("--lr", type=positive_float, default=4e-4)
+    g.add_argument("--warmup", type=non_negative_int, default=100)
+    g.add_argument("--min-lr-ratio", type=probability, default=0.0)
+    g.add_argument("--aux-k", type=positive_int, help="dead features per row in AuxK (default: half the width)")
+    g.add_argument("--aux-coefficient", type=probability, default=1 / 32)
+    g.add_argument("--dead-tokens", type=positive_int, default=500_000, help="tokens without firing = dead")
+    g.add_argument("--seed", type=non_negative_int, default=0)
+    g.add_argument("--log-every", type=positive_int, default=10)
+    g.add_argument("--eval-every", type=non_negative_int, default=100)
+    g.add_argument("--save-every", type=non_negative_int, default=500)
+    g.add_argument("--ce-contexts", type=non_negative_int, default=64,
+                   help="held-out contexts for the cross-entropy loss recovered (0: skip it)")
+    _run_arguments(train)
+
+    evaluate = commands.add_parser("eval", help="L0, variance explained, CE loss recovered, dead and dense features")
+    evaluate.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
+    add_model_argument(evaluate, default=None, required=False, help="the model (default: the one the SAE names)")
+    evaluate.add_argument("--data", required=True, nargs="+", help="held-out UTF-8 text files")
+    evaluate.add_argument("--context", type=positive_int, default=128)
+    evaluate.add_argument("--skip", type=non_negative_int, default=1)
+    evaluate.add_argument("--ce-contexts", type=non_negative_int, default=64)
+    evaluate.add_argument("--point", type=text, help="the point it reads, when its files do not say")
+    _run_arguments(evaluate)
+
+    features = commands.add_parser("features", help="one offline page: every feature's top contexts, density, logits")
+    features.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
+    add_model_argument(features, default=None, required=False, help="the model (default: the one the SAE names)")
+    features.add_argument("--data", required=True, nargs="+", help="UTF-8 text files to find the top contexts in")
+    features.add_argument("--out", required=True, help="the HTML file to write")
+    features.add_argument("--top", type=positive_int, default=12, help="top contexts per feature (default 12)")
+    features.add_argument("--context", type=positive_int, default=128)
+    features.add_argument("--skip", type=non_negative_int, default=1)
+    features.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
+    features.add_argument("--point", type=text, help="the point it reads, when its files do not say")
+    _run_arguments(features)
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    add_device_argument(parser, default="cpu")
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return {"train": run_train, "eval": run_eval, "features": run_features}[args.sae_command](args)
+
+
+def _model(name: str, device: str):
+    from ..checkpoints import from_pretrained
+
+    model = from_pretrained(name).to(device).eval()
+    if getattr(model, "tokenizer", None) is None:
+        raise ValueError(f"{name!r} has no tokenizer: the text cannot be read")
+    return model
+
+
+def run_train(args) -> int:
+    from ..training import distributed
+    from ..training.checkpoint import checkpoint_candidates, remove_temporaries
+    from ..training.metrics import METRICS
+    from ..training.rundir import RunLock
+    from .evaluate import evaluate
+    from .formats import save_sae
+    from .modules import SAE
+    from .store import ActivationStore, corpus_tokens, harvest, rows_of
+    from .train import SAETrainConfig, SAETrainer, write_summary
+
+    info = distributed.setup(args.device)
+    run_dir = Path(args.out)
+    lock = RunLock(run_dir).acquire() if info.is_main else None
+    try:
+        if info.is_main:
+            remove_temporaries(run_dir)
+        if not args.resume and checkpoint_candidates(run_dir):
+            raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another --out")
+        if info.is_main and not args.resume:
+            (run_dir / METRICS).unlink(missing_ok=True)
+        model = _model(args.model, str(info.device))
+        train_tokens, held_tokens = corpus_tokens(args.data, model.tokenizer, args.eval_fraction)
+        points = [args.point] + ([args.point_out] if args.point_out else [])
+        shards = Path(args.shards) / _shard_key(args, points) if args.shards else None
+        store = ActivationStore(model, points, train_tokens, context=args.context, batch_size=args.batch_size,
+                                fill_tokens=args.fill_tokens, skip=args.skip, seed=args.seed, rank=info.rank,
+                                world_size=info.world_size, shards=shards)
+        widths = [v.flatten(2).size(-1) for v in harvest(model, torch.as_tensor(train_tokens[None, :8]), points)]
+        k = args.k if args.kind in ("topk", "batchtopk") else None
+        sae = SAE(widths[0], args.features, kind=args.kind, k=int(k) if args.kind == "topk" else k,
+                  d_out=widths[-1], point=args.point, point_out=args.point_out, seed=args.seed,
+                  metadata={"model_name": args.model, "context_size": args.context, "dataset_path": " ".join(args.data)})
+        config = SAETrainConfig(kind=args.kind, features=args.features, k=k, l1=args.l1, l0=args.l0,
+                                max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+                                min_lr_ratio=args.min_lr_ratio, aux_k=args.aux_k, aux_coefficient=args.aux_coefficient,
+                                dead_tokens=args.dead_tokens, seed=args.seed, log_every=args.log_every,
+                                eval_every=args.eval_every, save_every=args.save_every,
+                                progress=not args.no_progress, quiet=args.quiet)
+        eval_rows = rows_of(model, points, held_tokens, context=args.context, skip=args.skip, limit=16384)
+        if info.is_main:
+            write_summary(run_dir, config, {"model": args.model, "point": args.point, "point_out": args.point_out,
+                                            "data": args.data, "context": args.context, "skip": args.skip,
+                                            "eval_fraction": args.eval_fraction})
+            if not args.quiet:
+                per_step = args.batch_size * info.world_size
+                print(f"anatomy sae train -> {run_dir}\n"
+                      f"  SAE         {args.kind}, {widths[0]} -> {args.features} features"
+                      f"{f' (k {k:g})' if k else ''} -> {widths[-1]}, at {' -> '.join(points)}\n"
+                      f"  data        {len(train_tokens):,} tokens train ({store.rows:,} rows an epoch), "
+                      f"{len(held_tokens):,} held out\n"
+                      f"  steps       {args.max_steps:,} x {per_step:,} rows = {args.max_steps * per_step / store.rows:.1f} "
+                      f"epochs; {'activations kept in ' + str(shards) if shards else 'activations harvested each epoch'}",
+                      flush=True)
+        trainer = SAETrainer(sae, store, config, run_dir, eval_rows=eval_rows, dist=info, resume=args.resume)
+        trainer.fit()
+        if info.is_main:
+            final = trainer.trained_sae()
+            save_sae(final, run_dir / "sae")
+            results = evaluate(model, final, held_tokens, context=args.context, skip=args.skip,
+                               ce_contexts=args.ce_contexts)
+            (run_dir / "eval.json").write_text(json.dumps(results, indent=1) + "\n")
+            trainer._log({"step": trainer.step, **{f"heldout_{k}": v for k, v in results.items()}})
+            from .plots import plot_training
+
+            plot_training(run_dir, trainer.history)
+            if not args.quiet:
+                print("held out: " + _describe(results) + f"\nSAE in {run_dir / 'sae'}")
+        return 0
+    finally:
+        if lock is not None:
+            lock.release()
+        distributed.cleanup()
+
+
+def _shard_key(args, points) -> str:
+    """Shards are reused only by a run of the same model, points, data, context, skip, fill and seed."""
+    import hashlib
+
+    key = json.dumps([args.model, points, [str(Path(d).resolve()) for d in args.data], args.eval_fraction, args.context,
+                      args.skip, args.fill_tokens, args.seed, args.batch_size])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _describe(results: dict) -> str:
+    parts = [f"L0 {results['l0']:.1f}", f"FVE {results['fve']:.3f}"]
+    if "loss_recovered" in results:
+        parts.append(f"CE loss recovered {results['loss_recovered']:.3f} (clean {results['ce_clean']:.3f}, "
+                     f"spliced {results['ce_spliced']:.3f}, zero-ablated {results['ce_zero']:.3f})")
+    parts += [f"dead {results['dead']:.1%}", f"dense {results['dense']:.1%}", f"on {results['tokens']:,} tokens"]
+    return ", ".join(parts)
+
+
+def _sae_model_tokens(args):
+    """(sae, model, tokens of --data) for eval and features; the model named by --model or the SAE."""
+    from .formats import load_sae
+    from .store import corpus_tokens
+
+    for path in args.data:
+        if not Path(path).is_file():
+            raise FileNotFoundError(2, "no such file", path)
+    sae = load_sae(args.sae, point=args.point)
+    name = args.model or sae.metadata.get("model_name")
+    if not name:
+        raise ValueError(f"{args.sae} does not name its model: pass --model")
+    if sae.point is None:
+        raise ValueError(f"{args.sae} does not say which point it reads: pass --point")
+    model = _model(name, args.device)
+    tokens = corpus_tokens(args.data, model.tokenizer, eval_fraction=None)[0]
+    return sae.to(args.device), model, tokens
+
+
+def run_eval(args) -> int:
+    from .evaluate import evaluate
+
+    sae, model, tokens = _sae_model_tokens(args)
+    results = evaluate(model, sae, tokens, context=args.context, skip=args.skip, ce_contexts=args.ce_contexts)
+    if not args.quiet:
+        print(_describe(results))
+    return 0
+
+
+def run_features(args) -> int:
+    import time
+
+    from .features import feature_page, stats_of
+
+    if Path(args.out).suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"--out {args.out!r} must be an .html file")
+    if not Path(args.out).resolve().parent.is_dir():
+        raise FileNotFoundError(2, "no such folder", str(Path(args.out).parent))
+    started = time.time()
+    sae, model, tokens = _sae_model_tokens(args)
+    if args.max_tokens:
+        tokens = tokens[:args.max_tokens]
+    view = feature_page(model, sae, tokens, context=args.context, skip=args.skip, top=args.top,
+                        stats=stats_of(args.sae) if Path(args.sae).is_dir() else None)
+    out = view.save(args.out)
+    if not args.quiet:
+        print(f"{out}: {sae.d_sae:,} features, {len(view.html) / 1e6:.1f} MB, {time.time() - started:.0f} s")
+    return 0

@@ -1,0 +1,210 @@
+"""Feature pages: every feature of an SAE, as a reader of Neuronpedia expects to see it, in one offline file.
+
+Shape letters: F features, N top contexts kept per feature, W tokens shown per context, C contexts
+scanned, T tokens per context, V vocabulary, H histogram bins.
+
+For every feature, from one streaming pass over a corpus (passes that stop at the SAE's point):
+
+    top contexts    the N contexts where it fires hardest (one per context: its highest token), each a window
+                    of W tokens around that token with the feature's activation on every token
+    density         the share of tokens on which it fires (> 0)
+    histogram       how its non-zero activations are distributed (log-spaced bins)
+    logits          the tokens its decoder direction promotes and suppresses through the unembedding:
+                    W_U (gamma * W_dec[i]), gamma the final norm's gain (the norm's scale left out)
+
+and for the whole SAE the histogram of log10 feature density (Bricken et al. 2023's density plot).
+The page (viz's page shell: inline script and style, a Content-Security-Policy that allows no request)
+only draws these numbers: search by token, sort by density, a card per feature with its contexts shaded.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from string import Template
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..viz.html import View, asset, pack, page, script_json
+from .modules import SAE
+from .store import harvest
+
+BEFORE, AFTER = 14, 5  # tokens shown before and after a context's highest token (W = 20)
+HISTOGRAM_EDGES = np.logspace(-3, 4, 57)  # activation bins, 8 per decade from 0.001 to 10,000 (H = 56)
+ASSETS = resources.files("anatomy.sae") / "assets"
+
+
+@dataclass
+class FeatureData:
+    """What a feature page shows; every array is per feature (axis 0 = F)."""
+
+    values: torch.Tensor  # [F, N] the top contexts' highest activations (0: fewer contexts fired)
+    windows: torch.Tensor  # [F, N, W] token ids around each (-1 past a context's edge)
+    window_acts: torch.Tensor  # [F, N, W] the feature's activation on each of those tokens
+    density: torch.Tensor  # [F] share of tokens it fires on
+    histogram: torch.Tensor  # [F, H] counts of its non-zero activations per bin
+    tokens_scanned: int = 0
+    promoted: torch.Tensor | None = None  # [F, k] token ids, most promoted first
+    promoted_logits: torch.Tensor | None = None
+    suppressed: torch.Tensor | None = None  # [F, k] most suppressed first
+    suppressed_logits: torch.Tensor | None = None
+    meta: dict = field(default_factory=dict)
+
+
+@torch.no_grad()
+def feature_data(model: nn.Module, sae: SAE, tokens: np.ndarray, *, context: int = 128, skip: int = 1, top: int = 12,
+                 batch: int = 16, logit_tokens: int = 8) -> FeatureData:
+    """Stream `tokens` (consecutive contexts of `context`, positions >= skip) through the model up to the SAE's
+    point and keep, per feature, its `top` strongest contexts, its density and its histogram; then its
+    promoted and suppressed tokens. Raises ValueError when the text makes no context."""
+    n_contexts = len(tokens) // context
+    if n_contexts == 0:
+        raise ValueError(f"{len(tokens)} tokens make no context of {context}: give more text")
+    F_, W = sae.d_sae, BEFORE + 1 + AFTER
+    values = torch.zeros(F_, 0)
+    windows = torch.zeros(F_, 0, W, dtype=torch.long)
+    window_acts = torch.zeros(F_, 0, W)
+    fired = torch.zeros(F_, dtype=torch.float64)
+    histogram = torch.zeros(F_, len(HISTOGRAM_EDGES) - 1, dtype=torch.long)
+    edges = torch.from_numpy(HISTOGRAM_EDGES).float()
+    scanned = 0
+    offsets = torch.arange(-BEFORE, AFTER + 1)  # (W,)
+    for start in range(0, n_contexts, batch):
+        ids = torch.from_numpy(np.asarray(tokens[start * context:min(n_contexts, start + batch) * context],
+                                          dtype=np.int64).reshape(-1, context))  # (n, T)
+        acts = sae.encode(harvest(model, ids, [sae.point])[0])  # (n, T, F)
+        acts[:, :skip] = 0  # the first positions are no text's features (see store.py)
+        n = ids.size(0)
+        on = acts > 0
+        fired += on.sum((0, 1)).double()
+        scanned += n * (context - skip)
+        nonzero = acts[on]  # the activations, and their features below
+        bins = torch.bucketize(nonzero.clamp(edges[0], edges[-1] * 0.999), edges, right=True) - 1
+        features_on = on.nonzero()[:, 2]
+        histogram.view(-1).index_add_(0, features_on * histogram.size(1) + bins, torch.ones_like(bins))
+        best, where = acts.max(dim=1)  # (n, F): each context's highest activation per feature, and its position
+        k = min(top, n)
+        cand_values, cand_context = best.T.topk(k, dim=1)  # (F, k)
+        cand_pos = where.T.gather(1, cand_context)  # (F, k)
+        positions = cand_pos[..., None] + offsets  # (F, k, W)
+        inside = (positions >= 0) & (positions < context)
+        positions = positions.clamp(0, context - 1)
+        contexts = cand_context[..., None].expand_as(positions)
+        cand_windows = torch.where(inside, ids[contexts, positions], -1)
+        feature = torch.arange(F_)[:, None, None].expand_as(positions)
+        cand_acts = torch.where(inside, acts[contexts, positions, feature], 0.0)
+        values = torch.cat([values, cand_values], dim=1)
+        windows = torch.cat([windows, cand_windows], dim=1)
+        window_acts = torch.cat([window_acts, cand_acts], dim=1)
+        keep = values.topk(min(top, values.size(1)), dim=1).indices  # (F, N)
+        values = values.gather(1, keep)
+        windows = windows.gather(1, keep[..., None].expand(-1, -1, W))
+        window_acts = window_acts.gather(1, keep[..., None].expand(-1, -1, W))
+    data = FeatureData(values, windows, window_acts, (fired / scanned).float(), histogram, scanned)
+    directions = output_directions(model, sae)
+    if directions is not None:
+        data.promoted, data.promoted_logits, data.suppressed, data.suppressed_logits = \
+            direct_logits(model, directions, logit_tokens)
+    return data
+
+
+def output_directions(model: nn.Module, sae: SAE) -> torch.Tensor | None:
+    """[F, d_model]: each decoder row as the final norm's gain scales it, or None when the SAE writes
+    no residual-stream vector (an SAE on attention heads) or the model has no unembedding."""
+    if not hasattr(model, "lm_head") or sae.flatten_heads or sae.d_out != model.config.d_model:
+        return None
+    norm = getattr(model.decoder if model.config.arch == "encoder-decoder" else model, "final_norm", None)
+    directions = sae.W_dec.detach()
+    if norm is not None and hasattr(norm, "weight"):
+        gain = 1.0 + norm.weight if getattr(norm, "plus_one", False) else norm.weight
+        directions = directions * gain.detach()
+    return directions
+
+
+@torch.no_grad()
+def direct_logits(model: nn.Module, directions: torch.Tensor, k: int = 8, chunk: int = 256):
+    """(promoted ids [F, k], their logits, suppressed ids [F, k], their logits) of directions [F, d_model]
+    through the LM head's matrix: the feature's direct effect on each token's logit, per unit of activation."""
+    weight = model.lm_head.proj.weight.detach()  # (V, d_model)
+    top, top_values, bottom, bottom_values = [], [], [], []
+    for start in range(0, directions.size(0), chunk):
+        logits = directions[start:start + chunk] @ weight.T  # (chunk, V)
+        high, low = logits.topk(k, dim=1), logits.topk(k, dim=1, largest=False)
+        top.append(high.indices), top_values.append(high.values)
+        bottom.append(low.indices), bottom_values.append(low.values)
+    return torch.cat(top), torch.cat(top_values), torch.cat(bottom), torch.cat(bottom_values)
+
+
+def density_histogram(density: torch.Tensor, bins: int = 40) -> dict:
+    """Counts of log10(density) over the features that fired, and how many never did."""
+    alive = density[density > 0].double().log10()
+    lo = float(alive.min()) if alive.numel() else -6.0
+    counts = torch.histc(alive, bins=bins, min=lo, max=0.0) if alive.numel() else torch.zeros(bins)
+    return {"lo": lo, "hi": 0.0, "counts": counts.long().tolist(), "dead": int((density == 0).sum())}
+
+
+def render(data: FeatureData, tokenizer, *, title: str, subtitle: str) -> str:
+    """The whole HTML document. Token ids reach the page as an index into the texts of the tokens the page
+    uses (tokenizer.token_texts for contexts, tokenizer.labels for token lists); the arrays are packed."""
+    used = torch.cat([data.windows.flatten()] + [t.flatten() for t in (data.promoted, data.suppressed) if t is not None])
+    used = torch.unique(used[used >= 0])
+    local = torch.full((int(used.max()) + 2 if used.numel() else 1,), -1, dtype=torch.int32)
+    local[used] = torch.arange(used.numel(), dtype=torch.int32)
+    remap = lambda ids: torch.where(ids >= 0, local[ids.clamp_min(0)], -1).to(torch.int32)  # noqa: E731
+    peak = data.values[:, :1].clamp_min(1e-12)  # (F, 1): each feature's highest activation
+    shade = (data.window_acts / peak[..., None]).clamp(0, 1)  # (F, N, W): 1 at the feature's maximum
+    payload = {
+        "view": "features",
+        "meta": data.meta,
+        "nFeatures": data.values.size(0), "top": data.values.size(1), "window": data.windows.size(2), "before": BEFORE,
+        "tokensScanned": data.tokens_scanned,
+        "texts": tokenizer.token_texts(used.tolist()), "labels": tokenizer.labels(used.tolist()),
+        "density": [round(float(d), 8) for d in data.density],
+        "peak": [round(float(v), 4) for v in data.values[:, 0]],
+        "values": pack(data.values.numpy().astype("<f4")),
+        "windows": pack(remap(data.windows).numpy().astype("<i4")),
+        "shades": pack((shade * 255 + 0.5).to(torch.uint8).numpy()),
+        "acts": pack(data.window_acts.numpy().astype("<f4")),
+        "histogram": pack(data.histogram.numpy().astype("<i4")), "histogramEdges": HISTOGRAM_EDGES.tolist(),
+        "densityHistogram": density_histogram(data.density),
+    }
+    if data.promoted is not None:
+        k = data.promoted.size(1)
+        payload.update(logitK=k, promoted=pack(remap(data.promoted).numpy().astype("<i4")),
+                       promotedLogits=pack(data.promoted_logits.float().numpy().astype("<f4")),
+                       suppressed=pack(remap(data.suppressed).numpy().astype("<i4")),
+                       suppressedLogits=pack(data.suppressed_logits.float().numpy().astype("<f4")))
+    body = Template(asset("view.html")).substitute(title=html.escape(title), subtitle=html.escape(subtitle),
+                                                   data=script_json(payload))
+    script = asset("common.js") + "\n" + (ASSETS / "features.js").read_text(encoding="utf-8")
+    style = asset("view.css") + "\n" + (ASSETS / "features.css").read_text(encoding="utf-8")
+    return page(title, body, style=style, script=script, body_class="view-features")
+
+
+def feature_page(model: nn.Module, sae: SAE, tokens: np.ndarray, *, context: int = 128, skip: int = 1, top: int = 12,
+                 title: str | None = None, stats: dict | None = None) -> View:
+    """The feature page of `sae` over `tokens` as a viz View (`.save("features.html")`, shown in Jupyter)."""
+    data = feature_data(model, sae, tokens, context=context, skip=skip, top=top)
+    data.meta = {"point": sae.point_out or sae.point, "kind": sae.kind, "k": sae.k, "features": sae.d_sae,
+                 "transcoder": sae.is_transcoder, "model": sae.metadata.get("model_name"), "stats": stats or {}}
+    where = f"{sae.point} -> {sae.point_out}" if sae.is_transcoder else sae.point
+    what = f"{sae.kind}{f' k={sae.k:g}' if sae.k else ''} {'transcoder' if sae.is_transcoder else 'SAE'}"
+    subtitle = f"{what}, {sae.d_sae:,} features at {where}; top contexts from {data.tokens_scanned:,} tokens"
+    document = render(data, model.tokenizer, title=title or f"Features of {sae.metadata.get('model_name') or 'the model'}",
+                      subtitle=subtitle)
+    return View("features", document, height=800)
+
+
+def stats_of(folder) -> dict:
+    """eval.json of a run folder, if there is one (shown at the top of the page)."""
+    from pathlib import Path
+
+    path = Path(folder) / "eval.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError:
+        return {}

@@ -1,0 +1,78 @@
+"""The figures of an SAE run: its training curves, and variance explained against L0 across runs.
+
+    plot_training(run_dir, history)     run_dir/sae.png: FVE (train and held out), L0 and dead features by step
+    plot_frontier(runs, path)           FVE against L0, one point per run (Gao et al. 2024, figure 1's axes)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    from ..training.checkpoint import make_readable
+
+    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}.png")
+    fig.tight_layout()
+    fig.savefig(temporary)
+    make_readable(temporary)
+    os.replace(temporary, path)
+    return path
+
+
+def plot_training(run_dir: str | os.PathLike, history: list[dict]) -> Path | None:
+    """run_dir/sae.png from the records of metrics.jsonl; None (nothing written) without matplotlib."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    series = {key: [(r["step"], r[key]) for r in history if key in r] for key in ("fve", "val_fve", "l0", "val_l0", "dead")}
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(12, 3.6), dpi=110)
+    for key, label, axis in (("fve", "train batch", left), ("val_fve", "held out", left),
+                             ("l0", "train batch", middle), ("val_l0", "held out", middle), ("dead", "dead", right)):
+        if series[key]:
+            axis.plot(*zip(*series[key]), "-" if key in ("fve", "l0", "dead") else "o-", label=label, lw=1, ms=3)
+    left.set_ylabel("fraction of variance explained")
+    middle.set_ylabel("L0 (active features per token)")
+    right.set_ylabel("share of features dead")
+    for axis in (left, middle, right):
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    left.legend()
+    middle.legend()
+    left.set_ylim(max(0.0, min([v for _, v in series["fve"][len(series["fve"]) // 10:]] or [0.0]) - 0.05), 1.0)
+    result = _save(fig, Path(run_dir) / "sae.png")
+    plt.close(fig)
+    return result
+
+
+def plot_frontier(runs: list[dict], path: str | os.PathLike, title: str = "") -> Path | None:
+    """FVE against L0 (log scale), one labelled point per run: {"l0", "fve", "label"} each."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, axis = plt.subplots(figsize=(6, 4), dpi=110)
+    runs = sorted(runs, key=lambda r: r["l0"])
+    axis.plot([r["l0"] for r in runs], [r["fve"] for r in runs], "o-", lw=1.5)
+    for r in runs:
+        axis.annotate(r["label"], (r["l0"], r["fve"]), textcoords="offset points", xytext=(5, -12), fontsize=8)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("L0 (active features per token, held out)")
+    axis.set_ylabel("fraction of variance explained (held out)")
+    axis.grid(alpha=0.3)
+    if title:
+        axis.set_title(title, fontsize=10)
+    result = _save(fig, Path(path))
+    plt.close(fig)
+    return result
