@@ -40,6 +40,7 @@ SUBCOMMANDS = {
     "generate": ("anatomy.generation.cli", "generate text from a trained or pretrained model"),
     "analyze": ("anatomy.analysis.cli", "logit lens, patching, attribution, head detection: each checks its own identity"),
     "bench": ("anatomy.bench.cli", "benchmark anatomy against Hugging Face transformers"),
+    "sae": ("anatomy.sae.cli", "sparse autoencoders and transcoders: train, evaluate, show their features"),
 }
 
 # Typed, ranged argument values -------------------------------------------------------------------
