@@ -97,6 +97,7 @@ def integrated_gradients(
     position: int | None = None,
     steps_per_pass: int | None = None,
     tokenizer=None,
+    progress=None,
 ) -> Result:
     """[batch, pos]: each input token's share of f = the logit of `target` (an id, or one per
     sequence) at `position` (default: each row's last real token), by integrated gradients on the
@@ -107,6 +108,8 @@ def integrated_gradients(
     (relative) or `max_steps` gradients were computed (see the module docstring); an integer uses
     that many Gauss-Legendre points, as Captum's LayerIntegratedGradients does. extra["steps"] is
     the number of gradients computed, extra["per_dim"] the [batch, pos, d_model] attributions.
+    progress(done, total): called after each pass with the gradients computed so far and the most
+    that may be computed; an exception it raises stops the analysis (how a caller cancels it).
     Raises ValueError for a bad argument."""
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise ValueError(f"steps must be None (adaptive) or an integer >= 1, got {steps!r}")
@@ -136,6 +139,8 @@ def integrated_gradients(
         x_base = t[point]
     delta = (f_input - f_baseline).double()  # (B,)
     chunk = steps_per_pass or max(1, 4096 // ids.numel())
+    budget = steps if steps is not None else max_steps
+    done = [0]
 
     def weighted_gradients(alphas: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(sum_k w_k grad f(path(a_k)) [B, T, E], g(a_k) = grad . (x - x') [N, B]) in float64."""
@@ -151,6 +156,9 @@ def integrated_gradients(
             grad = grad.view(len(a), *x.shape).double()  # (n, B, T, E)
             total += (weights[start:start + chunk, None, None, None] * grad).sum(0)
             g.append((grad * (x - x_base).double()[None]).sum((-1, -2)))  # (n, B)
+            done[0] += len(a)
+            if progress is not None:
+                progress(done[0], budget)
         return total, torch.cat(g)
 
     def completeness(total: torch.Tensor) -> float:

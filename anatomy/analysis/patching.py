@@ -42,6 +42,7 @@ POSITION_AXES = ("pos", "query", "key")
 HEAD_AXES = ("head", "kv_head")
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
+Progress = Callable[[int, int], None]  # (cells done, cells in all)
 
 
 def _points(model: nn.Module, point: str) -> tuple[str, list[str], tuple[str, ...]]:
@@ -84,6 +85,7 @@ def patch(
     logits_at: str = "all",
     runs_per_pass: int | None = None,
     tokenizer=None,
+    progress: Progress | None = None,
 ) -> Result:
     """[layer, position], [layer, head] or [layer]: metric of the corrupted run with the clean
     activation of `point` patched in at each cell (averaged over the batch).
@@ -96,6 +98,8 @@ def patch(
     last real position. logits_at="last": the metric reads only the last position, so it is given
     logits [B, 1, V] of each row's last real token and the LM head skips every other position (the
     default metric does this). runs_per_pass: how many patched runs share one forward pass.
+    progress(done, total): called after each pass with the cells patched so far; an exception it
+    raises stops the analysis (how a caller cancels it).
     """
     if by not in BY:
         raise ValueError(f"by={by!r} is not supported; allowed values: {', '.join(BY)}")
@@ -125,14 +129,19 @@ def patch(
     cells = [(layer, index) for layer in range(len(names)) for index in range(size)]
     run = _attribution if method == "attribution" else _activation
     logits_of = Batch.last_logits if logits_at == "last" else Batch.logits
-    values, check, error = run(model, corrupt_batch, names, clean_acts, axis, cells, metric, logits_of, runs_per_pass)
+    values, check, error = run(model, corrupt_batch, names, clean_acts, axis, cells, metric, logits_of, runs_per_pass,
+                               progress or (lambda done, total: None))
     shape = (len(names),) if axis is None else (len(names), size)
     result_axes = ("layer",) if axis is None else ("layer", "head" if by == "head" else "pos")
-    tokens = (corrupt_batch.source if prefix == "encoder." else corrupt_batch.target).tokens
+    # The cells are the clean run's activations: its tokens name the positions (the corrupted
+    # run's, which differ where the corruption is, are kept beside them)
+    side = "source" if prefix == "encoder." else "target"
+    tokens, corrupt_tokens = getattr(clean_batch, side).tokens, getattr(corrupt_batch, side).tokens
     return Result(
         f"{method} patching", values.view(shape), result_axes,
         labels={"layer": [str(layer) for layer in range(len(names))]},
-        check=check, error=error, tokens=tokens, extra={"point": names[0].replace(".0.", ".L."), "by": by},
+        check=check, error=error, tokens=tokens,
+        extra={"point": names[0].replace(".0.", ".L."), "by": by, "corrupt_tokens": corrupt_tokens},
     )
 
 
@@ -181,14 +190,17 @@ def _run_cells(model, corrupt: Batch, names, clean_acts, axis, cells, metric, lo
     return scores.view(len(cells), batch).mean(dim=1)  # (N,)
 
 
-def _activation(model, corrupt, names, clean_acts, axis, cells, metric, logits_of, runs_per_pass):
+def _activation(model, corrupt, names, clean_acts, axis, cells, metric, logits_of, runs_per_pass, progress):
     tokens_per_run = corrupt.target.ids.numel() + (0 if corrupt.source is None else corrupt.source.ids.numel())
     # At most 4096 tokens and 256 MB of logits per pass.
     logits_per_run = (corrupt.target.ids.numel() if logits_of is Batch.logits else corrupt.size) * model.config.vocab_size
     chunk = runs_per_pass or max(1, min(4096 // tokens_per_run, 2**26 // logits_per_run))
     with torch.no_grad():
-        values = torch.cat([_run_cells(model, corrupt, names, clean_acts, axis, cells[start:start + chunk], metric, logits_of)
-                            for start in range(0, len(cells), chunk)])
+        parts = []
+        for start in range(0, len(cells), chunk):
+            parts.append(_run_cells(model, corrupt, names, clean_acts, axis, cells[start:start + chunk], metric, logits_of))
+            progress(min(start + chunk, len(cells)), len(cells))
+        values = torch.cat(parts)
         # The identity: a batched cell equals the same cell patched alone.
         strongest = int((values - values.median()).abs().argmax())
         alone = _run_cells(model, corrupt, names, clean_acts, axis, [cells[strongest]], metric, logits_of)
@@ -199,7 +211,7 @@ def _activation(model, corrupt, names, clean_acts, axis, cells, metric, logits_o
     return values, check, error
 
 
-def _attribution(model, corrupt, names, clean_acts, axis, cells, metric, logits_of, runs_per_pass):
+def _attribution(model, corrupt, names, clean_acts, axis, cells, metric, logits_of, runs_per_pass, progress):
     with torch.enable_grad(), trace(model, names, grad=True) as t:
         score = metric(logits_of(corrupt, model))  # (B,)
         grads = torch.autograd.grad(score.mean(), [t[name] for name in names], allow_unused=True)
@@ -213,4 +225,5 @@ def _attribution(model, corrupt, names, clean_acts, axis, cells, metric, logits_
         values.append(base + delta.sum().item())
     # sum over the batch of the mean-metric gradient = the mean over the batch of each row's estimate
     check = "first-order estimate of activation patching (no identity holds exactly)"
+    progress(len(cells), len(cells))
     return torch.tensor(values), check, float("nan")

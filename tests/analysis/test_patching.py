@@ -139,3 +139,28 @@ def test_logits_at_last_equals_reading_the_last_position_of_all_logits():
     torch.testing.assert_close(last_only.values, everything.values, atol=1e-5, rtol=0)
     default = anatomy.patch(model, clean, corrupt)  # the clean top token's log-prob, read at the last position
     assert default.values.shape == everything.values.shape and torch.isfinite(default.values).all()
+
+
+def test_patching_and_integrated_gradients_report_progress_and_stop_when_told():
+    model = tiny()
+    clean, corrupt = clean_and_corrupt()
+    seen = []
+    anatomy.patch(model, clean, corrupt, runs_per_pass=3, progress=lambda done, total: seen.append((done, total)))
+    total = seen[-1][1]
+    assert total == 2 * 8 and seen[-1][0] == total  # 2 layers x 8 positions
+    assert [done for done, _ in seen] == sorted({done for done, _ in seen}) and len(seen) == 6
+
+    class Stop(Exception):
+        pass
+
+    def stop(done, total):
+        raise Stop
+
+    with pytest.raises(Stop):
+        anatomy.patch(model, clean, corrupt, progress=stop)
+    counts = []
+    anatomy.integrated_gradients(model, clean, 3, steps=20, steps_per_pass=7,
+                                 progress=lambda done, total: counts.append((done, total)))
+    assert counts == [(7, 20), (14, 20), (20, 20)]
+    with pytest.raises(Stop):
+        anatomy.integrated_gradients(model, clean, 3, progress=stop)
