@@ -11,9 +11,9 @@ trainers (char / word / BPE / WordPiece), GGUF files and the toy models.
     gpt2.tokens("The capital")         # ['The', '␣capital']: each token as text (token_text.py)
     ids, padding_mask = tok(["a", "a longer text"])   # (B, T) long, (B, T) bool, True = real token
 
-Four special roles, each an id or None: bos (begin of sequence; anatomy's <SOS>, BERT's [CLS]),
-eos (end; <EOS>, [SEP]), pad (fills short rows, never attended to) and unk (a token the vocabulary
-lacks). A folder's tokenizer_config.json names them; otherwise the first conventional name that the
+Five special roles, each an id or None: bos (begin of sequence; anatomy's <SOS>, BERT's [CLS]),
+eos (end; <EOS>, [SEP]), pad (fills short rows, never attended to), unk (a token the vocabulary
+lacks) and mask (what a masked-language model fills in: [MASK]). A folder's tokenizer_config.json names them; otherwise the first conventional name that the
 vocabulary has plays the role.
 """
 
@@ -33,13 +33,14 @@ from .chat import render_chat, turn_end
 from .files import CheckpointError, read_json
 from .token_text import piece_decoder, visible
 
-ROLES = ("bos", "eos", "pad", "unk")
+ROLES = ("bos", "eos", "pad", "unk", "mask")
 # role -> the tokens that conventionally play it: anatomy's own first, then BERT's, RoBERTa's, GPT-2's.
 CONVENTIONAL = {
     "bos": ("<SOS>", "[CLS]", "<s>", "<|endoftext|>"),
     "eos": ("<EOS>", "[SEP]", "</s>", "<|endoftext|>"),
     "pad": ("<PAD>", "[PAD]", "<pad>"),
     "unk": ("<UNK>", "[UNK]", "<unk>"),
+    "mask": ("<MASK>", "[MASK]", "<mask>"),
 }
 TOKENIZER_FILE, SETTINGS_FILE = "tokenizer.json", "tokenizer_config.json"
 # transformers writes model_max_length = 1e30 when a tokenizer has no limit.
@@ -54,13 +55,13 @@ class Tokenizer:
     """
 
     def __init__(self, backend: Backend, *, bos_id: int | None = None, eos_id: int | None = None,
-                 pad_id: int | None = None, unk_id: int | None = None, chat_template: str | None = None,
+                 pad_id: int | None = None, unk_id: int | None = None, mask_id: int | None = None, chat_template: str | None = None,
                  max_length: int | None = None):
         self.backend = backend
         # Padding and truncation are done here, per call, not by settings a file may carry.
         backend.no_padding()
         backend.no_truncation()
-        given = {"bos": bos_id, "eos": eos_id, "pad": pad_id, "unk": unk_id}
+        given = {"bos": bos_id, "eos": eos_id, "pad": pad_id, "unk": unk_id, "mask": mask_id}
         self.special_ids: dict[str, int | None] = {}
         for role in ROLES:
             known = [i for i in (self.token_to_id(name) for name in CONVENTIONAL[role]) if i is not None]
@@ -86,7 +87,13 @@ class Tokenizer:
         head = [self._required("bos")] if add_bos else []
         tail = [self._required("eos")] if add_eos else []
         backend = self.backend if max_length is None else self._truncating(max_length)
-        encodings = backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        try:
+            encodings = backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        except BaseException as error:  # a panic in the Rust library (a PanicException) is no Exception
+            if type(error).__name__ != "PanicException":
+                raise
+            raise CheckpointError(f"this tokenizer failed inside the Rust tokenizers library: {str(error)[:200]} "
+                                  "(a pre-tokenizer regex that backtracks without end does this)") from None
         rows = []
         for e in encodings:
             ids = e.ids
@@ -229,6 +236,15 @@ class Tokenizer:
         return self.special_ids["unk"]
 
     @property
+    def mask_id(self) -> int | None:
+        """A masked-language model's mask token ([MASK], <mask>, the toy's <MASK>), or None."""
+        return self.special_ids["mask"]
+
+    @property
+    def mask_token(self) -> str | None:
+        return None if self.mask_id is None else self.id_to_token(self.mask_id)
+
+    @property
     def kind(self) -> str:
         """The tokenization model: "bpe", "wordpiece", "unigram", or for WordLevel "char" (every
         character split off) or "word"."""
@@ -345,11 +361,20 @@ def _special_tokens(directory: Path, settings: dict) -> dict[str, str]:
 
 def _chat_template(directory: Path, settings: dict) -> str | None:
     """The Jinja chat template: chat_template.jinja, or tokenizer_config.json's "chat_template" (a
-    string, or a list of {"name", "template"} of which "default" is taken)."""
+    string, or a list of {"name", "template"} of which "default" is taken). CheckpointError naming
+    the file for a template that is not UTF-8 text, or not a string."""
     if (directory / "chat_template.jinja").is_file():
-        return (directory / "chat_template.jinja").read_text(encoding="utf-8")
+        try:
+            return (directory / "chat_template.jinja").read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise CheckpointError(f"{str(directory / 'chat_template.jinja')!r} is not UTF-8 text ({error.reason} at "
+                                  f"byte {error.start})") from None
     template = settings.get("chat_template")
     if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict) and isinstance(t.get("name"), str)}
         template = named.get("default")
-    return template if isinstance(template, str) else None
+    if template is not None and not isinstance(template, str):
+        raise CheckpointError(f"{str(directory / SETTINGS_FILE)!r} has a chat_template that is a "
+                              f"{type(template).__name__}; it must be a string, or a list of {{\"name\", \"template\"}} "
+                              "whose \"default\" template is a string")
+    return template
