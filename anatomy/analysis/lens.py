@@ -39,10 +39,12 @@ def unembed(model: nn.Module, residual: torch.Tensor) -> torch.Tensor:
     return model.lm_head(residual)
 
 
-def logit_lens(model: nn.Module, inputs, *, tokenizer=None, top: int = 1) -> Result:
+def logit_lens(model: nn.Module, inputs, *, tokenizer=None, top: int = 5, cache=None) -> Result:
     """[layer+1, batch, pos, vocab] log-probabilities of the residual stream at resid_pre of every
     block and after the last one. extra["top_ids"] / ["top_tokens"] / ["top_probs"]: the `top`
-    most likely tokens per cell, [layer+1, batch, pos, top]."""
+    most likely tokens per cell, [layer+1, batch, pos, top] (the view's top-k control shows up to
+    `top` of them); the tokens are shown as text (Tokenizer.labels: "␣Paris"). cache: a Trace of
+    these inputs (run_with_cache's) to read the residual stream from instead of running the model."""
     if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= model.config.vocab_size:
         raise ValueError(f"top must be an integer in [1, vocab_size={model.config.vocab_size}], got {top!r}")
     model.eval()
@@ -50,15 +52,19 @@ def logit_lens(model: nn.Module, inputs, *, tokenizer=None, top: int = 1) -> Res
     prefix, n_layers = stack_prefix(model), len(stack_of(model).blocks)
     names = [f"{prefix}blocks.{i}.resid_pre" for i in range(n_layers)] + [f"{prefix}blocks.{n_layers - 1}.resid_post"]
     with torch.no_grad():
-        with trace(model, names) as t:
-            logits = batch.logits(model)
-        residuals = torch.stack([t[name] for name in names])  # (L+1, B, T, E)
+        if cache is None:
+            with trace(model, names) as cache:
+                logits = batch.logits(model)
+        else:
+            logits = cache[f"{prefix}logits" if f"{prefix}logits" in cache else "logits"]  # the pass's own
+        residuals = torch.stack([cache[name] for name in names])  # (L+1, B, T, E)
         log_probs = torch.log_softmax(unembed(model, residuals).float(), dim=-1)  # (L+1, B, T, V)
     error = max_abs_diff(log_probs[-1], torch.log_softmax(logits.float(), dim=-1))
     probs, ids = log_probs.exp().topk(top, dim=-1)  # (L+1, B, T, top)
     tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    to_text = (lambda i: tok.id_to_token(i) or str(i)) if tok is not None else str
-    top_tokens = [[[[to_text(int(i)) for i in cell] for cell in row] for row in layer] for layer in ids]
+    # each top token as anatomy shows tokens everywhere (Tokenizer.labels: "␣Paris", not "ĠParis")
+    to_text = tok.labels if tok is not None else (lambda cell: [str(i) for i in cell])
+    top_tokens = [[[to_text(cell.tolist()) for cell in row] for row in layer] for layer in ids]
     return Result(
         "logit lens", log_probs, ("layer", "batch", "pos", "vocab"),
         labels={"layer": [f"resid_pre {i}" for i in range(n_layers)] + [f"resid_post {n_layers - 1}"]},
