@@ -96,6 +96,9 @@ def test_models_lists_the_builtin_names_and_every_architecture(capsys):
     assert status == 0
     for name in ("toy", "toy-encoder", "toy-seq2seq", "minilm", "smollm2", *ARCHITECTURES):
         assert f"  {name}" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    for architecture in ARCHITECTURES.values():  # a class name is never split across lines
+        assert all(name in out for name in architecture.classes)
 
 
 # parity ------------------------------------------------------------------------------------------
@@ -130,3 +133,15 @@ def test_parity_on_a_short_context_cuts_the_pangram_and_says_so(tmp_path, capsys
     assert status == 0, out + err
     assert "the text input has 44 tokens; the model takes 32 positions: compared on the first 32" in out
     assert "all within" in out
+
+
+def test_parity_shows_no_third_party_progress_bar_and_leaves_them_as_they_were(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    from huggingface_hub import utils as hub_utils
+
+    path = char_tokenizer_checkpoint(transformers, tmp_path, positions=64)
+    capsys.readouterr()  # transformers' own save shows a bar: not parity's doing
+    status, out, err = run(["parity", "--model", str(path)], capsys)
+    assert status == 0, out + err
+    assert "Loading weights" not in out + err and "it/s" not in out + err
+    assert transformers.utils.logging.is_progress_bar_enabled() and not hub_utils.are_progress_bars_disabled()

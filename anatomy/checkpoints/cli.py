@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
+import textwrap
 
 from rich.console import Console
 from rich.markup import escape
@@ -18,6 +20,8 @@ from rich.table import Table
 
 from ..cli import add_model_argument, non_negative_float, non_negative_int, one_line, text
 from . import ARCHITECTURES, BUILTIN_MODELS
+from .describe import config_of
+from .toys import TOY_MODELS
 from .parity import parity_rows
 
 # parity -------------------------------------------------------------------------------------------
@@ -40,6 +44,10 @@ def run_parity(args: argparse.Namespace) -> int:
     model = args.model_path or args.model
     if args.model_path and args.model not in ("minilm", args.model_path):
         raise ValueError(f"two models given: {args.model_path!r} and --model {args.model!r}; give one")
+    if model in TOY_MODELS:
+        raise ValueError(f"{model} is anatomy's own toy, which transformers has no class for: parity takes a "
+                         "Hugging Face folder, a .gguf file, a Hub id, minilm or smollm2")
+    config_of(model)  # a misspelt name, a missing path or an unreadable config: refused before anything loads
     console = Console(highlight=False)
     notes: list[str] = []
     rows = parity_rows(model, args.text, args.text_b, args.pad, args.tol, args.seed, notes=notes)
@@ -75,10 +83,24 @@ def add_models_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    print("Built-in models (--model NAME, anatomy.from_pretrained(NAME)):")
-    for name, description in BUILTIN_MODELS.items():
-        print(f"  {name:<12} {description}")
-    print("\nArchitectures read from a checkpoint folder, a .gguf file or a Hub id (config.json model_type):")
-    for model_type, architecture in sorted(ARCHITECTURES.items()):
-        print(f"  {model_type:<12} {', '.join(architecture.classes)}")
+    print(models_text(shutil.get_terminal_size().columns))
     return 0
+
+
+def models_text(width: int = 80) -> str:
+    """The built-in names and the architectures read, each entry a name then its text, wrapped to
+    `width` columns (at most 80) under a hanging indent; class names are never split."""
+    width = min(width, 80)
+
+    def entries(rows) -> list[str]:
+        return [textwrap.fill(text, width, initial_indent=f"  {name:<12} ", subsequent_indent=" " * 15,
+                              break_long_words=False, break_on_hyphens=False) for name, text in rows]
+
+    classes = ((model_type, ", ".join(arch.classes)) for model_type, arch in sorted(ARCHITECTURES.items()))
+    return "\n".join([
+        textwrap.fill("Built-in models (--model NAME, anatomy.from_pretrained(NAME)):", width),
+        *entries(BUILTIN_MODELS.items()), "",
+        textwrap.fill("Architectures read from a checkpoint folder, a .gguf file or a Hub id (config.json "
+                      "model_type):", width),
+        *entries(classes),
+    ])

@@ -12,6 +12,7 @@ positions are compared (padded queries compute values nobody reads).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,6 +154,36 @@ def _max_diff(ours: torch.Tensor, theirs: torch.Tensor, mask: torch.Tensor | Non
     return float(diff.max()) if diff.numel() else 0.0
 
 
+@contextlib.contextmanager
+def quiet_progress_bars():
+    """transformers' and huggingface_hub's progress bars ("Loading weights", "Converting and
+    de-quantizing GGUF tensors") off inside the block, then back as they were: parity's output is
+    its table, and the caller's own use of those libraries is left alone. transformers' GGUF
+    reader calls tqdm with no switch, so its module's `tqdm` is a silent one for the block (parity
+    runs on one thread; the explorer's loads never come here)."""
+    from functools import partial
+
+    from huggingface_hub import utils as hub_utils
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+    from transformers.utils import logging as transformers_logging
+
+    shown, hub_hidden = transformers_logging.is_progress_bar_enabled(), hub_utils.are_progress_bars_disabled()
+    bar = getattr(gguf_reader, "tqdm", None)
+    transformers_logging.disable_progress_bar()
+    hub_utils.disable_progress_bars()
+    if bar is not None:
+        gguf_reader.tqdm = partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf_reader.tqdm = bar
+        if shown:
+            transformers_logging.enable_progress_bar()
+        if not hub_hidden:
+            hub_utils.enable_progress_bars()
+
+
 def parity_rows(path: str | Path, texts=None, text_b: str | None = None, pad: bool = False,
                 tol: float = 1e-5, seed: int = 0, notes: list[str] | None = None) -> list[ParityRow]:
     """Compare every pairable intermediate of anatomy and transformers on one input; one row each.
@@ -169,14 +200,16 @@ def parity_rows(path: str | Path, texts=None, text_b: str | None = None, pad: bo
         file = gguf_file(source.path)
         directory, tokenizer = file.parent, gguf_tokenizer(file)
         ours = load_gguf(file)
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(
-            str(directory), gguf_file=file.name, attn_implementation="eager", dtype=torch.float32).eval()
+        with quiet_progress_bars():
+            theirs = transformers.AutoModelForCausalLM.from_pretrained(
+                str(directory), gguf_file=file.name, attn_implementation="eager", dtype=torch.float32).eval()
     else:
         _, _, class_name = read_config(directory)
         ours = from_pretrained(directory, dtype=torch.float32)
-        theirs = getattr(transformers, class_name).from_pretrained(
-            str(directory), attn_implementation="eager", dtype=torch.float32
-        ).eval()
+        with quiet_progress_bars():
+            theirs = getattr(transformers, class_name).from_pretrained(
+                str(directory), attn_implementation="eager", dtype=torch.float32
+            ).eval()
     config = ours.config
     x = make_inputs(directory, config, texts, text_b, pad, seed, notes, tokenizer)
     padded = not bool(x.mask.all()) or (x.tgt_mask is not None and not bool(x.tgt_mask.all()))
