@@ -101,12 +101,20 @@ def run(args: argparse.Namespace) -> int:
     return {"train": run_train, "eval": run_eval, "features": run_features}[args.sae_command](args)
 
 
-def _model(name: str, device: str):
+def _model(name: str, device: str, points=()):
+    """The model, in evaluation mode, after checking it has a tokenizer and the trace points `points`."""
     from ..checkpoints import from_pretrained
+    from ..trace import anatomy_name, trace_points
 
     model = from_pretrained(name).to(device).eval()
     if getattr(model, "tokenizer", None) is None:
         raise ValueError(f"{name!r} has no tokenizer: the text cannot be read")
+    available = trace_points(model)
+    for point in points:
+        if anatomy_name(point) not in available:
+            block = sorted({n.split(".", 2)[2] for n in available if n.startswith("blocks.0.")})
+            raise ValueError(f"{name!r} has no trace point {point!r}; it has {len(model.blocks)} blocks, each with "
+                             f"blocks.L.{{{', '.join(block)}}} (anatomy.trace_points lists them)")
     return model
 
 
@@ -131,9 +139,9 @@ def run_train(args) -> int:
             raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another --out")
         if info.is_main and not args.resume:
             (run_dir / METRICS).unlink(missing_ok=True)
-        model = _model(args.model, str(info.device))
-        train_tokens, held_tokens = corpus_tokens(args.data, model.tokenizer, args.eval_fraction)
         points = [args.point] + ([args.point_out] if args.point_out else [])
+        model = _model(args.model, str(info.device), points)
+        train_tokens, held_tokens = corpus_tokens(args.data, model.tokenizer, args.eval_fraction)
         shards = Path(args.shards) / _shard_key(args, points) if args.shards else None
         store = ActivationStore(model, points, train_tokens, context=args.context, batch_size=args.batch_size,
                                 fill_tokens=args.fill_tokens, skip=args.skip, seed=args.seed, rank=info.rank,
@@ -217,7 +225,7 @@ def _sae_model_tokens(args):
         raise ValueError(f"{args.sae} does not name its model: pass --model")
     if sae.point is None:
         raise ValueError(f"{args.sae} does not say which point it reads: pass --point")
-    model = _model(name, args.device)
+    model = _model(name, args.device, [p for p in (sae.point, sae.point_out) if p])
     tokens = corpus_tokens(args.data, model.tokenizer, eval_fraction=None)[0]
     return sae.to(args.device), model, tokens
 

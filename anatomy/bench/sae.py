@@ -1,0 +1,210 @@
+"""Sparse autoencoders: training throughput against SAELens's trainer, and harvesting against the full pass.
+
+Two rows:
+
+- **training a TopK SAE** on SmolLM2-135M's blocks.15.resid_post (576 -> 4608 features, k 32, batches of
+  4096, Adam, warmup and cosine decay, AuxK): anatomy's `SAETrainer.train_step` against SAELens's
+  `SAETrainer.step`, on the same activations in the same order, with the same hyperparameters, each in
+  its own process, alternating (anatomy, SAELens, SAELens, anatomy): rows per second, medians over the
+  steps after the first 5, and the fraction of variance explained on the same held-out rows at the end.
+  SAELens pins transformer-lens < 4, so it runs from its own virtual environment: $ANATOMY_SAELENS_PYTHON,
+  else one the bench makes under ~/.cache/anatomy/venv-saelens (pip install torch==<this torch> sae-lens,
+  said before it starts); without either, the row says why and has no SAELens column.
+- **harvesting activations**: a pass that stops at blocks.15 (anatomy.sae.store.harvest) against the full
+  forward pass, tokens per second, alternating; the harvested values equal the full pass's trace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .common import Row, Settings, alternate, load_average
+
+POINT = "blocks.15.resid_post"
+WORKER = Path(__file__).with_name("saelens_worker.py")
+
+
+def _activations(settings: Settings) -> tuple[torch.Tensor, torch.Tensor, object]:
+    """(train rows [R, E] in batch order, held-out rows [H, E], the model) from SmolLM2 on tinyshakespeare,
+    or from a tiny random model in quick mode."""
+    from ..sae.store import rows_of
+
+    if settings.quick:
+        from ..config import ModelConfig
+        from ..models import build_model
+
+        model = build_model(ModelConfig(arch="decoder", vocab_size=99, d_model=32, n_heads=4, n_layers=2, d_ff=64,
+                                        max_seq_len=64), seed=0).eval()
+        tokens = np.random.default_rng(0).integers(0, 99, 64 * 80)
+        rows = rows_of(model, ["blocks.1.resid_post"], tokens, context=64)
+    else:
+        from ..checkpoints import from_pretrained
+
+        model = from_pretrained("smollm2").eval()
+        # the repository's neighbour ../shared/data (a checkout); installed elsewhere, random tokens
+        text = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+        ids = model.tokenizer.encode(text.read_text(encoding="utf-8")[:400_000], add_special_tokens=False) \
+            if text.is_file() else np.random.default_rng(0).integers(0, model.config.vocab_size, 80_000)
+        rows = rows_of(model, [POINT], np.asarray(ids), context=128, limit=4096 * 12 + 8192)
+    order = torch.from_numpy(np.random.default_rng(0).permutation(len(rows)))
+    rows = rows[order]
+    norms = rows.norm(dim=-1)
+    rows = rows[norms <= 10 * norms.median()]  # the attention sinks, as training leaves them out
+    held = rows[-min(8192, len(rows) // 5):]
+    return rows[:-len(held)].contiguous(), held.contiguous(), model
+
+
+def _options(settings: Settings, d_in: int) -> dict:
+    if settings.quick:
+        return dict(d_sae=128, k=8, batch_size=256, steps=12, lr=1e-3, warmup=2, min_lr_ratio=0.0,
+                    aux_coefficient=1 / 32, dead_steps=4, seed=0, threads=1)
+    return dict(d_sae=4608, k=32, batch_size=4096, steps=60, lr=7e-4, warmup=10, min_lr_ratio=0.0,
+                aux_coefficient=1 / 32, dead_steps=20, seed=0, threads=1)
+
+
+def anatomy_worker(rows_path: str, out_path: str, options: str) -> None:
+    """anatomy's side, in its own process: the same batches, SAETrainer.train_step, the held-out FVE."""
+    from safetensors.torch import load_file
+
+    from ..sae import SAE
+    from ..sae.train import SAETrainConfig, SAETrainer
+
+    o = json.loads(options)
+    torch.set_num_threads(o["threads"])
+    rows = load_file(rows_path)
+    train, held = rows["train"], rows["held_out"]
+    batch = o["batch_size"]
+
+    class Batches:
+        def batch(self, step: int) -> torch.Tensor:
+            start = (step * batch) % (len(train) - batch + 1)
+            return train[start:start + batch]
+
+    config = SAETrainConfig(kind="topk", features=o["d_sae"], k=o["k"], max_steps=o["steps"], batch_size=batch,
+                            lr=o["lr"], warmup=o["warmup"], min_lr_ratio=o["min_lr_ratio"], eps=1e-8,
+                            aux_coefficient=o["aux_coefficient"], dead_tokens=o["dead_steps"] * batch,
+                            eval_every=0, save_every=0, progress=False, quiet=True, seed=o["seed"])
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = SAETrainer(SAE(train.size(1), o["d_sae"], kind="topk", k=o["k"], seed=o["seed"]), Batches(), config,
+                             run_dir)
+        seconds = []
+        for _ in range(o["steps"]):
+            start = time.perf_counter()
+            trainer.train_step()
+            seconds.append(time.perf_counter() - start)
+        sae = trainer.trained_sae()
+    with torch.no_grad():
+        f = sae.encode(held)
+        fve = 1 - (held - sae.decode(f)).pow(2).sum().item() / (held - held.mean(0)).pow(2).sum().item()
+        l0 = (f > 0).sum(-1).float().mean().item()
+    with open(out_path, "w") as handle:
+        json.dump({"seconds": seconds, "fve": fve, "l0": l0}, handle)
+
+
+def saelens_python(install: bool = True) -> tuple[str | None, str]:
+    """(the python of an environment with sae-lens, or None; what was done or why not). install: make the
+    cached environment when it is absent (never in --quick: CI has neither the time nor the network)."""
+    given = os.environ.get("ANATOMY_SAELENS_PYTHON")
+    if given:
+        return (given, f"SAELens from $ANATOMY_SAELENS_PYTHON={given}") if Path(given).is_file() else \
+            (None, f"$ANATOMY_SAELENS_PYTHON={given} is not a file")
+    venv = Path(os.environ.get("ANATOMY_CACHE_HOME", Path.home() / ".cache" / "anatomy")) / "venv-saelens"
+    python = venv / "bin" / "python"
+    if not python.is_file() and not install:
+        return None, f"no SAELens environment ($ANATOMY_SAELENS_PYTHON unset, {venv} absent; --quick installs none)"
+    if not python.is_file():
+        torch_version = torch.__version__.split("+")[0]
+        print(f"  sae: installing SAELens into {venv} (python -m venv; pip install torch=={torch_version} sae-lens): "
+              "SAELens pins transformer-lens < 4, so it gets an environment of its own; a few minutes, once",
+              flush=True)
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+            subprocess.run([str(python), "-m", "pip", "install", "-q", f"torch=={torch_version}", "sae-lens"],
+                           check=True, capture_output=True, timeout=1800)
+        except (subprocess.SubprocessError, OSError) as error:
+            detail = getattr(error, "stderr", b"") or b""
+            return None, f"could not install SAELens into {venv}: {type(error).__name__} {detail.decode()[-200:]}"
+    return str(python), f"SAELens from {venv}"
+
+
+def _run(command: list[str]) -> dict:
+    out = command[-2]
+    run = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         timeout=3600)
+    if run.returncode != 0:
+        raise RuntimeError(f"{Path(command[1]).name if len(command) > 1 else command[0]} failed: {run.stderr[-600:]}")
+    return json.loads(Path(out).read_text())
+
+
+def bench_training(settings: Settings, train: torch.Tensor, held: torch.Tensor) -> Row:
+    from safetensors.torch import save_file
+
+    options = _options(settings, train.size(1))
+    python, how = saelens_python(install=not settings.quick)
+    with tempfile.TemporaryDirectory() as folder:
+        rows_path = str(Path(folder) / "rows.safetensors")
+        save_file({"train": train, "held_out": held}, rows_path)
+        ours_command = lambda out: [sys.executable, "-m", "anatomy.bench.sae", rows_path, out, json.dumps(options)]  # noqa: E731
+        theirs_command = lambda out: [python, str(WORKER), rows_path, out, json.dumps(options)]  # noqa: E731
+        order = ["anatomy", "SAELens", "SAELens", "anatomy"] if python else ["anatomy", "anatomy"]
+        results: dict[str, list[dict]] = {"anatomy": [], "SAELens": []}
+        for i, side in enumerate(order):
+            out = str(Path(folder) / f"{side}-{i}.json")
+            results[side].append(_run(ours_command(out) if side == "anatomy" else theirs_command(out)))
+    skip = min(5, options["steps"] - 1)
+    rate = {side: statistics.median(options["batch_size"] / s for r in runs for s in r["seconds"][skip:])
+            for side, runs in results.items() if runs}
+    fve = {side: statistics.mean(r["fve"] for r in runs) for side, runs in results.items() if runs}
+    case = (f"train TopK SAE {train.size(1)}->{options['d_sae']}, k {options['k']}, batch {options['batch_size']}, "
+            f"{options['steps']} steps" + (", theirs = SAELens" if python else ""))
+    row = Row("sae", case, "rows/s", rate["anatomy"], rate.get("SAELens"), True)
+    row.notes = [how]
+    if python:
+        row.notes.append(f"SAELens {results['SAELens'][0]['version']}; held-out FVE {fve['anatomy']:.4f} vs "
+                         f"{fve['SAELens']:.4f} (|diff| {abs(fve['anatomy'] - fve['SAELens']):.4f}); L0 "
+                         f"{results['anatomy'][0]['l0']:.1f} vs {results['SAELens'][0]['l0']:.1f}")
+    else:
+        row.notes.append(f"no SAELens comparison; held-out FVE {fve['anatomy']:.4f}")
+    row.notes.append(f"{len(order) // (2 if python else 1)} runs a side, alternating, one process each; load {load_average()}")
+    return row
+
+
+def bench_harvest(settings: Settings, model) -> Row:
+    from ..sae.store import harvest
+    from ..trace import trace
+
+    point = "blocks.1.resid_post" if settings.quick else POINT
+    ids = torch.randint(0, model.config.vocab_size, (4, 64) if settings.quick else (8, 128),
+                        generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), trace(model, [point]) as t:
+        model(ids)
+    same = torch.equal(harvest(model, ids, [point])[0], t[point])
+    with torch.no_grad():
+        times = alternate({"harvest": lambda: harvest(model, ids, [point]), "full": lambda: model(ids)},
+                          settings.repeats or 5, warmup=1)
+    ms = {side: statistics.median(v) * 1e3 for side, v in times.items()}
+    tokens = ids.numel()
+    row = Row("sae", f"harvest {point} vs the full pass, {ids.size(0)}x{ids.size(1)}", "tokens/s",
+              tokens / ms["harvest"] * 1e3, tokens / ms["full"] * 1e3, True)
+    row.notes = [f"{ms['harvest']:.0f} vs {ms['full']:.0f} ms, medians of {len(times['full'])}",
+                 f"theirs = anatomy's own full forward pass; values equal to the full pass's trace: {'yes' if same else 'NO'}"]
+    return row
+
+
+def bench_sae(settings: Settings) -> list[Row]:
+    train, held, model = _activations(settings)
+    return [bench_harvest(settings, model), bench_training(settings, train, held)]
+
+
+if __name__ == "__main__":
+    anatomy_worker(*sys.argv[1:4])
