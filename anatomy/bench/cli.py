@@ -7,7 +7,7 @@ measured in the same run: the fp32 matmul peak (GFLOP/s) and the memory read ban
 so each result can also be read as a fraction of what the hardware allows.
 
     anatomy bench                 # the full suite (a few minutes on 2 cores)
-    anatomy bench --quick         # tiny shapes, 2 repeats: checks that everything runs (CI)
+    anatomy bench --quick         # a smoke test: tiny shapes, 2 repeats, no speed-ups (CI)
     anatomy bench --only encoder  # one or more groups (see GROUPS)
 
 Cases (B batch, T tokens):
@@ -29,7 +29,7 @@ import datetime
 
 import torch
 
-from ..cli import non_negative_int
+from ..cli import non_negative_int, threads
 from .common import Row, Settings, cpu_model, fmt, load_average, matmul_peak, read_bandwidth
 from .analysis import bench_analysis
 from .decoding import bench_generate
@@ -37,6 +37,7 @@ from .encoder import bench_encoder
 from .gemv import bench_gemv
 from .load import bench_load
 from .overhead import bench_overhead
+from .sae import bench_sae
 from .trace import bench_trace
 from .train import bench_train
 
@@ -49,26 +50,43 @@ GROUPS = {
     "gemv": bench_gemv,
     "load": bench_load,
     "analysis": bench_analysis,
+    "sae": bench_sae,
 }
 
 
-def table(rows: list[Row]) -> str:
-    """A Markdown table: readable in a terminal, pasteable into BENCHMARKS.md."""
+SMOKE_TEST = ("smoke test (--quick): tiny shapes and 2 repeats check that every case runs and that both sides "
+              "compute the same thing; the times are not measurements, so no speed-up is shown (run `anatomy bench` "
+              "for those)")
+MAX_REPEATS = 1000
+
+
+def table(rows: list[Row], quick: bool = False) -> str:
+    """A Markdown table: readable in a terminal, pasteable into BENCHMARKS.md. quick: a smoke test,
+    whose speed-ups would mean nothing ("n/a")."""
     lines = ["| case | unit | anatomy | transformers | speed-up | notes |", "|---|---|---:|---:|---:|---|"]
     for row in rows:
-        speedup = f"{row.speedup:.2f}x" if row.speedup is not None else "-"
+        speedup = "n/a" if quick else f"{row.speedup:.2f}x" if row.speedup is not None else "-"
         lines.append(f"| {row.group}: {row.case} | {row.unit} | {fmt(row.ours)} | {fmt(row.theirs)} | {speedup} "
                      f"| {'; '.join(row.notes)} |")
     return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="tiny shapes and 2 repeats: checks that it runs (CI)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke test: tiny shapes and 2 repeats check that it runs (CI); no speed-ups")
     parser.add_argument("--only", nargs="+", choices=sorted(GROUPS), metavar="GROUP",
                         help=f"run only these groups ({', '.join(GROUPS)})")
-    parser.add_argument("--repeats", type=non_negative_int, default=0, help="timed runs per side (default: per case)")
-    parser.add_argument("--threads", type=non_negative_int, default=0,
+    parser.add_argument("--repeats", type=repeats, default=0, help="timed runs per side (default: per case)")
+    parser.add_argument("--threads", type=threads, default=None,
                         help="torch intra-op threads (default: torch's choice)")
+
+
+def repeats(value: str) -> int:
+    """An argparse type: timed runs per side, 0 (each case's own) to MAX_REPEATS."""
+    count = non_negative_int(value)
+    if count > MAX_REPEATS:
+        raise argparse.ArgumentTypeError(f"{count:,} repeats is more than {MAX_REPEATS:,}")
+    return count
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     settings.peak_gflops = matmul_peak(512 if args.quick else 1536)
     settings.bandwidth_gbs = read_bandwidth(32 if args.quick else 256)
     print(f"# anatomy bench{' --quick' if args.quick else ''}, {datetime.date.today()}")
+    if args.quick:
+        print(SMOKE_TEST)
     print(f"machine: {cpu_model()}, {torch.get_num_threads()} threads; torch {torch.__version__}, "
           f"transformers {transformers.__version__}; load average at start {load_average()}")
     print(f"measured: fp32 matmul peak {settings.peak_gflops:.0f} GFLOP/s, "
@@ -96,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         for row in group_rows:  # progress, while the rest runs
             print(f"  {row.group}: {row.case}: {fmt(row.ours)} vs {fmt(row.theirs)} {row.unit}", flush=True)
     print()
-    print(table(rows))
+    print(table(rows, quick=args.quick))
+    if args.quick:
+        print(f"\n{SMOKE_TEST}")
     print(f"\nload average at end {load_average()}")
     return 0
