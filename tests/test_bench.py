@@ -35,6 +35,12 @@ def test_quick_suite_prints_every_row(quick_table):
     assert "matmul peak" in quick_table and "bandwidth" in quick_table
 
 
+def test_quick_is_labelled_a_smoke_test_with_no_speed_up(quick_table):
+    assert quick_table.count("smoke test (--quick)") == 2  # above the progress lines and under the table
+    rows = [line.split("|") for line in quick_table.splitlines() if line.startswith("| ") and "case" not in line]
+    assert rows and all(cells[5].strip() == "n/a" for cells in rows)
+
+
 def test_both_sides_computed_the_same_thing(quick_table):
     assert "same tokens: yes" in quick_table
     for diff in re.findall(r"max \|diff\| ([0-9.e+-]+)", quick_table):
