@@ -157,9 +157,13 @@ class SAETrainer:
         x, y = rows[:, :sae.d_in], rows[:, sae.d_in:] if sae.is_transcoder else rows[:, :sae.d_in]
         norms = y.norm(dim=-1)
         x, y = x[norms <= OUTLIER * norms.median()], y[norms <= OUTLIER * norms.median()]
-        t.scale_in.copy_(math.sqrt(sae.d_in / x.pow(2).sum(-1).mean().item()))
-        t.scale_out.copy_(math.sqrt(y.size(-1) / y.pow(2).sum(-1).mean().item()))
-        sae.b_dec.copy_((y.mean(0) * t.scale_out).to(sae.b_dec.dtype))
+        # sums over every rank's rows: all ranks start from the same scales and b_dec
+        sums = distributed.all_reduce_sum(torch.cat([torch.tensor([len(x), x.pow(2).sum(), y.pow(2).sum()],
+                                                                  dtype=torch.float64, device=self.device), y.sum(0)]))
+        count, x2, y2, y_sum = sums[0].item(), sums[1].item(), sums[2].item(), sums[3:]
+        t.scale_in.copy_(math.sqrt(sae.d_in * count / x2))
+        t.scale_out.copy_(math.sqrt(y.size(-1) * count / y2))
+        sae.b_dec.copy_((y_sum / count * t.scale_out).to(sae.b_dec.dtype))
         if sae.kind == "jumprelu":
             sae.threshold.fill_(0.001)  # Rajamanoharan et al. 2024 start theta at 0.001
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from anatomy.sae import SAE
+from sae_data import SparseData  # tests/sae
 from anatomy.sae.objectives import _JumpReLU, _Step, dense_step, mse, topk_step
 from anatomy.sae.train import SAETrainConfig, SAETrainer, fold_scales
 
@@ -52,25 +53,6 @@ def test_jumprelu_straight_through_estimators_are_the_papers():
     d_z, d_t = torch.autograd.grad(_JumpReLU.apply(z, t, eps).sum(), [z, t])
     assert torch.allclose(d_t, torch.tensor([0.0, -200.0, 0.0, 0.0]))
     assert torch.equal(d_z, torch.tensor([[0.0, 1.0, 1.0, 0.0]]))
-
-
-class SparseData:
-    """Rows that are sparse sums of 64 ground-truth directions (4 per row), plus an offset: a pure function of the step."""
-
-    def __init__(self, d=24, n_true=64, per_row=4, batch=256):
-        generator = torch.Generator().manual_seed(0)
-        self.directions = torch.nn.functional.normalize(torch.randn(n_true, d, generator=generator), dim=-1)
-        self.offset = torch.randn(d, generator=generator)
-        self.d, self.n_true, self.per_row, self.rows = d, n_true, per_row, batch
-
-    def batch_of(self, seed, rows):
-        generator = torch.Generator().manual_seed(seed)
-        which = torch.rand(rows, self.n_true, generator=generator).argsort(-1)[:, :self.per_row]
-        codes = torch.zeros(rows, self.n_true).scatter_(-1, which, 1 + torch.rand(rows, self.per_row, generator=generator))
-        return 5.0 * (codes @ self.directions + self.offset)
-
-    def batch(self, step):
-        return self.batch_of(step, self.rows)
 
 
 @pytest.mark.parametrize("kind, k, options", [("topk", 4, dict(lr=1e-2)), ("batchtopk", 4.0, dict(lr=1e-2)),
