@@ -24,7 +24,7 @@ from .gguf import open_gguf
 from .hf import CONFIG_FILE, config_from_hf, read_config
 from .hub import cache_dir, is_hub_id
 from .native import native_config
-from .resolver import PACKAGES, _local, check_spelling, locate
+from .resolver import PACKAGES, _local, check_spelling, locate, path_exists
 from .toys import TOY_MODELS, toy_config
 
 
@@ -39,7 +39,7 @@ def config_of(name_or_path: str | Path, revision: str | None = None) -> ModelCon
     name = str(name_or_path)
     if name in TOY_MODELS and not Path(name).exists():
         return toy_config(name)
-    if name not in PACKAGES and not Path(name).expanduser().exists() and is_hub_id(name):
+    if name not in PACKAGES and not path_exists(Path(name).expanduser()) and is_hub_id(name):
         check_spelling(name)
         folder = _cached_snapshot(name, revision)
         if folder is None:

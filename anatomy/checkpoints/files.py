@@ -179,14 +179,16 @@ class _SafetensorsShard:
             try:
                 self._file = safe_open(str(self.path), framework="pt")
             except (SafetensorError, OSError, ValueError) as error:
-                raise CheckpointError(f"weights file {where!r} is corrupt or truncated: {shorten(str(error))}") from None
+                raise CheckpointError(f"weights file {where!r} is corrupt or truncated: {shorten(str(error))}"
+                                      ) from None
             except MemoryError:
                 raise CheckpointError(f"weights file {where!r} cannot be memory-mapped: this process has not the "
                                       "address space for it") from None
         try:
             return self._file.get_tensor(key)
         except Exception as error:  # safetensors reports truncated data only when a tensor is read
-            raise CheckpointError(f"tensor {shorten(key)!r} of {where!r} cannot be read: {shorten(str(error))}") from None
+            raise CheckpointError(f"tensor {shorten(key)!r} of {where!r} cannot be read: {shorten(str(error))}"
+                                  ) from None
 
 
 class _PickleShard:

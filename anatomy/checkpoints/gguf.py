@@ -19,14 +19,15 @@ The tokenizer, built from the same metadata, is in gguf_tokenizer.py.
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .files import CheckpointError
+from .files import CheckpointError, shorten
 from .gguf_architectures import GGUF_ARCHITECTURES, TENSOR_NAMES, hf_config, hf_name, readable_architectures
-from .gguf_tokenizer import tokenizer_from_metadata
+from .gguf_tokenizer import check_tokenizer_metadata, tokenizer_from_metadata
 from .hf import model_from_hf
 from .tokenizer import Tokenizer
 
@@ -140,24 +141,47 @@ def _read(path: Path, size: int, mtime_ns: int):
     if magic != b"GGUF":
         raise CheckpointError(f"{str(path)!r} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
     try:
-        reader = _reader_class()(path)
-    except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"GGUF file {str(path)!r} is truncated or corrupt: {error}") from None
+        with np.errstate(over="ignore"):  # a wrapped offset is caught below, in exact integers
+            reader = _reader_class()(path)
+    except Exception as error:  # gguf's reader raises many types for bytes that are not a GGUF file
+        raise CheckpointError(f"GGUF file {str(path)!r} is truncated or corrupt: "
+                              f"{type(error).__name__}: {shorten(str(error), 200)}") from None
     for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size or t.data.nbytes != int(t.n_bytes):
-            raise CheckpointError(
-                f"GGUF file {str(path)!r} is truncated: tensor {t.name!r} needs bytes up to {end}, "
-                f"the file has {size}")
+        problem = _tensor_problem(gguf, reader, t, size)
+        if problem:
+            raise CheckpointError(f"GGUF file {str(path)!r} is truncated or corrupt: tensor {shorten(t.name)!r} "
+                                  f"{problem}")
     return reader
+
+
+def _tensor_problem(gguf, reader, t, size: int) -> str | None:
+    """Why a tensor's info does not describe bytes inside the file (None when it does), in exact
+    integers: the reader adds the file's uint64 offset to the data section's start in 64 bits, so
+    an offset of 2**64 - k wraps around to bytes of the header and would load metadata as weights."""
+    dims, offset = t.field.parts[3], t.field.parts[5]
+    elements = math.prod(int(n) for n in dims)
+    block, block_bytes = gguf.GGML_QUANT_SIZES[t.tensor_type]
+    if elements % block:
+        return f"has {elements} values, not a whole number of {t.tensor_type.name} blocks of {block}"
+    start = reader.data_offset + int(offset[0])
+    end = start + elements // block * block_bytes
+    if end > size:
+        return f"needs bytes up to {end}, the file has {size}"
+    if start != int(t.data_offset) or elements != int(t.n_elements) or t.data.nbytes != end - start:
+        return f"has an offset or dimensions that overflow 64 bits (data at byte {start}, {elements} values)"
+    return None
 
 
 @functools.cache
 def _reader_class():
-    """gguf.GGUFReader reading through a plain ndarray view of its memory map: slicing an np.memmap
-    runs Python code per slice, and a file's 100 000 vocabulary strings make that 3x slower."""
+    """gguf.GGUFReader reading through a plain ndarray view of its memory map (slicing an np.memmap
+    runs Python code per slice, and a file's 100 000 vocabulary strings make that 3x slower), and
+    refusing what would make it read past the end of the file or grow without bound: a read that
+    comes back short, an array whose count its remaining bytes cannot hold, an array of arrays."""
+    gguf = _gguf()
+    kinds = gguf.GGUFValueType
 
-    class Reader(_gguf().GGUFReader):
+    class Reader(gguf.GGUFReader):
         @property
         def data(self):
             return self._data
@@ -165,6 +189,27 @@ def _reader_class():
         @data.setter
         def data(self, value):
             self._data = value.view(np.ndarray)  # the same mapped bytes, never copied
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            values = super()._get(offset, dtype, count, override_order)
+            if len(values) != int(count):  # numpy slicing stops at the end of the file, silently
+                raise ValueError(f"the file ends inside a value at byte {offset}")
+            return values
+
+        def _get_field_parts(self, orig_offs, raw_type):
+            if raw_type == kinds.ARRAY:
+                item_type, count = int(self._get(orig_offs, np.uint32)[0]), int(self._get(orig_offs + 4, np.uint64)[0])
+                if item_type == kinds.ARRAY:
+                    raise ValueError(f"the metadata value at byte {orig_offs} is an array of arrays, which GGUF "
+                                     "files do not hold")
+                scalar = self.gguf_scalar_to_np.get(item_type)
+                smallest = 8 if item_type == kinds.STRING else np.dtype(scalar).itemsize if scalar else None
+                if smallest is None:
+                    raise ValueError(f"the metadata array at byte {orig_offs} has items of unknown type {item_type}")
+                if count * smallest > len(self.data) - orig_offs - 12:
+                    raise ValueError(f"the metadata array at byte {orig_offs} claims {count} items, more than the "
+                                     "rest of the file holds")
+            return super()._get_field_parts(orig_offs, raw_type)
 
     return Reader
 
@@ -181,6 +226,7 @@ def open_gguf(path: str | Path) -> tuple[dict, GgufWeights]:
     reader = read_gguf(path)
     meta = metadata(reader)
     hf = hf_config(meta, {t.name for t in reader.tensors}, path)
+    check_tokenizer_metadata(meta, str(path))  # before a weight is dequantized
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise CheckpointError(
             f"GGUF file {str(path)!r} scales each rotary frequency by its own factor (rope_freqs.weight, how "

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .files import CheckpointError
+from .files import CheckpointError, shorten
 from .registry import ARCHITECTURES
 
 # 1. metadata -> config ---------------------------------------------------------------------------
@@ -33,6 +33,14 @@ CONFIG_KEYS = {
 }
 # tokenizer.ggml.* ids -> config fields
 SPECIAL_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "padding_token_id": "pad_token_id"}
+# What each value read from "<architecture>.*" must be, checked before anything is computed from it:
+# counts and widths are integers >= 1 (llama.cpp writes some per layer, as arrays: anatomy reads
+# one value for every layer), scales are numbers.
+INTEGER_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+                "attention.head_count_kv", "attention.key_length", "vocab_size", "rope.dimension_count",
+                "attention.sliding_window")
+NUMBER_KEYS = ("attention.layer_norm_rms_epsilon", "rope.freq_base", "attn_logit_softcapping",
+               "final_logit_softcapping", "rope.scaling.factor")
 
 
 @dataclass(frozen=True)
@@ -145,16 +153,42 @@ def readable_architectures() -> list[str]:
     return sorted(a for a, spec in GGUF_ARCHITECTURES.items() if spec.model_type in ARCHITECTURES)
 
 
+def check_values(meta: dict, architecture: str, n_tensors: int, path: Path) -> None:
+    """Each "<architecture>.*" value anatomy reads has its type (INTEGER_KEYS, NUMBER_KEYS), and
+    block_count is at most the number of tensors (a block holds at least one): a claim of 2**31
+    blocks is refused before a per-layer list is made. CheckpointError naming the key otherwise."""
+    for key in INTEGER_KEYS + NUMBER_KEYS + ("rope.scaling.type",):
+        name = f"{architecture}.{key}"
+        if name not in meta:
+            continue
+        value = meta[name]
+        if key in INTEGER_KEYS:
+            wrong = isinstance(value, bool) or not isinstance(value, int) or value < 1
+            allowed = "an integer >= 1" + (" (one for every layer)" if isinstance(value, list) else "")
+        elif key in NUMBER_KEYS:
+            wrong, allowed = isinstance(value, bool) or not isinstance(value, (int, float)), "a number"
+        else:
+            wrong, allowed = not isinstance(value, str), "a string"
+        if wrong:
+            raise CheckpointError(f"GGUF file {str(path)!r} gives {name} = {shorten(repr(value), 60)}; "
+                                  f"it must be {allowed}")
+    blocks = meta.get(f"{architecture}.block_count")
+    if blocks is not None and blocks > n_tensors:
+        raise CheckpointError(f"GGUF file {str(path)!r} gives {architecture}.block_count = {blocks}, but holds "
+                              f"{n_tensors} tensors (a block holds at least one)")
+
+
 def hf_config(meta: dict, tensor_names: set[str], path: Path) -> dict:
     """The Hugging Face config dict the file's metadata describes (model_type, sizes, special ids).
 
     Raises CheckpointError naming the file for an architecture anatomy cannot read."""
     architecture = meta.get("general.architecture")
     readable = readable_architectures()
-    if architecture not in readable:
-        raise CheckpointError(
-            f"GGUF file {str(path)!r} holds a {architecture!r} model; anatomy reads: {', '.join(readable)}")
+    if not isinstance(architecture, str) or architecture not in readable:
+        raise CheckpointError(f"GGUF file {str(path)!r} holds a {shorten(repr(architecture), 60)} model; "
+                              f"anatomy reads: {', '.join(readable)}")
     spec = GGUF_ARCHITECTURES[architecture]
+    check_values(meta, architecture, len(tensor_names), path)
     classes = ARCHITECTURES[spec.model_type].classes
     hf = {"model_type": spec.model_type, "architectures": [next(c for c, head in classes.items() if head == "lm")]}
     hf.update(spec.fixed)
@@ -167,8 +201,9 @@ def hf_config(meta: dict, tensor_names: set[str], path: Path) -> dict:
             hf[name] = meta[f"tokenizer.ggml.{key}"]
     hf.update({name: hf[other] for name, other in spec.same_as.items() if other in hf})
     rotated = meta.get(f"{architecture}.rope.dimension_count")
-    if spec.partial_rotary and rotated and hf.get("num_attention_heads") and hf.get("hidden_size"):
-        hf["partial_rotary_factor"] = rotated / (hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"])
+    head_width = hf.get("head_dim") or hf.get("hidden_size", 0) // hf.get("num_attention_heads", 1)
+    if spec.partial_rotary and rotated and head_width:  # no width: the config's own check says why
+        hf["partial_rotary_factor"] = rotated / head_width
     if spec.swa_pattern and hf.get("sliding_window") and "num_hidden_layers" in hf:
         hf["layer_types"] = ["full_attention" if (i + 1) % spec.swa_pattern == 0 else "sliding_attention"
                              for i in range(hf["num_hidden_layers"])]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
-from .files import CheckpointError
+from .files import CheckpointError, shorten
 from .tokenizer import Tokenizer
 
 UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # llama.cpp's token types
@@ -114,20 +114,68 @@ def _sentencepiece(meta: dict, tokens: list[str]) -> Backend:
 
 
 BUILDERS = {"gpt2": (_byte_level, False), "llama": (_sentencepiece, True)}  # model -> (builder, adds BOS by default)
+# What each tokenizer value must be when present (tokenizer.ggml.* unless named in full).
+STRING_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.chat_template")
+BOOLEAN_KEYS = ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_space_prefix")
+ID_KEYS = tuple(f"tokenizer.ggml.{role}_token_id" for role in ("bos", "eos", "unknown", "padding", "seperator", "cls",
+                                                                  "mask"))
+
+
+def check_tokenizer_metadata(meta: dict, source: str) -> None:
+    """The types of every tokenizer value a GGUF file gives, checked before anything is built from
+    them (open_gguf checks them before any weight is dequantized): tokens a list of strings; token
+    types a list of integers and scores a list of numbers, one per token; merges strings "left right";
+    ids integers >= 0; flags booleans; the model, pre-tokenizer and chat template strings.
+    Raises CheckpointError naming the key (and the first wrong item) otherwise."""
+    def refuse(key: str, value, allowed: str):
+        raise CheckpointError(f"GGUF file {shorten(source)!r} gives {key} = {shorten(repr(value), 60)}; "
+                              f"it must be {allowed}")
+
+    for key, kind, allowed in ((STRING_KEYS, str, "a string"), (BOOLEAN_KEYS, bool, "a boolean")):
+        for name in key:
+            if name in meta and not isinstance(meta[name], kind):
+                refuse(name, meta[name], allowed)
+    for name in ID_KEYS:
+        value = meta.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            refuse(name, value, "a token id (an integer >= 0)")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    lists = {"tokenizer.ggml.tokens": (lambda t: isinstance(t, str), "a string"),
+             "tokenizer.ggml.token_type": (lambda t: isinstance(t, int) and not isinstance(t, bool), "an integer"),
+             "tokenizer.ggml.scores": (lambda t: isinstance(t, (int, float)) and not isinstance(t, bool), "a number"),
+             "tokenizer.ggml.merges": (lambda t: isinstance(t, str) and " " in t, 'a string "left right"')}
+    for name, (fits, allowed) in lists.items():
+        if name not in meta:
+            continue
+        values = meta[name]
+        if not isinstance(values, list):
+            refuse(name, values, "a list")
+        wrong = next((i for i, value in enumerate(values) if not fits(value)), None)
+        if wrong is not None:
+            refuse(f"{name}[{wrong}]", values[wrong], f"{allowed}, as every item")
+        per_token = name in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+        if per_token and isinstance(tokens, list) and len(values) != len(tokens):
+            raise CheckpointError(f"GGUF file {shorten(source)!r} gives {len(values)} {name} for {len(tokens)} tokens; "
+                                  "it must give one per token")
 
 
 def tokenizer_from_metadata(meta: dict, source: str) -> Tokenizer:
     """anatomy's Tokenizer for a GGUF file's metadata (see the module docstring for the keys).
 
     Raises CheckpointError naming `source` when the file has no tokenizer or one of another kind."""
+    check_tokenizer_metadata(meta, source)
     kind = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
     if kind not in BUILDERS or not tokens:
         raise CheckpointError(
-            f"GGUF file {source!r} has tokenizer.ggml.model={kind!r}"
+            f"GGUF file {source!r} has tokenizer.ggml.model={shorten(repr(kind), 60)}"
             + ("" if tokens else " and no tokens") + f"; anatomy reads: {', '.join(BUILDERS)}")
     build, adds_bos = BUILDERS[kind]
-    backend = build(meta, tokens)
+    try:
+        backend = build(meta, tokens)
+    except Exception as error:  # tokenizers raises a bare Exception: a merge of tokens the vocabulary lacks
+        raise CheckpointError(f"GGUF file {source!r} holds a tokenizer that cannot be built: {shorten(str(error), 200)}"
+                              ) from None
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     in_alphabet = set(bytes_to_unicode().values()) if kind == "gpt2" else None
     # Control tokens (<|im_start|>, <s>) are matched whole and are "special"; user-defined ones

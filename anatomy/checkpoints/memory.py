@@ -226,8 +226,9 @@ def check_weights_memory(weights, names, dtype: torch.dtype, device, source: str
                  for name in names if name in weights)
     available = available_memory()
     if needed + HEADROOM_BYTES > available:
-        raise CheckpointError(f"{source}: this model's weights take about {_gb(needed)} in {str(dtype).removeprefix('torch.')}"
-                              f", more than the {_gb(available)} of memory available; nothing was allocated")
+        raise CheckpointError(f"{source}: this model's weights take about {_gb(needed)} in "
+                              f"{str(dtype).removeprefix('torch.')}, more than the {_gb(available)} of memory available; "
+                              "nothing was allocated")
 
 
 def nbytes(model: nn.Module, dtype: torch.dtype | None) -> tuple[int, int]:

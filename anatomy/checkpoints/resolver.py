@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .files import CheckpointError
+from .files import CheckpointError, shorten
 from .gguf import gguf_tokenizer, load_gguf
 from .hf import CONFIG_FILE, load_folder
 from .hub import is_hub_id, snapshot
@@ -60,16 +60,27 @@ def locate(name_or_path: str | Path, revision: str | None = None) -> Source:
     if text in PACKAGES and not Path(text).exists():
         return _packaged(text)
     path = Path(text).expanduser()
-    if path.exists():
+    if path_exists(path):
         return _local(path)
     check_spelling(text)
     if is_hub_id(text):
         folder, root = snapshot(text, revision)
         return _local(folder, root)
     raise CheckpointError(
-        f"{text!r} does not exist: give a built-in name ({', '.join(BUILTIN_MODELS)}), a checkpoint folder, a .gguf "
-        "file or a Hugging Face Hub id like 'org/name'"
+        f"{shorten(text)!r} does not exist: give a built-in name ({', '.join(BUILTIN_MODELS)}), a checkpoint folder, "
+        "a .gguf file or a Hugging Face Hub id like 'org/name'"
     )
+
+
+def path_exists(path: Path) -> bool:
+    """path.exists(), where a name no file system can hold (longer than its limits, or with a NUL
+    byte) is a CheckpointError saying so, not an OSError."""
+    try:
+        return path.exists()
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise CheckpointError(f"{shorten(str(path))!r} ({len(str(path))} characters) is no path this system can "
+                              f"open ({reason}), and no built-in name or Hub id like 'org/name'") from None
 
 
 def check_spelling(name: str) -> None:
@@ -139,6 +150,8 @@ def from_pretrained(name_or_path: str | Path, *, revision: str | None = None, dt
         model.tokenizer = toy_tokenizer(name) if tokenizer else None
         return model.eval()
     source = locate(name_or_path, revision)
+    # The tokenizer first: a malformed one is refused before any weight is read (or dequantized).
+    found = _tokenizer_of(source) if tokenizer else None
     options = dict(dtype=dtype, device=device, attn_impl=attn_impl)
     if source.kind == "gguf":
         model = load_gguf(source.path, **options)
@@ -146,7 +159,7 @@ def from_pretrained(name_or_path: str | Path, *, revision: str | None = None, dt
         model = load_native(source.path, root=source.root, **options)
     else:
         model = load_folder(source.path, root=source.root, **options)
-    model.tokenizer = _tokenizer_of(source) if tokenizer else None
+    model.tokenizer = found
     return model
 
 

@@ -371,10 +371,11 @@ def _chat_template(directory: Path, settings: dict) -> str | None:
                                   f"byte {error.start})") from None
     template = settings.get("chat_template")
     if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict) and isinstance(t.get("name"), str)}
+        named = {t.get("name"): t.get("template") for t in template
+                 if isinstance(t, dict) and isinstance(t.get("name"), str)}
         template = named.get("default")
     if template is not None and not isinstance(template, str):
         raise CheckpointError(f"{str(directory / SETTINGS_FILE)!r} has a chat_template that is a "
-                              f"{type(template).__name__}; it must be a string, or a list of {{\"name\", \"template\"}} "
-                              "whose \"default\" template is a string")
+                              f"{type(template).__name__}; it must be a string, or a list of "
+                              '{"name", "template"} whose "default" template is a string')
     return template
