@@ -1,12 +1,26 @@
-"""Features: sparse autoencoders and transcoders, loaded, attached to a pass, trained and shown.
+"""Features: sparse autoencoders and transcoders, loaded, attached to a pass, trained, measured and shown.
 
-    sae = anatomy.load_sae("path/to/folder")            # SAELens's cfg.json + sae_weights.safetensors, or params.npz
+    sae = anatomy.load_sae("path/to/folder")          # SAELens's cfg.json + sae_weights.safetensors, params.npz, a Hub id
     with anatomy.trace(model, ["blocks.6.resid_post.sae.features"], saes={"blocks.6.resid_post": sae}) as t:
-        model(ids)                                       # outputs unchanged: x = reconstruction + error
-    t["blocks.6.resid_post.sae.features"]                # [batch, pos, feature]
+        model(ids)                                     # the outputs unchanged: x = reconstruction + error
+    t["blocks.6.resid_post.sae.features"]              # [batch, pos, feature]
+
+    modules.py     SAE: relu, topk, batchtopk, jumprelu; transcoders; encode, decode, splice
+    formats.py     load_sae / save_sae: SAELens's folder, Gemma Scope's params.npz, Hub ids
+    attach.py      interventions on features: zero, clamp, scale, steer, no_error
+    analysis.py    features as components: feature_lens, feature_logit_attribution, patch_features,
+                   feature_integrated_gradients
+    store.py       activations harvested from passes that stop at the point, shuffled, sharded on disk
+    objectives.py  the training losses by kind, and the sparse TopK step
+    train.py       SAETrainer on the training floor (run folder, checkpoints, resume, torchrun)
+    evaluate.py    L0, variance explained, CE loss recovered, dead and dense features
+    features.py    the feature page (top contexts, density, histogram, logits)
+    plots.py       training curves; variance explained against L0
+    cli.py         `anatomy sae train | eval | features`
 """
 
+from .attach import clamp, no_error, scale, steer, zero
 from .formats import load_sae, save_sae
 from .modules import KINDS, SAE
 
-__all__ = ["KINDS", "SAE", "load_sae", "save_sae"]
+__all__ = ["KINDS", "SAE", "clamp", "load_sae", "no_error", "save_sae", "scale", "steer", "zero"]

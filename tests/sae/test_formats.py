@@ -141,3 +141,21 @@ def test_an_anatomy_run_folder_loads_its_sae(tmp_path):
     assert (loaded.kind, loaded.k, loaded.point, loaded.metadata["model_name"]) == ("topk", 2, "blocks.0.resid_post", "toy")
     assert all(torch.equal(a, b) for a, b in zip(sae.state_dict().values(), loaded.state_dict().values()))
     assert oct((tmp_path / "run" / "sae" / "sae_weights.safetensors").stat().st_mode & 0o777) == "0o644"
+
+
+def test_a_hub_id_fetches_only_the_sae_files_of_its_folder(tmp_path, monkeypatch):
+    """org/name/path/to/folder: the repository's SAE files in that folder, through the Hugging Face cache."""
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(FIXTURES / "topk", snapshot / "blocks.1.hook_resid_post")
+    asked = {}
+
+    def fetch(repo_id, patterns, revision=None):
+        asked.update(repo=repo_id, patterns=patterns, revision=revision)
+        return snapshot
+
+    monkeypatch.setattr("anatomy.checkpoints.hub.fetch", fetch)
+    sae = load_sae("someone/tiny-saes/blocks.1.hook_resid_post", revision="v1")
+    assert asked == {"repo": "someone/tiny-saes", "revision": "v1", "patterns": [
+        "blocks.1.hook_resid_post/cfg.json", "blocks.1.hook_resid_post/sae_weights.safetensors",
+        "blocks.1.hook_resid_post/params.npz"]}
+    assert (sae.kind, sae.point) == ("topk", "blocks.1.resid_post")
