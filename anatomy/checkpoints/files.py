@@ -12,11 +12,15 @@ every problem can be reported before a single tensor is loaded. Every failure is
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
 import pickle
+import shutil
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -365,12 +369,72 @@ def _write_one(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 
 def _file_mode() -> int:
-    """0o666 less the process's umask, read from /proc without changing it (os.umask would, for every thread)."""
+    """0o666 less the process's umask: what open() gives a new file (config.json)."""
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read from /proc without changing it (os.umask would, for every thread)."""
     try:
         with open("/proc/self/status") as status:
             for line in status:
                 if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
+                    return int(line.split()[1], 8)
     except OSError:
         pass
-    return 0o644
+    return 0o022
+
+
+# What anatomy's savers write into a checkpoint folder (config, weights, shards): a new save
+# replaces them all, so that no file of an earlier save is read with the new ones.
+SAVED_FILES = ("config.json", "anatomy_config.json", *WEIGHT_FILES[:1], *INDEX_FILES[:1], "model-*-of-*.safetensors")
+STAGING = ".{name}.saving-{pid}-"
+
+
+@contextmanager
+def staged_folder(target: Path) -> Iterator[Path]:
+    """A hidden folder beside `target` to write a checkpoint into, moved into place when the block
+    ends without an error, so that a save that is interrupted leaves nothing in `target`.
+
+    safetensors writes each file through a temporary file of its own (.tmpXXXXXX) in the folder it
+    writes to; a save killed halfway left that, hundreds of MB, in the model folder. Here it is
+    left in the staging folder, which the next save beside it removes (a staging folder whose
+    process is gone). A `target` that does not exist becomes the staging folder, renamed (atomic);
+    one that exists gets each new file by os.replace, and loses the files an earlier save wrote
+    that this one did not (SAVED_FILES: a stale model.safetensors would be read before new shards)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_staging(target)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING.format(name=target.name, pid=os.getpid()), dir=target.parent))
+    try:
+        yield staging
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it 0700; a folder gets what mkdir gives
+        if not target.exists():
+            os.replace(staging, target)
+            return
+        written = {path.name for path in staging.iterdir()}
+        for pattern in SAVED_FILES:
+            for stale in target.glob(pattern):
+                if stale.name not in written and stale.is_file():
+                    stale.unlink()
+        for name in sorted(written):
+            os.replace(staging / name, target / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_abandoned_staging(target: Path) -> None:
+    """Delete the staging folders beside `target` whose writing process no longer runs (killed)."""
+    for folder in target.parent.glob(STAGING.format(name=glob.escape(target.name), pid="*") + "*"):
+        pid = folder.name.removeprefix(f".{target.name}.saving-").split("-", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: asks whether the process exists, sends nothing
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process (or a pid beyond the system's): leave its folder alone
+    return True

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from torch import nn
 
-from .files import CheckpointError, parse_size
+from .files import CheckpointError, parse_size, staged_folder
 from .hf import architecture_of, save_folder
 from .native import save_native
 
@@ -25,21 +25,26 @@ def save_pretrained(model: nn.Module, directory: str | Path, format: str = "auto
     max_shard_size: weights beyond it are split into model-0000k-of-0000n.safetensors files and
     model.safetensors.index.json (bytes, or "5GB", "500MB"), as transformers writes them.
     A tokenizer attached as `model.tokenizer` is saved beside the weights.
+    Everything is written into a hidden folder beside `directory` and moved in at the end
+    (files.staged_folder): a save that is interrupted, even by kill -9, leaves no file in `directory`,
+    and the config and weights of an earlier save there are replaced together.
     """
     if format not in SAVE_FORMATS:
         raise ValueError(f"format={format!r} is not supported; allowed values: {', '.join(map(repr, SAVE_FORMATS))}")
     parse_size(max_shard_size)  # a bad size is refused before anything is written
     out = Path(directory)
-    if format == "anatomy":
-        written = save_native(model, out, max_shard_size)
-    else:
+    arch = None
+    if format != "anatomy":
         try:
             arch, class_name = architecture_of(model.config)
         except CheckpointError:
             if format == "hf":
                 raise
-            arch = None
-        written = save_folder(model, out, arch, class_name, max_shard_size) if arch else save_native(model, out, max_shard_size)
-    if getattr(model, "tokenizer", None) is not None:
-        model.tokenizer.save(written)
-    return written
+    with staged_folder(out) as staging:  # an interrupted save leaves nothing in `out`
+        if arch is None:
+            save_native(model, staging, max_shard_size)
+        else:
+            save_folder(model, staging, arch, class_name, max_shard_size)
+        if getattr(model, "tokenizer", None) is not None:
+            model.tokenizer.save(staging)
+    return out
