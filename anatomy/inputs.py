@@ -13,12 +13,19 @@ class InputError(ValueError):
     """An argument of a model's forward pass is not valid."""
 
 
+# The dtypes torch's embedding lookup takes as indices. Ids of another dtype (uint8, int16, ...)
+# are refused by name rather than copied behind the caller's back.
+ID_DTYPES = (torch.long, torch.int32)
+
+
 def check_ids(name: str, ids, *, vocab_size: int, max_positions: int | None, past_length: int = 0) -> torch.Tensor:
-    """ids must be an integer tensor [B, T], B >= 1, T >= 1, every value in [0, vocab_size)."""
+    """ids must be a tensor [B, T] of dtype torch.long or torch.int32, B >= 1, T >= 1, every value in
+    [0, vocab_size)."""
     if not torch.is_tensor(ids):
         raise InputError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise InputError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}")
+    if ids.dtype not in ID_DTYPES:
+        raise InputError(f"{name} must hold integer token ids of dtype torch.long (or torch.int32), got dtype "
+                         f"{ids.dtype}; convert with `{name}.long()`")
     if ids.dim() != 2:
         raise InputError(f"{name} must have shape [batch, seq_len], got shape {tuple(ids.shape)}")
     batch, length = ids.shape

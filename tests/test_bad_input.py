@@ -16,6 +16,8 @@ def small(arch="decoder", **overrides):
     (torch.tensor([[1, 2, 10]]), r"id 10, outside \[0, vocab_size=10\)"),
     (torch.tensor([[1, -1, 2]]), r"negative id -1"),
     (torch.tensor([[1.0, 2.0]]), r"integer token ids .* got dtype torch.float32"),
+    *[(torch.tensor([[1, 2]], dtype=dtype), rf"dtype torch.long \(or torch.int32\), got dtype {dtype}")
+      for dtype in (torch.uint8, torch.int8, torch.int16, torch.uint16, torch.uint32, torch.uint64, torch.bool)],
     (torch.tensor([1, 2, 3]), r"shape \[batch, seq_len\], got shape \(3,\)"),
     (torch.zeros(0, 3, dtype=torch.long), r"empty"),
     (torch.zeros(1, 7, dtype=torch.long), r"at most max_seq_len=6"),
@@ -24,6 +26,13 @@ def small(arch="decoder", **overrides):
 def test_bad_ids(ids, message):
     with pytest.raises(InputError, match=message):
         small()(ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32])
+def test_ids_of_either_index_dtype_give_the_same_logits(dtype):
+    model, ids = small().eval(), torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.equal(model(ids.to(dtype)).logits, model(ids).logits)
 
 
 def test_bad_masks_are_never_broadcast():
