@@ -126,7 +126,8 @@ def direct_logit_attribution(model: nn.Module, inputs, target=None, *, tokenizer
     """[component, batch, pos]: each component's direct contribution to the logit of `target`
     (an id for every position, [batch] ids, [batch, pos] ids, or None: each position's top token),
     through the final norm with its scale frozen and the unembedding. The last component, "norm
-    bias + unembed bias", is what no component wrote; the rows sum to the logit."""
+    bias + unembed bias", is what no component wrote; the rows sum to the logit. extra["target"]:
+    the ids [batch, pos], extra["target_tokens"]: them as text ("␣Paris")."""
     if model.config.lm_head_transform or model.config.final_logit_softcap is not None:
         raise ValueError("direct logit attribution needs a linear unembedding: this model has an LM-head transform "
                          "or a logit soft-cap")
@@ -145,9 +146,11 @@ def direct_logit_attribution(model: nn.Module, inputs, target=None, *, tokenizer
         values = torch.cat([contributions, constant[None]])  # (C+1, B, T)
         expected = logits.gather(-1, ids[..., None])[..., 0]  # (B, T)
     error = max_abs_diff(values.sum(0), expected)
+    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    target_tokens = [tok.labels(row.tolist()) if tok is not None else [str(int(i)) for i in row] for row in ids]
     return Result(
         "direct logit attribution", values, ("component", "batch", "pos"),
         labels={"component": names + ["norm bias + unembed bias"]},
         check=f"the contributions sum to the logit: max |diff| {error:.1e}", error=error,
-        tokens=batch.target.tokens, extra={"target": ids},
+        tokens=batch.target.tokens, extra={"target": ids, "target_tokens": target_tokens},
     )

@@ -1,15 +1,31 @@
-"""Every analysis result as an offline HTML page and as a PNG: a grid (logit lens, patching, head
-scores, direct logit attribution, rollout) or tokens shaded by their values (attributions).
+"""Every analysis result as an offline HTML page and as a PNG.
 
-Shape letters: L layers, B batch, T positions, H heads, C components.
+Shape letters: L layers, B batch, T positions, H heads, C components, G groups of components
+(one layer's attention or MLP), E model width, K top tokens.
+
+`panels(result)` is the view's data: a JSON payload (plain lists, numbers to six significant
+digits, every token as text) with one panel per sequence. One JavaScript function per layout
+draws a payload into an element (assets/analysis.js):
+
+    heatmap   patching, head scores, rollout, decomposition: one grid, every cell under its header
+    lens      the logit lens: fixed-width cells, the top-k tokens and their probabilities
+    dla       direct logit attribution: the top components at a position as ranked bars (the rest
+              summed into one), and the contributions per layer at every position
+    tokens    integrated gradients, gradient x input: each token over its value
 
 The page is viz's one page shell (viz.html.page: a Content-Security-Policy that allows no request,
-every label placed as text) with the viz views' common script and this floor's analysis.js.
+every label placed as text) with the views' common.js and grid.js and this floor's analysis.js; a
+page that fetched a payload (the live explorer) draws it with the same functions. Colour scales
+are robust: the largest values of a heavy-tailed result (SmolLM2's first position writes 100x
+more than any other) would wash every other cell out, so a scale ends at the 98th percentile of
+|value| and the cells beyond it are marked. The PNG draws the same payload with matplotlib.
 """
 
 from __future__ import annotations
 
 import html
+import math
+import re
 from importlib import resources
 from pathlib import Path
 from string import Template
@@ -17,132 +33,383 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..viz.html import View, asset, page, script_json
+from ..viz.html import View, asset, page, script_json, token_legend
 
 if TYPE_CHECKING:  # a Result knows its views (Result.view); the views only read a Result's fields
     from .result import Result
 
-SCRIPT = (resources.files("anatomy.analysis") / "assets" / "analysis.js").read_text(encoding="utf-8")
-STYLE = """
-table.grid { border-collapse: collapse; font-size: 12px; }
-table.grid th { font-weight: 500; color: var(--muted); padding: 2px 6px; white-space: pre; max-width: 120px;
-                overflow: hidden; text-overflow: ellipsis; }
-table.grid th.col { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; max-height: 110px; }
-table.grid td.cell { min-width: 28px; height: 22px; padding: 0 4px; border: 1px solid #fff; white-space: pre;
-                     overflow: hidden; max-width: 90px; text-overflow: ellipsis; }
-.shaded-tokens { display: flex; flex-wrap: wrap; gap: 3px; font-size: 15px; }
-.shaded-token { padding: 2px 5px; border-radius: 4px; white-space: pre; border: 1px solid var(--line); }
-.check { color: #2b7a3d; }
-"""
-MAX_CELLS = 20000  # beyond this a grid is cut to its first rows and columns (the PNG shows it whole)
+ASSETS = resources.files("anatomy.analysis") / "assets"
+ROBUST_QUANTILE = 0.98  # a colour scale ends here unless the largest value is within WASH_OUT of it
+WASH_OUT = 1.5
+RELATIVE_TOLERANCE = 1e-4  # an identity holds when its difference is within this share of the values' size
+MAX_VALUES = 250_000  # per heatmap panel (all frames): beyond it, rows (or rollout's earlier layers) are left out
+MAX_TARGETS = 12  # the lens's candidate targets
 
 
-def _scale(values: torch.Tensor, diverging: bool | None = None) -> dict:
+# ---- numbers and scales ----------------------------------------------------------------------------
+
+
+def _rounded(value: float) -> float:
+    """Six significant digits: more than any page or figure shows, and the same for a value and the
+    end of its scale (so that the largest value is not marked beyond a scale it ends)."""
+    return float(f"{value:.6g}")
+
+
+def _numbers(values: torch.Tensor) -> list:
+    """A tensor as nested lists of floats to six significant digits (None where not finite: JSON has
+    no NaN or infinity)."""
+    array = values.detach().double().cpu()
+    flat = [_rounded(v) if math.isfinite(v) else None for v in array.reshape(-1).tolist()]
+    for size in reversed(array.shape[1:]):
+        flat = [flat[i:i + size] for i in range(0, len(flat), size)]
+    return flat
+
+
+def robust_limit(magnitudes: torch.Tensor) -> float:
+    """Where a colour scale of non-negative `magnitudes` ends: the 98th percentile, or the largest
+    value when that is within 1.5x of it (nothing to wash out); 1 when there is nothing."""
+    finite = magnitudes[torch.isfinite(magnitudes)].double().reshape(-1)
+    if finite.numel() == 0 or finite.max() <= 0:
+        return 1.0
+    largest = finite.max().item()
+    # "lower": a value of the data, never one interpolated towards the largest (on a small grid
+    # the 98th percentile lies between the two largest values)
+    percentile = torch.quantile(finite, ROBUST_QUANTILE, interpolation="lower").item()
+    return _rounded(largest if percentile <= 0 or largest <= WASH_OUT * percentile else percentile)
+
+
+def diverging(values: torch.Tensor) -> dict:
+    """A scale centred on zero, red below, blue above, ending at the robust limit of |values|."""
+    return {"kind": "diverging", "limit": robust_limit(values.abs())}
+
+
+def sequential(values: torch.Tensor, lo: float = 0.0) -> dict:
+    """A scale from lo (white) to the robust limit above it (blue): norms, shares of a flow."""
     finite = values[torch.isfinite(values)]
-    lo, hi = (finite.min().item(), finite.max().item()) if finite.numel() else (0.0, 1.0)
-    if diverging is None:
-        diverging = lo < 0 < hi
-    return {"diverging": diverging, "lo": lo, "hi": hi, "max": max(abs(lo), abs(hi))}
+    return {"kind": "sequential", "lo": lo, "hi": _rounded(lo + robust_limit(finite - lo))}
 
 
-def _grid(name: str, values: torch.Tensor, rows: list[str], cols: list[str], text=None, corner: str = "",
-          caption: str = "", scale: dict | None = None) -> dict:
-    values = values.float()
-    n_rows = max(1, min(len(rows), MAX_CELLS // max(1, len(cols))))
-    return {"name": name, "rows": rows[:n_rows], "cols": cols, "corner": corner, "caption": caption,
-            "values": values[:n_rows].tolist(), "text": None if text is None else [row for row in text[:n_rows]],
-            "scale": scale or _scale(values)}
+def spanning(values: torch.Tensor) -> dict:
+    """A scale from the smallest value (white) to the largest (blue): a metric of any sign (patching)."""
+    finite = values[torch.isfinite(values)]
+    if finite.numel() == 0:
+        return {"kind": "sequential", "lo": 0.0, "hi": 1.0}
+    low, high = _rounded(finite.min().item()), _rounded(finite.max().item())
+    return {"kind": "sequential", "lo": low, "hi": high if high > low else low + 1.0}
 
 
-def panels(result: Result) -> tuple[str, list[dict], str]:
-    """(layout "grid" or "tokens", one panel per sequence, the colour legend) for a result."""
-    kind, values, tokens = result.kind, result.values.detach().float(), result.tokens
-    batch_tokens = lambda b: tokens[b] if b < len(tokens) else [str(i) for i in range(values.shape[-1])]  # noqa: E731
-    if kind == "logit lens":
-        probs, top = result.extra["top_probs"][..., 0], result.extra["top_tokens"]  # (L+1, B, T)
-        return "grid", [
-            _grid(f"sequence {b}", probs[:, b], result.labels["layer"], batch_tokens(b),
-                  text=[[top[layer][b][t][0] for t in range(probs.size(2))] for layer in range(probs.size(0))],
-                  corner="layer \\ input", caption="each cell: the top next token read from that layer, shaded by its probability",
-                  scale={"diverging": False, "lo": 0.0, "hi": 1.0, "max": 1.0})
-            for b in range(probs.size(1))
-        ], "top-token probability"
+# ---- the identity line ---------------------------------------------------------------------------
+
+
+def _identity_size(result: Result) -> float:
+    """The size of what an identity compares, so that its tolerance scales with it."""
+    values = result.values.detach().double()
+    if result.kind == "decomposition" or result.kind == "direct logit attribution":
+        values = values.sum(0)  # the final residual; the logits
+    elif result.kind == "logit lens":
+        values = values[-1]  # the model's own log-probabilities
+    elif result.kind == "attention rollout":
+        return 1.0  # rows that sum to 1
+    finite = values[torch.isfinite(values)]
+    return finite.abs().max().item() if finite.numel() else 1.0
+
+
+def identity(result: Result) -> dict:
+    """{"text", "status", "rule"}: status "holds" when the result's identity holds (its measured
+    difference within RELATIVE_TOLERANCE of the compared values' size; integrated gradients: its own
+    completeness tolerance), "fails" when it does not, "none" when the result has no identity."""
+    text = result.check or "no identity to check"
+    if "converged" in result.extra:  # integrated gradients judges its own completeness
+        holds = bool(result.extra["converged"])
+        return {"text": text, "status": "holds" if holds else "fails",
+                "rule": "completeness within the analysis's tolerance" if holds else "completeness not reached"}
+    if not math.isfinite(result.error):
+        return {"text": text, "status": "none", "rule": "this result has no identity to check"}
+    tolerance = RELATIVE_TOLERANCE * max(1.0, _identity_size(result))
+    status = "holds" if result.error <= tolerance else "fails"
+    return {"text": text, "status": status,
+            "rule": f"holds when the difference is within {tolerance:.1e} ({RELATIVE_TOLERANCE:g} of the values' size)"}
+
+
+# ---- labels --------------------------------------------------------------------------------------
+
+
+def _tokens(result: Result, b: int, length: int) -> list[str]:
+    """Sequence b's tokens as shown (Tokenizer.labels), or positions when the result has none."""
+    if b < len(result.tokens) and len(result.tokens[b]) == length:
+        return [str(token) for token in result.tokens[b]]
+    return [str(i) for i in range(length)]
+
+
+def _last_real(tokens: list[str]) -> int:
+    """The last position of a right-padded row (padding is shown as "")."""
+    real = [i for i, token in enumerate(tokens) if token != ""]
+    return real[-1] if real else len(tokens) - 1
+
+
+def _flat(nested) -> list[str]:
+    """Every string in nested lists."""
+    if isinstance(nested, str):
+        return [nested]
+    return [token for item in nested for token in _flat(item)]
+
+
+def _layer_of(name: str) -> int | None:
+    """The layer a row label names ("L3", "L3 MLP", "L3H5", "resid_pre 3", "3"), else None."""
+    match = re.match(r"L(\d+)|resid_(?:pre|post) (\d+)$|(\d+)$", name)
+    if match is None:
+        return None
+    return int(next(group for group in match.groups() if group is not None))
+
+
+# Component names (decompose.components) -> (layer, part): one layer's attention heads and output
+# bias are its "attn", its cross-attention heads and bias its "cross", and its MLP.
+COMPONENT_GROUPS = [(re.compile(r"L(\d+)H\d+$"), "attn"), (re.compile(r"L(\d+) attn bias$"), "attn"),
+                    (re.compile(r"L(\d+) cross H\d+$"), "cross"), (re.compile(r"L(\d+) cross bias$"), "cross"),
+                    (re.compile(r"L(\d+) MLP$"), "MLP")]
+
+
+def component_groups(names: list[str]) -> tuple[list[str], list[int | None], torch.Tensor]:
+    """(group labels, their layers, membership [G, C]): one group per layer's attention, cross-
+    attention and MLP, and one per component of no layer (the embeddings, the biases of the end)."""
+    labels: list[str] = []
+    layers: list[int | None] = []
+    member: list[int] = []
+    for name in names:
+        for pattern, part in COMPONENT_GROUPS:
+            match = pattern.match(name)
+            if match:
+                label, layer = f"L{match.group(1)} {part}", int(match.group(1))
+                break
+        else:
+            label, layer = name, None
+        if label not in labels:
+            labels.append(label)
+            layers.append(layer)
+        member.append(labels.index(label))
+    membership = torch.zeros(len(labels), len(names), dtype=torch.float64)
+    membership[member, torch.arange(len(names))] = 1.0
+    return labels, layers, membership
+
+
+# ---- the payload, by kind --------------------------------------------------------------------------
+
+
+def _heatmap(name: str, rows: list[str], cols: list[str], frames: list[tuple[str, torch.Tensor, dict, str]], *,
+             corner: str, caption: str = "", row_layers: list[int | None] | None = None, frame: int = 0,
+             frame_control: str = "Show") -> dict:
+    """One heatmap panel: rows x cols, one or more frames (label, values [rows, cols], scale, legend)."""
+    per_frame = max(1, len(rows) * len(cols))
+    if per_frame * len(frames) > MAX_VALUES:  # keep the frame shown first, then as many as fit
+        if per_frame > MAX_VALUES:
+            keep = max(1, MAX_VALUES // max(1, len(cols)))
+            caption += f" The first {keep} of {len(rows)} rows are shown."
+            rows = rows[:keep]
+            row_layers = None if row_layers is None else row_layers[:keep]
+            frames = [(label, values[:keep], scale, legend) for label, values, scale, legend in frames]
+        fit = max(1, MAX_VALUES // max(1, len(rows) * len(cols)))
+        if len(frames) > fit:
+            caption += f" {len(frames) - fit} of {len(frames)} {frame_control.lower()} choices are left out."
+            start = max(0, min(frame - fit + 1, len(frames) - fit))
+            frames, frame = frames[start:start + fit], frame - start
+    return {"name": name, "rows": rows, "cols": cols, "corner": corner, "caption": caption.strip(),
+            "rowLayers": row_layers, "frame": frame, "frameControl": frame_control,
+            "frames": [{"label": label, "values": _numbers(values), "scale": scale, "legend": legend}
+                       for label, values, scale, legend in frames]}
+
+
+def _lens(result: Result) -> tuple[str, list[dict], list[str]]:
+    probs, top = result.extra["top_probs"], result.extra["top_tokens"]  # (L+1, B, T, K); [L+1][B][T][K]
+    ids = result.extra["top_ids"]
+    rows = result.labels["layer"]
+    parts, shown = [], []
+    for b in range(probs.size(1)):
+        cols = _tokens(result, b, probs.size(2))
+        last = _last_real(cols)
+        # candidate targets: the model's own top token at every position, then its top-k at the last
+        candidates: dict[int, str] = {}
+        for t in [*range(probs.size(2)), *([last] * probs.size(3))]:
+            for k in range(probs.size(3) if t == last else 1):
+                candidates.setdefault(int(ids[-1, b, t, k]), top[-1][b][t][k])
+        candidates = dict(list(candidates.items())[:MAX_TARGETS])
+        targets = [{"token": token, "probs": _numbers(result.values[:, b, :, i].exp())} for i, token in candidates.items()]
+        tokens = [[top[layer][b][t] for t in range(probs.size(2))] for layer in range(probs.size(0))]
+        shown += cols + _flat(tokens)
+        parts.append({"name": f"sequence {b}", "rows": rows, "cols": cols, "rowLayers": list(range(len(rows))),
+                      "corner": "layer \\ position", "top": tokens, "probs": _numbers(probs[:, b]),
+                      "k": probs.size(3), "targets": targets, "scale": {"kind": "sequential", "lo": 0.0, "hi": 1.0},
+                      "caption": "Each cell: the tokens the residual stream after that layer predicts next, read through "
+                                 "the final norm and the unembedding, with their probabilities."})
+    return "lens", parts, shown
+
+
+def _patching(result: Result) -> tuple[str, list[dict], list[str]]:
+    values = result.values.detach().float()
+    grid = values if values.dim() == 2 else values[:, None]  # (L, T), (L, H) or (L, 1)
+    rows = [f"L{layer}" for layer in range(grid.size(0))]
+    by = result.extra.get("by", "position")
+    if result.axes[-1] == "pos":
+        cols, corner = _tokens(result, 0, grid.size(1)), "layer \\ clean token"
+    elif result.axes[-1] == "head":
+        cols, corner = [f"H{h}" for h in range(grid.size(1))], "layer \\ head"
+    else:
+        cols, corner = ["all"], "layer"
+    caption = (f"{result.extra.get('point', '')}: the corrupted run with the clean run's activation put back at one "
+               f"{by} of one layer; each cell is the metric of that run.")
+    corrupt = result.extra.get("corrupt_tokens")
+    shown = list(cols)
+    if corrupt and result.axes[-1] == "pos":
+        differ = [f"{corrupt[0][t]} at position {t}" for t in range(min(len(cols), len(corrupt[0])))
+                  if corrupt[0][t] != cols[t]]
+        if differ:
+            caption += " Columns are the clean prompt's tokens; the corrupted prompt has " + ", ".join(differ) + "."
+            shown += corrupt[0]
+    legend = "metric of the patched run" + (" (log-prob of the clean run's top token)" if result.kind == "activation patching" else "")
+    return "heatmap", [_heatmap(f"{result.kind} by {by}", rows, cols, [("metric", grid, spanning(grid), legend)],
+                                corner=corner, caption=caption, row_layers=list(range(len(rows))))], shown
+
+
+def _heads(result: Result) -> tuple[str, list[dict], list[str]]:
+    values = result.values.detach().float()
+    extra = result.extra
+    caption = (f"Each cell: the head's mean attention on the key its kind attends to, on {extra['ids'].size(0)} "
+               f"sequences of {extra['length']} random tokens, repeated (1 is a perfect detector).")
+    rows = [f"L{layer}" for layer in range(values.size(0))]
+    cols = [f"H{h}" for h in range(values.size(1))]
+    frame = ("score", values, {"kind": "sequential", "lo": 0.0, "hi": 1.0}, f"{result.kind[:-1]} score")
+    return "heatmap", [_heatmap(result.kind, rows, cols, [frame], corner="layer \\ head", caption=caption,
+                                row_layers=list(range(len(rows))))], []
+
+
+def _rollout(result: Result) -> tuple[str, list[dict], list[str]]:
+    values = result.values.detach().float()  # (L, B, Q, K)
+    parts, shown = [], []
+    for b in range(values.size(1)):
+        tokens = _tokens(result, b, values.size(2))
+        shown += tokens
+        scale = sequential(values[:, b], lo=0.0)
+        frames = [(f"after layer {layer}", values[layer, b], scale, "share of the flow from each key")
+                  for layer in range(values.size(0))]
+        parts.append(_heatmap(f"sequence {b}", tokens, tokens, frames, corner="query \\ key",
+                              caption="Each row: how much of the query's final state flowed from each key token, "
+                                      "through the attention of every layer up to the chosen one (each row sums to 1).",
+                              frame=len(frames) - 1, frame_control="After layer"))
+    return "heatmap", parts, shown
+
+
+def _decomposition(result: Result) -> tuple[str, list[dict], list[str]]:
+    parts_ = result.values.detach().double()  # (C, B, T, E)
+    labels, layers, membership = component_groups(result.labels["component"])
+    grouped = torch.einsum("gc,cbte->gbte", membership, parts_)  # (G, B, T, E): each layer's attention, MLP
+    final = parts_.sum(0)  # (B, T, E)
+    direction = final / final.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    norms = grouped.norm(dim=-1)  # (G, B, T)
+    along = (grouped * direction).sum(-1)  # (G, B, T): these sum to |x_L|
+    parts, shown = [], []
+    for b in range(parts_.size(1)):
+        tokens = _tokens(result, b, parts_.size(2))
+        shown += tokens
+        frames = [("norm of each write", norms[:, b], sequential(norms[:, b], lo=0.0), "‖write‖"),
+                  ("along the final residual", along[:, b], diverging(along[:, b]),
+                   "write · x̂_L (each column sums to ‖x_L‖)")]
+        parts.append(_heatmap(f"sequence {b}", labels, tokens, frames, corner="component \\ position",
+                              caption="What each layer's attention (its heads and output bias) and MLP wrote into the "
+                                      "residual stream at each position; the writes sum to the final residual x_L.",
+                              row_layers=layers))
+    return "heatmap", parts, shown
+
+
+def _dla(result: Result) -> tuple[str, list[dict], list[str]]:
+    values = result.values.detach().double()  # (C, B, T)
+    names = result.labels["component"]
+    labels, layers, membership = component_groups(names)
+    grouped = torch.einsum("gc,cbt->gbt", membership, values)  # (G, B, T)
+    target_tokens = result.extra.get("target_tokens")
+    parts, shown = [], []
+    for b in range(values.size(1)):
+        tokens = _tokens(result, b, values.size(2))
+        targets = target_tokens[b] if target_tokens else None
+        shown += tokens + (targets or [])
+        parts.append({
+            "name": f"sequence {b}", "positions": tokens, "targets": targets, "position": _last_real(tokens),
+            "components": names, "componentLayers": [_layer_of(name) for name in names],
+            "values": _numbers(values[:, b]), "logits": _numbers(values[:, b].sum(0)),
+            "groups": {"rows": labels, "rowLayers": layers, "values": _numbers(grouped[:, b]),
+                       "scale": diverging(grouped[:, b]), "legend": "contribution to the logit"},
+            "caption": "Each component's direct contribution to the target's logit, through the final norm (its scale "
+                       "frozen) and the unembedding; the contributions sum to the logit.",
+        })
+    return "dla", parts, shown
+
+
+def _attributions(result: Result) -> tuple[str, list[dict], list[str]]:
+    values = result.values.detach().float()  # (B, T)
+    parts, shown = [], []
+    for b in range(values.size(0)):
+        tokens = _tokens(result, b, values.size(1))
+        shown += tokens
+        total = values[b].double().sum().item()
+        if "f_input" in result.extra:
+            delta = (result.extra["f_input"][b] - result.extra["f_baseline"][b]).item()
+            summary = f"Sum of the attributions {total:.4g}; f(x) − f(baseline) = {delta:.4g}."
+        else:
+            summary = f"Sum of the attributions {total:.4g} (gradient × input has no completeness identity)."
+        parts.append({"name": f"sequence {b}", "tokens": tokens, "values": _numbers(values[b]),
+                      "scale": diverging(values[b]), "summary": summary,
+                      "legend": "attribution to the target's logit (blue: for, red: against)"})
+    return "tokens", parts, shown
+
+
+BUILDERS = {"logit lens": _lens, "attention rollout": _rollout, "decomposition": _decomposition,
+            "direct logit attribution": _dla, "integrated gradients": _attributions, "gradient x input": _attributions}
+
+
+def panels(result: Result) -> dict:
+    """The view's data as a JSON payload: {"kind", "layout" ("heatmap", "lens", "dla" or
+    "tokens"), "check": {"text", "status" ("holds", "fails" or "none"), "rule"}, "tokenLegend"
+    (the convention for spaces and new lines, when a token shown has one; else None), "panels":
+    one per sequence (head scores: one)}. Raises ValueError for a result of no known kind."""
+    kind = result.kind
     if kind.endswith("patching"):
-        cols = batch_tokens(0) if result.axes[-1] == "pos" else [f"H{h}" for h in range(values.shape[-1])]
-        grid = values if values.dim() == 2 else values[:, None]
-        return "grid", [_grid(f"{result.extra['point']} by {result.extra['by']}", grid, result.labels["layer"],
-                              cols if values.dim() == 2 else ["all"], corner="layer")], "metric of the patched run"
-    if kind.endswith("heads"):
-        extra = result.extra
-        name = f"{extra['length']} random tokens, repeated, {extra['ids'].size(0)} sequences"
-        return "grid", [_grid(name, values, [f"L{i}" for i in range(values.size(0))],
-                              [f"H{h}" for h in range(values.size(1))], corner="layer \\ head",
-                              scale={"diverging": False, "lo": 0.0, "hi": 1.0, "max": 1.0})], "score"
-    if kind in ("integrated gradients", "gradient x input"):
-        return "tokens", [{"name": f"sequence {b}", "tokens": batch_tokens(b), "values": values[b].tolist(),
-                           "scale": _scale(values[b], diverging=True)} for b in range(values.size(0))], \
-            "attribution (blue: for the target)"
-    if kind == "direct logit attribution":
-        return "grid", [_grid(f"sequence {b}", values[:, b], result.labels["component"], batch_tokens(b),
-                              corner="component", scale=_scale(values[:, b], diverging=True))
-                        for b in range(values.size(1))], "contribution to the logit"
-    if kind == "decomposition":
-        norms = values.norm(dim=-1)  # (C, B, T)
-        return "grid", [_grid(f"sequence {b}", norms[:, b], result.labels["component"], batch_tokens(b),
-                              corner="component", caption="the norm of each component's write")
-                        for b in range(norms.size(1))], "norm of the write"
-    if kind == "attention rollout":
-        last = values[-1]  # (B, Q, K)
-        return "grid", [_grid(f"sequence {b}", last[b], batch_tokens(b), batch_tokens(b), corner="query \\ key",
-                              scale={"diverging": False, "lo": 0.0, "hi": last[b].max().item(), "max": 1.0})
-                        for b in range(last.size(0))], "share of the flow"
-    raise ValueError(f"no view for {kind!r}")
+        builder = _patching
+    elif kind.endswith("heads"):
+        builder = _heads
+    elif kind in BUILDERS:
+        builder = BUILDERS[kind]
+    else:
+        raise ValueError(f"no view for {kind!r}")
+    layout, parts, shown = builder(result)
+    return {"kind": kind, "layout": layout, "check": identity(result), "panels": parts,
+            "tokenLegend": token_legend(shown)}
 
 
 def html_view(result: Result, *, title: str | None = None) -> View:
     """The result as one self-contained, offline HTML page (a viz View)."""
-    layout, parts, legend = panels(result)
     title = title or result.kind[:1].upper() + result.kind[1:]
     shape = " × ".join(f"{size} {axis}" for axis, size in zip(result.axes, result.values.shape))
-    payload = {"view": "analysis", "initial": {"panel": 0}, "layout": layout, "panels": parts,
-               "legend": legend, "check": result.check or "no identity to check"}
+    payload = {"view": "analysis", "initial": {}, "analysis": panels(result)}
     body = Template(asset("view.html")).substitute(
         title=html.escape(title), subtitle=html.escape(shape), data=script_json(payload))
-    document = page(title, body, style=asset("view.css") + STYLE, script=asset("common.js") + "\n" + SCRIPT,
-                    body_class="view-analysis")
-    return View("analysis", document, height=560)
+    style = asset("view.css") + (ASSETS / "analysis.css").read_text(encoding="utf-8")
+    script = "\n".join([asset("common.js"), asset("grid.js"), (ASSETS / "analysis.js").read_text(encoding="utf-8")])
+    document = page(title, body, style=style, script=script, body_class="view-analysis")
+    return View("analysis", document, height=640)
+
+
+# ---- the PNG ---------------------------------------------------------------------------------------
 
 
 def figure(result: Result, panel: int = 0):
-    """The result as a matplotlib Figure: the grid as a heatmap, or the tokens as one shaded row."""
-    import matplotlib
+    """The result as a matplotlib Figure, from the same payload as the page: a heatmap of at most
+    MAX_FIGURE_ROWS labelled rows (the largest by magnitude, and the title says which), ranked bars
+    for direct logit attribution, one shaded row of tokens for attributions; titles wrapped, colour
+    bars labelled, values beyond a robust scale marked by the colour bar's arrows."""
+    from . import figures
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    layout, parts, legend = panels(result)
-    part = parts[panel]
-    label = lambda text: text.replace("$", r"\$")[:24]  # noqa: E731  tokens are text, not mathtext
-    if layout == "tokens":
-        grid, rows, cols = torch.tensor([part["values"]]).numpy(), [""], part["tokens"]
-    else:
-        grid, rows, cols = torch.tensor(part["values"]).numpy(), part["rows"], part["cols"]
-    scale = part["scale"]
-    fig, ax = plt.subplots(figsize=(min(18, 2.5 + 0.45 * len(cols)), min(14, 1.6 + 0.38 * len(rows))),
-                           layout="constrained")
-    if scale["diverging"]:
-        image = ax.imshow(grid, cmap="RdBu", vmin=-scale["max"], vmax=scale["max"], aspect="auto")
-    else:
-        image = ax.imshow(grid, cmap="Blues", vmin=scale["lo"], vmax=scale["hi"], aspect="auto")
-    ax.set_xticks(range(len(cols)), [label(c) for c in cols], rotation=60, ha="right", fontsize=8)
-    ax.set_yticks(range(len(rows)), [label(r) for r in rows], fontsize=8)
-    if layout == "grid" and part["text"] is not None and grid.size <= 600:
-        for i, row in enumerate(part["text"]):
-            for j, text in enumerate(row):
-                ax.text(j, i, label(text), ha="center", va="center", fontsize=6)
-    ax.set_title(f"{result.kind} · {part['name']}\n{result.check}", fontsize=10, loc="left")
-    fig.colorbar(image, ax=ax, shrink=0.8, label=legend)
-    return fig
+    payload = panels(result)
+    if not 0 <= panel < len(payload["panels"]):
+        raise IndexError(f"panel {panel} is out of range: this result has panels 0..{len(payload['panels']) - 1}")
+    return figures.draw(payload, payload["panels"][panel], result.kind)
 
 
 def save(result: Result, path: str | Path, **options) -> Path:

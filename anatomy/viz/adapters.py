@@ -122,17 +122,22 @@ def attention_from_model(model, tokenizer: Tokenizer, text: str, text_b: str | N
     """Tokenize, run the model once with the attention traced, and return its AttentionMaps.
 
     Encoder: text, or the pair text / text_b (BERT's [CLS] A [SEP] B [SEP]; B starts at the first
-    type-1 token). Decoder: text only. Encoder-decoder: text is the source, text_b the target
-    (required). A text longer than the model's positions is cut and described in `notes`; without
+    type-1 token). Decoder: text only. Encoder-decoder: text is the source, text_b the target; with
+    no text_b the decoder reads the model's own greedy translation (`greedy_target`), and `notes`
+    says so. A text longer than the model's positions is cut and described in `notes`; without
     `notes` it raises ValueError.
     """
     arch = model.config.arch
     if isinstance(model, EncoderDecoderModel):
-        if text_b is None:
-            raise ValueError("an encoder-decoder model needs a source text and a target text (TEXT TEXT_B)")
         src = cut(tokenizer.encode(text), model.encoder.max_positions, "the source", notes)
-        tgt = cut(tokenizer.encode_target(text_b, model.config.decoder_start_token_id), model.decoder.max_positions,
-                  "the target", notes)
+        if text_b is None:
+            tgt = greedy_target(model, tokenizer, src)
+            if notes is not None:
+                translation = tokenizer.decode(tgt[1:])
+                notes.append(f"no target text: the decoder reads the model's own greedy translation, {translation!r}")
+        else:
+            tgt = cut(tokenizer.encode_target(text_b, model.config.decoder_start_token_id),
+                      model.decoder.max_positions, "the target", notes)
         return seq2seq_attention(model, src, tokens_of(tokenizer, src), tgt, tokens_of(tokenizer, tgt))
     if text_b is not None and arch != "encoder":
         raise ValueError(f"a {arch} reads one text: a sentence pair (TEXT_B) needs an encoder, a translation "
@@ -146,6 +151,21 @@ def attention_from_model(model, tokenizer: Tokenizer, text: str, text_b: str | N
     sequences = encoding.sequence_ids[:len(ids)]  # 0: text, 1: text_b, None: a special token
     b_start = sequences.index(1) if text_b is not None and 1 in sequences else None
     return attention_from_ids(model, ids, tokens_of(tokenizer, ids), token_type_ids=types, sentence_b_start=b_start)
+
+
+def greedy_target(model, tokenizer: Tokenizer, src_ids: Sequence[int], max_new_tokens: int = 64) -> list[int]:
+    """An encoder-decoder's own greedy translation of src_ids, as its decoder reads a target: the
+    start token and the generated tokens, up to the end-of-sequence token (left out, as
+    `Tokenizer.encode_target` leaves it out of a given text) or the decoder's positions."""
+    device = next(model.parameters()).device
+    room = model.decoder.max_positions - 1 if model.decoder.max_positions else max_new_tokens
+    output = generate(model, src_ids=torch.tensor([list(src_ids)], device=device),
+                      max_new_tokens=max(1, min(max_new_tokens, room)), strategy="greedy",
+                      stop_tokens=tokenizer.eos_id)
+    ids = output.sequences[0].tolist()
+    if tokenizer.eos_id in ids[1:]:
+        ids = ids[:ids.index(tokenizer.eos_id, 1)]
+    return ids
 
 
 def greedy_continuation(model, ids: Sequence[int], n_new: int, limit: int | None = None) -> list[int]:

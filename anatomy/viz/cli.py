@@ -6,7 +6,8 @@
     anatomy viz "Hello World, this" --view generation --out generation.html --png step.png
 
 --model takes what every command takes (anatomy.from_pretrained). TEXT_B is a sentence pair for an
-encoder (BERT's segments A and B), or the target for an encoder-decoder; a decoder takes one text.
+encoder (BERT's segments A and B), or the target for an encoder-decoder (without it, the model's
+own greedy translation, and the command says so); a decoder takes one text.
 A text longer than the model's positions is cut, and the command says so.
 """
 
@@ -30,7 +31,8 @@ NEW_TOKENS = 8  # the generation view's default
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", metavar="TEXT", type=text, help="the text to run the model on")
     parser.add_argument("text_b", metavar="TEXT_B", type=text, nargs="?",
-                        help="a second sentence (a pair, for an encoder), or the target of an encoder-decoder")
+                        help="a second sentence (a pair, for an encoder), or the target of an encoder-decoder "
+                        "(default: the model's own greedy translation)")
     add_model_argument(parser)
     add_device_argument(parser)
     parser.add_argument("--view", choices=VIEWS, default="head", help="which view to write (default: head)")
@@ -131,7 +133,10 @@ def write_outputs(args, maps, prompt_length) -> list[str]:
     figures = {path: map_heatmap(maps[0], args.layer, args.head) for path in (args.png, args.svg) if path}
     view = None
     if args.out:
-        title = f"“{args.text}”" + (f" / “{args.text_b}”" if args.text_b else "") + f" · {args.model}"
+        second = f" / “{args.text_b}”" if args.text_b else ""
+        if args.text_b is None and any(m.cross for m in maps):  # an encoder-decoder's own translation
+            second = " / its own translation"
+        title = f"“{args.text}”{second} · {args.model}"
         if args.view == "head":
             view = views.head_view(maps, layer=args.layer, title=f"Attention heads · {title}")
         elif args.view == "model":

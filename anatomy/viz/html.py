@@ -20,12 +20,14 @@ import json
 import os
 import tempfile
 import zlib
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from string import Template
 
 import numpy as np
 
+from ..checkpoints.token_text import LEGEND, NEWLINE, RETURN, SPACE, TAB
 from .data import AttentionMap
 
 ASSETS = resources.files("anatomy.viz") / "assets"
@@ -74,6 +76,13 @@ def script_json(payload: dict) -> str:
 
 def asset(name: str) -> str:
     return (ASSETS / name).read_text(encoding="utf-8")
+
+
+def token_legend(tokens: Iterable[str]) -> str | None:
+    """The convention for spaces, new lines and partial bytes in tokens (token_text.LEGEND), for a
+    page that shows a token with one of them; None when no token shown needs it."""
+    signs = (SPACE, NEWLINE, TAB, RETURN, "<0x")
+    return LEGEND if any(sign in token for token in tokens for sign in signs) else None
 
 
 # The page shell every HTML output of anatomy uses (views, the walk, the analyses) ----------------
@@ -140,8 +149,8 @@ def render(view: str, title: str, subtitle: str, payload: dict) -> str:
     """The whole HTML document for `view` ("head", "model", "neuron" or "generation")."""
     body = Template(asset("view.html")).substitute(
         title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
-    return page(title, body, style=asset("view.css"), script=asset("common.js") + "\n" + asset(f"{view}.js"),
-                body_class=f"view-{view}")
+    script = "\n".join([asset("common.js"), asset("grid.js"), asset(f"{view}.js")])
+    return page(title, body, style=asset("view.css"), script=script, body_class=f"view-{view}")
 
 
 class View:

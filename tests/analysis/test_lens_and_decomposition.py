@@ -22,7 +22,7 @@ def test_the_lens_last_layer_is_the_models_log_probs(family_model):
     assert result.values.shape == (n_layers + 1, *logits.shape)
     torch.testing.assert_close(result.values[-1], torch.log_softmax(logits, -1), atol=1e-5, rtol=0)
     assert result.error < 1e-5 and "max |diff|" in result.check
-    assert result.extra["top_ids"].shape == (n_layers + 1, *logits.shape[:2], 1)
+    assert result.extra["top_ids"].shape == (n_layers + 1, *logits.shape[:2], 5)  # the top 5 by default
 
 
 def test_the_lens_first_layer_reads_the_embeddings():

@@ -32,7 +32,7 @@ def test_smollm2_has_induction_heads(smollm2):
 def test_smollm2_identities_hold(smollm2):
     lens = anatomy.logit_lens(smollm2, PROMPT)
     assert lens.error < 1e-4
-    assert lens.extra["top_tokens"][-1][0][-1] == ["ĠParis"]
+    assert lens.extra["top_tokens"][-1][0][-1][0] == "␣Paris"
     dla = anatomy.direct_logit_attribution(smollm2, PROMPT)
     assert dla.error < 1e-3  # 300 components summed in float32 through a 49152-token head
     processed = anatomy.process_weights(smollm2)

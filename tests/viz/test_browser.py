@@ -9,6 +9,7 @@ import pytest
 
 from anatomy.viz import generation_view, head_view, model_view, neuron_view
 
+from page_geometry import assert_largest_cell_is_visible, grid, misplaced_cells, shows
 from viz_samples import HOSTILE, SENTENCE_A, bert_sized_attention, synthetic_attention
 
 pytestmark = pytest.mark.browser
@@ -105,16 +106,17 @@ def test_generation_view_steps_through_the_output(open_view, tmp_path):
     view = open_view(generation_view(weights, tokens, prompt_length=2).save(tmp_path / "generation.html"))
     page = view.page
     assert_tokens_shown_as_text(view, ".text-flow .token")
-    before, paints = view.canvas("canvas.strip"), view.paints()
+    strip = lambda: page.inner_html(".strip")  # noqa: E731
+    before, paints = strip(), view.paints()
     page.fill("input[name=step]", "4")
     view.wait_for_paint_after(paints)
     assert page.text_content(".text-flow .token.current") == tokens[2 + 4 - 1]
-    after_step = view.canvas("canvas.strip")
+    after_step = strip()
     assert after_step != before
     paints = view.paints()
     page.select_option("select[name=layer]", "1")
     view.wait_for_paint_after(paints)
-    assert view.canvas("canvas.strip") != after_step
+    assert strip() != after_step
     page.screenshot(path=tmp_path / "generation.png")
     view.assert_safe()
 
@@ -209,3 +211,105 @@ def test_the_sandboxed_jupyter_iframe_still_draws(browser, pair_map, tmp_path):
         assert errors == []
     finally:
         page.close()
+
+
+# Every cell where its labels say: the views' geometry -------------------------------------------
+
+
+def test_generation_strip_cells_sit_under_the_tokens_they_read(open_view, tmp_path):
+    """The per-head strip is one grid: each head's weight on position j under token j's label,
+    equal to the weight of that step (row t - 1 of the causal pattern, stored as a byte)."""
+    tokens = ["<SOS>", "The", "␣capital", "␣of", "␣France", "␣is", "␣Paris", ".", "↵"]
+    weights, _, _ = synthetic_attention(2, 3, len(tokens), causal=True)
+    view = open_view(generation_view(weights, tokens, prompt_length=5).save(tmp_path / "generation.html"))
+    page = view.page
+    for step in (1, 4):
+        paints = view.paints()
+        page.fill("input[name=step]", str(step))
+        view.wait_for_paint_after(paints)
+        row = 5 + step - 2  # the last position read, producing token 5 + step - 1
+        strip = grid(page, "strip")
+        assert misplaced_cells(strip) == []
+        assert [strip["cols"][str(j)]["text"] for j in range(row + 1)] == tokens[:row + 1]
+        assert len(strip["cells"]) == 3 * (row + 1)
+        for cell in strip["cells"]:
+            expected = weights[0, int(cell["row"]), row, int(cell["col"])]
+            assert abs(cell["value"] - expected) <= 0.5 / 255 + 1e-6
+            assert shows(cell["text"], cell["value"])
+        assert_largest_cell_is_visible(strip)
+    assert "␣ a space" in page.inner_text("#token-legend")
+    view.assert_safe()
+
+
+def test_model_view_thumbnails_sit_under_their_heads_and_beside_their_layers(open_view, tmp_path):
+    tokens = [f"t{i}" for i in range(6)]
+    weights, _, _ = synthetic_attention(4, 9, len(tokens), causal=True)
+    view = open_view(model_view(weights, tokens).save(tmp_path / "model.html"))
+    boxes = view.page.evaluate("""() => {
+        const box = (n) => { const b = n.getBoundingClientRect(); return [b.left, b.right, b.top, b.bottom]; };
+        const labels = [...document.querySelectorAll('.grid .axis')];
+        return {heads: labels.filter((n) => n.textContent.startsWith('head ')).map(box),
+                layers: labels.filter((n) => n.textContent.startsWith('layer ')).map(box),
+                thumbs: [...document.querySelectorAll('canvas.thumb')].map((n) => [+n.dataset.layer, +n.dataset.head, ...box(n)])};
+    }""")
+    for layer, head, left, right, top, bottom in boxes["thumbs"]:
+        x, y = (left + right) / 2, (top + bottom) / 2
+        head_label, layer_label = boxes["heads"][head], boxes["layers"][layer]
+        assert head_label[0] <= x <= head_label[1], (layer, head, x, head_label)
+        assert layer_label[2] <= y <= layer_label[3], (layer, head, y, layer_label)
+    view.assert_safe()
+
+
+def test_model_view_opens_the_enlarged_head_beside_the_clicked_cell(open_view, tmp_path):
+    """SmolLM2's shape, 30 layers x 9 heads at 1280 px: the enlarged head opens to the right of the
+    grid, level with the clicked row, in view (it opened below all 30 rows)."""
+    tokens = ["The", "␣capital", "␣of", "␣France", "␣is"]
+    weights, _, _ = synthetic_attention(30, 9, len(tokens), causal=True)
+    view = open_view(model_view(weights, tokens).save(tmp_path / "smollm2-model.html"))
+    page = view.page
+    for layer, head in ((25, 6), (2, 0)):
+        paints = view.paints()
+        page.click(f"canvas.thumb[data-layer='{layer}'][data-head='{head}']")
+        view.wait_for_paint_after(paints)
+        page.wait_for_timeout(100)
+        layout = page.evaluate(f"""() => {{
+            const box = (n) => n.getBoundingClientRect();
+            const thumb = box(document.querySelector("canvas.thumb[data-layer='{layer}'][data-head='{head}']"));
+            const detail = box(document.getElementById('detail-canvas'));
+            return {{thumb: [thumb.left, thumb.right, thumb.top, thumb.bottom], grid: box(document.querySelector('.grid')).right,
+                    detail: [detail.left, detail.right, detail.top, detail.bottom], height: window.innerHeight,
+                    width: document.documentElement.clientWidth}};
+        }}""")
+        (t_left, t_right, t_top, t_bottom), (d_left, d_right, d_top, d_bottom) = layout["thumb"], layout["detail"]
+        assert page.text_content("#detail h2") == f"self-attention · layer {layer} · head {head}"
+        assert d_left >= layout["grid"] and d_right <= layout["width"], layout  # beside the grid, on the page
+        assert d_top <= t_bottom + 60 and d_bottom >= t_top, layout  # level with the clicked row
+        assert 0 <= d_top and d_bottom <= layout["height"], layout  # in view
+        assert t_right - t_left >= 36, layout  # the thumbnails kept a readable size
+    view.assert_safe()
+
+
+def test_head_view_lines_start_and_end_at_their_tokens(pair_map, open_view, tmp_path):
+    """The lines are drawn at (i + 1/2) rows from the canvas's top: each token's centre is there."""
+    view = open_view(head_view(pair_map).save(tmp_path / "head.html"))
+    layout = view.page.evaluate("""() => {
+        const row = parseFloat(getComputedStyle(document.documentElement).getPropertyValue('--row'));
+        const canvas = document.querySelector('.stage canvas').getBoundingClientRect();
+        const centres = (side) => [...document.querySelectorAll(`.column.${side} .token`)].map((n) => {
+            const b = n.getBoundingClientRect(); return (b.top + b.bottom) / 2; });
+        return {row, top: canvas.top, left: centres('left'), right: centres('right')};
+    }""")
+    for side in ("left", "right"):
+        for i, centre in enumerate(layout[side]):
+            assert abs(centre - (layout["top"] + (i + 0.5) * layout["row"])) <= 1, (side, i, layout)
+    view.assert_safe()
+
+
+def test_neuron_view_is_not_blank(pair_map, open_view, tmp_path):
+    view = open_view(neuron_view(pair_map, layer=1, head=2, query=3).save(tmp_path / "neuron.html"))
+    coloured = view.page.eval_on_selector("#neuron-canvas", """(canvas) => {
+        const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+        let n = 0; for (let i = 0; i < data.length; i += 4) if (data[i + 3] > 0 && (data[i] < 200 || data[i + 2] < 200)) n++;
+        return n; }""")
+    assert coloured > 500  # q, k, q∘k cells, scores and softmax bars are drawn
+    view.assert_safe()

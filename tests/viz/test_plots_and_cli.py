@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+import re
 
+import pytest
+import torch
+
+import anatomy
 from anatomy.cli import main
 from anatomy.viz.plots import attention_heatmap, positional_encoding_figure, save_figure
 from viz_samples import HOSTILE, synthetic_attention
@@ -42,6 +47,24 @@ def test_cli_encoder_decoder_pair(tmp_path):
     assert main(["viz", "Hello World, this is Alejandro!", "Hola Mundo, soy Alejandro!", "--model", "toy-seq2seq",
                  "--out", str(out)]) == 0
     assert "cross-attention" in out.read_text()
+
+
+def test_cli_encoder_decoder_without_a_target_reads_its_own_greedy_translation(tmp_path, capsys):
+    """`viz --model toy-seq2seq TEXT` translates, as `walk` does, and says so: the decoder's tokens
+    are its start token and anatomy.generate's greedy output, without the end-of-sequence token."""
+    out = tmp_path / "translated.html"
+    assert main(["viz", "Hello World, this is Alejandro!", "--model", "toy-seq2seq", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "the model's own greedy translation, 'Hola Mundo, soy Alejandro!'" in err
+    model = anatomy.from_pretrained("toy-seq2seq")
+    tok = model.tokenizer
+    greedy = anatomy.generate(model, src_ids=torch.tensor([tok.encode("Hello World, this is Alejandro!")]),
+                              max_new_tokens=15, strategy="greedy", stop_tokens=tok.eos_id).sequences[0].tolist()
+    expected = tok.labels(greedy[:greedy.index(tok.eos_id, 1)])
+    data = json.loads(re.search(r'id="anatomy-data">(.*?)</script>', out.read_text(), re.S).group(1))
+    cross = next(m for m in data["maps"] if m["cross"])
+    assert cross["queries"] == expected == ["<SOS>", "Hola", "Mundo,", "soy", "Alejandro!"]
+    assert "its own translation" in out.read_text()
 
 
 def test_cli_a_pair_on_the_decoder_toy_is_a_clear_error_not_another_model(tmp_path, capsys):

@@ -8,6 +8,15 @@
 const DATA = JSON.parse(document.getElementById("anatomy-data").textContent);
 const INITIAL = DATA.initial;
 
+// How tokens show a space or a new line ("␣capital", "↵"), said once per page when a token shown has one.
+if (DATA.tokenLegend) {
+  const legend = document.getElementById("token-legend");
+  if (legend) {
+    legend.textContent = `Tokens: ${DATA.tokenLegend}.`;
+    legend.hidden = false;
+  }
+}
+
 // One colour per head: d3's category10 without its grey, then three darker ones; then golden-angle hues.
 const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                  "#e377c2", "#17becf", "#bcbd22", "#393b79", "#637939", "#7b4173"];

@@ -34,8 +34,7 @@ const tokenNodes = map.queries.map((token, i) => {
   if (i >= PROMPT) node.classList.add("generated");
   return node;
 });
-const strip = el("canvas");
-strip.className = "strip";
+const strip = el("div", "strip");
 const stripTitle = el("p", "note", "");
 main.replaceChildren(
   el("p", "note", "Prompt tokens are plain, generated ones underlined. The outlined token is the one being " +
@@ -79,27 +78,24 @@ async function draw() {
   painted();
 }
 
-// Every head's row for this step: heads down, the positions read across.
+// Every head's row for this step: heads down, the positions read across, each under its token
+// (grid.js: one grid, so each cell sits under its token's label).
+const STRIP_SCALE = { kind: "sequential", lo: 0, hi: 1 };
+
 function drawStrip(bytes, row) {
-  const cell = Math.max(2, Math.min(22, Math.floor(860 / (row + 1))));
-  const left = 64;
-  const width = left + (row + 1) * cell + 4;
-  const height = map.nHeads * 16 + 4;
-  const ctx = sizeCanvas(strip, width, height);
-  ctx.font = "11px system-ui, sans-serif";
-  ctx.textBaseline = "middle";
-  for (let h = 0; h < map.nHeads; h++) {
-    const [r, g, b] = headRgb(h);
-    ctx.fillStyle = headColor(h);
-    ctx.fillText(`head ${h}`, 0, h * 16 + 9);
-    for (let j = 0; j <= row; j++) {
-      const w = bytes[(h * T + row) * T + j] / 255;
-      const [cr, cg, cb] = ramp([r, g, b], Math.sqrt(w));
-      ctx.fillStyle = `rgb(${cr | 0},${cg | 0},${cb | 0})`;
-      ctx.fillRect(left + j * cell, h * 16 + 2, cell - (cell > 3 ? 1 : 0), 14);
-    }
-  }
-  stripTitle.textContent = `Each head at layer ${state.layer}, positions 0 to ${row} read (colour ∝ √weight):`;
+  const n = row + 1;
+  const width = n <= 24 ? 40 : n <= 64 ? 22 : 16;  // wide enough for the weight, else for a rotated label
+  const values = Array.from({ length: map.nHeads }, (_, h) =>
+    Array.from({ length: n }, (_, j) => bytes[(h * T + row) * T + j] / 255));
+  const grid = heatmap({
+    name: "strip", rows: values.map((_, h) => `head ${h}`), cols: map.queries.slice(0, n), values,
+    scale: STRIP_SCALE, corner: "head \\ read", cellWidth: width, cellHeight: 18, showValues: width >= 40,
+    rowColor: (h) => headColor(h),
+    cellRgb: (h, j, w) => ramp(headRgb(h), Math.sqrt(w)),
+    tooltip: (h, j, w) => `head ${h} · ${j}: ${map.queries[j]}  weight ${formatWeight(w)}`,
+  });
+  strip.replaceChildren(grid);
+  stripTitle.textContent = `Each head at layer ${state.layer}, reading positions 0 to ${row} (colour ∝ √weight):`;
 }
 
 draw();

@@ -1,6 +1,7 @@
 // Model view: every layer (rows) x head (columns) as a small heatmap of A[h] (queries down, keys across).
-// Click one to open it large, with its tokens, a colour bar and the weight under the pointer.
-// Colour is white -> the head's colour, by the square root of the weight, so small weights still show.
+// Click one to open it large beside the grid, level with the clicked row, with its tokens, a colour
+// bar and the weight under the pointer. Colour is white -> the head's colour, by the square root of
+// the weight, so small weights still show.
 
 const state = { map: INITIAL.map, layer: INITIAL.layer, head: INITIAL.head };
 window.anatomyView.state = state;
@@ -72,7 +73,13 @@ async function build() {
   const map = DATA.maps[state.map];
   const T = map.queries.length;
   const S = map.keys.length;
-  const size = Math.max(36, Math.min(84, Math.floor((Math.min(window.innerWidth, 1400) - 140) / map.nHeads) - 6));
+  // The thumbnails share the page's width with the enlarged head beside them; when that leaves
+  // less than 36 px a thumbnail, the enlarged head goes below the grid instead.
+  const page = Math.min(document.documentElement.clientWidth, 1600) - 48;
+  const labels = 70;
+  const detailWidth = Math.max(DETAIL_MIN_WIDTH, detailGeometry(map).width) + 17;  // + its border and padding
+  const beside = Math.floor((page - detailWidth - labels - 24) / map.nHeads) - 6;
+  const size = beside >= 36 ? Math.min(84, beside) : Math.max(36, Math.min(84, Math.floor((page - labels) / map.nHeads) - 6));
   const thumbW = S >= T ? size : Math.max(12, Math.round(size * S / T));
   const thumbH = T >= S ? size : Math.max(12, Math.round(size * T / S));
 
@@ -101,7 +108,10 @@ async function build() {
   }
   const detail = el("section", "detail");
   detail.id = "detail";
-  main.replaceChildren(grid, detail);
+  detail.style.width = `${detailWidth - 17}px`;  // its text wraps; the grid keeps the rest of the row
+  const layout = el("div", "model-layout");
+  layout.append(grid, detail);
+  main.replaceChildren(layout);
   buildControls();
   select(state.layer, state.head, false);
 
@@ -127,14 +137,35 @@ async function select(layer, head, scroll = true) {
   const bytes = await layerWeights(state.map, layer);
   if (state.layer !== layer || state.head !== head) return;
   drawDetail(map, bytes, layer, head);
-  if (scroll) document.getElementById("detail").scrollIntoView({ block: "nearest" });
+  placeDetail(layer);
+  const detail = document.getElementById("detail").getBoundingClientRect();
+  if (scroll && (detail.top < 0 || detail.bottom > window.innerHeight)) {
+    document.getElementById("detail").scrollIntoView({ block: "nearest" });
+  }
   painted();
 }
 
-function drawDetail(map, bytes, layer, head) {
+// The enlarged head level with the clicked row (beside the grid), never below the grid's end;
+// at the top when it sits below the grid (a narrow page).
+function placeDetail(layer) {
+  const detail = document.getElementById("detail");
+  const grid = main.querySelector(".grid");
+  const thumb = thumbs[layer] && thumbs[layer][0];
+  detail.style.marginTop = "0px";
+  if (!thumb || detail.offsetTop > grid.offsetTop + 4) return;  // wrapped below the grid
+  const offset = thumb.getBoundingClientRect().top - grid.getBoundingClientRect().top;
+  const room = grid.offsetHeight - detail.offsetHeight;
+  detail.style.marginTop = `${Math.max(0, Math.min(offset, room))}px`;
+}
+
+const DETAIL_MIN_WIDTH = 300;  // room for the title, the note and the colour bar
+
+// The enlarged head's size: a cell per (query, key), as large as fits 620 px and the window's height.
+function detailGeometry(map) {
   const T = map.queries.length;
   const S = map.keys.length;
-  const cell = Math.max(1, Math.min(26, Math.floor(620 / Math.max(T, S))));
+  const room = Math.max(240, Math.min(620, window.innerHeight - 200));
+  const cell = Math.max(1, Math.min(26, Math.floor(room / Math.max(T, S))));
   const labelled = cell >= 9;
   const font = `${Math.min(12, cell - 1)}px system-ui, sans-serif`;
   const measure = document.createElement("canvas").getContext("2d");
@@ -142,8 +173,13 @@ function drawDetail(map, bytes, layer, head) {
   const widest = (tokens) => Math.max(...tokens.map((t) => measure.measureText(clip(t)).width));
   const left = labelled ? widest(map.queries) + 10 : 44;
   const top = labelled ? widest(map.keys) * 0.75 + 14 : 24;
-  const width = left + S * cell + (labelled ? top : 10);
-  const height = top + T * cell + 10;
+  return { cell, labelled, font, left, top, width: left + S * cell + (labelled ? top : 10), height: top + T * cell + 10 };
+}
+
+function drawDetail(map, bytes, layer, head) {
+  const T = map.queries.length;
+  const S = map.keys.length;
+  const { cell, labelled, font, left, top, width, height } = detailGeometry(map);
 
   const detail = document.getElementById("detail");
   const title = el("h2", "", `${map.name} · layer ${layer} · head ${head}`);
@@ -194,10 +230,10 @@ function drawDetail(map, bytes, layer, head) {
   const axes = el("p", "note", map.cross
     ? "Rows: decoder tokens (queries). Columns: encoder tokens (keys). Each row sums to 1."
     : "Rows: queries. Columns: keys. Each row sums to 1.");
-  detail.replaceChildren(title, axes, canvas, colorBar(head));
+  detail.replaceChildren(title, axes, canvas, headColorBar(head));
 }
 
-function colorBar(head) {
+function headColorBar(head) {
   const wrap = el("div", "colorbar");
   const canvas = el("canvas");
   const ctx = sizeCanvas(canvas, 160, 12);
@@ -208,7 +244,8 @@ function colorBar(head) {
     ctx.fillStyle = `rgb(${r},${g},${b})`;
     ctx.fillRect(x, 0, 1, 12);
   }
-  wrap.append(el("span", "", "weight 0"), canvas, el("span", "", "1 (colour ∝ √weight; 0.25 is half way)"));
+  wrap.append(el("span", "", "weight 0"), canvas, el("span", "", "1"),
+    el("span", "colorbar-note", "colour ∝ √weight: 0.25 is half way"));
   return wrap;
 }
 
