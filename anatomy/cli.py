@@ -229,6 +229,8 @@ def device(text: str) -> str:
             raise argparse.ArgumentTypeError(f"{text}: Apple's MPS is not available on this machine (use cpu)")
     elif parsed.type != "cpu":
         raise argparse.ArgumentTypeError(f"{text!r}: anatomy runs on cpu, cuda, cuda:N or mps")
+    if parsed.type in ("cpu", "mps") and parsed.index not in (None, 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: there is one {parsed.type} device; give {parsed.type}")
     return str(parsed)
 
 
@@ -282,7 +284,9 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         help = action.help or ""
-        if "default" in help or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+        flag = action.nargs == 0  # --quiet, --no-bias: the help says what giving it does
+        if "default" in help or flag or action.default is None or action.default is argparse.SUPPRESS \
+                or not action.option_strings:
             return help
         return help + (" " if help else "") + "(default: %(default)s)"
 

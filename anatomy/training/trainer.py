@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..cli import printable
 from . import distributed
 from .checkpoint import load_newest, save_checkpoint
 from .metrics import ProgressBar, append_metrics, plot_metrics, read_metrics, rewrite_metrics
@@ -221,7 +222,7 @@ class Trainer:
 
     def _say(self, text: str) -> None:
         if self.dist.is_main and not self.config.quiet:
-            print(text, flush=True)
+            print(printable(text), flush=True)  # it names the run folder, which may hold any character
 
     def fit(self) -> list[dict]:
         """Train from `self.step` to `config.max_steps`; returns every logged record."""
