@@ -178,9 +178,10 @@ class SAE(nn.Module):
 
             out = x + (x^' - x^) + (e' - e)           (the primed values after the trace's interventions)
 
-        so that both differences are exactly 0 when nothing changed. Gradients are the model's: d out /
-        d x = I; d out / d features = W_dec; d out / d error = I (features and error are views, their own
-        autograd nodes)."""
+        so that both differences are exactly 0 when nothing changed (e is computed again for the second:
+        an intervention may change the error in place). Gradients are the model's: d out / d x = I;
+        d out / d features = W_dec; d out / d error = I (features and error are views: their own autograd
+        nodes)."""
         f_clean = self.encode(x if source is None else source)
         recon_clean = self.decode(f_clean)
         if recon_clean.shape != x.shape:
@@ -188,11 +189,14 @@ class SAE(nn.Module):
                              f" but the point it is attached to holds {tuple(x.shape)}")
         error_clean = x - recon_clean
         error = self.error(error_clean.view_as(error_clean))
-        features = self.features(f_clean.view_as(f_clean))
+        features = self.features(f_clean.view_as(f_clean))  # changed in place, f_clean is no longer needed
         # an unlistened point cannot have changed, and without gradients nothing needs its own node
-        decode_again = self.features.active or torch.is_grad_enabled()
-        recon = self.recon(self.decode(features) if decode_again else recon_clean)
-        return (x + (recon - recon_clean) + (error - error_clean)).to(x.dtype)
+        if self.features.active or torch.is_grad_enabled():
+            recon = self.decode(features)
+        else:
+            recon = recon_clean.clone() if self.recon.active else recon_clean
+        recon = self.recon(recon)
+        return (x + (recon - recon_clean) + (error - (x - recon_clean))).to(x.dtype)
 
     @property
     def _head_shape(self) -> tuple[int, ...] | None:

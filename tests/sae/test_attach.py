@@ -80,6 +80,25 @@ def test_without_the_error_term_the_point_is_the_reconstruction(kind, k):
     assert (alone - _logits(model, ids)).abs().max() > 1e-2  # a random SAE costs something
 
 
+def test_interventions_that_change_the_error_or_the_reconstruction_in_place_count():
+    model, ids = tiny(), inputs_for(tiny())
+    sae = _sae("topk", 6)
+    point = "blocks.1.resid_mid"
+    direction = sae.W_dec[3].detach()
+
+    def zero_in_place(e):  # returns None: the change is the tensor's own
+        e.zero_()
+
+    def add_in_place(r):
+        r.add_(direction)
+
+    alone = _logits(model, ids, saes={point: sae}, interventions={f"{point}.sae.error": no_error})
+    assert torch.equal(_logits(model, ids, saes={point: sae}, interventions={f"{point}.sae.error": zero_in_place}), alone)
+    moved = _logits(model, ids, interventions={point: lambda x: x + direction})
+    in_place = _logits(model, ids, saes={point: sae}, interventions={f"{point}.sae.recon": add_in_place})
+    assert (in_place - moved).abs().max() < 1e-5
+
+
 def _with_point_moved(model, ids, point, sae, move):
     """Logits with the point's value x replaced by move(x, features of x): the reference for interventions."""
     return _logits(model, ids, interventions={point: lambda x: x + move(sae.encode(x)) @ sae.W_dec})
