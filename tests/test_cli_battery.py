@@ -48,7 +48,7 @@ BATTERY = [
     (["viz", "Hello", "--view", "sideways"], "--view"),
     (["viz", "Hello", "--view", "generation", "--new-tokens", "100000", "--out", "{tmp}/v.html"], "new tokens"),
     (["viz", "Hello", "World", "--out", "{tmp}/v.html"], "TEXT_B"),
-    (["viz", "Hello", "--model", "toy-seq2seq", "--out", "{tmp}/v.html"], "TEXT_B"),
+    (["viz", "Hello", "--model", "toy-seq2seq", "--view", "generation", "--out", "{tmp}/v.html"], "decoder"),
     (["viz", INVALID_UTF8, "--out", "{tmp}/v.html"], "UTF-8"),
     (["viz", "Hello", "--png", "{tmp}/v.gif"], ".gif"),
     (["viz", "Hello", "--out", "{tmp}/no/such/folder/v.html"], "v.html"),
@@ -71,6 +71,8 @@ BATTERY = [
     (["walk", "--layer", "5"], "layer"),
     (["walk", "--head", "2"], "head"),
     (["walk", "--device", "cuda:99"], "--device"),
+    # sae
+    (["sae", "nosuch"], "invalid choice"),
     # train
     (["train"], "TASK"),
     (["train", "lm", "--data", "{data}", "--out", "{tmp}/r", "--log-every", "0"], "--log-every"),
