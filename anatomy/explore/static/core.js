@@ -1,0 +1,252 @@
+// anatomy explore: what every panel shares.
+//
+// The page calls the same JSON API scripts use (docs/explore.md), with the access token from its
+// own URL. Text from the model (tokens) reaches the page only as text: textContent, title,
+// never innerHTML; the one exception is the walk's steps, HTML that anatomy's walk renderer wrote
+// and escaped (anatomy/walk/render_html.py), under a policy that runs no inline script.
+
+const params = new URLSearchParams(location.search);
+export const TOKEN = params.get("token") || sessionStorage.getItem("anatomy-token") || "";
+if (TOKEN) sessionStorage.setItem("anatomy-token", TOKEN);
+
+// ---- the state, kept in the URL's hash so that a link brings it back ----------------------------
+
+const hash = new URLSearchParams(location.hash.slice(1));
+export const state = {
+  model: hash.get("model") || "",
+  text: hash.get("text") ?? null,
+  target: hash.get("target") || "",
+  panel: hash.get("panel") || "walk",
+  layer: Number(hash.get("layer") || 0),
+  head: Number(hash.get("head") || 0),
+  row: hash.has("row") ? Number(hash.get("row")) : null,
+  models: [],
+  run: null,  // the last /api/run answer
+};
+
+export function saveState() {
+  const keep = new URLSearchParams();
+  for (const key of ["model", "text", "target", "panel", "layer", "head", "row"]) {
+    if (state[key] !== null && state[key] !== "" && state[key] !== undefined) keep.set(key, String(state[key]));
+  }
+  history.replaceState(null, "", `${location.pathname}${location.search}#${keep.toString()}`);
+}
+
+export function shareLink() {
+  return `${location.origin}${location.pathname}?token=${encodeURIComponent(TOKEN)}${location.hash}`;
+}
+
+// ---- the API ------------------------------------------------------------------------------------
+
+export class ApiError extends Error {}
+
+// POST `path` with `body`; `slot` names a request that a newer one of the same slot cancels (a
+// keystroke cancels the previous keystroke's request).
+const inFlight = new Map();
+export async function api(path, body, slot = null) {
+  if (slot && inFlight.has(slot)) inFlight.get(slot).abort();
+  const controller = new AbortController();
+  if (slot) inFlight.set(slot, controller);
+  try {
+    const response = await fetch(path, {
+      method: body === undefined ? "GET" : "POST",
+      headers: {"Authorization": `Bearer ${TOKEN}`, ...(body === undefined ? {} : {"Content-Type": "application/json"})},
+      body: body === undefined ? undefined : JSON.stringify(body),
+      signal: controller.signal,
+    });
+    const data = await response.json().catch(() => ({error: `${response.status} ${response.statusText}`}));
+    if (!response.ok) throw new ApiError(data.error || `${response.status}`);
+    return data;
+  } finally {
+    if (slot && inFlight.get(slot) === controller) inFlight.delete(slot);
+  }
+}
+
+export function isAbort(error) {
+  return error && error.name === "AbortError";
+}
+
+export function debounce(fn, ms) {
+  let timer = null;
+  return (...args) => {
+    clearTimeout(timer);
+    timer = setTimeout(() => fn(...args), ms);
+  };
+}
+
+// The request body every panel starts from: the model and the text (and an encoder-decoder's target).
+export function textBody(extra = {}) {
+  const body = {model: state.model, text: state.text ?? ""};
+  if (state.target) body.target_text = state.target;
+  return {...body, ...extra};
+}
+
+export function exportUrl(panel, format, extra = {}) {
+  const query = new URLSearchParams({panel, format, token: TOKEN, model: state.model, text: state.text ?? "",
+                                     layer: String(state.layer), head: String(state.head), ...extra});
+  if (state.target) query.set("target_text", state.target);
+  if (state.row !== null) query.set("row", String(state.row));
+  return `/api/export?${query.toString()}`;
+}
+
+// ---- drawing helpers ----------------------------------------------------------------------------
+
+export function el(tag, attributes = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attributes)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "text") node.textContent = value;
+    else if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+export function clear(node, ...children) {
+  node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined));
+}
+
+// Shades: blue for positive, red for negative (the walk's and the analyses' convention).
+export function shade(value, extent) {
+  if (value === null || !Number.isFinite(value) || !extent) return "transparent";
+  const t = Math.min(1, Math.abs(value) / extent);
+  return value >= 0 ? `rgba(47, 110, 220, ${0.08 + 0.8 * t})` : `rgba(214, 69, 65, ${0.08 + 0.8 * t})`;
+}
+
+export function ink(value, extent) {
+  return extent && Math.abs(value) / extent > 0.55 ? "#fff" : "#1d2330";
+}
+
+export function fmt(value, digits = 3) {
+  if (value === null || value === undefined || !Number.isFinite(value)) return "–";
+  if (value === 0) return "0";
+  const size = Math.abs(value);
+  if (size >= 1000 || size < 0.001) return value.toExponential(1);
+  return value.toFixed(size >= 100 ? 0 : size >= 10 ? 1 : digits);
+}
+
+export function percent(p) {
+  return p >= 0.0995 ? `${(100 * p).toFixed(1)}%` : p >= 0.00995 ? `${(100 * p).toFixed(2)}%` : `${(100 * p).toPrecision(2)}%`;
+}
+
+// A <select> of numbers lo..hi-1, calling onchange with the number.
+export function numberSelect(label, count, value, onchange, name = (i) => String(i)) {
+  const select = el("select", {"aria-label": label, onchange: () => onchange(Number(select.value))});
+  for (let i = 0; i < count; i++) select.append(el("option", {value: String(i), text: name(i)}));
+  select.value = String(Math.min(value, count - 1));
+  return el("label", {}, `${label} `, select);
+}
+
+export function status(text, kind = "") {
+  const node = document.getElementById("status");
+  node.textContent = text;
+  node.className = `status ${kind}`;
+}
+
+export function errorBox(error) {
+  return el("p", {class: "error", text: error instanceof Error ? error.message : String(error)});
+}
+
+// A check line: green when the identity holds, amber otherwise (the analyses' convention).
+export function checkLine(check, holds) {
+  return el("p", {class: holds ? "check ok" : "check warn", text: `${holds ? "✓" : "!"} ${check}`});
+}
+
+// ---- panels -------------------------------------------------------------------------------------
+
+// Each panel registers update(): called when the text, the model or a shared setting changes,
+// only while the panel is shown; it fetches what it draws.
+export const panels = new Map();
+export function register(name, panel) {
+  panels.set(name, panel);
+}
+
+export function visiblePanel() {
+  return state.panel;
+}
+
+// Follow a job's progress by Server-Sent Events; resolves with its result, rejects on error.
+export function followJob(job, onProgress) {
+  return new Promise((resolve, reject) => {
+    const source = new EventSource(`/api/jobs/${encodeURIComponent(job.id)}/events?token=${encodeURIComponent(TOKEN)}`);
+    source.addEventListener("progress", (event) => onProgress(JSON.parse(event.data)));
+    source.addEventListener("result", (event) => { source.close(); resolve(JSON.parse(event.data)); });
+    source.addEventListener("error", (event) => {
+      source.close();
+      reject(new ApiError(event.data ? JSON.parse(event.data).error : "the job's connection was lost"));
+    });
+    source.addEventListener("cancelled", () => { source.close(); reject(new ApiError("cancelled")); });
+  });
+}
+
+export async function cancelJob(job) {
+  await fetch(`/api/jobs/${encodeURIComponent(job.id)}`, {method: "DELETE", headers: {"Authorization": `Bearer ${TOKEN}`}});
+}
+
+export function progressBar(done, total) {
+  const bar = el("progress", {max: String(Math.max(1, total)), value: String(done)});
+  return el("span", {class: "progress"}, bar, ` ${done} / ${total}`);
+}
+
+export function currentModel() {
+  return state.models.find((m) => m.name === state.model) || {};
+}
+
+// The position the walk works by hand and the attention's neuron view follows: the clicked token,
+// else the last one.
+export function currentRow() {
+  const n = state.run ? state.run.tokens.length : 1;
+  return state.row !== null && state.row >= 0 && state.row < n ? state.row : n - 1;
+}
+
+// A heat grid: row labels, column labels and cells in ONE CSS grid, so that every cell sits under
+// its column's header and beside its row's (sticky headers). values[r][c]; text(r, c) the cell's
+// words (default: the number); title(r, c) its tooltip; the colour scale is `extent` wide,
+// diverging (blue +, red −) or sequential (blue), and a cell past it is marked clipped.
+export function heatGrid(rows, cols, values, options = {}) {
+  const {extent = maxAbs(values), text = (r, c) => fmt(values[r][c]), title = null, corner = "", onclick = null,
+         cellClass = null, colWidth = null} = options;
+  const grid = el("div", {class: "heat", role: "table"});
+  grid.style.gridTemplateColumns = `max-content repeat(${cols.length}, ${colWidth || "minmax(2.6em, max-content)"})`;
+  grid.append(el("div", {class: "corner", text: corner}));
+  cols.forEach((label, c) => grid.append(el("div", {class: "colhead", title: label, text: label, "data-col": String(c)})));
+  rows.forEach((label, r) => {
+    grid.append(el("div", {class: "rowhead", title: label, text: label, "data-row": String(r)}));
+    cols.forEach((_, c) => {
+      const value = values[r][c];
+      const cell = el("div", {class: `cell${cellClass ? " " + cellClass(r, c) : ""}`, "data-row": String(r), "data-col": String(c),
+                              title: title ? title(r, c) : `${rows[r]} · ${cols[c]}: ${fmt(value, 4)}`, text: text(r, c)});
+      cell.style.background = shade(value, extent);
+      cell.style.color = ink(value ?? 0, extent);
+      if (value !== null && Math.abs(value) > extent * 1.0001) cell.classList.add("clipped");
+      if (onclick) cell.addEventListener("click", () => onclick(r, c));
+      grid.append(cell);
+    });
+  });
+  return el("div", {class: "heat-scroll"}, grid);
+}
+
+export function maxAbs(values) {
+  let top = 0;
+  for (const row of values) for (const v of row) if (v !== null && Number.isFinite(v)) top = Math.max(top, Math.abs(v));
+  return top;
+}
+
+// A robust extent: the 98th percentile of |value| (a few huge values do not wash out the rest).
+export function robustExtent(values) {
+  const all = values.flat().filter((v) => v !== null && Number.isFinite(v)).map(Math.abs).sort((a, b) => a - b);
+  if (!all.length) return 0;
+  return all[Math.min(all.length - 1, Math.floor(0.98 * (all.length - 1)))] || all[all.length - 1];
+}
+
+// A colour bar for a scale: [−extent, 0, +extent] (diverging) or [0, extent].
+export function colourBar(extent, label, diverging = true) {
+  const bar = el("span", {class: `colour-bar${diverging ? " diverging" : ""}`});
+  return el("div", {class: "legend"}, el("span", {text: diverging ? fmt(-extent) : "0"}), bar,
+            el("span", {text: fmt(extent)}), el("span", {class: "muted small", text: ` ${label}`}));
+}

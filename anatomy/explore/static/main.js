@@ -1,0 +1,223 @@
+// anatomy explore: the input, the tokens and the next token, and the panels below, kept in step.
+import {
+  api, clear, currentModel, debounce, el, errorBox, exportUrl, isAbort, panels, percent, saveState, shareLink, state,
+  status, textBody,
+} from "./core.js";
+import "./panel-walk.js";
+import "./panel-attention.js";
+import "./panel-lens.js";
+import "./panel-attribution.js";
+import "./panel-intervene.js";
+import "./panel-heads.js";
+import "./panel-compare.js";
+
+const TABS = [["walk", "Walk"], ["attention", "Attention"], ["lens", "Lens"], ["attribution", "Attribution"],
+              ["intervene", "Intervene"], ["heads", "Heads"], ["compare", "Compare"]];
+const DEBOUNCE_MS = 60;
+const DEFAULT_TEXT = {
+  decoder: "The capital of France is",
+  encoder: "The capital of France is [MASK].",
+  "encoder-decoder": "Hello World, this is Alejandro!",
+};
+
+const textBox = document.getElementById("text");
+const targetBox = document.getElementById("target");
+const sampling = {temperature: document.getElementById("temperature"), topK: document.getElementById("top-k"),
+                  topP: document.getElementById("top-p")};
+
+function samplingSettings() {
+  const topK = Number(sampling.topK.value);
+  const topP = Number(sampling.topP.value);
+  return {temperature: Number(sampling.temperature.value), top_k: topK > 0 ? topK : null, top_p: topP < 1 ? topP : null};
+}
+
+// ---- the first call for a text: tokens and the next-token distribution --------------------------
+
+async function run() {
+  state.text = textBox.value;
+  state.target = targetBox.value;
+  saveState();
+  const began = performance.now();
+  status("computing…", "busy");
+  let data;
+  try {
+    data = await api("/api/run", textBody(samplingSettings()), "run");
+  } catch (error) {
+    if (isAbort(error)) return;
+    status("", "");
+    clear(document.getElementById("next"), errorBox(error));
+    return;
+  }
+  state.run = data;
+  drawTokens(data);
+  drawNext(data);
+  document.body.dataset.updated = String(Date.now());  // the benchmark waits for this
+  status(`${Math.round(performance.now() - began)} ms (pass ${data.ms} ms)`, "");
+  updatePanel();
+}
+const runSoon = debounce(run, DEBOUNCE_MS);
+
+function chip(token, id, position, onclick) {
+  const node = el("button", {class: "chip", type: "button", title: `position ${position}, id ${id}`, onclick},
+                  el("span", {class: "tok", text: token}), el("span", {class: "id", text: String(id)}));
+  if (state.row === position) node.classList.add("selected");
+  return node;
+}
+
+function drawTokens(data) {
+  clear(document.getElementById("tokens"), data.tokens.map((token, i) => chip(token, data.ids[i], i, () => {
+    state.row = i;
+    saveState();
+    drawTokens(data);
+    updatePanel();
+  })));
+  document.getElementById("token-count").textContent = `(${data.tokens.length}${data.source ? " in the target" : ""})`;
+  const source = document.getElementById("source-tokens");
+  source.hidden = !data.source;
+  if (data.source) {
+    clear(source, el("span", {class: "muted small", text: "source: "}),
+          data.source.tokens.map((token, i) => chip(token, data.source.ids[i], -1, null)));
+  }
+}
+
+function drawNext(data) {
+  const box = document.getElementById("next");
+  const title = document.getElementById("next-title");
+  const summary = document.getElementById("next-summary");
+  const dist = data.distribution;
+  if (data.arch === "encoder") title.textContent = "The masked word's candidates";
+  else if (data.arch === "encoder-decoder") title.textContent = "The translation's next token";
+  else title.textContent = "Next token";
+  if (!dist) {
+    clear(box, el("p", {class: "muted", text: data.note || "no prediction here"}));
+    summary.textContent = "";
+    return;
+  }
+  const top = dist.next[0].prob;
+  const rows = dist.next.map((row) => el("div", {class: `bar-row${row.kept ? "" : " dropped"}`,
+                                                 title: `id ${row.id}: p = ${row.prob.toPrecision(4)}; sampling: ${row.sample_prob.toPrecision(4)}`},
+    el("span", {class: "bar-label tok", text: row.token}),
+    el("span", {class: "bar-track"}, barFill(row.prob / top)),
+    el("span", {class: "bar-value", text: percent(row.prob)}),
+    data.arch === "decoder" ? el("button", {class: "append", type: "button", title: "append this token to the text",
+                                            text: "+", onclick: () => append(row.text)}) : null));
+  const lead = data.arch === "encoder-decoder"
+    ? el("p", {class: "small"}, el("b", {text: data.translated ? "The model's translation: " : "Target: "}),
+         el("span", {class: "tok", text: data.target}))
+    : el("p", {class: "small muted", text: `after “${dist.after}” (position ${dist.position})`});
+  clear(box, lead, rows);
+  summary.textContent = `sampling keeps ${dist.kept} token${dist.kept === 1 ? "" : "s"}, ${percent(dist.kept_mass)} of the probability` +
+    (dist.kept < dist.next.length ? "; struck-through tokens are never sampled" : "");
+}
+
+function barFill(fraction) {
+  const fill = el("span", {class: "bar-fill"});
+  fill.style.width = `${Math.max(0.5, 100 * fraction)}%`;
+  return fill;
+}
+
+function append(text) {
+  textBox.value += text;
+  run();
+}
+
+// ---- models -----------------------------------------------------------------------------------
+
+async function loadModels() {
+  const data = await api("/api/models");
+  state.models = data.models;
+  const select = document.getElementById("model");
+  clear(select, data.models.map((m) => el("option", {value: m.name, text: m.name})));
+  if (!data.models.some((m) => m.name === state.model)) state.model = data.models[0].name;
+  select.value = state.model;
+  select.addEventListener("change", () => {
+    state.model = select.value;
+    state.layer = 0;
+    state.head = 0;
+    state.row = null;
+    configureInput(true);
+    run();
+  });
+}
+
+function configureInput(resetText) {
+  const model = currentModel();
+  const arch = model.arch || "decoder";
+  document.getElementById("target-box").hidden = arch !== "encoder-decoder";
+  document.getElementById("text-label").textContent = arch === "encoder-decoder" ? "Source" : "Text";
+  const note = document.getElementById("input-note");
+  note.textContent = arch === "encoder" ? "An encoder guesses masked words: type the model's mask token where one is missing."
+    : arch === "encoder-decoder" ? "The encoder reads the source; the decoder writes the target (left empty, the model translates)."
+    : "The model reads the text and predicts what comes next.";
+  const info = document.getElementById("model-info");
+  info.textContent = model.n_layers ? `${arch}, ${model.n_layers} layers × ${model.n_heads} heads, d_model ${model.d_model}` : arch;
+  if (resetText || state.text === null) {
+    textBox.value = model.name && model.name.startsWith("toy") ? toyText(model) : DEFAULT_TEXT[arch];
+    targetBox.value = "";
+  }
+}
+
+function toyText(model) {
+  if (model.arch === "encoder") return "Hello World, this <MASK> Alejandro!";
+  if (model.arch === "encoder-decoder") return "Hello World, this is Alejandro!";
+  return "Hello World, this is";
+}
+
+// ---- the panels below -------------------------------------------------------------------------
+
+function drawTabs() {
+  const nav = document.getElementById("panel-tabs");
+  clear(nav, TABS.map(([name, label]) => el("button", {
+    type: "button", class: state.panel === name ? "tab active" : "tab", text: label, "aria-pressed": String(state.panel === name),
+    onclick: () => { state.panel = name; saveState(); drawTabs(); updatePanel(); },
+  })));
+  for (const [name] of TABS) document.querySelector(`[data-panel="${name}"]`).hidden = name !== state.panel;
+}
+
+function updatePanel() {
+  const panel = panels.get(state.panel);
+  if (panel && state.run) panel.update().catch((error) => {
+    if (!isAbort(error)) console.error(error);
+  });
+}
+
+// The exports: every panel's page (as `anatomy viz` / `anatomy analyze` write it), PNG and JSON.
+function drawExports() {
+  for (const holder of document.querySelectorAll("[data-export]")) {
+    const panel = holder.dataset.export;
+    const extra = () => (panels.get(panel)?.exportSettings?.() || {});
+    clear(holder, ["html", "png", "json"].filter((f) => !(panel === "walk" && f === "png")).map((format) =>
+      el("a", {class: "export", href: "#", text: format.toUpperCase(), title: `download this panel as ${format}`,
+               onclick: (event) => { event.preventDefault(); location.href = exportUrl(panel, format, extra()); }})));
+  }
+}
+
+// ---- wiring ---------------------------------------------------------------------------------------
+
+async function start() {
+  try {
+    await loadModels();
+  } catch (error) {
+    clear(document.querySelector(".layout"), errorBox(error));
+    return;
+  }
+  configureInput(false);
+  if (state.text !== null) textBox.value = state.text;
+  if (state.target) targetBox.value = state.target;
+  textBox.addEventListener("input", runSoon);
+  targetBox.addEventListener("input", runSoon);
+  for (const input of Object.values(sampling)) input.addEventListener("input", () => {
+    document.getElementById("temperature-out").textContent = Number(sampling.temperature.value).toFixed(2);
+    document.getElementById("top-p-out").textContent = Number(sampling.topP.value).toFixed(2);
+    runSoon();
+  });
+  document.getElementById("share").addEventListener("click", async () => {
+    await navigator.clipboard?.writeText(shareLink()).catch(() => {});
+    status("link copied", "");
+  });
+  drawTabs();
+  drawExports();
+  await run();
+}
+
+start();

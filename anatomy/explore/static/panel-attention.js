@@ -1,0 +1,180 @@
+// Attention: the head view (who attends to whom in one head), the model view (every layer × head,
+// fetched a layer at a time) and the neuron view (q, k, q∘k, q·k/√d, softmax for one query), for
+// self-attention, and an encoder-decoder's cross-attention. The weights are the pass's own
+// (anatomy.viz's AttentionMap of the trace).
+import {api, clear, currentRow, el, errorBox, fmt, heatGrid, isAbort, numberSelect, register, saveState, state, textBody} from "./core.js";
+
+const controls = document.getElementById("attention-controls");
+const body = document.getElementById("attention-body");
+let view = "head";
+let map = 0;
+let layerCache = new Map();  // "map/layer" -> weights [H][T][S], for the model view
+let cacheKey = "";
+
+async function layer(l) {
+  const key = `${map}/${l}`;
+  if (!layerCache.has(key)) {
+    layerCache.set(key, await api("/api/attention", textBody({map, layer: l}), `attention-${key}`));
+  }
+  return layerCache.get(key);
+}
+
+function drawControls(data) {
+  const views = el("span", {class: "segmented"}, ["head", "model", "neuron"].map((v) => el("button", {
+    type: "button", class: v === view ? "active" : "", text: `${v} view`,
+    onclick: () => { view = v; update(); }})));
+  const maps = data.maps.length > 1
+    ? numberSelect("attention", data.maps.length, map, (v) => { map = v; update(); }, (i) => data.maps[i].name) : null;
+  clear(controls, views, maps,
+    numberSelect("layer", data.n_layers, state.layer, (v) => { state.layer = v; saveState(); update(); }),
+    numberSelect("head", data.n_heads, state.head, (v) => { state.head = v; saveState(); update(); }));
+}
+
+async function update() {
+  const key = `${state.model}\u0000${state.text}\u0000${state.target}`;
+  if (key !== cacheKey) { layerCache = new Map(); cacheKey = key; }
+  let data;
+  try {
+    data = await api("/api/attention", textBody({map, layer: state.layer, head: state.head, query: currentRow()}), "attention");
+  } catch (error) {
+    if (!isAbort(error)) clear(body, errorBox(error));
+    return;
+  }
+  layerCache.set(`${map}/${state.layer}`, data);
+  drawControls(data);
+  if (view === "head") drawHead(data);
+  else if (view === "model") await drawModel(data);
+  else drawNeuron(data);
+}
+
+// One head: lines from each query token (left) to the keys it attends to (right), and the grid.
+function drawHead(data) {
+  const spec = data.maps[data.map];
+  const weights = data.weights[state.head];
+  const svg = attentionLines(spec.queries, spec.keys, weights, currentRow());
+  const grid = heatGrid(spec.queries, spec.keys, weights, {extent: 1, corner: "query \\ key",
+    text: (r, c) => weights[r][c] >= 0.095 ? weights[r][c].toFixed(2).replace(/^0/, "") : "",
+    title: (r, c) => `${spec.queries[r]} → ${spec.keys[c]}: ${fmt(weights[r][c], 4)}`,
+    onclick: (r) => { state.row = r; saveState(); update(); }});
+  clear(body, el("p", {class: "muted small", text: `${spec.name}, layer ${data.layer}, head ${state.head}: each row (a query) shares its attention over the keys; rows sum to 1. Hover a token on the left.`}),
+        el("div", {class: "attention-pair"}, svg, grid));
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+function svgEl(tag, attributes = {}, text = null) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attributes)) node.setAttribute(k, String(v));
+  if (text !== null) node.textContent = text;
+  return node;
+}
+
+function attentionLines(queries, keys, weights, focus) {
+  const rowHeight = 20;
+  const height = Math.max(queries.length, keys.length) * rowHeight + 10;
+  const svg = svgEl("svg", {width: 420, height, class: "lines", role: "img", "aria-label": "attention lines"});
+  const left = 140, right = 280;
+  const lines = svgEl("g");
+  const draw = (only) => {
+    lines.replaceChildren();
+    queries.forEach((_, q) => {
+      if (only !== null && q !== only) return;
+      keys.forEach((_, k) => {
+        const w = weights[q][k];
+        if (w < 0.02) return;
+        lines.append(svgEl("line", {x1: left, y1: 14 + q * rowHeight, x2: right, y2: 14 + k * rowHeight,
+                                    stroke: "#2f6edc", "stroke-opacity": Math.min(1, w * (only === null ? 0.9 : 1.2)),
+                                    "stroke-width": 1 + 3 * w}));
+      });
+    });
+  };
+  svg.append(lines);
+  queries.forEach((token, q) => {
+    const label = svgEl("text", {x: left - 6, y: 18 + q * rowHeight, "text-anchor": "end", class: q === focus ? "focus" : ""}, token);
+    label.addEventListener("mouseenter", () => draw(q));
+    label.addEventListener("mouseleave", () => draw(null));
+    svg.append(label);
+  });
+  keys.forEach((token, k) => svg.append(svgEl("text", {x: right + 6, y: 18 + k * rowHeight}, token)));
+  draw(null);
+  return svg;
+}
+
+// Every layer × head as a small heatmap, fetched a layer at a time; the clicked one opens beside it.
+async function drawModel(data) {
+  const spec = data.maps[data.map];
+  const grid = el("div", {class: "model-grid"});
+  grid.style.gridTemplateColumns = `max-content repeat(${data.n_heads}, 58px)`;
+  const enlarged = el("div", {class: "model-enlarged"});
+  clear(body, el("p", {class: "muted small", text: `${spec.name}: every layer (row) and head (column); click one to open it beside the grid.`}),
+        el("div", {class: "model-pair"}, el("div", {class: "model-scroll"}, grid), enlarged));
+  grid.append(el("div", {class: "corner", text: "layer \\ head"}));
+  for (let h = 0; h < data.n_heads; h++) grid.append(el("div", {class: "colhead", text: `H${h}`}));
+  const showEnlarged = (l, h, weights) => {
+    clear(enlarged, el("h3", {text: `layer ${l}, head ${h}`}),
+          heatGrid(spec.queries, spec.keys, weights, {extent: 1, corner: "query \\ key",
+                   text: (r, c) => weights[r][c] >= 0.095 ? weights[r][c].toFixed(2).replace(/^0/, "") : ""}));
+  };
+  for (let l = 0; l < data.n_layers; l++) {
+    grid.append(el("div", {class: "rowhead", text: `L${l}`}));
+    const cells = [];
+    for (let h = 0; h < data.n_heads; h++) {
+      const canvas = el("canvas", {width: "54", height: "54", class: "thumb", title: `layer ${l}, head ${h}`});
+      grid.append(canvas);
+      cells.push(canvas);
+    }
+    let layerData;
+    try {
+      layerData = await layer(l);
+    } catch (error) {
+      if (!isAbort(error)) grid.append(errorBox(error));
+      return;
+    }
+    cells.forEach((canvas, h) => {
+      paint(canvas, layerData.weights[h]);
+      canvas.addEventListener("click", () => {
+        state.layer = l; state.head = h; saveState();
+        for (const c of grid.querySelectorAll("canvas.selected")) c.classList.remove("selected");
+        canvas.classList.add("selected");
+        showEnlarged(l, h, layerData.weights[h]);
+      });
+      if (l === state.layer && h === state.head) { canvas.classList.add("selected"); showEnlarged(l, h, layerData.weights[h]); }
+    });
+  }
+}
+
+function paint(canvas, weights) {
+  const ctx = canvas.getContext("2d");
+  const rows = weights.length, cols = weights[0].length;
+  const image = ctx.createImageData(cols, rows);
+  for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) {
+    const w = weights[r][c], i = 4 * (r * cols + c);
+    image.data[i] = 255 - 208 * w; image.data[i + 1] = 255 - 145 * w; image.data[i + 2] = 255 - 35 * w; image.data[i + 3] = 255;
+  }
+  const off = document.createElement("canvas");
+  off.width = cols; off.height = rows;
+  off.getContext("2d").putImageData(image, 0, 0);
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage(off, 0, 0, canvas.width, canvas.height);
+}
+
+// One query inside one head: q, each key k, q∘k summed into q·k, scaled, and the softmax.
+function drawNeuron(data) {
+  const n = data.neuron;
+  if (!n) { clear(body, el("p", {class: "muted", text: "this attention keeps no q and k vectors"})); return; }
+  const spec = data.maps[data.map];
+  const d = n.q.length;
+  const keep = Math.min(d, 16);
+  const cols = [...Array(keep).keys()].map((i) => `q∘k[${i}]`).concat(["q·k/√d", "softmax"]);
+  const values = n.q_times_k.map((row, s) => row.slice(0, keep).concat([n.scores[s], n.weights[s]]));
+  const extent = Math.max(...n.q_times_k.flat().map(Math.abs), 1e-9);
+  clear(body,
+    el("p", {class: "muted small", text: `query “${spec.queries[n.query]}” (position ${n.query}) in layer ${data.layer}, head ${n.head}: ` +
+      `q·k sums q∘k over its ${d} dimensions` + (d > keep ? ` (the first ${keep} shown)` : "") +
+      `, is divided by √${d} = ${Math.sqrt(d).toFixed(3)}, and the softmax over the keys gives the weights. Click a token to change the query.`}),
+    el("p", {class: "small"}, el("b", {text: "q = "}), el("code", {text: `[${n.q.slice(0, keep).map((v) => fmt(v)).join(", ")}${d > keep ? ", …" : ""}]`})),
+    heatGrid(spec.keys, cols, values, {extent, corner: "key",
+      text: (r, c) => c === keep + 1 ? n.weights[r].toFixed(3) : fmt(values[r][c], 2),
+      title: (r, c) => `${spec.keys[r]} · ${cols[c]}: ${fmt(values[r][c], 5)}`}));
+}
+
+register("attention", {update, exportSettings: () => ({view: view === "neuron" ? "neuron" : view})});

@@ -1,0 +1,95 @@
+// Interventions: zero or scale one head's output or one MLP neuron and see the next-token
+// distribution before and after; and activation patching from a second prompt, as a layer ×
+// position heatmap, run as a job with progress and a cancel button.
+import {
+  api, cancelJob, clear, colourBar, currentModel, el, errorBox, fmt, followJob, heatGrid, isAbort, numberSelect, percent,
+  progressBar, register, textBody,
+} from "./core.js";
+
+const controls = document.getElementById("intervene-controls");
+const body = document.getElementById("intervene-body");
+const patchControls = document.getElementById("patch-controls");
+const patchBody = document.getElementById("patch-body");
+const settings = {kind: "head", layer: 0, index: 0, scale: 0};
+let corrupt = "";
+let job = null;
+
+function drawControls() {
+  const model = currentModel();
+  const kinds = el("span", {class: "segmented"}, [["head", "a head"], ["neuron", "an MLP neuron"]].map(([k, label]) =>
+    el("button", {type: "button", class: settings.kind === k ? "active" : "", text: label,
+                  onclick: () => { settings.kind = k; settings.index = 0; update(); }})));
+  const index = settings.kind === "head"
+    ? numberSelect("head", model.n_heads || 1, settings.index, (v) => { settings.index = v; update(); })
+    : el("label", {}, "neuron ", (() => {
+      const input = el("input", {type: "number", min: "0", max: String((model.d_ff || 1) - 1), value: String(settings.index)});
+      input.addEventListener("change", () => { settings.index = Number(input.value) || 0; update(); });
+      return input;
+    })());
+  const scale = el("input", {type: "range", min: "-2", max: "3", step: "0.25", value: String(settings.scale)});
+  const shown = el("output", {text: settings.scale === 0 ? "0 (zeroed)" : `× ${settings.scale}`});
+  scale.addEventListener("change", () => { settings.scale = Number(scale.value); update(); });
+  clear(controls, kinds, numberSelect("layer", model.n_layers || 1, settings.layer, (v) => { settings.layer = v; update(); }),
+        index, el("label", {}, "scale ", scale, shown));
+  const input = el("input", {type: "text", value: corrupt, size: "36", placeholder: "a second prompt with as many tokens",
+                             "aria-label": "corrupted prompt"});
+  input.addEventListener("change", () => { corrupt = input.value; });
+  clear(patchControls, el("label", {}, "corrupted prompt ", input),
+        el("button", {type: "button", text: "patch", onclick: () => { corrupt = input.value; patch(); }}));
+}
+
+async function update() {
+  drawControls();
+  let data;
+  try {
+    data = await api("/api/intervene", textBody(settings), "intervene");
+  } catch (error) {
+    if (!isAbort(error)) clear(body, errorBox(error));
+    return;
+  }
+  const top = Math.max(...data.rows.map((r) => Math.max(r.before, r.after)), 1e-9);
+  const rows = data.rows.slice(0, 12).map((row) => el("div", {class: "pair-row", title: `${row.token}: ${percent(row.before)} → ${percent(row.after)}`},
+    el("span", {class: "bar-label tok", text: row.token}),
+    el("span", {class: "bar-track"}, fill(row.before / top, "before")),
+    el("span", {class: "bar-value", text: percent(row.before)}),
+    el("span", {class: "bar-track"}, fill(row.after / top, "after")),
+    el("span", {class: "bar-value", text: percent(row.after)})));
+  clear(body, el("p", {class: "small", text: `${data.scale === 0 ? "Zeroing" : `Scaling by ${data.scale}`} ${data.kind} ${data.index} of layer ${data.layer} ` +
+    `(${data.point}) moves the next-token distribution by KL = ${fmt(data.kl, 4)} nats.`}),
+    el("div", {class: "pair-head"}, el("span", {}), el("span", {text: "before"}), el("span", {}), el("span", {text: "after"}), el("span", {})),
+    rows);
+}
+
+function fill(fraction, kind) {
+  const node = el("span", {class: `bar-fill ${kind}`});
+  node.style.width = `${Math.max(0.5, 100 * fraction)}%`;
+  return node;
+}
+
+async function patch() {
+  if (job) { cancelJob(job); job = null; }
+  const progress = el("div", {}, "starting…");
+  clear(patchBody, el("div", {class: "job"}, progress, el("button", {type: "button", text: "cancel", onclick: () => job && cancelJob(job)})));
+  try {
+    job = await api("/api/jobs", textBody({kind: "patch", corrupt}));
+    const done = await followJob(job, (s) => clear(progress, "patching: ", progressBar(s.done, s.total), " cells"));
+    const data = done.result;
+    // How much of the clean run's log-prob each patch brings back: 0 = the corrupted run, 1 = the clean run.
+    const span = data.clean - data.corrupt;
+    const recovered = data.values.map((row) => row.map((v) => (span ? (v - data.corrupt) / span : 0)));
+    clear(patchBody, el("p", {class: "small", text: `Each cell: the corrupted run (“${data.corrupt_tokens.join("")}”) with the clean run's ${data.point} ` +
+      `put back at one layer and position; shaded by how much of the log-probability of “${data.top}” it recovers ` +
+      `(0: the corrupted run's ${fmt(data.corrupt, 3)}, 1: the clean run's ${fmt(data.clean, 3)}).`}),
+      el("p", {class: "check ok", text: `✓ ${data.check}`}),
+      heatGrid(data.rows.map((r) => `L${r}`), data.cols, recovered, {extent: 1, corner: "layer \\ position",
+               text: (r, c) => recovered[r][c].toFixed(2),
+               title: (r, c) => `layer ${data.rows[r]}, ${data.cols[c]}: log p = ${fmt(data.values[r][c], 4)}, recovered ${fmt(recovered[r][c], 3)}`}),
+      colourBar(1, "share of the clean log-probability recovered"));
+  } catch (error) {
+    if (!isAbort(error)) clear(patchBody, errorBox(error));
+  } finally {
+    job = null;
+  }
+}
+
+register("intervene", {update});

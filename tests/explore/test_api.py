@@ -1,0 +1,263 @@
+"""The explorer's JSON API: every panel's numbers equal what the library computes on the same text,
+long analyses stream their progress and can be cancelled, and the server is safe by default
+(token, Host and Origin checks, JSON only, bounded inputs, no model opened from the page)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import anatomy
+from anatomy.explore.app import PAGE_POLICY
+from conftest import TOKEN
+
+TEXT = "Hello World, this is"
+
+
+def post(client, path, **body):
+    response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def model(name):
+    return anatomy.from_pretrained(name)
+
+
+# ---- the two fixed points -----------------------------------------------------------------------
+
+
+def test_models_lists_what_was_given_without_loading_it(client):
+    data = client.get("/api/models").json()
+    assert [m["name"] for m in data["models"]][:3] == ["toy", "toy-encoder", "toy-seq2seq"]
+    toy = data["models"][0]
+    assert (toy["arch"], toy["n_layers"], toy["n_heads"], toy["d_model"]) == ("decoder", 2, 2, 4)
+    assert data["allow_open"] is False
+
+
+def test_run_returns_the_tokens_and_the_next_token_distribution_of_run_with_cache(client):
+    data = post(client, "/api/run", model="toy", text=TEXT)
+    toy = model("toy")
+    output, cache = anatomy.run_with_cache(toy, TEXT)
+    assert data["tokens"] == cache.tokens[0] == ["<SOS>", "Hello", "World,", "this", "is"]
+    assert data["ids"] == toy.tokenizer.encode_prompt(TEXT)
+    probs = torch.softmax(output.logits[0, -1], dim=-1)
+    top = probs.topk(len(data["next"]))
+    assert [row["id"] for row in data["next"]] == top.indices.tolist()
+    assert [row["token"] for row in data["next"]][0] == "Alejandro!"
+    torch.testing.assert_close(torch.tensor([row["prob"] for row in data["next"]]), top.values, atol=1e-6, rtol=0)
+
+
+def test_sampling_settings_show_what_the_sampler_keeps(client):
+    data = post(client, "/api/run", model="toy", text=TEXT, temperature=0.5, top_k=3)["distribution"]
+    assert data["kept"] == 3 and [row["kept"] for row in data["next"]][:4] == [True, True, True, False]
+    logits = anatomy.run_with_cache(model("toy"), TEXT)[0].logits[0, -1]
+    expected = anatomy.generation.sampling.sampling_distribution(logits[None], 0.5, 3, None)[0]
+    for row in data["next"]:
+        assert row["sample_prob"] == pytest.approx(float(expected[row["id"]]), abs=1e-6)
+    assert client.post("/api/run", json={"model": "toy", "text": TEXT, "temperature": -1}).status_code == 400
+
+
+def test_an_encoder_shows_its_masked_word_and_an_encoder_decoder_translates(client):
+    masked = post(client, "/api/run", model="toy-encoder", text="Hello World, this <MASK> Alejandro!")
+    assert masked["distribution"]["position"] == 4 and masked["next"][0]["token"] == "is"
+    translated = post(client, "/api/run", model="toy-seq2seq", text="Hello World, this is Alejandro!")
+    assert translated["translated"] and translated["target"] == "Hola Mundo, soy Alejandro!"
+    assert translated["source"]["tokens"][0] == "<SOS>" and translated["tokens"][0] == "<SOS>"
+    given = post(client, "/api/run", model="toy-seq2seq", text="Hello World, this is Alejandro!", target_text="Hola")
+    assert not given["translated"] and given["tokens"] == ["<SOS>", "Hola"] and given["next"][0]["token"] == "Mundo,"
+
+
+# ---- the panels: the numbers are the library's ---------------------------------------------------
+
+
+def test_attention_is_the_traced_pattern_one_layer_at_a_time(client):
+    data = post(client, "/api/attention", model="toy", text=TEXT, layer=1, head=0, query=3)
+    _, cache = anatomy.run_with_cache(model("toy"), TEXT)
+    pattern = cache["blocks.1.attn.pattern"][0]  # (H, T, T)
+    torch.testing.assert_close(torch.tensor(data["weights"]), pattern, atol=1e-4, rtol=0)
+    neuron = data["neuron"]
+    torch.testing.assert_close(torch.tensor(neuron["weights"]), pattern[0, 3], atol=1e-5, rtol=0)
+    q, k = cache["blocks.1.attn.q"][0, 0, 3], cache["blocks.1.attn.k"][0, 0]
+    torch.testing.assert_close(torch.tensor(neuron["scores"]), k @ q / 2 ** 0.5, atol=1e-4, rtol=1e-4)
+    seq2seq = post(client, "/api/attention", model="toy-seq2seq", text="Hello World,", target_text="Hola Mundo,", map=2)
+    assert [m["name"] for m in seq2seq["maps"]][2] == "cross-attention"
+    assert len(seq2seq["weights"][0]) == 3 and len(seq2seq["weights"][0][0]) == 4  # 3 target x 4 source tokens
+
+
+def test_the_lens_is_the_logit_lens(client):
+    data = post(client, "/api/lens", model="toy", text=TEXT, top=2)
+    lens = anatomy.logit_lens(model("toy"), TEXT, top=2)
+    assert data["rows"] == lens.labels["layer"] and data["cols"] == lens.tokens[0]
+    assert data["tokens"] == [layer[0] for layer in lens.extra["top_tokens"]]
+    torch.testing.assert_close(torch.tensor(data["probs"]), lens.extra["top_probs"][:, 0], atol=1e-4, rtol=0)
+    assert "max |diff|" in data["check"] and data["error"] < 1e-5
+
+
+def test_attribution_bars_sum_to_the_logit(client, prenorm):
+    refused = client.post("/api/attribution", json={"model": "toy", "text": TEXT, "method": "dla"})
+    assert refused.status_code == 400 and "pre-norm" in refused.json()["error"]  # the paper's post-norm toy
+    data = post(client, "/api/attribution", model=prenorm, text=TEXT, method="dla")
+    dla = anatomy.direct_logit_attribution(model(prenorm), TEXT, data["target_id"])
+    logit = anatomy.run_with_cache(model(prenorm), TEXT)[0].logits[0, -1, data["target_id"]]
+    assert sum(bar["value"] for bar in data["bars"]) == pytest.approx(float(logit), abs=1e-4)
+    assert data["total"] == pytest.approx(float(dla.values[:, 0, -1].sum()), abs=1e-5)
+    shown = sorted(dla.values[:, 0, -1].abs().tolist(), reverse=True)[:len(data["bars"])]
+    assert [abs(b["value"]) for b in data["bars"] if not b.get("rest")] == pytest.approx(shown[:len(data["bars"]) - 1]
+                                                                                   if data["bars"][-1].get("rest") else shown)
+    gxi = post(client, "/api/attribution", model="toy", text=TEXT, method="gxi", target="Alejandro!")
+    expected = anatomy.gradient_x_input(model("toy"), TEXT, data["target_id"], position=4).values[0]
+    torch.testing.assert_close(torch.tensor(gxi["values"]), expected, atol=1e-4, rtol=1e-4)
+    rollout = post(client, "/api/attribution", model="toy", text=TEXT, method="rollout")
+    assert sum(rollout["values"]) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_intervening_on_a_head_equals_the_trace_intervention(client):
+    data = post(client, "/api/intervene", model="toy", text=TEXT, kind="head", layer=1, index=1, scale=0.0)
+    toy = model("toy")
+
+    def zero(x):
+        x = x.clone()
+        x[:, :, 1] = 0
+        return x
+
+    with torch.no_grad(), anatomy.trace(toy, [], interventions={"blocks.1.attn.z": zero}):
+        after = torch.softmax(toy(torch.tensor([toy.tokenizer.encode_prompt(TEXT)])).logits[0, -1], dim=-1)
+    for row in data["rows"]:
+        assert row["after"] == pytest.approx(float(after[row["id"]]), abs=1e-6)
+    neuron = post(client, "/api/intervene", model="toy", text=TEXT, kind="neuron", layer=0, index=3, scale=2.0)
+    assert neuron["point"] == "blocks.0.mlp.post" and neuron["kl"] >= -1e-12
+
+
+def test_the_walk_panel_is_the_walk(client):
+    data = post(client, "/api/walk", model="toy", text=TEXT, layer=1, head=1, row=2)
+    assert data["ok"] and (data["layer"], data["head"], data["row"]) == (1, 1, 2)
+    walk = anatomy.walkthrough(*anatomy.walk.toy_example()[:2], **{**anatomy.walk.toy_example()[2], "layer": 1, "head": 1})
+    assert [s["title"] for s in data["steps"]][:5] == walk.titles[:5]
+    assert "<math" in data["steps"][3]["html"] and "<script" not in "".join(s["html"] for s in data["steps"])
+
+
+def test_compare_two_texts_on_one_model(client):
+    data = post(client, "/api/compare", model="toy", text=TEXT, text_b="Hello World, this")
+    first, second = data["sides"]
+    assert first["distribution"]["next"][0]["token"] == "Alejandro!" and second["distribution"]["next"][0]["token"] == "is"
+    assert len(data["divergence"]) == 2 and data["kl"] > 0
+
+
+# ---- jobs: progress, results, cancelling ---------------------------------------------------------
+
+
+def events(client, job_id):
+    with client.stream("GET", f"/api/jobs/{job_id}/events") as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        text = "".join(response.iter_text())
+    return [(block.split("\n")[0][len("event: "):], json.loads(block.split("\n")[1][len("data: "):]))
+            for block in text.strip().split("\n\n")]
+
+
+def test_patching_runs_as_a_job_and_equals_patch(client):
+    clean, corrupt = "Hello World, this is", "Hello World, is this"
+    job = client.post("/api/jobs", json={"model": "toy", "text": clean, "kind": "patch", "corrupt": corrupt})
+    assert job.status_code == 202
+    stream = events(client, job.json()["id"])
+    assert stream[-1][0] == "result" and all(kind == "progress" for kind, _ in stream[:-1])
+    result = stream[-1][1]["result"]
+    expected = anatomy.patch(model("toy"), clean, corrupt)
+    torch.testing.assert_close(torch.tensor(result["values"]), expected.values, atol=1e-5, rtol=1e-4)  # 5 digits
+    assert result["cols"] == expected.tokens[0] and result["clean"] > result["corrupt"]
+    unequal = client.post("/api/jobs", json={"model": "toy", "text": clean, "kind": "patch", "corrupt": "Hello"})
+    assert unequal.status_code == 400 and "as many tokens" in unequal.json()["error"]
+
+
+def test_integrated_gradients_and_heads_run_as_jobs(client):
+    job = client.post("/api/jobs", json={"model": "toy", "text": TEXT, "kind": "ig"}).json()
+    kind, last = events(client, job["id"])[-1]
+    assert kind == "result" and last["result"]["converged"] and len(last["result"]["values"]) == 5
+    heads = client.post("/api/jobs", json={"model": "toy", "kind": "heads"}).json()
+    kind, last = events(client, heads["id"])[-1]
+    scores = anatomy.detect_heads(model("toy"), "induction").values
+    torch.testing.assert_close(torch.tensor(last["result"]["scores"]["induction"]["values"]), scores, atol=1e-4, rtol=0)
+
+
+def test_a_job_can_be_cancelled():
+    from anatomy.explore.jobs import Jobs
+
+    jobs = Jobs()
+    started = []
+
+    def slow(progress):
+        for step in range(1000):
+            started.append(step)
+            progress(step, 1000)
+            __import__("time").sleep(0.01)
+        return {}
+
+    job = jobs.start("patch", slow)
+    while not started:
+        __import__("time").sleep(0.005)
+    jobs.cancel(job.id)
+    job.wait(-1, 5)
+    for _ in range(500):
+        if job.state != "running":
+            break
+        __import__("time").sleep(0.01)
+    assert job.state == "cancelled" and len(started) < 1000
+
+
+# ---- safe by default ----------------------------------------------------------------------------
+
+
+def test_every_call_needs_the_token(client):
+    for headers in ({"Authorization": "Bearer wrong"}, {"Authorization": ""}):
+        assert client.get("/api/models", headers=headers).status_code == 401
+    assert client.get(f"/api/models?token={TOKEN}", headers={"Authorization": ""}).status_code == 200
+    assert client.get("/", headers={"Authorization": ""}).status_code == 401
+    assert client.get("/static/core.js", headers={"Authorization": ""}).status_code == 200  # code, no data
+
+
+def test_a_foreign_host_or_origin_is_refused(client):
+    assert client.get("/api/models", headers={"Host": "evil.example"}).status_code == 403  # DNS rebinding
+    assert client.get("/api/models", headers={"Host": "localhost:8765"}).status_code == 200
+    assert client.post("/api/run", json={"model": "toy", "text": "x"},
+                       headers={"Origin": "http://evil.example"}).status_code == 403
+    assert client.post("/api/run", json={"model": "toy", "text": "x"},
+                       headers={"Origin": "http://testserver"}).status_code == 200
+
+
+def test_inputs_are_bounded_and_json_only(client):
+    assert client.post("/api/run", content=b"model=toy", headers={"Content-Type": "application/x-www-form-urlencoded"}).status_code == 415
+    assert client.post("/api/run", json={"model": "toy", "text": "x" * 70000}).status_code == 413
+    long_text = " ".join(["Hello"] * 300)
+    response = client.post("/api/run", json={"model": "toy", "text": long_text})
+    assert response.status_code == 413 and "at most" in response.json()["error"]
+    assert client.post("/api/run", json=["not", "an", "object"]).status_code == 400
+    assert client.post("/api/walk", json={"model": "toy", "text": TEXT, "layer": 7}).status_code == 400
+
+
+def test_no_path_or_hub_id_is_opened_from_the_page(client, tmp_path):
+    response = client.post("/api/run", json={"model": str(tmp_path), "text": "x"})
+    assert response.status_code == 403 and "--allow-open" in response.json()["error"]
+    assert client.post("/api/open", json={"model": "someone/something"}).status_code == 403
+
+
+def test_the_page_allows_nothing_but_its_own_origin(client):
+    page = client.get("/")
+    assert page.headers["content-security-policy"] == PAGE_POLICY
+    assert "default-src 'self'" in PAGE_POLICY and "http" not in PAGE_POLICY
+    for name in ("main.js", "core.js", "explore.css"):
+        assert "http://" not in client.get(f"/static/{name}").text and "https://" not in client.get(f"/static/{name}").text
+
+
+def test_exports_are_the_library_pages_a_png_and_the_json(client):
+    base = {"model": "toy", "text": TEXT, "token": TOKEN}
+    html = client.get("/api/export", params={**base, "panel": "lens", "format": "html"})
+    assert html.status_code == 200 and html.headers["content-type"].startswith("text/html")
+    assert "default-src 'none'" in html.headers["content-security-policy"] and "Logit lens" in html.text
+    png = client.get("/api/export", params={**base, "panel": "attention", "format": "png"})
+    assert png.content[:8] == b"\x89PNG\r\n\x1a\n"
+    data = client.get("/api/export", params={**base, "panel": "lens", "format": "json"}).json()
+    assert data["cols"] == ["<SOS>", "Hello", "World,", "this", "is"]
+    view = client.get("/api/export", params={**base, "panel": "attention", "format": "html", "view": "model"})
+    assert "Every layer and head" in view.text
