@@ -11,32 +11,16 @@ sized by its rows and columns so that nothing is squashed or cut.
 
 from __future__ import annotations
 
-import textwrap
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no window, no display needed
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from ..viz.plots import MAX_LABEL_CHARS, wrap  # matplotlib on Agg: files only, no display
+from ..viz.plots import tick_label as label
 
 MAX_FIGURE_ROWS = 40
-MAX_LABEL_CHARS = 24
 TOP_BARS = 20  # direct logit attribution: bars before "other N components"
 VALUES_IN_CELLS = 900  # print each value in its cell up to this many cells
-
-
-def label(text: str) -> str:
-    """A token or name as a tick label: cut to MAX_LABEL_CHARS, "$" escaped (it would start mathtext)."""
-    text = text if len(text) <= MAX_LABEL_CHARS else text[: MAX_LABEL_CHARS - 1] + "…"
-    return text.replace("$", r"\$")
-
-
-def wrap(text: str, width_inches: float, fontsize: float = 10) -> str:
-    """`text` wrapped to `width_inches` (matplotlib does not wrap a title or a label that is too long)."""
-    columns = max(16, int(width_inches * 72 / (0.55 * fontsize)))
-    return "\n".join(textwrap.fill(line, columns) for line in text.split("\n"))
 
 
 def as_array(values) -> np.ndarray:
@@ -109,9 +93,9 @@ def heatmap_axes(fig: Figure, ax, values: np.ndarray, rows: list[str], cols: lis
     they fit, a labelled colour bar with arrows where values lie beyond the scale."""
     mapping = colour_map(scale)
     image = ax.imshow(values, aspect="auto", interpolation="nearest", **mapping)
-    ax.set_xticks(range(len(cols)), [label(c) for c in cols], fontsize=8,
-                  rotation=0 if all(len(c) <= 4 for c in cols) else 60, ha="center" if all(len(c) <= 4 for c in cols) else "right",
-                  rotation_mode="anchor")
+    upright = all(len(c) <= 4 for c in cols)  # "H3", "L12": across; tokens: at 60 degrees
+    ax.set_xticks(range(len(cols)), [label(c) for c in cols], fontsize=8, rotation=0 if upright else 60,
+                  ha="center" if upright else "right", rotation_mode="anchor")
     ax.set_yticks(range(len(rows)), [label(r) for r in rows], fontsize=8)
     ax.tick_params(length=0)
     if values.size <= VALUES_IN_CELLS:
@@ -121,8 +105,8 @@ def heatmap_axes(fig: Figure, ax, values: np.ndarray, rows: list[str], cols: lis
                 text = cell_text[i][j] if cell_text is not None else short(values[i, j], extent_of(scale))
                 shade = cmap(norm(values[i, j])) if np.isfinite(values[i, j]) else (1, 1, 1, 1)
                 dark = 0.2126 * shade[0] + 0.7152 * shade[1] + 0.0722 * shade[2] < 0.5
-                ax.text(j, i, "\n".join(label(line) for line in text.split("\n")), ha="center", va="center", fontsize=6.5 if cell_text else 7,
-                        color="white" if dark else "#1f2430")
+                ax.text(j, i, "\n".join(label(line) for line in text.split("\n")), ha="center", va="center",
+                        fontsize=6.5 if cell_text else 7, color="white" if dark else "#1f2430")
     bar = fig.colorbar(image, ax=ax, orientation=colorbar, extend=extend(values, scale),
                        shrink=0.9 if colorbar == "vertical" else 0.6, pad=0.02 if colorbar == "vertical" else 0.15,
                        fraction=0.05 if colorbar == "vertical" else 0.08, aspect=30)
@@ -131,9 +115,13 @@ def heatmap_axes(fig: Figure, ax, values: np.ndarray, rows: list[str], cols: lis
     bar.ax.tick_params(labelsize=8)
 
 
-def title(fig: Figure, kind: str, panel: dict, check: dict, note: str = "") -> None:
-    """kind · panel name, the identity line (its status in words) and a note, wrapped to the figure."""
+def title(fig: Figure, kind: str, panel: dict, payload: dict, note: str = "") -> None:
+    """kind · panel name, the identity line (✓ when it holds, ⚠ when not), a note and the tokens'
+    legend (when a token shown has a space or a new line), wrapped to the figure's width."""
+    check = payload["check"]
     status = {"holds": "✓ ", "fails": "⚠ ", "none": ""}[check["status"]]
+    if payload["tokenLegend"]:
+        note = (note + "  " if note else "") + f"Tokens: {payload['tokenLegend']}."
     text = f"{kind} · {panel['name']}\n{status}{check['text']}" + (f"\n{note}" if note else "")
     width = fig.get_size_inches()[0]
     # placed by the layout (which then leaves room for it), its lines aligned on the left
@@ -177,16 +165,19 @@ def heatmap_figure(payload: dict, panel: dict, kind: str) -> Figure:
     ax.set_ylabel(panel["corner"].split(" \\ ")[0], fontsize=9)
     if " \\ " in panel["corner"]:
         ax.set_xlabel(panel["corner"].split(" \\ ")[1], fontsize=9)
-    title(fig, kind, panel, payload["check"], note)
+    title(fig, kind, panel, payload, note)
     return fig
 
 
 def lens_figure(payload: dict, panel: dict, kind: str) -> Figure:
     probs = np.array([[cell[0] for cell in row] for row in panel["probs"]], dtype=np.float64)
     kept = even_rows(len(panel["rows"]))
-    note = "" if len(kept) == len(panel["rows"]) else f"{len(kept)} of {len(panel['rows'])} layers shown, evenly spaced."
+    note = ""
+    if len(kept) < len(panel["rows"]):
+        note = f"{len(kept)} of {len(panel['rows'])} layers shown, evenly spaced."
     cut = lambda token: token if len(token) <= 12 else token[:11] + "…"  # noqa: E731  a cell is 0.95 inch wide
-    text = [[f"{cut(panel['top'][i][j][0])}\n{short(probs[i, j], 1.0)}" for j in range(len(panel["cols"]))] for i in kept]
+    text = [[f"{cut(panel['top'][i][j][0])}\n{short(probs[i, j], 1.0)}" for j in range(len(panel["cols"]))]
+            for i in kept]
     longest = max((len(c) for c in panel["cols"]), default=1)
     fig = plt.figure(figsize=size(len(kept), len(panel["cols"]), col_inches=0.95, row_inches=0.34,
                                   longest_col=longest), layout="constrained")
@@ -194,7 +185,7 @@ def lens_figure(payload: dict, panel: dict, kind: str) -> Figure:
     heatmap_axes(fig, ax, probs[kept], [panel["rows"][i] for i in kept], panel["cols"], panel["scale"],
                  "probability of the top token", cell_text=text)
     ax.set_xlabel("position", fontsize=9)
-    title(fig, kind, panel, payload["check"], note + ("  Tokens: " + payload["tokenLegend"] if payload["tokenLegend"] else ""))
+    title(fig, kind, panel, payload, note)
     return fig
 
 
@@ -216,7 +207,8 @@ def dla_figure(payload: dict, panel: dict, kind: str) -> Figure:
     width, height = size(max(len(kept), len(bars)), len(panel["positions"]), longest_col=longest)
     fig, (bar_ax, grid_ax) = plt.subplots(1, 2, figsize=(width + 5.5, height), layout="constrained",
                                           gridspec_kw={"width_ratios": [5.5, max(2.0, width - 1.4)]})
-    colours = ["#b4b9c3" if name.startswith("other ") else "#2166ac" if v >= 0 else "#b2182b" for name, v in zip(names, bars)]
+    colours = ["#b4b9c3" if name.startswith("other ") else "#2166ac" if v >= 0 else "#b2182b"
+               for name, v in zip(names, bars)]
     bar_ax.barh(range(len(bars)), bars, color=colours)
     bar_ax.set_yticks(range(len(bars)), [label(n) for n in names], fontsize=8)
     bar_ax.invert_yaxis()
@@ -231,9 +223,12 @@ def dla_figure(payload: dict, panel: dict, kind: str) -> Figure:
     heatmap_axes(fig, grid_ax, grouped[kept], [groups["rows"][i] for i in kept], panel["positions"], groups["scale"],
                  groups["legend"])
     grid_ax.set_xlabel("position", fontsize=9)
-    note = f"Left: the top {min(TOP_BARS, len(order))} of {len(order)} components at position {t}, the rest summed. " \
-           f"Right: per layer" + (f", {len(kept)} of {grouped.shape[0]} rows (the largest by |value|)" if len(kept) < grouped.shape[0] else "") + "."
-    title(fig, kind, panel, payload["check"], note)
+    note = (f"Left: the top {min(TOP_BARS, len(order))} of {len(order)} components at position {t}, the rest summed. "
+            "Right: per layer")
+    if len(kept) < grouped.shape[0]:
+        note += f", {len(kept)} of {grouped.shape[0]} rows (the largest by |value|)"
+    note += "."
+    title(fig, kind, panel, payload, note)
     return fig
 
 
@@ -249,10 +244,7 @@ def tokens_figure(payload: dict, panel: dict, kind: str) -> Figure:
     heatmap_axes(fig, ax, values, [""], panel["tokens"], panel["scale"], panel["legend"], colorbar="horizontal")
     ax.set_yticks([])
     ax.tick_params(axis="x", labeltop=False)
-    note = panel.get("summary", "")
-    if payload["tokenLegend"]:
-        note += "  Tokens: " + payload["tokenLegend"] + "."
-    title(fig, kind, panel, payload["check"], note)
+    title(fig, kind, panel, payload, panel.get("summary", ""))
     return fig
 
 

@@ -218,6 +218,10 @@ def _heatmap(name: str, rows: list[str], cols: list[str], frames: list[tuple[str
                        for label, values, scale, legend in frames]}
 
 
+LENS_CAPTION = ("Each cell: the tokens the residual stream after that layer predicts next, read through the final "
+                "norm and the unembedding, with their probabilities.")
+
+
 def _lens(result: Result) -> tuple[str, list[dict], list[str]]:
     probs, top = result.extra["top_probs"], result.extra["top_tokens"]  # (L+1, B, T, K); [L+1][B][T][K]
     ids = result.extra["top_ids"]
@@ -232,14 +236,14 @@ def _lens(result: Result) -> tuple[str, list[dict], list[str]]:
             for k in range(probs.size(3) if t == last else 1):
                 candidates.setdefault(int(ids[-1, b, t, k]), top[-1][b][t][k])
         candidates = dict(list(candidates.items())[:MAX_TARGETS])
-        targets = [{"token": token, "probs": _numbers(result.values[:, b, :, i].exp())} for i, token in candidates.items()]
+        targets = [{"token": token, "probs": _numbers(result.values[:, b, :, i].exp())}
+                   for i, token in candidates.items()]
         tokens = [[top[layer][b][t] for t in range(probs.size(2))] for layer in range(probs.size(0))]
         shown += cols + _flat(tokens)
         parts.append({"name": f"sequence {b}", "rows": rows, "cols": cols, "rowLayers": list(range(len(rows))),
                       "corner": "layer \\ position", "top": tokens, "probs": _numbers(probs[:, b]),
                       "k": probs.size(3), "targets": targets, "scale": {"kind": "sequential", "lo": 0.0, "hi": 1.0},
-                      "caption": "Each cell: the tokens the residual stream after that layer predicts next, read through "
-                                 "the final norm and the unembedding, with their probabilities."})
+                      "caption": LENS_CAPTION})
     return "lens", parts, shown
 
 
@@ -264,8 +268,11 @@ def _patching(result: Result) -> tuple[str, list[dict], list[str]]:
         if differ:
             caption += " Columns are the clean prompt's tokens; the corrupted prompt has " + ", ".join(differ) + "."
             shown += corrupt[0]
-    legend = "metric of the patched run" + (" (log-prob of the clean run's top token)" if result.kind == "activation patching" else "")
-    return "heatmap", [_heatmap(f"{result.kind} by {by}", rows, cols, [("metric", grid, spanning(grid), legend)],
+    legend = "metric of the patched run"
+    if result.kind == "activation patching":
+        legend += " (log-prob of the clean run's top token)"
+    name = f"{result.extra.get('point', 'the point')} by {by}"
+    return "heatmap", [_heatmap(name, rows, cols, [("metric", grid, spanning(grid), legend)],
                                 corner=corner, caption=caption, row_layers=list(range(len(rows))))], shown
 
 
@@ -277,7 +284,8 @@ def _heads(result: Result) -> tuple[str, list[dict], list[str]]:
     rows = [f"L{layer}" for layer in range(values.size(0))]
     cols = [f"H{h}" for h in range(values.size(1))]
     frame = ("score", values, {"kind": "sequential", "lo": 0.0, "hi": 1.0}, f"{result.kind[:-1]} score")
-    return "heatmap", [_heatmap(result.kind, rows, cols, [frame], corner="layer \\ head", caption=caption,
+    name = f"{extra['ids'].size(0)} sequences of {extra['length']} random tokens, repeated"
+    return "heatmap", [_heatmap(name, rows, cols, [frame], corner="layer \\ head", caption=caption,
                                 row_layers=list(range(len(rows))))], []
 
 

@@ -9,6 +9,7 @@ Shape letters: T query positions, S key positions, P positions, E model width (d
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from ..positional import sinusoidal_table  # noqa: E402
 from .data import AttentionMap  # noqa: E402
-from .html import write_atomically  # noqa: E402
+from .html import token_legend, write_atomically  # noqa: E402
 
 IMAGE_FORMATS = (".png", ".svg")
 MAX_TICK_LABELS = 64  # beyond this, label every n-th token so the labels stay legible
@@ -45,19 +46,33 @@ def attention_heatmap(weights, queries: Sequence[str], keys: Sequence[str], titl
     ax.set_ylabel("query")
     ax.set_xlabel("key")
     ax.xaxis.set_label_position("top")
-    if title:
-        ax.set_title(title, fontsize=11, loc="left")
+    legend = token_legend([*queries, *keys])
+    heading = "\n".join(part for part in (title, legend and f"Tokens: {legend}.") if part)
+    if heading:
+        ax.set_title(wrap(heading, fig.get_size_inches()[0] * 0.9, 10), fontsize=10, loc="left")
     fig.colorbar(image, ax=ax, shrink=0.8, label="attention weight")
     return fig
+
+
+def tick_label(text: str) -> str:
+    """A token or a name as matplotlib text: cut to MAX_LABEL_CHARS with "…", and "$" escaped (it
+    would start mathtext)."""
+    text = text if len(text) <= MAX_LABEL_CHARS else text[: MAX_LABEL_CHARS - 1] + "…"
+    return text.replace("$", r"\$")
+
+
+def wrap(text: str, width_inches: float, fontsize: float = 10) -> str:
+    """`text` wrapped to `width_inches` at `fontsize` points (matplotlib does not wrap a title or a
+    label that is too long: it is cut at the figure's edge)."""
+    columns = max(16, int(width_inches * 72 / (0.55 * fontsize)))
+    return "\n".join(textwrap.fill(line, columns) for line in text.split("\n"))
 
 
 def _token_ticks(set_ticks, set_labels, tokens: Sequence[str], rotation: int) -> None:
     step = max(1, -(-len(tokens) // MAX_TICK_LABELS))
     positions = list(range(0, len(tokens), step))
     set_ticks(positions)
-    # Tokens are text to matplotlib; "$" would start mathtext, so it is escaped.
-    labels = [tokens[i] if len(tokens[i]) <= MAX_LABEL_CHARS else tokens[i][: MAX_LABEL_CHARS - 1] + "…" for i in positions]
-    set_labels([label.replace("$", r"\$") for label in labels], rotation=rotation, fontsize=8)
+    set_labels([tick_label(tokens[i]) for i in positions], rotation=rotation, fontsize=8)
 
 
 def map_heatmap(attention: AttentionMap, layer: int, head: int) -> Figure:

@@ -159,14 +159,16 @@ const LENS = {
             return;
           }
           for (let k = 0; k < state.k; k++) {
-            cell.append(lensLine(panel.top[i][j][k], shortValue(panel.probs[i][j][k], 1), k ? "lens-minor" : "", k === 0));
+            const probability = shortValue(panel.probs[i][j][k], 1);
+            cell.append(lensLine(panel.top[i][j][k], probability, k ? "lens-minor" : "", k === 0));
           }
         },
         tooltip(r, j) {
           const i = rows[r];
           const top = panel.top[i][j].map((token, k) => `${k + 1}. ${token}  ${formatValue(panel.probs[i][j][k])}`);
           const head = `${panel.rows[i]} · position ${j} ${panel.cols[j]}`;
-          return [head, ...(target ? [`p(${target.token}) = ${formatValue(target.probs[i][j])}`] : []), ...top].join("\n");
+          const chosen = target ? [`p(${target.token}) = ${formatValue(target.probs[i][j])}`] : [];
+          return [head, ...chosen, ...top].join("\n");
         },
       }),
     ];
@@ -196,7 +198,8 @@ const DLA = {
     if (!ks.some(([k]) => k === state.k)) state.k = ks[Math.min(1, ks.length - 1)][0];
     const layers = layersOf(panel.componentLayers);
     return [
-      selectControl("Position", positions, state.position, (value) => { state.position = value; redraw(); }, "position"),
+      selectControl("Position", positions, state.position,
+        (value) => { state.position = value; redraw(); }, "position"),
       selectControl("Top-k", ks, state.k, (value) => { state.k = value; redraw(); }, "top-k"),
       ...(layers.length > 1 ? layerRangeControls(layers, state, redraw) : []),
     ];
@@ -213,11 +216,13 @@ const DLA = {
     const bars = kept.map((c) => ({ label: panel.components[c], value: column[c], key: String(c) }));
     if (rest.length) {
       const sum = rest.reduce((total, c) => total + column[c], 0);
-      bars.push({ label: `other ${rest.length} component${rest.length === 1 ? "" : "s"}`, value: sum, key: "other", other: true });
+      const label = `other ${rest.length} component${rest.length === 1 ? "" : "s"}`;
+      bars.push({ label, value: sum, key: "other", other: true });
     }
     const target = panel.targets ? panel.targets[t] : "the target";
     const title = el("p", "dla-title",
-      `Logit of ${target} at position ${t} (${panel.positions[t]}) = ${formatValue(panel.logits[t])}, the sum of these bars`);
+      `Logit of ${target} at position ${t} (${panel.positions[t]}) = ${formatValue(panel.logits[t])}, ` +
+      "the sum of these bars");
     const perLayer = panel.groups;
     const groupRows = shownRows(perLayer.rowLayers, perLayer.rows.length, state);
     const groupValues = groupRows.map((i) => perLayer.values[i]);
@@ -278,7 +283,8 @@ const TOKENS = {
       label.dataset.colHeader = String(j);
       label.title = `${j}: ${token}`;
       const color = scaleRgb(panel.values[j], panel.scale);
-      const cell = el("div", `token-value${isDark(color) ? " dark" : ""}`, shortValue(panel.values[j], scaleExtent(panel.scale)));
+      const shown = shortValue(panel.values[j], scaleExtent(panel.scale));
+      const cell = el("div", `token-value${isDark(color) ? " dark" : ""}`, shown);
       cell.style.background = cssRgb(color);
       cell.dataset.col = String(j);
       if (panel.values[j] !== null) {

@@ -171,7 +171,8 @@ function clippedNote(value, scale) {
   if (value === null || value === undefined || !Number.isFinite(value)) return "";
   const { clipped } = scalePosition(value, scale);
   if (!clipped) return "";
-  const end = scale.kind === "diverging" ? (clipped > 0 ? scale.limit : -scale.limit) : clipped > 0 ? scale.hi : scale.lo;
+  const [lo, hi] = scale.kind === "diverging" ? [-scale.limit, scale.limit] : [scale.lo, scale.hi];
+  const end = clipped > 0 ? hi : lo;
   return ` (beyond the colour scale, drawn as ${formatValue(end)})`;
 }
 
@@ -196,8 +197,9 @@ function colorBar(scale, label, clippedCount = 0) {
   bar.append(strip, ticks);
   wrap.append(bar);
   if (clippedCount > 0) {
+    const lie = clippedCount === 1 ? "value lies" : "values lie";
     const note = el("span", "colorbar-note",
-      `◥ ${clippedCount} ${clippedCount === 1 ? "value lies" : "values lie"} beyond the scale (the largest would wash out the rest); hover for the value`);
+      `◥ ${clippedCount} ${lie} beyond the scale (the largest would wash out the rest); hover for the value`);
     wrap.append(note);
   }
   return wrap;

@@ -79,7 +79,8 @@ async function build() {
   const labels = 70;
   const detailWidth = Math.max(DETAIL_MIN_WIDTH, detailGeometry(map).width) + 17;  // + its border and padding
   const beside = Math.floor((page - detailWidth - labels - 24) / map.nHeads) - 6;
-  const size = beside >= 36 ? Math.min(84, beside) : Math.max(36, Math.min(84, Math.floor((page - labels) / map.nHeads) - 6));
+  const below = Math.floor((page - labels) / map.nHeads) - 6;
+  const size = beside >= 36 ? Math.min(84, beside) : Math.max(36, Math.min(84, below));
   const thumbW = S >= T ? size : Math.max(12, Math.round(size * S / T));
   const thumbH = T >= S ? size : Math.max(12, Math.round(size * T / S));
 
@@ -173,7 +174,8 @@ function detailGeometry(map) {
   const widest = (tokens) => Math.max(...tokens.map((t) => measure.measureText(clip(t)).width));
   const left = labelled ? widest(map.queries) + 10 : 44;
   const top = labelled ? widest(map.keys) * 0.75 + 14 : 24;
-  return { cell, labelled, font, left, top, width: left + S * cell + (labelled ? top : 10), height: top + T * cell + 10 };
+  const width = left + S * cell + (labelled ? top : 10);
+  return { cell, labelled, font, left, top, width, height: top + T * cell + 10 };
 }
 
 function drawDetail(map, bytes, layer, head) {
