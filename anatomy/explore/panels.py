@@ -85,6 +85,14 @@ def default_position(model: nn.Module, p: Pass) -> int | None:
     return p.ids.index(mask) if mask is not None and mask in p.ids else None
 
 
+def continuation(tokenizer, ids: list[int], new: int) -> str:
+    """The text that appending token `new` adds after `ids`, as the tokenizer writes it (a word
+    tokenizer's space between words, a byte-level token's own space): how `generate` prints."""
+    before = tokenizer.decode(ids)
+    after = tokenizer.decode(ids + [new])
+    return after[len(before):] if after.startswith(before) else tokenizer.token_texts([new])[0]
+
+
 def distribution(model: nn.Module, p: Pass, position: int, settings: dict) -> dict:
     """The top TOP tokens at `position`, with what sampling keeps under the settings' temperature,
     top-k and top-p (generation.sampling_distribution, the sampler's own filters)."""
@@ -96,7 +104,8 @@ def distribution(model: nn.Module, p: Pass, position: int, settings: dict) -> di
     probs = torch.softmax(logits, dim=-1)
     sampled = sampling_distribution(logits[None], temperature, top_k, top_p)[0]  # (V,)
     top_probs, top_ids = probs.topk(min(TOP, probs.numel()))
-    labels, texts = model.tokenizer.labels(top_ids.tolist()), model.tokenizer.token_texts(top_ids.tolist())
+    labels = model.tokenizer.labels(top_ids.tolist())
+    texts = [continuation(model.tokenizer, p.ids[:position + 1], i) for i in top_ids.tolist()]
     kept = sampled > 0
     return {
         "position": position,

@@ -11,7 +11,7 @@ import torch
 
 import anatomy
 from anatomy.explore.app import PAGE_POLICY
-from conftest import TOKEN
+from explore_servers import TOKEN
 
 TEXT = "Hello World, this is"
 

