@@ -134,7 +134,7 @@ def attention_from_model(model, tokenizer: Tokenizer, text: str, text_b: str | N
             tgt = greedy_target(model, tokenizer, src)
             if notes is not None:
                 translation = tokenizer.decode(tgt[1:])
-                notes.append(f"no target text: the decoder reads the model's own greedy translation, {translation!r}")
+                notes.append(f"target: the model's own greedy translation, {translation!r}")
         else:
             tgt = cut(tokenizer.encode_target(text_b, model.config.decoder_start_token_id),
                       model.decoder.max_positions, "the target", notes)

@@ -112,8 +112,8 @@ def trace_attention(args, model, tokenizer):
                          "(--model toy-seq2seq)")
     notes: list[str] = []
     maps = attention_from_model(model, tokenizer, args.text, args.text_b, notes=notes)
-    for note in notes:  # a text longer than the model's positions was cut
-        print(f"[{note}]", file=sys.stderr)
+    for note in notes:  # a text longer than the model's positions was cut; a target translated
+        print(f"[{printable(note)}]", file=sys.stderr)
     return maps, None
 
 

@@ -55,7 +55,7 @@ def test_cli_encoder_decoder_without_a_target_reads_its_own_greedy_translation(t
     out = tmp_path / "translated.html"
     assert main(["viz", "Hello World, this is Alejandro!", "--model", "toy-seq2seq", "--out", str(out)]) == 0
     err = capsys.readouterr().err
-    assert "the model's own greedy translation, 'Hola Mundo, soy Alejandro!'" in err
+    assert "[target: the model's own greedy translation, 'Hola Mundo, soy Alejandro!']" in err
     model = anatomy.from_pretrained("toy-seq2seq")
     tok = model.tokenizer
     greedy = anatomy.generate(model, src_ids=torch.tensor([tok.encode("Hello World, this is Alejandro!")]),
