@@ -31,7 +31,7 @@ from .files import CheckpointError, Weights, listing, shorten
 DERIVED_ATOL = 1e-6
 # How many problems of each kind a message lists (then how many more): a message stays short
 # whatever the file holds (200 000 extra tensors made a 3.9 MB line).
-PROBLEMS_SHOWN = 5
+PROBLEMS_SHOWN = 3
 
 
 @dataclass(frozen=True)

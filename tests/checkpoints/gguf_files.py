@@ -101,11 +101,12 @@ def _encode(array: np.ndarray, qtype: str, rng: np.random.Generator) -> tuple[np
 
 def write_gguf(path: Path, model, *, arch: str, vocab: dict, types: dict[str, str] | None = None, default: str = "F32",
                seed: int = 0, extra: dict | None = None, skip: tuple[str, ...] = (),
-               extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
+               extra_tensors: dict[str, np.ndarray] | None = None, drop: tuple[str, ...] = ()) -> Path:
     """Write `model` (a transformers decoder) as llama.cpp would: metadata, tokenizer, tensors.
 
     types: GGUF tensor-name suffix ("attn_q.weight", "token_embd.weight") -> quant type name;
-    everything else is stored as `default`. Tensors named in `skip` are left out; `extra_tensors`
+    everything else is stored as `default`. `extra` (key -> (value, GGUFValueType)) adds or replaces
+    metadata; keys in `drop` are left out. Tensors named in `skip` are left out; `extra_tensors`
     (GGUF name -> array) are added as they are.
     """
     config = model.config
@@ -152,7 +153,9 @@ def write_gguf(path: Path, model, *, arch: str, vocab: dict, types: dict[str, st
         writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
         writer.add_final_logit_softcapping(config.final_logit_softcapping)
     for key, value in (extra or {}).items():
-        writer.add_key_value(key, value[0], value[1])
+        writer.add_key_value(key, *value)
+    for key in drop:
+        del writer.kv_data[0][key]
     for hf_name, tensor in model.state_dict().items():
         stem, suffix = hf_name.rsplit(".", 1)
         name = f"{names.get_name(stem)}.{suffix}"

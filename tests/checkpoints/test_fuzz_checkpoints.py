@@ -10,10 +10,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
+from bounds import MESSAGE_CHARACTERS, bounded
 from torch import nn
 
 import anatomy
 from anatomy.checkpoints import CheckpointError
+from anatomy.config import ModelConfig
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -91,3 +94,122 @@ def test_a_truncated_file_is_refused(source, file, fraction):
         kept = int(len(data.rstrip()) * fraction)  # a JSON file minus its trailing newline is still whole
         (directory / file).write_bytes(data[:kept])
         _load_or_refuse(directory, may_load=False)
+
+
+# Round two (issue 22): every size field of a Llama config.json and of anatomy_config.json, nested
+# rope settings, and GGUF metadata values of any type. A load gives CheckpointError, or a model whose
+# forward pass runs; never another exception, a hang, or memory beyond bounds.bounded's.
+HOSTILE_NUMBERS = st.one_of(
+    st.integers(-2, 70), st.sampled_from([0, 2**31, 2**32, 2**63, 10**12, 10**30, -(2**63)]),
+    st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none(),
+    st.text(max_size=6), st.lists(st.integers(-1, 70), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+LLAMA_KEYS = ["num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+              "attention_bias", "pad_token_id", "bos_token_id", "rope_parameters.rope_theta", "rope_parameters.factor",
+              "rope_parameters.rope_type", "rope_parameters.original_max_position_embeddings",
+              "rope_parameters.low_freq_factor"]
+NATIVE_KEYS = ["n_layers", "n_experts", "n_experts_per_token", "d_model", "d_ff", "d_head", "n_heads", "n_kv_heads",
+               "vocab_size", "max_seq_len", "type_vocab_size", "layer_types", "sliding_window", "rotary_dim",
+               "num_labels", "norm_eps", "d_embed", "decoder_n_layers", "relative_buckets"]
+
+
+def _loads_to_a_working_model(load) -> None:
+    """load() is a model whose forward pass runs on one token, or a CheckpointError, within bounds."""
+    with bounded():
+        try:
+            model = load()
+        except CheckpointError as error:
+            assert len(str(error)) <= MESSAGE_CHARACTERS
+            return
+        with torch.no_grad():
+            model(torch.tensor([[1]]))
+
+
+@pytest.fixture(scope="module")
+def llama_source(hf_checkpoint):
+    return hf_checkpoint("llama-gqa")
+
+
+@FUZZ
+@given(key=st.sampled_from(LLAMA_KEYS), value=HOSTILE_NUMBERS, rope_type=st.sampled_from(["default", "llama3", "linear"]))
+def test_any_llama_size_loads_or_is_refused(llama_source, key, value, rope_type):
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(shutil.copytree(llama_source, Path(tmp) / "ckpt"))
+        config = json.loads((directory / "config.json").read_text())
+        config["rope_parameters"] = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 2.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+        where, _, name = key.rpartition(".")
+        (config[where] if where else config)[name] = value
+        (directory / "config.json").write_text(json.dumps(config))
+        _loads_to_a_working_model(lambda: anatomy.from_pretrained(directory))
+
+
+@pytest.fixture(scope="module")
+def native_source(tmp_path_factory):
+    config = ModelConfig(arch="decoder", vocab_size=50, d_model=16, n_heads=2, n_layers=2, d_ff=32, max_seq_len=32,
+                         pos_encoding="rotary", norm="rmsnorm", activation="swiglu", n_experts=4, n_experts_per_token=2)
+    return anatomy.save_pretrained(anatomy.build_model(config, seed=0), tmp_path_factory.mktemp("native"), format="anatomy")
+
+
+@FUZZ
+@given(key=st.sampled_from(NATIVE_KEYS), value=HOSTILE_NUMBERS)
+def test_any_anatomy_config_value_loads_or_is_refused(native_source, key, value):
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(shutil.copytree(native_source, Path(tmp) / "ckpt"))
+        config = json.loads((directory / "anatomy_config.json").read_text())
+        config[key] = value
+        (directory / "anatomy_config.json").write_text(json.dumps(config))
+        _loads_to_a_working_model(lambda: anatomy.from_pretrained(directory))
+
+
+GGUF_KEYS = ["llama.block_count", "llama.context_length", "llama.embedding_length", "llama.feed_forward_length",
+             "llama.attention.head_count", "llama.attention.head_count_kv", "llama.attention.key_length",
+             "llama.rope.dimension_count", "llama.rope.freq_base", "llama.attention.layer_norm_rms_epsilon",
+             "llama.vocab_size", "llama.rope.scaling.type", "llama.rope.scaling.factor", "general.architecture",
+             "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+             "tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.bos_token_id",
+             "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.add_bos_token",
+             "tokenizer.chat_template"]
+
+
+def gguf_values():
+    """(value, GGUF type name) of every kind a GGUF file can hold, nested arrays excepted."""
+    scalars = [
+        st.tuples(st.integers(0, 2**32 - 1), st.just("UINT32")), st.tuples(st.integers(-(2**31), 2**31 - 1), st.just("INT32")),
+        st.tuples(st.integers(0, 2**64 - 1), st.just("UINT64")), st.tuples(st.booleans(), st.just("BOOL")),
+        st.tuples(st.floats(width=32, allow_nan=True, allow_infinity=True), st.just("FLOAT32")),
+        st.tuples(st.text(max_size=8), st.just("STRING")),
+    ]
+    arrays = [st.tuples(st.lists(st.integers(0, 400), min_size=1, max_size=4), st.just("ARRAY")),
+              st.tuples(st.lists(st.text(max_size=4), min_size=1, max_size=4), st.just("ARRAY")),
+              st.tuples(st.lists(st.floats(width=32), min_size=1, max_size=4), st.just("ARRAY")),
+              st.tuples(st.lists(st.sampled_from(["Ġ t", "h e", "x y", ""]), min_size=1, max_size=320), st.just("ARRAY"))]
+    return st.one_of(*scalars, *arrays)
+
+
+@pytest.fixture(scope="module")
+def gguf_source():
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    from gguf_files import byte_level_vocab
+
+    vocab = byte_level_vocab()
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(vocab["tokens"]), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)).eval()
+    return model, vocab
+
+
+@FUZZ
+@given(key=st.sampled_from(GGUF_KEYS), value=gguf_values())
+def test_any_gguf_metadata_value_loads_or_is_refused(gguf_source, key, value):
+    import gguf
+    from gguf_files import write_gguf
+
+    model, vocab = gguf_source
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_gguf(Path(tmp) / "m.gguf", model, arch="llama", vocab=vocab,
+                          extra={key: (value[0], getattr(gguf.GGUFValueType, value[1]))})
+        _loads_to_a_working_model(lambda: anatomy.from_pretrained(path))
