@@ -24,7 +24,7 @@ from .gguf import open_gguf
 from .hf import CONFIG_FILE, config_from_hf, read_config
 from .hub import cache_dir, is_hub_id
 from .native import native_config
-from .resolver import PACKAGES, _local, check_spelling, locate, path_exists
+from .resolver import PACKAGES, _local, cached, check_spelling, locate, path_exists
 from .toys import TOY_MODELS, toy_config
 
 
@@ -46,7 +46,7 @@ def config_of(name_or_path: str | Path, revision: str | None = None) -> ModelCon
             return None
         source = _local(folder, folder.parent.parent)  # <cache>/models--org--name/snapshots/<commit>
     else:
-        source = locate(name, revision)  # a built-in package or a local path: nothing is fetched
+        source = cached(locate(name, revision))  # a built-in package or a local path: nothing is fetched
     if source.kind == "native":
         return native_config(source.path, root=source.root)
     if source.kind == "gguf":

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from .files import CheckpointError, shorten
-from .gguf import gguf_tokenizer, load_gguf
+from . import gguf_cache
+from .gguf import gguf_file, gguf_tokenizer, load_gguf
 from .hf import CONFIG_FILE, load_folder
 from .hub import is_hub_id, snapshot
 from .native import NATIVE_CONFIG, load_native
@@ -149,12 +150,15 @@ def from_pretrained(name_or_path: str | Path, *, revision: str | None = None, dt
             model.config = model.config.replace(attn_impl=attn_impl)
         model.tokenizer = toy_tokenizer(name) if tokenizer else None
         return model.eval()
-    source = locate(name_or_path, revision)
+    source = cached(locate(name_or_path, revision))
     # The tokenizer first: a malformed one is refused before any weight is read (or dequantized).
     found = _tokenizer_of(source) if tokenizer else None
     options = dict(dtype=dtype, device=device, attn_impl=attn_impl)
     if source.kind == "gguf":
         model = load_gguf(source.path, **options)
+        if dtype in (None, torch.float32) and torch.device(device or "cpu").type == "cpu":
+            model.tokenizer = found if found is not None else _tokenizer_of(source)
+            gguf_cache.store(gguf_file(source.path), model)  # the next load memory-maps it
     elif source.kind == "native":
         model = load_native(source.path, root=source.root, **options)
     else:
@@ -170,12 +174,20 @@ def load_tokenizer(name_or_path: str | Path, revision: str | None = None) -> Tok
     name = str(name_or_path)
     if name in TOY_MODELS and not Path(name).exists():
         return toy_tokenizer(name)
-    source = locate(name_or_path, revision)
+    source = cached(locate(name_or_path, revision))
     found = _tokenizer_of(source)
     if found is None:
         raise CheckpointError(f"no tokenizer in {str(source.path)!r}: expected tokenizer.json, vocab.txt (WordPiece) "
                               "or vocab.json + merges.txt (byte-level BPE)")
     return found
+
+
+def cached(source: Source) -> Source:
+    """A GGUF file's dequantized copy in the cache (gguf_cache.py), when there is one; else `source`."""
+    if source.kind != "gguf":
+        return source
+    folder = gguf_cache.lookup(gguf_file(source.path))
+    return source if folder is None else Source("native", folder, folder)
 
 
 def _tokenizer_of(source: Source) -> Tokenizer | None:
