@@ -34,6 +34,7 @@ from .common import Row, Settings, cpu_model, fmt, load_average, matmul_peak, re
 from .analysis import bench_analysis
 from .decoding import bench_generate
 from .encoder import bench_encoder
+from .explore import bench_explore
 from .gemv import bench_gemv
 from .load import bench_load
 from .overhead import bench_overhead
@@ -51,6 +52,7 @@ GROUPS = {
     "load": bench_load,
     "analysis": bench_analysis,
     "sae": bench_sae,
+    "explore": bench_explore,
 }
 
 

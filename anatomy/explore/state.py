@@ -121,6 +121,8 @@ class Pass:
 
     @property
     def nbytes(self) -> int:
+        """What the pass holds now: its trace's tensors (derived points grow as panels read them)
+        and its logits."""
         return sum(t.numel() * t.element_size() for t in self.trace.stored()) + self.logits.numel() * 4
 
 

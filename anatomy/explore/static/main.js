@@ -1,6 +1,6 @@
 // anatomy explore: the input, the tokens and the next token, and the panels below, kept in step.
 import {
-  api, clear, currentModel, debounce, el, errorBox, exportUrl, isAbort, panels, percent, saveState, shareLink, state,
+  api, clear, currentModel, el, errorBox, exportUrl, isAbort, panels, percent, saveState, shareLink, state,
   status, textBody,
 } from "./core.js";
 import "./panel-walk.js";
@@ -13,7 +13,11 @@ import "./panel-compare.js";
 
 const TABS = [["walk", "Walk"], ["attention", "Attention"], ["lens", "Lens"], ["attribution", "Attribution"],
               ["intervene", "Intervene"], ["heads", "Heads"], ["compare", "Compare"]];
-const DEBOUNCE_MS = 60;
+// Keystrokes wait for a pause before the model runs, in proportion to what a pass costs: none for a
+// toy (a pass takes a millisecond), up to MAX_DEBOUNCE_MS for a real model, so that typing fast
+// runs the last text, not every text on the way. A newer request always cancels an older one.
+const MAX_DEBOUNCE_MS = 80;
+let debounceMs = 40;
 const DEFAULT_TEXT = {
   decoder: "The capital of France is",
   encoder: "The capital of France is [MASK].",
@@ -49,13 +53,19 @@ async function run() {
     return;
   }
   state.run = data;
+  debounceMs = Math.min(MAX_DEBOUNCE_MS, data.ms / 2);
   drawTokens(data);
   drawNext(data);
   document.body.dataset.updated = String(Date.now());  // the benchmark waits for this
   status(`${Math.round(performance.now() - began)} ms (pass ${data.ms} ms)`, "");
   updatePanel();
 }
-const runSoon = debounce(run, DEBOUNCE_MS);
+let timer = null;
+function runSoon() {
+  clearTimeout(timer);
+  if (debounceMs < 5) run();
+  else timer = setTimeout(run, debounceMs);
+}
 
 function chip(token, id, position, onclick) {
   const node = el("button", {class: "chip", type: "button", title: `position ${position}, id ${id}`, onclick},
