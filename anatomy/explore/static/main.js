@@ -114,7 +114,7 @@ function drawNext(data) {
   const lead = data.arch === "encoder-decoder"
     ? el("p", {class: "small"}, el("b", {text: data.translated ? "The model's translation: " : "Target: "}),
          el("span", {class: "tok", text: data.target}))
-    : el("p", {class: "small muted", text: `after “${dist.after}” (position ${dist.position})`});
+    : el("p", {class: "small muted", text: `${data.arch === "encoder" ? "at" : "after"} “${dist.after}” (position ${dist.position})`});
   clear(box, lead, rows);
   summary.textContent = `sampling keeps ${dist.kept} token${dist.kept === 1 ? "" : "s"}, ${percent(dist.kept_mass)} of the probability` +
     (dist.kept < dist.next.length ? "; struck-through tokens are never sampled" : "");
