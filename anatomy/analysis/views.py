@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # a Result knows its views (Result.view); the views only read
 ASSETS = resources.files("anatomy.analysis") / "assets"
 ROBUST_QUANTILE = 0.98  # a colour scale ends here unless the largest value is within WASH_OUT of it
 WASH_OUT = 1.5
+ROBUST_FROM = 20  # fewer values than this: the scale ends at the largest (each cell is read on its own)
 RELATIVE_TOLERANCE = 1e-4  # an identity holds when its difference is within this share of the values' size
 MAX_VALUES = 250_000  # per heatmap panel (all frames): beyond it, rows (or rollout's earlier layers) are left out
 MAX_TARGETS = 12  # the lens's candidate targets
@@ -67,11 +68,14 @@ def _numbers(values: torch.Tensor) -> list:
 
 def robust_limit(magnitudes: torch.Tensor) -> float:
     """Where a colour scale of non-negative `magnitudes` ends: the 98th percentile, or the largest
-    value when that is within 1.5x of it (nothing to wash out); 1 when there is nothing."""
+    value when that is within 1.5x of it (nothing to wash out) or there are fewer than 20 values;
+    1 when there is nothing."""
     finite = magnitudes[torch.isfinite(magnitudes)].double().reshape(-1)
     if finite.numel() == 0 or finite.max() <= 0:
         return 1.0
     largest = finite.max().item()
+    if finite.numel() < ROBUST_FROM:
+        return _rounded(largest)
     # "lower": a value of the data, never one interpolated towards the largest (on a small grid
     # the 98th percentile lies between the two largest values)
     percentile = torch.quantile(finite, ROBUST_QUANTILE, interpolation="lower").item()

@@ -154,7 +154,7 @@ const LENS = {
           const i = rows[r];
           cell.classList.add("lens-cell");
           if (target) {
-            cell.append(lensLine(`p(${target.token})`, shortValue(value, 1), "lens-target", true));
+            cell.append(lensLine("p", shortValue(value, 1), "lens-target", true));  // the colour bar names the token
             cell.append(lensLine(panel.top[i][j][0], shortValue(panel.probs[i][j][0], 1), "lens-minor"));
             return;
           }
