@@ -17,7 +17,7 @@ import anatomy
 from anatomy.config import ModelConfig
 from anatomy.models import build_model
 
-FOLDERS = ["gpt2", "gpt2-untied", "bert", "bert-classify", "marian", "llama-gqa", "llama-tied", "llama-bias"]
+FOLDERS = ["gpt2", "gpt2-untied", "bert", "marian", "llama-gqa", "llama-bias"]  # and anatomy's format, and GGUF
 LOADS_PER_THREAD = 3
 # torch.nn.init as torch defines it, taken before anything in this process loads a model
 INIT = {name: function for name, function in vars(nn.init).items() if callable(function) and name.endswith("_")}
@@ -46,8 +46,24 @@ def train_step(model: nn.Module, ids: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def folders(hf_checkpoint):
-    return [hf_checkpoint(case) for case in FOLDERS]
+def folders(hf_checkpoint, tmp_path_factory):
+    """Six Hugging Face folders, one in anatomy's own format, one GGUF file."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    from checkpoint_cases import randomise
+    from gguf_files import byte_level_vocab, write_gguf
+
+    native = anatomy.save_pretrained(build_model(SMALL.replace(n_experts=2, n_experts_per_token=1), seed=2),
+                                     tmp_path_factory.mktemp("native"), format="anatomy")
+    vocab = byte_level_vocab()
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(vocab["tokens"]), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)).eval()
+    randomise(llama)
+    gguf_path = write_gguf(tmp_path_factory.mktemp("gguf") / "m.gguf", llama, arch="llama", vocab=vocab,
+                           types={"attn_q.weight": "Q8_0"})
+    return [hf_checkpoint(case) for case in FOLDERS] + [native, gguf_path]
 
 
 def test_eight_threads_load_while_others_build_and_train(folders):
@@ -100,7 +116,7 @@ def test_eight_threads_load_while_others_build_and_train(folders):
     for i, states in loaded.items():
         assert len(states) == LOADS_PER_THREAD
         for got in states:
-            assert_same_state(got, alone[i], f"a load of {FOLDERS[i]} in a thread")
+            assert_same_state(got, alone[i], f"a load of {folders[i]} in a thread")
     assert built and trained
     for got in built:
         assert_same_state(got, built_alone, "build_model(seed=0) during loads")
