@@ -324,7 +324,7 @@ def test_generate_with_no_arguments_continues_the_toys_sentence_and_says_so(caps
     status, out, err = run_anatomy(["generate"], capsys)
     assert status == 0, err
     assert out.strip() == "Hello World, this is Alejandro!"
-    assert "no --prompt: continuing the beginning of the toy's own sentence" in err
+    assert "no --prompt: continuing the toy's own sentence" in err
     status, out, err = run_anatomy(["generate", "--model", "toy-seq2seq"], capsys)
     assert status == 0 and out.strip() == "Hola Mundo, soy Alejandro!" and "no --src" in err, out + err
 

@@ -170,7 +170,7 @@ def default_input(args: argparse.Namespace, arch: str) -> None:
         return
     if args.model in TOYS and arch == "decoder":
         args.prompt = " ".join(TOYS[args.model].text.split()[:TOY_PROMPT_WORDS])
-        print(f"[no --prompt: continuing the beginning of the toy's own sentence, “{args.prompt}”]", file=sys.stderr)
+        print(f"[no --prompt: continuing the toy's own sentence, “{args.prompt}”]", file=sys.stderr)
     elif args.model in TOYS:
         args.src = TOYS[args.model].text
         print(f"[no --src: translating the toy's own sentence, “{args.src}”]", file=sys.stderr)
