@@ -15,6 +15,8 @@ import unicodedata
 
 import pytest
 
+from test_cli import run as run_anatomy  # (exit status, stdout, stderr) of `anatomy argv`, in this process
+
 from anatomy import cli
 
 # Characters that change what a terminal shows: ESC, BEL, CSI, DEL, the bidirectional overrides and
@@ -88,16 +90,6 @@ def test_a_path_in_a_refusal_is_escaped(tmp_path):
 
 
 # Running anatomy -------------------------------------------------------------------------------------
-
-def run_anatomy(argv: list[str], capsys) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of `anatomy argv` in this process; an exception escaping is a traceback."""
-    try:
-        status = cli.main(argv)
-    except SystemExit as exit_:
-        status = exit_.code
-    out, err = capsys.readouterr()
-    return status, out, err
-
 
 def raw_controls(text: str) -> list[str]:
     """The characters of `text` a terminal would act on (a newline ends a line and is allowed)."""
