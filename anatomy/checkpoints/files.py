@@ -73,13 +73,14 @@ def check_finite(data, what: str) -> None:
     pending = [("", data)]
     while pending:  # a loop, not recursion: read_json has bounded the depth, not this
         path, value = pending.pop()
-        if isinstance(value, float) and not math.isfinite(value):
-            raise CheckpointError(f"{what} gives {shorten(path or 'the value', 80)} = {value}; every number "
-                                  "in a config must be finite")
-        if isinstance(value, dict):
-            pending += [(f"{path}.{key}" if path else str(key), item) for key, item in value.items()]
-        elif isinstance(value, list):
-            pending += [(f"{path}[{i}]", item) for i, item in enumerate(value)]
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:  # a path is spelled only for containers and for the culprit
+            if isinstance(item, float) and not math.isfinite(item) or isinstance(item, (dict, list)):
+                where = f"{path}[{key}]" if isinstance(value, list) else f"{path}.{key}" if path else str(key)
+                if isinstance(item, float):
+                    raise CheckpointError(f"{what} gives {shorten(where, 80)} = {item}; every number in a config "
+                                          "must be finite")
+                pending.append((where, item))
 
 
 # safetensors' dtype names -> torch dtypes (the header says which; no tensor is read to know it)
