@@ -73,6 +73,8 @@ BATTERY = [
     (["walk", "--device", "cuda:99"], "--device"),
     # sae
     (["sae", "nosuch"], "invalid choice"),
+    # explore
+    (["explore", "--port", "99999"], "--port"),
     # train
     (["train"], "TASK"),
     (["train", "lm", "--data", "{data}", "--out", "{tmp}/r", "--log-every", "0"], "--log-every"),
