@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import html
 import io
 import json
 import math
 import os
+import re
 import secrets
 import tempfile
 from collections.abc import Callable
@@ -34,11 +36,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..analysis import attention_rollout, detect_heads, direct_logit_attribution, gradient_x_input, integrated_gradients, logit_lens, patch
+from ..analysis import attention_rollout, direct_logit_attribution, gradient_x_input, integrated_gradients, logit_lens, patch
 from ..analysis.heads import KINDS
 from ..checkpoints import CheckpointError
 from ..viz import views as attention_views
-from ..viz.html import content_security_policy
+from ..viz.html import asset, content_security_policy
+from ..viz.html import page as page_shell
 from ..viz.adapters import from_trace
 from ..viz.plots import map_heatmap
 from ..walk import walkthrough
@@ -54,6 +57,7 @@ PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src
                "connect-src 'self'; frame-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
 # An exported view is one of anatomy's self-contained pages: inline script and style, no request.
 EXPORT_POLICY = content_security_policy(script=True) + "; frame-ancestors 'self'"
+VIZ_ASSETS = ("common.js", "grid.js", "view.css")  # what the page borrows from anatomy.viz
 HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 
 
@@ -211,6 +215,16 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
     async def walk_css(request: Request) -> Response:
         return Response(scoped(STEP_CSS, ".walk"), media_type="text/css", headers=HEADERS)
 
+    async def viz_asset(request: Request) -> Response:
+        """The views' own scripts (common.js, grid.js: the one heatmap grid) and their style, kept to
+        the elements inside `.viz` so that it styles nothing else of the page."""
+        name = request.path_params["name"]
+        if name not in VIZ_ASSETS:
+            raise ExploreError("no such asset", status=404)
+        if name == "view.css":
+            return Response(scoped(asset("view.css"), ".viz"), media_type="text/css", headers=HEADERS)
+        return Response(asset(name), media_type="text/javascript", headers=HEADERS)
+
     async def list_models(request: Request) -> Response:
         return reply({"models": [slot.describe() for slot in explorer.models.slots.values()],
                       "allow_open": explorer.models.allow_open})
@@ -256,7 +270,8 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
             def work(progress):
                 result = integrated_gradients(model, inputs, target_id, position=position, progress=progress)
                 return panels._result_json(result, tokens=result.tokens[0], values=panels.rounded(result.values[0], 5),
-                                           target=model.tokenizer.labels([target_id])[0], steps=result.extra["steps"])
+                                           target=model.tokenizer.labels([target_id])[0], steps=result.extra["steps"],
+                                           page=result.view(title="Integrated gradients").html)
         elif kind == "patch":
             corrupt_text = check_text(settings.get("corrupt", ""), "corrupt")
             corrupt = await with_model(request, explorer, settings,
@@ -281,7 +296,8 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
                 result = patch(model, inputs, corrupt_inputs, point=point, progress=progress)
                 return panels._result_json(result, rows=result.labels["layer"], cols=pass_.tokens,
                                            corrupt_tokens=corrupt.tokens, values=panels.rounded(result.values, 5),
-                                           point=point, top=model.tokenizer.labels([top])[0], **bounds)
+                                           point=point, top=model.tokenizer.labels([top])[0], **bounds,
+                                           page=result.view(title="Activation patching").html)
         else:
             raise ExploreError(f"'kind' must be one of patch, ig, heads, got {kind!r}")
         job = explorer.jobs.start(kind, work)
@@ -296,6 +312,13 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
     async def job_status(request: Request) -> Response:
         job = job_of(request)
         return reply({**job.status(), "result": job.result})
+
+    async def job_page(request: Request) -> Response:
+        job = job_of(request)
+        if job.page is None:
+            raise ExploreError("this job has no page (yet)", status=404)
+        return Response(job.page, media_type="text/html",
+                        headers={**HEADERS, "Content-Security-Policy": EXPORT_POLICY})
 
     async def cancel_job(request: Request) -> Response:
         job = explorer.jobs.cancel(request.path_params["job"])
@@ -337,7 +360,17 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
             p = explorer.passes.get(slot, text, target)
             return export_file(slot, p, what, fmt, settings)
 
-        body, media, name = await with_model(request, explorer, settings, work)
+        try:
+            body, media, name = await with_model(request, explorer, settings, work)
+        except (ExploreError, ValueError) as error:
+            if not query.get("inline"):
+                raise
+            # A panel's frame shows why, in words, as a page of its own (not a JSON error).
+            message = html.escape(str(error)[:500])
+            document = page_shell("anatomy", f'<p class="refused">{message}</p>',
+                                  style=".refused { color: #8a4b00; font: 14px system-ui, sans-serif; margin: 16px; }")
+            return Response(document, status_code=getattr(error, "status", 400), media_type="text/html",
+                            headers={**HEADERS, "Content-Security-Policy": EXPORT_POLICY})
         headers = {**HEADERS, "Content-Disposition": f'attachment; filename="{name}"'}
         if media == "text/html":
             headers["Content-Security-Policy"] = EXPORT_POLICY
@@ -361,8 +394,10 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         Route("/api/jobs/{job}", job_status),
         Route("/api/jobs/{job}", cancel_job, methods=["DELETE"]),
         Route("/api/jobs/{job}/events", job_events),
+        Route("/api/jobs/{job}/page", job_page),
         Route("/api/export", export),
         Route("/static/walk.css", walk_css),
+        Route("/static/viz/{name}", viz_asset),
         Route("/favicon.ico", favicon),
         Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
     ]
@@ -382,10 +417,14 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
 
 
 def scoped(css: str, scope: str) -> str:
-    """Every rule of a flat stylesheet (no @-rules) limited to the elements inside `scope`."""
+    """Every rule of a flat stylesheet (no @-rules) limited to the elements inside `scope`; rules for
+    the whole document (:root, html, body) apply to `scope` itself. Comments are dropped."""
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
     rules = []
     for selectors, _, body in (rule.partition("{") for rule in css.split("}") if rule.strip()):
-        rules.append(", ".join(f"{scope} {s.strip()}" for s in selectors.split(",")) + " {" + body + "}")
+        names = [s.strip() for s in selectors.split(",")]
+        rules.append(", ".join(scope if s in (":root", "html", "body") else f"{scope} {s}" for s in names)
+                     + " {" + body + "}")
     return "\n".join(rules) + "\n"
 
 
@@ -445,7 +484,7 @@ def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, st
         kind = settings.get("kind", "induction")
         if kind not in KINDS:
             raise ExploreError(f"'kind' must be one of {', '.join(KINDS)}")
-        result = detect_heads(model, kind)
+        result = panels.head_scores(slot, kind)
     else:
         raise ExploreError("'panel' must be one of walk, attention, lens, attribution, heads")
     if fmt == "png":

@@ -32,6 +32,7 @@ class Job:
     done: int = 0
     total: int = 0
     result: dict | None = None
+    page: str | None = None  # the result's own HTML page (anatomy analyze's), served at /api/jobs/ID/page
     error: str | None = None
     began: float = field(default_factory=time.monotonic)
     ended: float | None = None
@@ -49,8 +50,10 @@ class Job:
             self.changed.notify_all()
 
     def finish(self, state: str, result: dict | None = None, error: str | None = None) -> None:
+        """The job's end; a result's "page" (HTML) is kept apart from the JSON the events carry."""
+        page = None if result is None else result.pop("page", None)
         with self.changed:
-            self.state, self.result, self.error, self.ended = state, result, error, time.monotonic()
+            self.state, self.result, self.page, self.error, self.ended = state, result, page, error, time.monotonic()
             self.version += 1
             self.changed.notify_all()
 
@@ -78,7 +81,8 @@ class Jobs:
         self._ids = itertools.count()
 
     def start(self, kind: str, work: Callable[[Callable[[int, int], None]], dict]) -> Job:
-        """Run work(progress) -> result in a thread; ExploreError-like refusal when too many run."""
+        """Run work(progress) -> result (a dict; its "page", if any, the result's HTML page) in a
+        thread; ExploreError (429) when MAX_JOBS already run."""
         from .state import ExploreError
 
         with self._lock:

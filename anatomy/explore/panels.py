@@ -325,20 +325,25 @@ def intervene(slot: ModelSlot, p: Pass, settings: dict) -> dict:
 # ---- heads, computed once per model ---------------------------------------------------------------
 
 
+def head_scores(slot: ModelSlot, kind: str):
+    """The Result of anatomy.detect_heads(model, kind), computed once per model and kept."""
+    scores = slot.cache.setdefault("heads", {})
+    if kind not in scores:
+        scores[kind] = detect_heads(slot.get(), kind)
+    return scores[kind]
+
+
 def heads(slot: ModelSlot, settings: dict, progress=None) -> dict:
     """Previous-token, induction and duplicate-token scores of every head (anatomy.detect_heads on
     repeated random tokens), computed once per model and kept."""
     model = slot.get()
-    if "heads" not in slot.cache:
-        scores = {}
-        for done, kind in enumerate(KINDS):
-            result = detect_heads(model, kind)
-            scores[kind] = {"values": rounded(result.values, 4), "check": result.check}
-            if progress is not None:
-                progress(done + 1, len(KINDS))
-        slot.cache["heads"] = {"kinds": list(KINDS), "n_layers": _layers(model), "n_heads": _heads(model),
-                               "scores": scores}
-    return slot.cache["heads"]
+    out = {"kinds": list(KINDS), "n_layers": _layers(model), "n_heads": _heads(model), "scores": {}}
+    for done, kind in enumerate(KINDS):
+        result = head_scores(slot, kind)
+        out["scores"][kind] = {"values": rounded(result.values, 4), "check": result.check}
+        if progress is not None:
+            progress(done + 1, len(KINDS))
+    return out
 
 
 # ---- compare ----------------------------------------------------------------------------------------

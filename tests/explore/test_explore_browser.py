@@ -12,6 +12,7 @@ import torch
 
 import anatomy
 from explore_servers import HAS_SMOLLM2, TOKEN, Served
+from page_geometry import grids, misplaced_cells
 
 pytestmark = pytest.mark.browser
 PANELS = ["walk", "attention", "lens", "attribution", "intervene", "heads", "compare"]
@@ -76,24 +77,28 @@ def test_appending_a_token_continues_the_text(page, served):
     assert page.input_value("#text") == "Hello World, this is"
 
 
-def cells_sit_under_their_headers(page, scope: str) -> int:
-    """Every cell's centre within its column header's horizontal span and its row header's
-    vertical span; returns how many cells were checked."""
-    return page.evaluate("""scope => {
-      let checked = 0;
-      for (const grid of document.querySelectorAll(scope + ' .heat')) {
-        const cols = [...grid.querySelectorAll('.colhead')].map(h => h.getBoundingClientRect());
-        const rows = [...grid.querySelectorAll('.rowhead')].map(h => h.getBoundingClientRect());
-        for (const cell of grid.querySelectorAll('.cell')) {
-          const box = cell.getBoundingClientRect(), x = box.left + box.width / 2, y = box.top + box.height / 2;
-          const col = cols[Number(cell.dataset.col)], row = rows[Number(cell.dataset.row)];
-          if (!(col.left <= x && x <= col.right && row.top <= y && y <= row.bottom)) throw new Error(
-            `cell ${cell.dataset.row},${cell.dataset.col} at ${x},${y} is not under its headers`);
-          checked++;
-        }
-      }
-      return checked;
-    }""", scope)
+def every_grid(page) -> list[dict]:
+    """The grids of the page and of the library pages framed in it (the analysis panels)."""
+    return [g for frame in page.frames for g in grids(frame)]
+
+
+def cells_sit_under_their_headers(page) -> int:
+    """Every cell's centre within its column header's span and its row header's (page_geometry),
+    in the page and in its frames; returns how many cells were checked."""
+    found = every_grid(page)
+    for g in found:
+        assert misplaced_cells(g) == [], (g["name"], misplaced_cells(g)[:3])
+    return sum(len(g["cells"]) for g in found)
+
+
+def wait_for_frame_grid(page, minimum: int = 1) -> dict:
+    """The first grid drawn in a framed library page, once it is there."""
+    for _ in range(600):
+        found = [g for frame in page.frames[1:] for g in grids(frame) if len(g["cells"]) >= minimum]
+        if found:
+            return found[0]
+        page.wait_for_timeout(100)
+    raise AssertionError("no grid appeared in the panel's page")
 
 
 @pytest.mark.parametrize("model", ["toy", "toy-encoder", "toy-seq2seq"])
@@ -104,24 +109,26 @@ def test_every_panel_draws_for_every_family(page, served, model):
         section = f"[data-panel='{panel}']"
         page.wait_for_function(f"""() => {{
           const s = document.querySelector("{section}");
-          return !s.hidden && (s.querySelector('.heat, .bar-row, .pair-row, .walk section, .sides, canvas, .error, .shaded-token'));
+          return !s.hidden && (s.querySelector('.heatmap, .bar-row, .pair-row, .walk section, .sides, canvas, .error, iframe[src]'));
         }}""", timeout=60000)
         errors = [e.text_content() for e in page.query_selector_all(f"{section} .error")]
-        # The paper's post-norm block has no sum of components: its direct logit attribution is refused.
-        allowed = ["pre-norm"] if panel == "attribution" else []
-        assert all(any(a in e for a in allowed) for e in errors), (model, panel, errors)
-        cells_sit_under_their_headers(page, section)
+        assert not errors, (model, panel, errors)
+        if page.query_selector(f"{section} iframe[src]") and panel != "attribution":
+            wait_for_frame_grid(page)
+        cells_sit_under_their_headers(page)
     assert all(url.startswith(f"http://127.0.0.1:{served.port}/") for url in page.requests), page.requests
 
 
-def test_the_lens_cells_show_the_librarys_top_tokens(page, served):
+def test_the_lens_panel_is_the_lens_page_of_the_pass(page, served):
     open_page(page, served, "#model=toy&text=Hello%20World,%20this%20is&panel=lens")
-    page.wait_for_selector("[data-panel='lens'] .heat .cell")
-    assert cells_sit_under_their_headers(page, "[data-panel='lens']") == 3 * 5
-    shown = page.evaluate("[...document.querySelectorAll(\"[data-panel='lens'] .cell\")].map(c => c.textContent)")
+    lens_grid = wait_for_frame_grid(page, 15)
+    assert misplaced_cells(lens_grid) == [] and len(lens_grid["cells"]) == 3 * 5
     lens = anatomy.logit_lens(anatomy.from_pretrained("toy"), "Hello World, this is")
-    expected = [lens.extra["top_tokens"][layer][0][pos][0] for layer in range(3) for pos in range(5)]
-    assert shown == expected
+    shown = {(int(c["row"]), int(c["col"])): c["value"] for c in lens_grid["cells"]}
+    for (layer, position), value in shown.items():  # each cell's value: its top token's probability
+        assert value == pytest.approx(float(lens.extra["top_probs"][layer, 0, position, 0]), abs=1e-4)
+    frame_text = page.frames[1].inner_text("body")
+    assert all(lens.extra["top_tokens"][layer][0][pos][0] in frame_text for layer in range(3) for pos in range(5))
 
 
 def test_the_walk_panel_checks_itself_and_follows_a_clicked_token(page, served):
@@ -139,8 +146,8 @@ def test_smollm2_predicts_paris_live(page, served):
     typed(page, "The capital of France is")
     assert next_rows(page)[0][0] == "␣Paris"
     assert [c.text_content() for c in page.query_selector_all("#tokens .chip .tok")][1] == "␣capital"
-    page.wait_for_selector("[data-panel='lens'] .heat .cell")
-    assert cells_sit_under_their_headers(page, "[data-panel='lens']") == 31 * 5
+    assert len(wait_for_frame_grid(page, 31 * 5)["cells"]) == 31 * 5
+    cells_sit_under_their_headers(page)
 
 
 def test_a_tiny_gguf_file_works(browser, tmp_path):

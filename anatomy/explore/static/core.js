@@ -66,14 +66,6 @@ export function isAbort(error) {
   return error && error.name === "AbortError";
 }
 
-export function debounce(fn, ms) {
-  let timer = null;
-  return (...args) => {
-    clearTimeout(timer);
-    timer = setTimeout(() => fn(...args), ms);
-  };
-}
-
 // The request body every panel starts from: the model and the text (and an encoder-decoder's target).
 export function textBody(extra = {}) {
   const body = {model: state.model, text: state.text ?? ""};
@@ -111,17 +103,6 @@ export function clear(node, ...children) {
   node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined));
 }
 
-// Shades: blue for positive, red for negative (the walk's and the analyses' convention).
-export function shade(value, extent) {
-  if (value === null || !Number.isFinite(value) || !extent) return "transparent";
-  const t = Math.min(1, Math.abs(value) / extent);
-  return value >= 0 ? `rgba(47, 110, 220, ${0.08 + 0.8 * t})` : `rgba(214, 69, 65, ${0.08 + 0.8 * t})`;
-}
-
-export function ink(value, extent) {
-  return extent && Math.abs(value) / extent > 0.55 ? "#fff" : "#1d2330";
-}
-
 export function fmt(value, digits = 3) {
   if (value === null || value === undefined || !Number.isFinite(value)) return "–";
   if (value === 0) return "0";
@@ -152,11 +133,6 @@ export function errorBox(error) {
   return el("p", {class: "error", text: error instanceof Error ? error.message : String(error)});
 }
 
-// A check line: green when the identity holds, amber otherwise (the analyses' convention).
-export function checkLine(check, holds) {
-  return el("p", {class: holds ? "check ok" : "check warn", text: `${holds ? "✓" : "!"} ${check}`});
-}
-
 // ---- panels -------------------------------------------------------------------------------------
 
 // Each panel registers update(): called when the text, the model or a shared setting changes,
@@ -164,10 +140,6 @@ export function checkLine(check, holds) {
 export const panels = new Map();
 export function register(name, panel) {
   panels.set(name, panel);
-}
-
-export function visiblePanel() {
-  return state.panel;
 }
 
 // Follow a job's progress by Server-Sent Events; resolves with its result, rejects on error.
@@ -204,49 +176,22 @@ export function currentRow() {
   return state.row !== null && state.row >= 0 && state.row < n ? state.row : n - 1;
 }
 
-// A heat grid: row labels, column labels and cells in ONE CSS grid, so that every cell sits under
-// its column's header and beside its row's (sticky headers). values[r][c]; text(r, c) the cell's
-// words (default: the number); title(r, c) its tooltip; the colour scale is `extent` wide,
-// diverging (blue +, red −) or sequential (blue), and a cell past it is marked clipped.
-export function heatGrid(rows, cols, values, options = {}) {
-  const {extent = maxAbs(values), text = (r, c) => fmt(values[r][c]), title = null, corner = "", onclick = null,
-         cellClass = null, colWidth = null} = options;
-  const grid = el("div", {class: "heat", role: "table"});
-  grid.style.gridTemplateColumns = `max-content repeat(${cols.length}, ${colWidth || "minmax(2.6em, max-content)"})`;
-  grid.append(el("div", {class: "corner", text: corner}));
-  cols.forEach((label, c) => grid.append(el("div", {class: "colhead", title: label, text: label, "data-col": String(c)})));
-  rows.forEach((label, r) => {
-    grid.append(el("div", {class: "rowhead", title: label, text: label, "data-row": String(r)}));
-    cols.forEach((_, c) => {
-      const value = values[r][c];
-      const cell = el("div", {class: `cell${cellClass ? " " + cellClass(r, c) : ""}`, "data-row": String(r), "data-col": String(c),
-                              title: title ? title(r, c) : `${rows[r]} · ${cols[c]}: ${fmt(value, 4)}`, text: text(r, c)});
-      cell.style.background = shade(value, extent);
-      cell.style.color = ink(value ?? 0, extent);
-      if (value !== null && Math.abs(value) > extent * 1.0001) cell.classList.add("clipped");
-      if (onclick) cell.addEventListener("click", () => onclick(r, c));
-      grid.append(cell);
+// An analysis panel shows the very page `anatomy analyze` writes for its result (its grid, colour
+// bar, check line and controls), in a frame of its own: the page's script and style stay apart
+// from this one's, and the numbers on it are the library's.
+export function pageFrame(title) {
+  const frame = el("iframe", {class: "analysis-frame", title, sandbox: "allow-scripts"});
+  frame.load = (src) => {
+    if (frame.dataset.src === src) return Promise.resolve();
+    frame.dataset.src = src;
+    return new Promise((resolve) => {
+      frame.addEventListener("load", () => resolve(), {once: true});
+      frame.src = src;
     });
-  });
-  return el("div", {class: "heat-scroll"}, grid);
+  };
+  return frame;
 }
 
-export function maxAbs(values) {
-  let top = 0;
-  for (const row of values) for (const v of row) if (v !== null && Number.isFinite(v)) top = Math.max(top, Math.abs(v));
-  return top;
-}
-
-// A robust extent: the 98th percentile of |value| (a few huge values do not wash out the rest).
-export function robustExtent(values) {
-  const all = values.flat().filter((v) => v !== null && Number.isFinite(v)).map(Math.abs).sort((a, b) => a - b);
-  if (!all.length) return 0;
-  return all[Math.min(all.length - 1, Math.floor(0.98 * (all.length - 1)))] || all[all.length - 1];
-}
-
-// A colour bar for a scale: [−extent, 0, +extent] (diverging) or [0, extent].
-export function colourBar(extent, label, diverging = true) {
-  const bar = el("span", {class: `colour-bar${diverging ? " diverging" : ""}`});
-  return el("div", {class: "legend"}, el("span", {text: diverging ? fmt(-extent) : "0"}), bar,
-            el("span", {text: fmt(extent)}), el("span", {class: "muted small", text: ` ${label}`}));
+export function jobPageUrl(job) {
+  return `/api/jobs/${encodeURIComponent(job.id)}/page?token=${encodeURIComponent(TOKEN)}`;
 }

@@ -2,7 +2,23 @@
 // fetched a layer at a time) and the neuron view (q, k, q∘k, q·k/√d, softmax for one query), for
 // self-attention, and an encoder-decoder's cross-attention. The weights are the pass's own
 // (anatomy.viz's AttentionMap of the trace).
-import {api, clear, currentRow, el, errorBox, fmt, heatGrid, isAbort, numberSelect, register, saveState, state, textBody} from "./core.js";
+import {api, clear, currentRow, el, errorBox, fmt, isAbort, numberSelect, register, saveState, state, textBody} from "./core.js";
+
+// The views' one grid (anatomy/viz/assets/grid.js, loaded by the page): header cells in the same
+// CSS grid as the data, so that every cell sits under its header.
+const {heatmap, colorBar, scaleRgb} = window;
+const WEIGHTS = {kind: "sequential", lo: 0, hi: 1};
+
+// A grid of attention weights, [queries][keys]; clicking a cell follows its query.
+function weightGrid(name, queries, keys, weights, onRow) {
+  const grid = heatmap({name, rows: queries, cols: keys, values: weights, scale: WEIGHTS, corner: "query \\ key",
+                        cellWidth: 40, tooltip: (i, j, w) => `${queries[i]} → ${keys[j]}: ${fmt(w, 4)}`});
+  if (onRow) grid.addEventListener("click", (event) => {
+    const cell = event.target.closest(".hm-cell");
+    if (cell) onRow(Number(cell.dataset.row));
+  });
+  return el("div", {class: "viz"}, grid);
+}
 
 const controls = document.getElementById("attention-controls");
 const body = document.getElementById("attention-body");
@@ -52,10 +68,7 @@ function drawHead(data) {
   const spec = data.maps[data.map];
   const weights = data.weights[state.head];
   const svg = attentionLines(spec.queries, spec.keys, weights, currentRow());
-  const grid = heatGrid(spec.queries, spec.keys, weights, {extent: 1, corner: "query \\ key",
-    text: (r, c) => weights[r][c] >= 0.095 ? weights[r][c].toFixed(2).replace(/^0/, "") : "",
-    title: (r, c) => `${spec.queries[r]} → ${spec.keys[c]}: ${fmt(weights[r][c], 4)}`,
-    onclick: (r) => { state.row = r; saveState(); update(); }});
+  const grid = weightGrid("attention", spec.queries, spec.keys, weights, (r) => { state.row = r; saveState(); update(); });
   clear(body, el("p", {class: "muted small", text: `${spec.name}, layer ${data.layer}, head ${state.head}: each row (a query) shares its attention over the keys; rows sum to 1. Hover a token on the left.`}),
         el("div", {class: "attention-pair"}, svg, grid));
 }
@@ -110,9 +123,7 @@ async function drawModel(data) {
   grid.append(el("div", {class: "corner", text: "layer \\ head"}));
   for (let h = 0; h < data.n_heads; h++) grid.append(el("div", {class: "colhead", text: `H${h}`}));
   const showEnlarged = (l, h, weights) => {
-    clear(enlarged, el("h3", {text: `layer ${l}, head ${h}`}),
-          heatGrid(spec.queries, spec.keys, weights, {extent: 1, corner: "query \\ key",
-                   text: (r, c) => weights[r][c] >= 0.095 ? weights[r][c].toFixed(2).replace(/^0/, "") : ""}));
+    clear(enlarged, el("h3", {text: `layer ${l}, head ${h}`}), weightGrid("enlarged head", spec.queries, spec.keys, weights));
   };
   for (let l = 0; l < data.n_layers; l++) {
     grid.append(el("div", {class: "rowhead", text: `L${l}`}));
@@ -166,15 +177,17 @@ function drawNeuron(data) {
   const keep = Math.min(d, 16);
   const cols = [...Array(keep).keys()].map((i) => `q∘k[${i}]`).concat(["q·k/√d", "softmax"]);
   const values = n.q_times_k.map((row, s) => row.slice(0, keep).concat([n.scores[s], n.weights[s]]));
-  const extent = Math.max(...n.q_times_k.flat().map(Math.abs), 1e-9);
+  const products = {kind: "diverging", limit: Math.max(...n.q_times_k.flat().map(Math.abs), 1e-9)};
+  const scores = {kind: "diverging", limit: Math.max(...n.scores.map(Math.abs), 1e-9)};
+  const grid = heatmap({name: "neuron", rows: spec.keys, cols, values, scale: products, corner: "key", cellWidth: 54,
+                        cellRgb: (i, j, v) => scaleRgb(v, j < keep ? products : j === keep ? scores : WEIGHTS),
+                        tooltip: (i, j, v) => `${spec.keys[i]} · ${cols[j]}: ${fmt(v, 5)}`});
   clear(body,
     el("p", {class: "muted small", text: `query “${spec.queries[n.query]}” (position ${n.query}) in layer ${data.layer}, head ${n.head}: ` +
       `q·k sums q∘k over its ${d} dimensions` + (d > keep ? ` (the first ${keep} shown)` : "") +
       `, is divided by √${d} = ${Math.sqrt(d).toFixed(3)}, and the softmax over the keys gives the weights. Click a token to change the query.`}),
     el("p", {class: "small"}, el("b", {text: "q = "}), el("code", {text: `[${n.q.slice(0, keep).map((v) => fmt(v)).join(", ")}${d > keep ? ", …" : ""}]`})),
-    heatGrid(spec.keys, cols, values, {extent, corner: "key",
-      text: (r, c) => c === keep + 1 ? n.weights[r].toFixed(3) : fmt(values[r][c], 2),
-      title: (r, c) => `${spec.keys[r]} · ${cols[c]}: ${fmt(values[r][c], 5)}`}));
+    el("div", {class: "viz"}, grid));
 }
 
 register("attention", {update, exportSettings: () => ({view: view === "neuron" ? "neuron" : view})});

@@ -2,7 +2,7 @@
 // distribution before and after; and activation patching from a second prompt, as a layer ×
 // position heatmap, run as a job with progress and a cancel button.
 import {
-  api, cancelJob, clear, colourBar, currentModel, el, errorBox, fmt, followJob, heatGrid, isAbort, numberSelect, percent,
+  api, cancelJob, clear, currentModel, el, errorBox, fmt, followJob, isAbort, jobPageUrl, numberSelect, pageFrame, percent,
   progressBar, register, textBody,
 } from "./core.js";
 
@@ -13,6 +13,7 @@ const patchBody = document.getElementById("patch-body");
 const settings = {kind: "head", layer: 0, index: 0, scale: 0};
 let corrupt = "";
 let job = null;
+const frame = pageFrame("activation patching");
 
 function drawControls() {
   const model = currentModel();
@@ -72,19 +73,10 @@ async function patch() {
   clear(patchBody, el("div", {class: "job"}, progress, el("button", {type: "button", text: "cancel", onclick: () => job && cancelJob(job)})));
   try {
     job = await api("/api/jobs", textBody({kind: "patch", corrupt}));
-    const done = await followJob(job, (s) => clear(progress, "patching: ", progressBar(s.done, s.total), " cells"));
-    const data = done.result;
-    // How much of the clean run's log-prob each patch brings back: 0 = the corrupted run, 1 = the clean run.
-    const span = data.clean - data.corrupt;
-    const recovered = data.values.map((row) => row.map((v) => (span ? (v - data.corrupt) / span : 0)));
-    clear(patchBody, el("p", {class: "small", text: `Each cell: the corrupted run (“${data.corrupt_tokens.join("")}”) with the clean run's ${data.point} ` +
-      `put back at one layer and position; shaded by how much of the log-probability of “${data.top}” it recovers ` +
-      `(0: the corrupted run's ${fmt(data.corrupt, 3)}, 1: the clean run's ${fmt(data.clean, 3)}).`}),
-      el("p", {class: "check ok", text: `✓ ${data.check}`}),
-      heatGrid(data.rows.map((r) => `L${r}`), data.cols, recovered, {extent: 1, corner: "layer \\ position",
-               text: (r, c) => recovered[r][c].toFixed(2),
-               title: (r, c) => `layer ${data.rows[r]}, ${data.cols[c]}: log p = ${fmt(data.values[r][c], 4)}, recovered ${fmt(recovered[r][c], 3)}`}),
-      colourBar(1, "share of the clean log-probability recovered"));
+    const mine = job;
+    await followJob(job, (s) => clear(progress, "patching: ", progressBar(s.done, s.total), " cells"));
+    clear(patchBody, frame);
+    await frame.load(jobPageUrl(mine));
   } catch (error) {
     if (!isAbort(error)) clear(patchBody, errorBox(error));
   } finally {

@@ -5,7 +5,9 @@
 // Tokens reach the page only as text: element.textContent, element.title, canvas fillText.
 // Nothing here fetches anything; the data is the JSON block in this same file.
 
-const DATA = JSON.parse(document.getElementById("anatomy-data").textContent);
+// A page that fetches its data (the live explorer) has no data block: it draws with the functions here.
+const DATA_BLOCK = document.getElementById("anatomy-data");
+const DATA = DATA_BLOCK ? JSON.parse(DATA_BLOCK.textContent) : { view: null, maps: [], initial: {} };
 const INITIAL = DATA.initial;
 
 // How tokens show a space or a new line ("␣capital", "↵"), said once per page when a token shown has one.
@@ -99,6 +101,7 @@ function painted() {
 
 function trackStickyBar() {
   const bar = document.getElementById("controls");
+  if (!bar) return;
   const update = () => document.documentElement.style.setProperty("--sticky", `${bar.offsetHeight}px`);
   new ResizeObserver(update).observe(bar);
   update();
