@@ -227,8 +227,8 @@ def check_weights_memory(weights, names, dtype: torch.dtype, device, source: str
     available = available_memory()
     if needed + HEADROOM_BYTES > available:
         raise CheckpointError(f"{source}: this model's weights take about {_gb(needed)} in "
-                              f"{str(dtype).removeprefix('torch.')}, more than the {_gb(available)} of memory available; "
-                              "nothing was allocated")
+                              f"{str(dtype).removeprefix('torch.')}, more than the {_gb(available)} of memory "
+                              "available; nothing was allocated")
 
 
 def nbytes(model: nn.Module, dtype: torch.dtype | None) -> tuple[int, int]:

@@ -7,6 +7,7 @@ import json
 import shutil
 import signal
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -58,14 +59,24 @@ def _load_or_refuse(directory: Path, *, may_load: bool = True) -> None:
 FUZZ = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+@contextmanager
+def edited_copy(source: Path, file: str, changes: dict):
+    """A temporary copy of the checkpoint folder `source` whose JSON `file` has `changes` set
+    ("a.b": the field b of the object a)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(shutil.copytree(source, Path(tmp) / "ckpt"))
+        config = json.loads((directory / file).read_text())
+        for key, value in changes.items():
+            where, _, name = key.rpartition(".")
+            (config[where] if where else config)[name] = value
+        (directory / file).write_text(json.dumps(config))
+        yield directory
+
+
 @FUZZ
 @given(key=st.sampled_from(CONFIG_KEYS), value=VALUES)
 def test_any_config_value_loads_or_is_refused(source, key, value):
-    with tempfile.TemporaryDirectory() as tmp:
-        directory = Path(shutil.copytree(source, Path(tmp) / "ckpt"))
-        config = json.loads((directory / "config.json").read_text())
-        config[key] = value
-        (directory / "config.json").write_text(json.dumps(config))
+    with edited_copy(source, "config.json", {key: value}) as directory:
         _load_or_refuse(directory)
 
 
@@ -102,7 +113,8 @@ def test_a_truncated_file_is_refused(source, file, fraction):
 HOSTILE_NUMBERS = st.one_of(
     st.integers(-2, 70), st.sampled_from([0, 2**31, 2**32, 2**63, 10**12, 10**30, -(2**63)]),
     st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none(),
-    st.text(max_size=6), st.lists(st.integers(-1, 70), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.text(max_size=6), st.lists(st.integers(-1, 70), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
 )
 LLAMA_KEYS = ["num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
               "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
@@ -132,16 +144,12 @@ def llama_source(hf_checkpoint):
 
 
 @FUZZ
-@given(key=st.sampled_from(LLAMA_KEYS), value=HOSTILE_NUMBERS, rope_type=st.sampled_from(["default", "llama3", "linear"]))
+@given(key=st.sampled_from(LLAMA_KEYS), value=HOSTILE_NUMBERS,
+       rope_type=st.sampled_from(["default", "llama3", "linear"]))
 def test_any_llama_size_loads_or_is_refused(llama_source, key, value, rope_type):
-    with tempfile.TemporaryDirectory() as tmp:
-        directory = Path(shutil.copytree(llama_source, Path(tmp) / "ckpt"))
-        config = json.loads((directory / "config.json").read_text())
-        config["rope_parameters"] = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 2.0, "low_freq_factor": 1.0,
-                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-        where, _, name = key.rpartition(".")
-        (config[where] if where else config)[name] = value
-        (directory / "config.json").write_text(json.dumps(config))
+    rope = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 2.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    with edited_copy(llama_source, "config.json", {"rope_parameters": rope, key: value}) as directory:
         _loads_to_a_working_model(lambda: anatomy.from_pretrained(directory))
 
 
@@ -149,17 +157,14 @@ def test_any_llama_size_loads_or_is_refused(llama_source, key, value, rope_type)
 def native_source(tmp_path_factory):
     config = ModelConfig(arch="decoder", vocab_size=50, d_model=16, n_heads=2, n_layers=2, d_ff=32, max_seq_len=32,
                          pos_encoding="rotary", norm="rmsnorm", activation="swiglu", n_experts=4, n_experts_per_token=2)
-    return anatomy.save_pretrained(anatomy.build_model(config, seed=0), tmp_path_factory.mktemp("native"), format="anatomy")
+    folder = tmp_path_factory.mktemp("native")
+    return anatomy.save_pretrained(anatomy.build_model(config, seed=0), folder, format="anatomy")
 
 
 @FUZZ
 @given(key=st.sampled_from(NATIVE_KEYS), value=HOSTILE_NUMBERS)
 def test_any_anatomy_config_value_loads_or_is_refused(native_source, key, value):
-    with tempfile.TemporaryDirectory() as tmp:
-        directory = Path(shutil.copytree(native_source, Path(tmp) / "ckpt"))
-        config = json.loads((directory / "anatomy_config.json").read_text())
-        config[key] = value
-        (directory / "anatomy_config.json").write_text(json.dumps(config))
+    with edited_copy(native_source, "anatomy_config.json", {key: value}) as directory:
         _loads_to_a_working_model(lambda: anatomy.from_pretrained(directory))
 
 
@@ -176,7 +181,8 @@ GGUF_KEYS = ["llama.block_count", "llama.context_length", "llama.embedding_lengt
 def gguf_values():
     """(value, GGUF type name) of every kind a GGUF file can hold, nested arrays excepted."""
     scalars = [
-        st.tuples(st.integers(0, 2**32 - 1), st.just("UINT32")), st.tuples(st.integers(-(2**31), 2**31 - 1), st.just("INT32")),
+        st.tuples(st.integers(0, 2**32 - 1), st.just("UINT32")),
+        st.tuples(st.integers(-(2**31), 2**31 - 1), st.just("INT32")),
         st.tuples(st.integers(0, 2**64 - 1), st.just("UINT64")), st.tuples(st.booleans(), st.just("BOOL")),
         st.tuples(st.floats(width=32, allow_nan=True, allow_infinity=True), st.just("FLOAT32")),
         st.tuples(st.text(max_size=8), st.just("STRING")),
@@ -184,7 +190,8 @@ def gguf_values():
     arrays = [st.tuples(st.lists(st.integers(0, 400), min_size=1, max_size=4), st.just("ARRAY")),
               st.tuples(st.lists(st.text(max_size=4), min_size=1, max_size=4), st.just("ARRAY")),
               st.tuples(st.lists(st.floats(width=32), min_size=1, max_size=4), st.just("ARRAY")),
-              st.tuples(st.lists(st.sampled_from(["Ġ t", "h e", "x y", ""]), min_size=1, max_size=320), st.just("ARRAY"))]
+              st.tuples(st.lists(st.sampled_from(["Ġ t", "h e", "x y", ""]), min_size=1, max_size=320),
+                        st.just("ARRAY"))]
     return st.one_of(*scalars, *arrays)
 
 

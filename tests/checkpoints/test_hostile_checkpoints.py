@@ -344,9 +344,10 @@ def test_a_size_that_is_not_an_integer(hf_checkpoint, tmp_path, field, value):
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.bool])
 def test_weights_of_an_integer_or_bool_dtype_are_refused_by_name(gpt2_dir, dtype):
     # RuntimeError "Only Tensors of floating point ... can require gradients" before
-    _edit_weights(gpt2_dir, lambda t: t.update({"transformer.h.0.ln_1.weight": t["transformer.h.0.ln_1.weight"].to(dtype)}))
+    norm = "transformer.h.0.ln_1.weight"
+    _edit_weights(gpt2_dir, lambda t: t.update({norm: t[norm].to(dtype)}))
     name = str(dtype).removeprefix("torch.")
-    refused(lambda: anatomy.from_pretrained(gpt2_dir), rf"integer or bool dtype.*\n.*transformer.h.0.ln_1.weight \({name}\)")
+    refused(lambda: anatomy.from_pretrained(gpt2_dir), rf"integer or bool dtype.*\n.*{norm} \({name}\)")
 
 
 def test_a_shard_name_with_a_null_byte_names_the_index(gpt2_dir):
@@ -463,8 +464,8 @@ def test_gguf_tensor_offset_that_wraps_around_to_the_header(gguf_models, tmp_pat
     start = reader.data_offset
     del reader, tensor
     _patch_bytes(path, at, struct.pack("<Q", 2**64 - start))
-    refused(lambda: anatomy.from_pretrained(path), r"truncated or corrupt: tensor 'token_embd.weight' needs bytes up to "
-                                                   r"1844674407370\d{7}, the file has")  # 2**64 + its size
+    refused(lambda: anatomy.from_pretrained(path),  # 2**64 plus the tensor's size
+            r"truncated or corrupt: tensor 'token_embd.weight' needs bytes up to 1844674407370\d{7}, the file has")
 
 
 def test_gguf_token_types_as_strings(gguf_models, tmp_path):
@@ -479,7 +480,7 @@ BAD_METADATA = {  # the eleven of the issue, and more of the same kinds
     "block_count-string": ({"llama.block_count": ("2", "STRING")}, r"llama.block_count = '2'; it must be an integer"),
     "head_count-0": ({"llama.attention.head_count": (0, "UINT32")}, r"head_count = 0; it must be an integer >= 1"),
     "head_count-100": ({"llama.attention.head_count": (100, "UINT32")}, r"q_proj.weight: checkpoint has \[32, 32\]"),
-    "tokens-ints": ({"tokenizer.ggml.tokens": (list(range(N_TOKENS)), "ARRAY")}, r"tokens\[0\] = 0; it must be a string"),
+    "tokens-ints": ({"tokenizer.ggml.tokens": (list(range(N_TOKENS)), "ARRAY")}, r"tokens\[0\] = 0; .* a string"),
     "merges-ints": ({"tokenizer.ggml.merges": ([1, 2], "ARRAY")}, r"merges\[0\] = 1; it must be a string"),
     "merges-no-space": ({"tokenizer.ggml.merges": (["abc"], "ARRAY")}, r"merges\[0\] = 'abc'"),
     "merges-unknown": ({"tokenizer.ggml.merges": (["zz qq"], "ARRAY")}, r"tokenizer that cannot be built"),
@@ -491,7 +492,7 @@ BAD_METADATA = {  # the eleven of the issue, and more of the same kinds
     "embedding_length-float": ({"llama.embedding_length": (32.5, "FLOAT32")}, r"embedding_length = 32.5"),
     "feed_forward-per-layer": ({"llama.feed_forward_length": ([64, 64], "ARRAY")}, r"\(one for every layer\)"),
     "rms-eps-string": ({"llama.attention.layer_norm_rms_epsilon": ("tiny", "STRING")}, r"epsilon = 'tiny'; .* number"),
-    "rms-eps-nan": ({"llama.attention.layer_norm_rms_epsilon": (float("nan"), "FLOAT32")}, r"epsilon = nan|rms_norm_eps = nan"),
+    "rms-eps-nan": ({"llama.attention.layer_norm_rms_epsilon": (float("nan"), "FLOAT32")}, r"rms_norm_eps = nan"),
     "chat_template-int": ({"tokenizer.chat_template": (5, "UINT32")}, r"chat_template = 5; it must be a string"),
     "add_bos-string": ({"tokenizer.ggml.add_bos_token": ("yes", "STRING")}, r"add_bos_token = 'yes'; .* boolean"),
     "model-int": ({"tokenizer.ggml.model": (1, "UINT32")}, r"tokenizer.ggml.model = 1; it must be a string"),
