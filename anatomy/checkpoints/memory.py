@@ -10,12 +10,17 @@ accelerate do):
    model as it is (engine.load_into), so its bytes are the file's pages, read once, never copied.
 3. A dtype conversion happens one tensor at a time.
 
-Before any tensor is read, a config is checked in this order, each step in milliseconds:
-its layer counts against the weights' names (a config.json claiming a million layers is refused
-before a million layers are built); its position tables against the memory available (a bound,
-from max_seq_len); the model built with meta parameters against the weight files' headers, name by
-name and shape by shape (engine.check_fit: a 50-million-token vocabulary is refused there); and its
-bytes, in the dtype asked for, against the memory available. Each failure is a CheckpointError.
+Before any tensor is read, a config is checked in this order, each step in milliseconds, so that
+nothing iterates, compiles or allocates in proportion to a number no file backs:
+every number finite; every size it claims against the weights' headers (check_claimed_sizes on
+the raw config, check_config_sizes on the ModelConfig: a layer or an expert holds at least one
+tensor, a width is an axis of some tensor; a million layers or experts are refused before a
+per-layer list exists); the layer counts against the names; its position tables against the
+memory available (a bound, from max_seq_len); the bytes of the tensors it will hold, from the
+headers, against the memory available (check_weights_memory: a file larger than memory is refused
+before it is mapped); the model built with meta parameters against the headers, name by name and
+shape by shape (engine.check_fit); and its bytes with its buffers against the memory available.
+Each failure is a CheckpointError.
 """
 
 from __future__ import annotations
