@@ -48,6 +48,13 @@ def visible(text: str) -> str:
     return "".join(out)
 
 
+def legend_for(tokens) -> str | None:
+    """LEGEND, for a page or a printout that shows a token with a space, a new line, a tab or a
+    partial byte; None when no token shown needs it (the toys' words)."""
+    signs = (SPACE, NEWLINE, TAB, RETURN, "<0x")
+    return LEGEND if any(sign in token for token in tokens for sign in signs) else None
+
+
 def text_of_bytes(data: bytes) -> str:
     """UTF-8 bytes as text; bytes that do not form a whole character are written <0xF0>."""
     decoded = data.decode("utf-8", errors="surrogateescape")
@@ -107,4 +114,4 @@ def _flatten(decoder: dict) -> list[dict]:
     return [decoder] if decoder else []
 
 
-__all__ = ["LEGEND", "NEWLINE", "SPACE", "TAB", "piece_decoder", "text_of_bytes", "visible"]
+__all__ = ["LEGEND", "NEWLINE", "SPACE", "TAB", "legend_for", "piece_decoder", "text_of_bytes", "visible"]

@@ -27,7 +27,7 @@ from string import Template
 
 import numpy as np
 
-from ..checkpoints.token_text import LEGEND, NEWLINE, RETURN, SPACE, TAB
+from ..checkpoints.token_text import legend_for
 from .data import AttentionMap
 
 ASSETS = resources.files("anatomy.viz") / "assets"
@@ -79,10 +79,9 @@ def asset(name: str) -> str:
 
 
 def token_legend(tokens: Iterable[str]) -> str | None:
-    """The convention for spaces, new lines and partial bytes in tokens (token_text.LEGEND), for a
-    page that shows a token with one of them; None when no token shown needs it."""
-    signs = (SPACE, NEWLINE, TAB, RETURN, "<0x")
-    return LEGEND if any(sign in token for token in tokens for sign in signs) else None
+    """The convention for spaces, new lines and partial bytes in tokens (token_text.legend_for),
+    for a page that shows a token with one of them; None when no token shown needs it."""
+    return legend_for(tokens)
 
 
 # The page shell every HTML output of anatomy uses (views, the walk, the analyses) ----------------

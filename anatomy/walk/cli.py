@@ -69,14 +69,10 @@ def _toy(args: argparse.Namespace) -> tuple:
     check_layer_and_head(config_of(name), args.layer, args.head)
     tokenizer = toy_tokenizer(name)
     text = args.text if args.text is not None else toy.text
-    ids = tokenizer.encode(text)
-    target_ids = None
-    if toy.arch == "encoder-decoder":
-        target_ids = tokenizer.encode(args.target if args.target is not None else toy.target)[:-1]  # no <EOS>
-    elif args.target is not None:
+    if toy.arch != "encoder-decoder" and args.target is not None:
         raise WalkError(f"--target is for an encoder-decoder; {name} is {_a(toy.arch)}")
-    if toy.arch == "decoder" and ids and ids[-1] == tokenizer.eos_id:
-        ids = ids[:-1]  # the decoder predicts what follows: no prediction after <EOS>
+    # as the toy reads them: a decoder's prompt ends where the text ends (no <EOS>: it predicts what follows)
+    ids, target_ids = tokenizer.encode_for(config_of(name), text, args.target if args.target is not None else toy.target)
     longest = max(len(ids), len(target_ids or []))
     if longest > MAX_TOY_TOKENS:
         raise WalkError(f"the text is {longest} tokens long; a toy's walk reads at most {MAX_TOY_TOKENS}")
@@ -98,15 +94,15 @@ def _pretrained(args: argparse.Namespace) -> tuple:
             raise WalkError(f"{args.model} is an encoder-decoder: give the decoder's text with --target")
     tokenizer = load_tokenizer(args.model)
     text = args.text if args.text is not None else DEFAULT_TEXT.get(args.model, "Hello World, this is Alejandro!")
-    ids = tokenizer.encode(text)
+    ids = tokenizer.encode_prompt(text) if config is not None and config.arch == "decoder" else tokenizer.encode(text)
     if config is not None:
         _check_length(args, config, ids, tokenizer)
     model = from_pretrained(args.model, device=args.device, tokenizer=False)
     if config is None:  # now it is known
         check_layer_and_head(model.config, args.layer, args.head)
+    if model.config.arch == "decoder":
+        ids = tokenizer.encode_prompt(text)  # a prompt: no closing EOS
     target_ids = _check_length(args, model.config, ids, tokenizer)
-    if model.config.arch == "decoder" and len(ids) > 1 and ids[-1] == tokenizer.eos_id:
-        ids = ids[:-1]
     return model, ids, target_ids, tokenizer, None
 
 
@@ -121,12 +117,7 @@ def _check_length(args: argparse.Namespace, config, ids: list[int], tokenizer) -
     if config.arch == "encoder-decoder":
         if args.target is None:
             raise WalkError(f"{args.model} is an encoder-decoder: give the decoder's text with --target")
-        target_ids = tokenizer.encode(args.target)
-        if len(target_ids) > 1 and target_ids[-1] == tokenizer.eos_id:
-            target_ids = target_ids[:-1]
-        start = config.decoder_start_token_id
-        if start is not None and (not target_ids or target_ids[0] != start):
-            target_ids = [start] + target_ids
+        target_ids = tokenizer.encode_target(args.target, config.decoder_start_token_id)
     elif args.target is not None:
         raise WalkError(f"--target is for an encoder-decoder; {args.model} is {_a(config.arch)}")
     limit = config.max_seq_len if config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
@@ -141,13 +132,13 @@ def build(args: argparse.Namespace) -> Walkthrough:
     model, ids, target_ids, tokenizer, task = (_toy if args.model in TOY_MODELS else _pretrained)(args)
     if not ids:
         raise WalkError("the text has no tokens")
-    label = tokenizer.id_to_token
+    label = lambda i: tokenizer.labels([i])[0]  # noqa: E731  each token as text ("␣capital"), as everywhere
     options = dict(layer=args.layer, head=args.head, model_name=args.model, task=task,
-                   tokens=[label(i) for i in ids], vocab=label)
+                   tokens=tokenizer.labels(ids), vocab=label)
     if target_ids is not None:
-        options.update(target_ids=target_ids, target_tokens=[label(i) for i in target_ids])
+        options.update(target_ids=target_ids, target_tokens=tokenizer.labels(target_ids))
     if model.config.arch == "encoder":
-        options["mask_token"] = MASK if args.model in TOY_MODELS else getattr(tokenizer, "mask_token", None)
+        options["mask_token"] = MASK if args.model in TOY_MODELS else tokenizer.mask_token
     try:
         walk = walkthrough(model, ids, **options)
     except ValueError as error:  # a layer or head out of range

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ..checkpoints.token_text import legend_for
 from ..trace import trace
 from .block_steps import layer_steps
 from .builder import Builder
@@ -169,4 +170,8 @@ def walkthrough(
                      masked=mask_token if config.arch == "encoder" else None)
         elif config.arch == "encoder":
             pooled_step(b, hidden, tokens, "Output")
-    return Walkthrough(b.steps, t, config, layer, head, tokens, target_tokens, model_name, task)
+    walk = Walkthrough(b.steps, t, config, layer, head, tokens, target_tokens, model_name, task)
+    legend = legend_for([*tokens, *(target_tokens or [])])
+    if legend is not None:  # the convention for tokens with a space or a new line, said once
+        walk.notes.append(f"Tokens: {legend}.")
+    return walk
