@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..viz.html import View, asset, page, script_json, token_legend
+from ..checkpoints.token_text import legend_for
+from ..viz.html import View, asset, page, script_json
 
 if TYPE_CHECKING:  # a Result knows its views (Result.view); the views only read a Result's fields
     from .result import Result
@@ -392,7 +393,7 @@ def panels(result: Result) -> dict:
         raise ValueError(f"no view for {kind!r}")
     layout, parts, shown = builder(result)
     return {"kind": kind, "layout": layout, "check": identity(result), "panels": parts,
-            "tokenLegend": token_legend(shown)}
+            "tokenLegend": legend_for(shown)}
 
 
 def html_view(result: Result, *, title: str | None = None) -> View:

@@ -20,14 +20,12 @@ import json
 import os
 import tempfile
 import zlib
-from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from string import Template
 
 import numpy as np
 
-from ..checkpoints.token_text import legend_for
 from .data import AttentionMap
 
 ASSETS = resources.files("anatomy.viz") / "assets"
@@ -76,12 +74,6 @@ def script_json(payload: dict) -> str:
 
 def asset(name: str) -> str:
     return (ASSETS / name).read_text(encoding="utf-8")
-
-
-def token_legend(tokens: Iterable[str]) -> str | None:
-    """The convention for spaces, new lines and partial bytes in tokens (token_text.legend_for),
-    for a page that shows a token with one of them; None when no token shown needs it."""
-    return legend_for(tokens)
 
 
 # The page shell every HTML output of anatomy uses (views, the walk, the analyses) ----------------

@@ -23,7 +23,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from ..positional import sinusoidal_table  # noqa: E402
 from .data import AttentionMap  # noqa: E402
-from .html import token_legend, write_atomically  # noqa: E402
+from ..checkpoints.token_text import legend_for  # noqa: E402
+from .html import write_atomically  # noqa: E402
 
 IMAGE_FORMATS = (".png", ".svg")
 MAX_TICK_LABELS = 64  # beyond this, label every n-th token so the labels stay legible
@@ -46,7 +47,7 @@ def attention_heatmap(weights, queries: Sequence[str], keys: Sequence[str], titl
     ax.set_ylabel("query")
     ax.set_xlabel("key")
     ax.xaxis.set_label_position("top")
-    legend = token_legend([*queries, *keys])
+    legend = legend_for([*queries, *keys])
     heading = "\n".join(part for part in (title, legend and f"Tokens: {legend}.") if part)
     if heading:
         ax.set_title(wrap(heading, fig.get_size_inches()[0] * 0.9, 10), fontsize=10, loc="left")

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .data import AttentionMap, as_maps
-from .html import View, map_payload, render, token_legend
+from ..checkpoints.token_text import legend_for
+from .html import View, map_payload, render
 
 
 def head_view(
@@ -116,7 +117,7 @@ def subtitle(maps: list[AttentionMap]) -> str:
 
 def _view(view: str, title: str, maps: list[AttentionMap], initial: dict, vectors: bool = False) -> View:
     payload = {"view": view, "initial": initial, "maps": [map_payload(m, vectors) for m in maps],
-               "tokenLegend": token_legend(t for m in maps for t in (*m.queries, *m.keys))}
+               "tokenLegend": legend_for(t for m in maps for t in (*m.queries, *m.keys))}
     rows = max(max(len(m.queries), len(m.keys)) for m in maps)
     height = min(900, 260 + 20 * rows) if view == "head" else 760
     return View(view, render(view, title, subtitle(maps), payload), height=height)
