@@ -12,11 +12,13 @@ An encoder-decoder reads TEXT as the source and --target-text as the decoder's i
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 import torch
 
 from ..checkpoints import from_pretrained
 from ..checkpoints.describe import config_of
+from ..checkpoints.token_text import legend_for
 from ..cli import add_model_argument, one_line, output_file, positive_int, printable, text
 from .attribution import attention_rollout, gradient_x_input, integrated_gradients
 from .decompose import decompose, direct_logit_attribution
@@ -163,7 +165,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _summary(result) -> str:
-    """One line of the numbers a reader looks at first."""
+    """The numbers a reader looks at first, folded to 80 columns, with the tokens' legend when a
+    token shown has a space or a new line."""
+    text = _first_numbers(result)
+    legend = legend_for(result.tokens[0] if result.tokens else []) if "'" in text else None
+    lines = textwrap.wrap(text, 80, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+    return "\n".join(lines + (textwrap.wrap(f"(tokens: {legend})", 80) if legend else []))
+
+
+def _first_numbers(result) -> str:
     values = result.values
     if result.axes == ("layer", "head"):
         layer, head = divmod(int(values.argmax()), values.size(1))
@@ -171,8 +181,8 @@ def _summary(result) -> str:
     if result.kind in ("integrated gradients", "gradient x input"):
         tokens = result.tokens[0]
         order = values[0].abs().argsort(descending=True)[:5].tolist()
-        return "largest: " + ", ".join(f"{tokens[i]!r} {values[0, i].item():+.3f}" for i in order)
+        return "largest: " + ", ".join(f"'{tokens[i]}' {values[0, i].item():+.3f}" for i in order)
     if result.kind == "logit lens":
         top = result.extra["top_tokens"]
-        return "top token after each layer, last position: " + " → ".join(repr(layer[0][-1][0]) for layer in top)
+        return "top token after each layer, last position: " + " → ".join(f"'{layer[0][-1][0]}'" for layer in top)
     return f"min {values.min().item():.4g}, max {values.max().item():.4g}"
