@@ -48,7 +48,7 @@ from ..walk import walkthrough
 from ..walk.render_html import STEP_CSS
 from . import panels
 from .jobs import Jobs
-from .state import ExploreError, Models, Passes, check_text
+from .state import ExploreError, Models, Passes, check_text, give_back_memory
 
 STATIC = resources.files("anatomy.explore") / "static"
 MAX_BODY = 64 * 1024  # bytes a request body may have
@@ -85,7 +85,7 @@ class Explorer:
     """The state behind the app: models, traced passes, jobs, the token and the names it answers to."""
 
     def __init__(self, models: list[str], *, token: str | None = None, hosts: list[str] | None = None,
-                 allow_open: bool = False, cache_bytes: int = 256 * 2**20):
+                 allow_open: bool = False, cache_bytes: int = 128 * 2**20):
         if not models:
             raise ValueError("the explorer needs at least one model")
         self.token = token or secrets.token_urlsafe(24)
@@ -174,6 +174,7 @@ async def with_model(request: Request, explorer: Explorer, settings: dict, work:
         return await run_in_threadpool(work, slot)
     finally:
         slot.lock.release()
+        give_back_memory()
 
 
 def text_settings(settings: dict) -> tuple[str, str | None]:
@@ -196,7 +197,7 @@ def panel_route(explorer: Explorer, panel: Callable) -> Callable:
 
 
 def create_app(models: list[str], *, token: str | None = None, hosts: list[str] | None = None,
-               allow_open: bool = False, cache_bytes: int = 256 * 2**20) -> Starlette:
+               allow_open: bool = False, cache_bytes: int = 128 * 2**20) -> Starlette:
     """The explorer for `models` (names `anatomy models` lists, folders, .gguf files, Hub ids).
 
     token: the access token (default: a random one, `app.state.explorer.token`); hosts: names
