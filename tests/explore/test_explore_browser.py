@@ -92,11 +92,15 @@ def cells_sit_under_their_headers(page) -> int:
 
 
 def wait_for_frame_grid(page, minimum: int = 1) -> dict:
-    """The first grid drawn in a framed library page, once it is there."""
+    """The first grid of at least `minimum` cells drawn in a framed library page, once it is there
+    (its frame under "frame")."""
     for _ in range(600):
-        found = [g for frame in page.frames[1:] for g in grids(frame) if len(g["cells"]) >= minimum]
-        if found:
-            return found[0]
+        for frame in page.frames[1:]:
+            if frame.is_detached():
+                continue
+            found = [g for g in grids(frame) if len(g["cells"]) >= minimum]
+            if found:
+                return {**found[0], "frame": frame}
         page.wait_for_timeout(100)
     raise AssertionError("no grid appeared in the panel's page")
 
@@ -127,7 +131,7 @@ def test_the_lens_panel_is_the_lens_page_of_the_pass(page, served):
     shown = {(int(c["row"]), int(c["col"])): c["value"] for c in lens_grid["cells"]}
     for (layer, position), value in shown.items():  # each cell's value: its top token's probability
         assert value == pytest.approx(float(lens.extra["top_probs"][layer, 0, position, 0]), abs=1e-4)
-    frame_text = page.frames[1].inner_text("body")
+    frame_text = lens_grid["frame"].inner_text("body")
     assert all(lens.extra["top_tokens"][layer][0][pos][0] in frame_text for layer in range(3) for pos in range(5))
 
 
@@ -180,3 +184,30 @@ def test_the_page_needs_its_token(browser, served):
     response = page.goto(f"http://127.0.0.1:{served.port}/")
     assert response.status == 401 and TOKEN not in page.content()
     page.close()
+
+
+def test_patching_from_a_second_prompt_streams_its_progress_and_shows_the_patching_page(page, served):
+    open_page(page, served, "#model=toy&text=Hello%20World,%20this%20is&panel=intervene")
+    page.wait_for_selector("[data-panel='intervene'] .pair-row")
+    page.fill("input[aria-label='corrupted prompt']", "Hello World, is this")
+    page.click("#patch-controls button:text-is('patch')")
+    patched = wait_for_frame_grid(page, 10)
+    expected = anatomy.patch(anatomy.from_pretrained("toy"), "Hello World, this is", "Hello World, is this")
+    values = {(int(c["row"]), int(c["col"])): c["value"] for c in patched["cells"]}
+    assert len(values) == expected.values.numel()
+    for (layer, position), value in values.items():
+        assert value == pytest.approx(float(expected.values[layer, position]), abs=1e-4)
+    assert misplaced_cells(patched) == []
+
+
+def test_integrated_gradients_run_as_a_job_and_show_their_page(page, served):
+    open_page(page, served, "#model=toy&text=Hello%20World,%20this%20is&panel=attribution")
+    page.click("#attribution-controls button:text-is('integrated gradients')")
+    page.wait_for_function("() => document.querySelector('#attribution-body iframe[src*=\"/api/jobs/\"]')",
+                           timeout=60000)
+    for _ in range(300):
+        frame = next((f for f in page.frames if "/api/jobs/" in f.url and f.query_selector(".check")), None)
+        if frame is not None:
+            break
+        page.wait_for_timeout(100)
+    assert "completeness" in frame.inner_text(".check") and frame.query_selector(".check.holds")

@@ -195,3 +195,29 @@ export function pageFrame(title) {
 export function jobPageUrl(job) {
   return `/api/jobs/${encodeURIComponent(job.id)}/page?token=${encodeURIComponent(TOKEN)}`;
 }
+
+// A long analysis as a job (POST /api/jobs with `body`): its progress and a cancel button in `box`,
+// then its result's page in `frame`. A newer job in the same box cancels this one (cancelJobIn).
+export async function runJob(box, frame, body, what, unit) {
+  cancelJobIn(box);
+  const progress = el("div", {}, "starting…");
+  clear(box, el("div", {class: "job"}, progress,
+                el("button", {type: "button", text: "cancel", onclick: () => cancelJobIn(box)})));
+  let job = null;
+  try {
+    job = box.job = await api("/api/jobs", body);
+    await followJob(job, (s) => clear(progress, `${what}: `, progressBar(s.done, s.total), ` ${unit}`));
+    if (box.job !== job) return;
+    clear(box, frame);
+    await frame.load(jobPageUrl(job));
+  } catch (error) {
+    if (!isAbort(error) && box.job === job) clear(box, errorBox(error));
+  } finally {
+    if (box.job === job) box.job = null;
+  }
+}
+
+export function cancelJobIn(box) {
+  if (box.job) cancelJob(box.job);
+  box.job = null;
+}

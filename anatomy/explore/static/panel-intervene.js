@@ -2,8 +2,7 @@
 // distribution before and after; and activation patching from a second prompt, as a layer ×
 // position heatmap, run as a job with progress and a cancel button.
 import {
-  api, cancelJob, clear, currentModel, el, errorBox, fmt, followJob, isAbort, jobPageUrl, numberSelect, pageFrame, percent,
-  progressBar, register, textBody,
+  api, clear, currentModel, el, errorBox, fmt, isAbort, numberSelect, pageFrame, percent, register, runJob, textBody,
 } from "./core.js";
 
 const controls = document.getElementById("intervene-controls");
@@ -12,7 +11,6 @@ const patchControls = document.getElementById("patch-controls");
 const patchBody = document.getElementById("patch-body");
 const settings = {kind: "head", layer: 0, index: 0, scale: 0};
 let corrupt = "";
-let job = null;
 const frame = pageFrame("activation patching");
 
 function drawControls() {
@@ -67,21 +65,8 @@ function fill(fraction, kind) {
   return node;
 }
 
-async function patch() {
-  if (job) { cancelJob(job); job = null; }
-  const progress = el("div", {}, "starting…");
-  clear(patchBody, el("div", {class: "job"}, progress, el("button", {type: "button", text: "cancel", onclick: () => job && cancelJob(job)})));
-  try {
-    job = await api("/api/jobs", textBody({kind: "patch", corrupt}));
-    const mine = job;
-    await followJob(job, (s) => clear(progress, "patching: ", progressBar(s.done, s.total), " cells"));
-    clear(patchBody, frame);
-    await frame.load(jobPageUrl(mine));
-  } catch (error) {
-    if (!isAbort(error)) clear(patchBody, errorBox(error));
-  } finally {
-    job = null;
-  }
+function patch() {
+  return runJob(patchBody, frame, textBody({kind: "patch", corrupt}), "patching", "cells");
 }
 
 register("intervene", {update});
