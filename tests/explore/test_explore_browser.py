@@ -98,7 +98,10 @@ def wait_for_frame_grid(page, minimum: int = 1) -> dict:
         for frame in page.frames[1:]:
             if frame.is_detached():
                 continue
-            found = [g for g in grids(frame) if len(g["cells"]) >= minimum]
+            try:
+                found = [g for g in grids(frame) if len(g["cells"]) >= minimum]
+            except Exception:  # noqa: BLE001 - the frame navigated to a newer page while it was read
+                continue
             if found:
                 return {**found[0], "frame": frame}
         page.wait_for_timeout(100)
