@@ -98,11 +98,9 @@ function histogramCanvas(counts, labels, width, height, color, title) {
 function activationHistogram(feature) {
   const H = DATA.histogramEdges.length - 1;
   const counts = Array.from(arrays.histogram.subarray(feature * H, (feature + 1) * H));
-  let first = counts.findIndex((c) => c > 0);
-  let last = H - 1 - [...counts].reverse().findIndex((c) => c > 0);
+  const first = counts.findIndex((c) => c > 0);
+  const last = H - 1 - [...counts].reverse().findIndex((c) => c > 0);
   if (first < 0) return el("div", "muted", "never fired");
-  first = Math.max(0, first - 1);
-  last = Math.min(H - 1, last + 1);
   const shownCounts = counts.slice(first, last + 1);
   const edges = DATA.histogramEdges;
   return histogramCanvas(shownCounts, [fmt(edges[first], 2), fmt(edges[last + 1], 2)], 210, 64, "#e8590c",
