@@ -85,12 +85,12 @@ class Explorer:
     """The state behind the app: models, traced passes, jobs, the token and the names it answers to."""
 
     def __init__(self, models: list[str], *, token: str | None = None, hosts: list[str] | None = None,
-                 allow_open: bool = False, cache_bytes: int = 128 * 2**20):
+                 allow_open: bool = False, cache_bytes: int = 128 * 2**20, saes: list[str] = ()):
         if not models:
             raise ValueError("the explorer needs at least one model")
         self.token = token or secrets.token_urlsafe(24)
         self.hosts = {h.strip("[]").lower() for h in (*LOCAL_NAMES, *(hosts or ()))}
-        self.models = Models(models, allow_open=allow_open)
+        self.models = Models(models, allow_open=allow_open, saes=saes)
         self.passes = Passes(cache_bytes)
         self.jobs = Jobs()
 
@@ -197,13 +197,14 @@ def panel_route(explorer: Explorer, panel: Callable) -> Callable:
 
 
 def create_app(models: list[str], *, token: str | None = None, hosts: list[str] | None = None,
-               allow_open: bool = False, cache_bytes: int = 128 * 2**20) -> Starlette:
+               allow_open: bool = False, cache_bytes: int = 128 * 2**20, saes: list[str] = ()) -> Starlette:
     """The explorer for `models` (names `anatomy models` lists, folders, .gguf files, Hub ids).
 
     token: the access token (default: a random one, `app.state.explorer.token`); hosts: names
     besides 127.0.0.1, localhost and [::1] the Host header may carry; allow_open: whether the page
-    may open a model it names; cache_bytes: the traced passes' memory budget."""
-    explorer = Explorer(models, token=token, hosts=hosts, allow_open=allow_open, cache_bytes=cache_bytes)
+    may open a model it names; cache_bytes: the traced passes' memory budget; saes: sparse
+    autoencoders for the features panel, each "MODEL=PATH" (or PATH, on the first model)."""
+    explorer = Explorer(models, token=token, hosts=hosts, allow_open=allow_open, cache_bytes=cache_bytes, saes=saes)
 
     async def page(request: Request) -> Response:
         html = (STATIC / "index.html").read_text(encoding="utf-8")
@@ -389,6 +390,9 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         Route("/api/lens", panel_route(explorer, panels.lens), methods=["POST"]),
         Route("/api/attribution", panel_route(explorer, panels.attribution), methods=["POST"]),
         Route("/api/intervene", panel_route(explorer, panels.intervene), methods=["POST"]),
+        Route("/api/features", panel_route(explorer, panels.features), methods=["POST"]),
+        Route("/api/feature", panel_route(explorer, panels.feature), methods=["POST"]),
+        Route("/api/steer", panel_route(explorer, panels.steer), methods=["POST"]),
         Route("/api/heads", heads, methods=["POST"]),
         Route("/api/compare", compare, methods=["POST"]),
         Route("/api/jobs", start_job, methods=["POST"]),

@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_argument(parser, default=None, required=False, several=True,
                        help="a model the page may show; give --model several times (default: smollm2 if installed, "
                             "the three toys, minilm if installed)")
+    parser.add_argument("--sae", action="append", default=[], metavar="MODEL=PATH",
+                        help="a sparse autoencoder for the features panel (an `anatomy sae train` run, SAELens's or "
+                             "Gemma Scope's files), on MODEL (default: the first); give it several times")
     parser.add_argument("--host", default="127.0.0.1",
                         help="the address to listen on (default: 127.0.0.1, this machine only); any other prints a "
                              "warning")
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {error.strerror}") from None
     bound = sock.getsockname()[1]
     hosts = [] if args.host in LOCAL else [args.host, socket.gethostname()]
-    app = create_app(models, hosts=hosts, allow_open=args.allow_open, cache_bytes=args.cache_mb * 2**20)
+    app = create_app(models, hosts=hosts, allow_open=args.allow_open, cache_bytes=args.cache_mb * 2**20, saes=args.sae)
     shown = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else shown}:{bound}/?token={app.state.explorer.token}"
     if args.host not in LOCAL:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -62,6 +63,7 @@ class ModelSlot:
     load_seconds: float | None = None
     cache: dict = field(default_factory=dict)  # per-model results computed once (head scores)
     shared: set = field(default_factory=set)  # the storages of the model's parameters and buffers
+    saes: dict = field(default_factory=dict)  # name -> a sparse autoencoder on one of its points
 
     def get(self) -> nn.Module:
         """The model, loaded the first time it is asked for (once, whatever thread asks)."""
@@ -84,18 +86,38 @@ class ModelSlot:
             info.update(arch=config.arch, n_layers=decoder.n_layers, n_heads=decoder.n_heads, d_model=config.d_model,
                         d_ff=config.d_ff, vocab_size=config.vocab_size, head=config.head,
                         encoder_layers=config.n_layers if config.arch == "encoder-decoder" else None)
+        info["saes"] = [{"name": name, "point": sae.point, "d_sae": sae.d_sae, "kind": sae.kind}
+                        for name, sae in self.saes.items()]
         return info
 
 
 class Models:
     """The models given on the command line (and, with allow_open, any the page names)."""
 
-    def __init__(self, names: list[str], *, allow_open: bool = False):
+    def __init__(self, names: list[str], *, allow_open: bool = False, saes: list[str] = ()):
         self.slots: dict[str, ModelSlot] = {}
         self.allow_open = allow_open
         self._lock = threading.Lock()
         for name in names:
             self.add(name)
+        for given in saes:
+            self.attach_sae(given)
+
+    def attach_sae(self, given: str) -> None:
+        """`MODEL=PATH` (or PATH, for the first model): a sparse autoencoder (anatomy.load_sae: an
+        `anatomy sae train` run, SAELens's or Gemma Scope's files) on the point its files name, checked
+        against the model's width before any pass."""
+        from ..sae import load_sae
+
+        model, _, path = given.rpartition("=") if "=" in given and given.split("=", 1)[0] in self.slots else ("", "", given)
+        slot = self.slots[model] if model else next(iter(self.slots.values()))
+        sae = load_sae(path)
+        if sae.point is None:
+            raise ValueError(f"the SAE in {path!r} does not say which trace point it reads")
+        width = slot.config.d_model if slot.config is not None else None
+        if width is not None and not sae.flatten_heads and sae.d_in != width:
+            raise ValueError(f"the SAE in {path!r} reads vectors of {sae.d_in}; {slot.name} has d_model {width}")
+        slot.saes[Path(path).name or path] = sae.eval()
 
     def add(self, name: str) -> ModelSlot:
         """A slot for `name`, its config read without loading a weight (CheckpointError if none)."""

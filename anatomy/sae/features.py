@@ -130,6 +130,7 @@ def direct_logits(model: nn.Module, directions: torch.Tensor, k: int = 8, chunk:
     """(promoted ids [F, k], their logits, suppressed ids [F, k], their logits) of directions [F, d_model]
     through the LM head's matrix: the feature's direct effect on each token's logit, per unit of activation."""
     weight = model.lm_head.proj.weight.detach()  # (V, d_model)
+    k = min(k, weight.size(0))  # a vocabulary smaller than k (the toys'): all of it
     top, top_values, bottom, bottom_values = [], [], [], []
     for start in range(0, directions.size(0), chunk):
         logits = directions[start:start + chunk] @ weight.T  # (chunk, V)

@@ -26,9 +26,19 @@ def prenorm(tmp_path_factory) -> str:
     return str(folder)
 
 
+@pytest.fixture(scope="session")
+def sae_folder(tmp_path_factory) -> str:
+    """A small TopK SAE on the pre-norm toy's last residual stream, saved in SAELens's format."""
+    from anatomy.sae import SAE
+
+    folder = tmp_path_factory.mktemp("toy-sae")
+    SAE(4, 16, kind="topk", k=2, point="blocks.1.resid_post", seed=3).save(folder)
+    return str(folder)
+
+
 @pytest.fixture(scope="module")
-def app(prenorm):
-    return create_app(TOYS + [prenorm], token=TOKEN, hosts=["testserver"])
+def app(prenorm, sae_folder):
+    return create_app(TOYS + [prenorm], token=TOKEN, hosts=["testserver"], saes=[f"{prenorm}={sae_folder}"])
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +49,7 @@ def client(app):
 
 
 @pytest.fixture(scope="module")
-def served():
-    server = Served(TOYS + (["smollm2"] if HAS_SMOLLM2 else []))
+def served(prenorm, sae_folder):
+    server = Served(TOYS + (["smollm2"] if HAS_SMOLLM2 else []) + [prenorm], saes=[f"{prenorm}={sae_folder}"])
     yield server
     server.stop()

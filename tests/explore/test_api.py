@@ -261,3 +261,38 @@ def test_exports_are_the_library_pages_a_png_and_the_json(client):
     assert data["cols"] == ["<SOS>", "Hello", "World,", "this", "is"]
     view = client.get("/api/export", params={**base, "panel": "attention", "format": "html", "view": "model"})
     assert "Every layer and head" in view.text
+
+
+# ---- features ------------------------------------------------------------------------------------
+
+
+def test_the_features_are_the_saes_own_on_the_pass(client, prenorm, sae_folder):
+    sae = anatomy.load_sae(sae_folder)
+    described = next(m for m in client.get("/api/models").json()["models"] if m["name"] == prenorm)
+    assert described["saes"] == [{"name": described["saes"][0]["name"], "point": "blocks.1.resid_post", "d_sae": 16,
+                                  "kind": "topk"}]
+    data = post(client, "/api/features", model=prenorm, text=TEXT)
+    _, cache = anatomy.run_with_cache(model(prenorm), TEXT)
+    expected = sae.encode(cache["blocks.1.resid_post"][0])  # (T, F)
+    assert data["l0"] == pytest.approx(2.0)  # TopK with k = 2
+    for feature in data["features"]:
+        torch.testing.assert_close(torch.tensor(feature["acts"]), expected[:, feature["id"]], atol=1e-4, rtol=1e-3)  # 4 digits
+    peaks = expected.max(dim=0).values
+    assert [f["id"] for f in data["features"]] == [i for i in peaks.argsort(descending=True).tolist() if peaks[i] > 0]
+    assert "explains" in data["check"]
+    refused = client.post("/api/features", json={"model": "toy", "text": TEXT})
+    assert refused.status_code == 400 and "--sae" in refused.json()["error"]
+
+
+def test_steering_with_a_feature_adds_its_direction(client, prenorm, sae_folder):
+    sae = anatomy.load_sae(sae_folder)
+    data = post(client, "/api/steer", model=prenorm, text=TEXT, feature=5, alpha=3.0)
+    toy = model(prenorm)
+    with torch.no_grad(), anatomy.trace(toy, [], interventions={"blocks.1.resid_post": anatomy.sae.steer(sae, 5, 3.0)}):
+        after = torch.softmax(toy(torch.tensor([toy.tokenizer.encode_prompt(TEXT)])).logits[0, -1].double(), dim=-1)
+    for row in data["rows"]:
+        assert row["after"] == pytest.approx(float(after[row["id"]]), abs=1e-6)
+    assert data["kl"] > 0
+    opened = post(client, "/api/feature", model=prenorm, text=TEXT, feature=5)
+    lens = anatomy.sae.analysis.feature_lens(toy, sae, [5], top=10)
+    assert opened["logits"]["promoted"] == lens.extra["promoted_tokens"][0]

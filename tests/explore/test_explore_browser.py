@@ -5,6 +5,7 @@ cells under their headers, and no request leaves the page's origin."""
 from __future__ import annotations
 
 import sys
+from urllib.parse import quote
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,19 @@ def test_integrated_gradients_run_as_a_job_and_show_their_page(page, served):
             break
         page.wait_for_timeout(100)
     assert "completeness" in frame.inner_text(".check") and frame.query_selector(".check.holds")
+
+
+def test_the_features_panel_lists_opens_and_steers(page, served, prenorm, sae_folder):
+    open_page(page, served, f"#model={quote(prenorm)}&text=Hello%20World,%20this%20is&panel=features")
+    page.wait_for_selector("[data-panel='features'] .feature-row")
+    sae = anatomy.load_sae(sae_folder)
+    _, cache = anatomy.run_with_cache(anatomy.from_pretrained(prenorm), "Hello World, this is")
+    peaks = sae.encode(cache["blocks.1.resid_post"][0]).max(dim=0).values
+    shown = [int(row.query_selector(".feature-id").text_content()[1:]) for row in page.query_selector_all(".feature-row")]
+    assert shown == [i for i in peaks.argsort(descending=True).tolist() if peaks[i] > 0]
+    page.click(".feature-row >> nth=0")
+    page.wait_for_selector("#feature-detail .pair-row")
+    page.fill("input[aria-label='steering strength']", "5")
+    page.dispatch_event("input[aria-label='steering strength']", "change")
+    page.wait_for_function("() => document.querySelector('#feature-detail').textContent.includes('adding 5 ×')")
+    assert "KL =" in page.text_content("#feature-detail")

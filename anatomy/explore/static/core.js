@@ -92,7 +92,7 @@ export function el(tag, attributes = {}, ...children) {
     else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
     else node.setAttribute(key, value === true ? "" : value);
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -100,7 +100,7 @@ export function el(tag, attributes = {}, ...children) {
 }
 
 export function clear(node, ...children) {
-  node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined));
+  node.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined));
 }
 
 export function fmt(value, digits = 3) {
@@ -220,4 +220,23 @@ export async function runJob(box, frame, body, what, unit) {
 export function cancelJobIn(box) {
   if (box.job) cancelJob(box.job);
   box.job = null;
+}
+
+// Two next-token distributions side by side (before and after an intervention or a steering):
+// one row per token, a bar and a percentage for each.
+export function beforeAfterRows(rows, count = 12) {
+  const top = Math.max(...rows.map((r) => Math.max(r.before, r.after)), 1e-9);
+  const bar = (fraction, kind) => {
+    const fill = el("span", {class: `bar-fill ${kind}`});
+    fill.style.width = `${Math.max(0.5, 100 * fraction)}%`;
+    return el("span", {class: "bar-track"}, fill);
+  };
+  return [
+    el("div", {class: "pair-head"}, el("span", {}), el("span", {text: "before"}), el("span", {}), el("span", {text: "after"}),
+       el("span", {})),
+    rows.slice(0, count).map((row) => el("div", {class: "pair-row", title: `${row.token}: ${percent(row.before)} → ${percent(row.after)}`},
+      el("span", {class: "bar-label tok", text: row.token}), bar(row.before / top, "before"),
+      el("span", {class: "bar-value", text: percent(row.before)}), bar(row.after / top, "after"),
+      el("span", {class: "bar-value", text: percent(row.after)}))),
+  ];
 }

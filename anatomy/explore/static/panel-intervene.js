@@ -2,7 +2,8 @@
 // distribution before and after; and activation patching from a second prompt, as a layer ×
 // position heatmap, run as a job with progress and a cancel button.
 import {
-  api, clear, currentModel, el, errorBox, fmt, isAbort, numberSelect, pageFrame, percent, register, runJob, textBody,
+  api, beforeAfterRows, clear, currentModel, el, errorBox, fmt, isAbort, numberSelect, pageFrame, register, runJob,
+  textBody,
 } from "./core.js";
 
 const controls = document.getElementById("intervene-controls");
@@ -46,23 +47,8 @@ async function update() {
     if (!isAbort(error)) clear(body, errorBox(error));
     return;
   }
-  const top = Math.max(...data.rows.map((r) => Math.max(r.before, r.after)), 1e-9);
-  const rows = data.rows.slice(0, 12).map((row) => el("div", {class: "pair-row", title: `${row.token}: ${percent(row.before)} → ${percent(row.after)}`},
-    el("span", {class: "bar-label tok", text: row.token}),
-    el("span", {class: "bar-track"}, fill(row.before / top, "before")),
-    el("span", {class: "bar-value", text: percent(row.before)}),
-    el("span", {class: "bar-track"}, fill(row.after / top, "after")),
-    el("span", {class: "bar-value", text: percent(row.after)})));
   clear(body, el("p", {class: "small", text: `${data.scale === 0 ? "Zeroing" : `Scaling by ${data.scale}`} ${data.kind} ${data.index} of layer ${data.layer} ` +
-    `(${data.point}) moves the next-token distribution by KL = ${fmt(data.kl, 4)} nats.`}),
-    el("div", {class: "pair-head"}, el("span", {}), el("span", {text: "before"}), el("span", {}), el("span", {text: "after"}), el("span", {})),
-    rows);
-}
-
-function fill(fraction, kind) {
-  const node = el("span", {class: `bar-fill ${kind}`});
-  node.style.width = `${Math.max(0.5, 100 * fraction)}%`;
-  return node;
+    `(${data.point}) moves the next-token distribution by KL = ${fmt(data.kl, 4)} nats.`}), beforeAfterRows(data.rows));
 }
 
 function patch() {
