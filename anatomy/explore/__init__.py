@@ -6,11 +6,11 @@
 The floor's files: state (the models and the traced passes, one per text, cached within a memory
 budget), panels (each panel's JSON, drawn from the floors below: walk, viz, analysis, generation),
 jobs (patching, integrated gradients and head scores off the request path, with progress and
-cancelling), app (the ASGI application: the page, its assets, the JSON API of docs/explore.md, and
+cancelling), server (the ASGI application: the page, its assets, the JSON API of docs/explore.md, and
 the guards of a local server), cli (the command), static/ (the page: one script per panel).
 """
 
-from .app import create_app
+from .server import create_app
 
 __all__ = ["app", "create_app"]
 
@@ -18,7 +18,7 @@ __all__ = ["app", "create_app"]
 def __getattr__(name):
     # `uvicorn anatomy.explore:app` builds the app from the environment, only when asked for.
     if name == "app":
-        from .app import app_from_environment
+        from .server import app_from_environment
 
         return app_from_environment()
     raise AttributeError(f"module 'anatomy.explore' has no attribute {name!r}")

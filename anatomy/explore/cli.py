@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .app import create_app
+    from .server import create_app
 
     models = args.model or default_models()
     torch.set_num_threads(args.threads)

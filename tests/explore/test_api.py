@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import anatomy
-from anatomy.explore.app import PAGE_POLICY
+from anatomy.explore.server import PAGE_POLICY
 from explore_servers import TOKEN
 
 TEXT = "Hello World, this is"
@@ -296,3 +296,20 @@ def test_steering_with_a_feature_adds_its_direction(client, prenorm, sae_folder)
     opened = post(client, "/api/feature", model=prenorm, text=TEXT, feature=5)
     lens = anatomy.sae.analysis.feature_lens(toy, sae, [5], top=10)
     assert opened["logits"]["promoted"] == lens.extra["promoted_tokens"][0]
+
+
+def test_the_app_is_a_plain_asgi_app_configured_by_the_environment(monkeypatch):
+    from starlette.testclient import TestClient
+
+    import anatomy.explore
+
+    monkeypatch.setenv("ANATOMY_EXPLORE_MODELS", "toy,toy-encoder")
+    monkeypatch.setenv("ANATOMY_EXPLORE_TOKEN", "from-the-environment")
+    monkeypatch.setenv("ANATOMY_EXPLORE_HOSTS", "testserver")
+    with TestClient(anatomy.explore.app) as client:  # what `uvicorn anatomy.explore:app` serves
+        assert client.get("/api/models").status_code == 401
+        models = client.get("/api/models", headers={"Authorization": "Bearer from-the-environment"}).json()
+        assert [m["name"] for m in models["models"]] == ["toy", "toy-encoder"]
+    monkeypatch.delenv("ANATOMY_EXPLORE_TOKEN")
+    with pytest.raises(RuntimeError, match="ANATOMY_EXPLORE_TOKEN"):
+        anatomy.explore.app  # noqa: B018 - every worker must share one token: none is refused
