@@ -6,7 +6,8 @@ Two rows:
   4096, Adam, warmup and cosine decay, AuxK): anatomy's `SAETrainer.train_step` against SAELens's
   `SAETrainer.step`, on the same activations in the same order, with the same hyperparameters, each in
   its own process, alternating (anatomy, SAELens, SAELens, anatomy): rows per second, medians over the
-  steps after the first 5, and the fraction of variance explained on the same held-out rows at the end.
+  steps after the first 5, and the fraction of variance explained on the same held-out rows at the end
+  (both start b_dec at the rows' mean, as anatomy does; SAELens 6 starts it at 0).
   SAELens pins transformer-lens < 4, so it runs from its own virtual environment: $ANATOMY_SAELENS_PYTHON,
   else one the bench makes under ~/.cache/anatomy/venv-saelens (pip install torch==<this torch> sae-lens,
   said before it starts); without either, the row says why and has no SAELens column.
@@ -68,7 +69,7 @@ def _options(settings: Settings, d_in: int) -> dict:
     if settings.quick:
         return dict(d_sae=128, k=8, batch_size=256, steps=12, lr=1e-3, warmup=2, min_lr_ratio=0.0,
                     aux_coefficient=1 / 32, dead_steps=4, seed=0, threads=1)
-    return dict(d_sae=4608, k=32, batch_size=4096, steps=60, lr=7e-4, warmup=10, min_lr_ratio=0.0,
+    return dict(d_sae=4608, k=32, batch_size=4096, steps=100, lr=7e-4, warmup=10, min_lr_ratio=0.0,
                 aux_coefficient=1 / 32, dead_steps=20, seed=0, threads=1)
 
 

@@ -7,7 +7,8 @@ so it cannot share anatomy's); it imports SAELens and torch, never anatomy.
 
 ROWS holds "train" [R, E] (already in the order the batches take them) and "held_out" [H, E]. Each step
 is what SAETrainer.fit runs per batch (SAETrainer.step: scaling, the forward and AuxK losses, backward,
-clipping, Adam, the schedule, dead-feature bookkeeping), without its progress bar and logging. OUT gets
+clipping, Adam, the schedule, dead-feature bookkeeping), without its progress bar and logging; b_dec
+starts at the rows' mean, as anatomy's does. OUT gets
 the seconds of every step and the fraction of variance explained on the held-out rows at the end.
 """
 
@@ -52,6 +53,11 @@ def main(rows_path: str, out_path: str, options: str) -> None:
     provider = batches()
     trainer = SAETrainer(config, sae, provider)
     trainer.activation_scaler.estimate_scaling_factor(d_in, batches(), 4)  # as fit() does first
+    # b_dec starts where anatomy starts it, at the (scaled) mean of the first rows, as Gao et al. start theirs
+    # (at the geometric median): SAELens 6 has no option for it, and from 0 it spends its first hundreds of
+    # steps moving b_dec to the residual stream's mean, far from the origin
+    with torch.no_grad():
+        sae.b_dec.copy_(train[:16384].mean(0) * trainer.activation_scaler.scaling_factor)
     seconds = []
     for _ in range(o["steps"]):
         start = time.perf_counter()

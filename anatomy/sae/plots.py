@@ -51,6 +51,7 @@ def plot_training(run_dir: str | os.PathLike, history: list[dict]) -> Path | Non
         axis.grid(alpha=0.3)
     left.legend()
     middle.legend()
+    right.set_ylim(bottom=0.0, top=max(0.05, max([v for _, v in series["dead"]] or [0.0]) * 1.1))
     left.set_ylim(max(0.0, min([v for _, v in series["fve"][len(series["fve"]) // 10:]] or [0.0]) - 0.05), 1.0)
     result = _save(fig, Path(run_dir) / "sae.png")
     plt.close(fig)
