@@ -148,6 +148,7 @@ def _run(command: list[str]) -> dict:
 
 
 def bench_training(settings: Settings, train: torch.Tensor, held: torch.Tensor) -> Row:
+    """The training row: each side's worker process in turn, rows per second and held-out FVE."""
     from safetensors.torch import save_file
 
     options = _options(settings, train.size(1))
@@ -181,6 +182,7 @@ def bench_training(settings: Settings, train: torch.Tensor, held: torch.Tensor) 
 
 
 def bench_harvest(settings: Settings, model) -> Row:
+    """The harvesting row: a pass stopped at the point against the whole forward pass, alternating."""
     from ..sae.store import harvest
     from ..trace import trace
 
@@ -203,6 +205,7 @@ def bench_harvest(settings: Settings, model) -> Row:
 
 
 def bench_sae(settings: Settings) -> list[Row]:
+    """Both rows of the module docstring."""
     train, held, model = _activations(settings)
     return [bench_harvest(settings, model), bench_training(settings, train, held)]
 

@@ -23,6 +23,7 @@ from .modules import KINDS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`anatomy sae train | eval | features` and their options."""
     commands = parser.add_subparsers(dest="sae_command", metavar="COMMAND", required=True)
 
     train = commands.add_parser("train", help="train an SAE (or a transcoder) on a model's activations")
@@ -96,6 +97,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the sae command named on the command line; 0 on success."""
     if args.threads:
         torch.set_num_threads(args.threads)
     return {"train": run_train, "eval": run_eval, "features": run_features}[args.sae_command](args)
@@ -119,6 +121,7 @@ def _model(name: str, device: str, points=()):
 
 
 def run_train(args) -> int:
+    """Harvest, train, save sae/ and eval.json, draw sae.png (module docstring); under torchrun, one rank each."""
     from ..training import distributed
     from ..training.checkpoint import checkpoint_candidates, remove_temporaries
     from ..training.metrics import METRICS
@@ -231,6 +234,7 @@ def _sae_model_tokens(args):
 
 
 def run_eval(args) -> int:
+    """Print L0, FVE, CE loss recovered, dead and dense of an SAE on the text of --data."""
     from .evaluate import evaluate
 
     sae, model, tokens = _sae_model_tokens(args)
@@ -241,6 +245,7 @@ def run_eval(args) -> int:
 
 
 def run_features(args) -> int:
+    """Write the feature page of an SAE over the text of --data."""
     import time
 
     from .features import feature_page, stats_of

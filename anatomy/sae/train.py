@@ -99,9 +99,11 @@ class Training(nn.Module):
         return x, y
 
     def dead(self) -> torch.Tensor:
+        """[F] bool: the features silent for more than dead_tokens tokens."""
         return self.tokens_since_fired > self.config.dead_tokens
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, dead: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """(loss, stats) of the batch x [B, E] -> y [B, O], by kind (objectives.py)."""
         c = self.config
         aux_k = c.aux_k or max(1, self.sae.d_in // 2)
         if self.sae.kind == "topk":
@@ -169,6 +171,7 @@ class SAETrainer:
 
     # ---- one step ---------------------------------------------------------------------------------
     def train_step(self) -> dict:
+        """One optimizer step (the module docstring's 1-4); returns its record (loss, mse, fve, l0, dead)."""
         c, sae, t = self.config, self.sae, self.training
         x, y = t.split(self.store.batch(self.step).to(self.device))
         typical = y.flatten(1).pow(2).sum(-1) <= OUTLIER**2 * y[0].numel()  # scaled: E ||y||^2 = width
@@ -289,4 +292,5 @@ def fold_scales(sae: SAE, scale_in: float, scale_out: float) -> SAE:
 
 
 def write_summary(run_dir: Path, config: SAETrainConfig, extra: dict) -> None:
+    """run_dir/sae_train_config.json: the training configuration and what the command line added."""
     write_text_atomically(Path(run_dir) / "sae_train_config.json", json.dumps({**asdict(config), **extra}, indent=1))
