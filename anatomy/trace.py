@@ -386,7 +386,8 @@ def trace(
                 sources[name] = x
             if sae is not None:
                 if reads is not None and sources[reads] is None:
-                    raise RuntimeError(f"the transcoder at {name!r} reads {reads!r}, which this pass has not reached")
+                    raise ValueError(f"the transcoder at {name!r} reads {reads!r}, which this pass has not reached "
+                                     f"(it comes later, or not at all)")
                 x = sae.splice(x, None if reads is None else sources[reads])
             return x
 

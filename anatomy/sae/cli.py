@@ -131,6 +131,7 @@ def run_train(args) -> int:
     from .modules import SAE
     from .store import ActivationStore, corpus_tokens, harvest, rows_of
     from .train import SAETrainConfig, SAETrainer, write_summary
+    from ..trace import anatomy_name, trace
 
     info = distributed.setup(args.device)
     run_dir = Path(args.out)
@@ -149,7 +150,14 @@ def run_train(args) -> int:
         store = ActivationStore(model, points, train_tokens, context=args.context, batch_size=args.batch_size,
                                 fill_tokens=args.fill_tokens, skip=args.skip, seed=args.seed, rank=info.rank,
                                 world_size=info.world_size, shards=shards)
-        widths = [v.flatten(2).size(-1) for v in harvest(model, torch.as_tensor(train_tokens[None, :8]), points)]
+        probe = torch.as_tensor(train_tokens[None, :8])
+        widths = [v.flatten(2).size(-1) for v in harvest(model, probe, points)]
+        if args.point_out:
+            with torch.no_grad(), trace(model, points) as reached:
+                model(probe)
+            if list(reached)[0] != anatomy_name(args.point):
+                raise ValueError(f"a transcoder predicts a later point from an earlier one; in {args.model!r} "
+                                 f"{args.point_out!r} comes before {args.point!r}")
         k = args.k if args.kind in ("topk", "batchtopk") else None
         sae = SAE(widths[0], args.features, kind=args.kind, k=int(k) if args.kind == "topk" else k,
                   d_out=widths[-1], point=args.point, point_out=args.point_out, seed=args.seed,

@@ -72,6 +72,7 @@ def test_eval_and_features_read_the_run(run, text, tmp_path, capsys):
     (["--point", "blocks.9.resid_post"], "blocks.9.resid_post"),
     (["--k", "0"], "positive"),
     (["--kind", "gated"], "invalid choice"),
+    (["--point", "blocks.1.mlp_norm.out", "--point-out", "blocks.1.mlp.out"], "comes before"),  # the toy is post-norm
 ])
 def test_mistakes_end_in_one_line(text, tmp_path, capsys, arguments, message):
     assert status(TRAIN + ["--data", str(text), "--out", str(tmp_path / "r")] + arguments) == 2
