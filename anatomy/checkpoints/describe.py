@@ -15,9 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import LocalEntryNotFoundError
-
 from ..config import ModelConfig
 from .files import Weights
 from .gguf import open_gguf
@@ -59,6 +56,9 @@ def config_of(name_or_path: str | Path, revision: str | None = None) -> ModelCon
 
 def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
     """The cached snapshot folder of a Hub id, if its config.json and weights are in the cache."""
+    from huggingface_hub import snapshot_download  # only for a Hub id (0.3 s to import)
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
     try:
         folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir(), local_files_only=True,
                                         allow_patterns=[CONFIG_FILE]))

@@ -16,15 +16,6 @@ import os
 import re
 from pathlib import Path
 
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    LocalEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
-
 from .files import CheckpointError
 
 # "org/name" or a canonical name without an org ("gpt2"), as the Hub spells repository ids.
@@ -72,6 +63,17 @@ def fetch(repo_id: str, patterns: list[str], revision: str | None = None) -> Pat
 
 
 def _download(repo_id: str, revision: str | None, patterns: list[str]) -> Path:
+    # imported here: huggingface_hub (and its HTTP client) takes 0.3 s to import, which every command
+    # paid before it knew whether it would fetch anything
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
     cache = cache_dir()
     where = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
     try:

@@ -66,7 +66,7 @@ def test_the_config_of_a_gguf_file_reads_no_tensor(tmp_path, monkeypatch):
 @pytest.mark.parametrize("typed, meant", [("smolm2", "smollm2"), ("SmolLM2", "smollm2"), ("toy-encodr", "toy-encoder"),
                                           ("minlm", "minilm")])
 def test_a_misspelt_builtin_name_gets_did_you_mean(typed, meant, monkeypatch):
-    monkeypatch.setattr(hub, "snapshot_download", lambda *a, **k: pytest.fail("a misspelt name went to the Hub"))
+    monkeypatch.setattr("huggingface_hub.snapshot_download", lambda *a, **k: pytest.fail("a misspelt name went to the Hub"))
     with pytest.raises(CheckpointError, match=f"did you mean '{meant}'"):
         config_of(typed)
     with pytest.raises(CheckpointError, match=f"did you mean '{meant}'"):
@@ -75,7 +75,7 @@ def test_a_misspelt_builtin_name_gets_did_you_mean(typed, meant, monkeypatch):
 
 def test_a_hub_id_that_is_not_cached_is_unknown_without_a_download(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    monkeypatch.setattr(hub, "snapshot_download", lambda *a, **k: pytest.fail("config_of went to the Hub"))
+    monkeypatch.setattr(hub, "_download", lambda *a, **k: pytest.fail("config_of went to the Hub"))
     assert config_of("some-org/some-model") is None
 
 
@@ -86,7 +86,7 @@ def test_hub_advice_names_only_the_variables_that_are_set(tmp_path, monkeypatch)
         raise LocalEntryNotFoundError("no connection")
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    monkeypatch.setattr(hub, "snapshot_download", unreachable)
+    monkeypatch.setattr("huggingface_hub.snapshot_download", unreachable)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(CheckpointError) as refused:
         anatomy.from_pretrained("some-org/some-model")

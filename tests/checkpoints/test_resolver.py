@@ -91,7 +91,7 @@ def test_a_gated_model_without_a_token_is_a_checkpoint_error(monkeypatch, offlin
         url = "https://huggingface.co/meta-llama/Llama-3.2-1B/resolve/main/config.json"
         raise GatedRepoError("403 gated", response=httpx.Response(403, request=httpx.Request("GET", url)))
 
-    monkeypatch.setattr(hub, "snapshot_download", gated)
+    monkeypatch.setattr("huggingface_hub.snapshot_download", gated)
     with pytest.raises(CheckpointError, match=r"'meta-llama/Llama-3.2-1B' is a gated model.*HF_TOKEN"):
         anatomy.from_pretrained("meta-llama/Llama-3.2-1B")
 
