@@ -25,10 +25,12 @@ common.py. A new group is one more line in GROUPS.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 
 import torch
 
+from ..checkpoints.parity import quiet_progress_bars
 from ..cli import non_negative_int, threads
 from .common import Row, Settings, cpu_model, fmt, load_average, matmul_peak, read_bandwidth
 from .analysis import bench_analysis
@@ -100,8 +102,23 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print("anatomy bench compares with Hugging Face transformers: pip install transformers")
         return 2
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    with quiet_progress_bars(), verbosity(transformers.logging, transformers.logging.ERROR):
+        return run_groups(args, settings, transformers)
+
+
+@contextlib.contextmanager
+def verbosity(logging, level: int):
+    """transformers' log level set to `level` for a block, then put back (tests run in one process)."""
+    before = logging.get_verbosity()
+    logging.set_verbosity(level)
+    try:
+        yield
+    finally:
+        logging.set_verbosity(before)
+
+
+def run_groups(args: argparse.Namespace, settings: Settings, transformers) -> int:
+    """The run itself: the machine's ceilings, every group asked for, the table."""
     settings.peak_gflops = matmul_peak(512 if args.quick else 1536)
     settings.bandwidth_gbs = read_bandwidth(32 if args.quick else 256)
     print(f"# anatomy bench{' --quick' if args.quick else ''}, {datetime.date.today()}")

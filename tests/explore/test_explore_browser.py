@@ -79,8 +79,19 @@ def test_appending_a_token_continues_the_text(page, served):
 
 
 def every_grid(page) -> list[dict]:
-    """The grids of the page and of the library pages framed in it (the analysis panels)."""
-    return [g for frame in page.frames for g in grids(frame)]
+    """The grids of the page and of the library pages framed in it (the analysis panels); a frame
+    caught navigating to a newer page is read once it has loaded it."""
+    found = []
+    for frame in page.frames:
+        for attempt in range(50):
+            try:
+                found += grids(frame)
+                break
+            except Exception:  # noqa: BLE001 - "execution context was destroyed": a navigation in progress
+                if frame.is_detached():
+                    break
+                page.wait_for_timeout(100)
+    return found
 
 
 def cells_sit_under_their_headers(page) -> int:
