@@ -19,7 +19,7 @@ import torch
 from ..checkpoints import from_pretrained
 from ..checkpoints.describe import config_of
 from ..checkpoints.token_text import legend_for
-from ..cli import add_model_argument, one_line, output_file, positive_int, printable, text
+from ..cli import add_model_argument, add_threads_argument, one_line, output_file, positive_int, printable, text
 from .attribution import attention_rollout, gradient_x_input, integrated_gradients
 from .decompose import decompose, direct_logit_attribution
 from .heads import KINDS, detect_heads
@@ -46,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("analysis", choices=ANALYSES, help="which analysis: " + ", ".join(ANALYSES))
     parser.add_argument("text", nargs="?", type=text, help="the input text (the source, for an encoder-decoder)")
     add_model_argument(parser)
+    add_threads_argument(parser)
     parser.add_argument("--target-text", type=text, help="encoder-decoder: the decoder's input text")
     parser.add_argument("--target", type=text,
                         help="ig, gxi, dla: the token whose logit is explained (default: the top prediction)")

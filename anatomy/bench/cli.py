@@ -31,7 +31,7 @@ import datetime
 import torch
 
 from ..checkpoints.parity import quiet_progress_bars
-from ..cli import non_negative_int, threads
+from ..cli import add_threads_argument, non_negative_int
 from .common import Row, Settings, cpu_model, fmt, load_average, matmul_peak, read_bandwidth
 from .analysis import bench_analysis
 from .decoding import bench_generate
@@ -81,8 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", nargs="+", choices=sorted(GROUPS), metavar="GROUP",
                         help=f"run only these groups ({', '.join(GROUPS)})")
     parser.add_argument("--repeats", type=repeats, default=0, help="timed runs per side (default: per case)")
-    parser.add_argument("--threads", type=threads, default=None,
-                        help="torch intra-op threads (default: torch's choice)")
+    add_threads_argument(parser)
 
 
 def repeats(value: str) -> int:
@@ -94,8 +93,6 @@ def repeats(value: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
     settings = Settings(quick=args.quick, repeats=2 if args.quick and not args.repeats else args.repeats)
     try:
         import transformers

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..cli import add_model_argument, non_negative_float, non_negative_int, one_line, text
+from ..cli import add_model_argument, add_threads_argument, non_negative_float, non_negative_int, one_line, text
 from . import ARCHITECTURES, BUILTIN_MODELS
 from .describe import config_of
 from .toys import TOY_MODELS
@@ -30,6 +30,7 @@ from .parity import parity_rows
 def add_parity_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_path", metavar="MODEL", nargs="?", default=None, help="the same as --model")
     add_model_argument(parser, default="minilm", help="a checkpoint transformers can also load")
+    add_threads_argument(parser)
     parser.add_argument("--text", type=text, action="append", help="input text (repeat for a batch); default: a "
                         "pangram, cut to the model's positions if longer")
     parser.add_argument("--text-b", type=text, help="second segment (BERT) or target text (Marian)")

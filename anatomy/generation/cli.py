@@ -24,6 +24,7 @@ from ..checkpoints.toys import TOYS
 from ..cli import (
     add_device_argument,
     add_model_argument,
+    add_threads_argument,
     finite_float,
     one_line,
     positive_float,
@@ -64,6 +65,7 @@ def top_p(value: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_argument(parser, help="a decoder or an encoder-decoder")
     add_device_argument(parser)
+    add_threads_argument(parser)
     parser.add_argument("--prompt", type=text, default="", help="the text to continue (decoder-only), or the "
                         "decoder's forced beginning (encoder-decoder)")
     parser.add_argument("--src", type=text, default=None, help="the source text, for an encoder-decoder model")

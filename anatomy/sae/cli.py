@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli import (add_device_argument, add_model_argument, non_negative_int, positive_float, positive_int,
+from ..cli import (add_device_argument, add_model_argument, add_threads_argument, non_negative_int, positive_float, positive_int,
                    probability, text)
 from .modules import KINDS
 
@@ -91,15 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser, default="cpu")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
+    add_threads_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the sae command named on the command line; 0 on success."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
     return {"train": run_train, "eval": run_eval, "features": run_features}[args.sae_command](args)
 
 

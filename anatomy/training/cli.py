@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 from ..checkpoints.describe import config_of
-from ..cli import (add_device_argument, add_model_argument, input_file, non_negative_float, non_negative_int,
-                   one_line, output_folder, positive_float, positive_int, printable, probability, seed, text, threads)
+from ..cli import (add_device_argument, add_model_argument, add_threads_argument, input_file, non_negative_float,
+                   non_negative_int, one_line, output_folder, positive_float, positive_int, printable, probability, seed,
+                   text)
 from ..config import ACTIVATIONS, ATTN_IMPLS, NORM_POSITIONS, NORMS, POS_ENCODINGS, QK_NORMS
 from . import distributed
 from .budget import check_training_memory
@@ -132,7 +133,7 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
     g.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
     g.add_argument("--seed", type=seed, default=1337, help="seed of the weights, the data order and dropout")
     add_device_argument(g, default="auto")
-    g.add_argument("--threads", type=threads, help="torch CPU threads (default: torch's choice)")
+    add_threads_argument(g)
     g.add_argument("--cache-dir", type=output_folder,
                    help="where token ids are cached (default: ~/.cache/anatomy/tokens)")
     g.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
@@ -266,8 +267,6 @@ def check_arguments(args) -> None:
 
 def run(args) -> int:
     check_arguments(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     info = distributed.setup(args.device)
     run_dir = Path(args.out)
     lock = None

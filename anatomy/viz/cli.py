@@ -18,7 +18,7 @@ import sys
 
 from ..checkpoints import from_pretrained, load_tokenizer
 from ..checkpoints.describe import config_of
-from ..cli import add_device_argument, add_model_argument, non_negative_int, output_file, positive_int, printable, text
+from ..cli import add_device_argument, add_model_argument, add_threads_argument, non_negative_int, output_file, positive_int, printable, text
 from . import views
 from .adapters import attention_from_ids, attention_from_model, greedy_continuation, tokens_of
 from .plots import map_heatmap, save_figure
@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: the model's own greedy translation)")
     add_model_argument(parser)
     add_device_argument(parser)
+    add_threads_argument(parser)
     parser.add_argument("--view", choices=VIEWS, default="head", help="which view to write (default: head)")
     parser.add_argument("--out", metavar="FILE.html", type=output_file(".html"),
                         help="write the interactive view here (one self-contained file)")

@@ -22,7 +22,7 @@ import textwrap
 from ..checkpoints import from_pretrained, load_tokenizer
 from ..checkpoints.describe import config_of
 from ..checkpoints.toys import MASK, TOY_MODELS, TOYS, build_toy, toy_tokenizer
-from ..cli import add_device_argument, add_model_argument, non_negative_int, output_file, printable, seed, text
+from ..cli import add_device_argument, add_model_argument, add_threads_argument, non_negative_int, output_file, printable, seed, text
 from ..viz import write_atomically
 from .examples import EXAMPLES, example_walk
 from .walkthrough import Walkthrough, check_layer_and_head, walkthrough
@@ -44,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{DEFAULT_TEXT['minilm']!r})")
     add_model_argument(parser, default="toy", help="the model whose forward pass is narrated")
     add_device_argument(parser)
+    add_threads_argument(parser)
     parser.add_argument("--target", default=None, type=text, help="an encoder-decoder: the decoder's text")
     parser.add_argument("--layer", type=non_negative_int, default=0, help="the layer narrated in full")
     parser.add_argument("--head", type=non_negative_int, default=0, help="the attention head narrated in full")
