@@ -110,6 +110,9 @@ TEXT = {
                   "for the next token; row t predicts token t + 1.",
     "masked_token": "A softmax over the vocabulary turns each row of logits into the model's guess for the "
                     "word at that position; the guess that matters is the one at {mask}.",
+    "unmasked": "A masked-language model: each row is its guess for the word at that position, given the "
+                "whole text on both sides. This text has no {mask}, so each row guesses the word already "
+                "there; put {mask} where a word should be guessed.",
     "untrained": " The weights are untrained, so these probabilities illustrate the computation, not language.",
     "pooled_none": "One vector for the whole sentence: this model has no pooler, so the rows are averaged "
                    "(mean pooling, as sentence-transformers do for MiniLM). Two sentences are then "

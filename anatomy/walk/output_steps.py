@@ -81,12 +81,12 @@ def lm_steps(b: Builder, lm_head, hidden_point: str, tokens, section: str, *, ma
         b.check("H·W" + ("_Eᵀ" if tied else "_out") + bias, "the model's logits", mine, logits),
     )
     probs = softmax(logits)
-    if masked is not None and masked in tokens:
-        fi = tokens.index(masked)
+    if masked is not None:  # a masked-language model: each row guesses the word at its own position
+        fi = tokens.index(masked) if masked in tokens else b.row(len(tokens))
         rows = [f"at '{t}'" for t in tokens]
-        text = say("masked_token", mask=masked)
+        text = say("masked_token" if masked in tokens else "unmasked", mask=masked)
         equation, latex = "p(word at t | the rest) = softmax(logits)", r"p(\cdot \mid \text{context}) = \mathrm{softmax}(\text{logits})"
-        what = f"at {masked} (position {fi})"
+        what = f"at {masked} (position {fi})" if masked in tokens else f"at '{tokens[fi]}' (position {fi})"
     else:
         fi = b.row(len(tokens)) if len(tokens) > 1 else 0
         rows = [f"after '{t}'" for t in tokens]
@@ -104,7 +104,8 @@ def lm_steps(b: Builder, lm_head, hidden_point: str, tokens, section: str, *, ma
     shown_terms = ", ".join(f"{vocab[i]}: {fmt(float(exps[i]))}" for i in range(V)) if V <= 16 else \
         ", ".join(f"{b.label(int(i))}: {fmt(float(exps[i]))}" for i in top.indices)
     b.add(
-        section, "Next-token probabilities" if masked is None else "The masked word's probabilities", text,
+        section, "Next-token probabilities" if masked is None else
+        "The masked word's probabilities" if masked in tokens else "Each word's probabilities", text,
         equation, latex,
         [Matrix("p", "p", probs, rows=rows, cols=vocab, highlight=fi),
          Matrix(f"top {len(top.values)} {what}", r"\text{top-" + str(len(top.values)) + "}", top.values[:, None],

@@ -185,3 +185,13 @@ def test_the_narration_follows_the_model():
     assert "Q = X·W_q + b_q,   K = X·W_k + b_k" in qkv
     assert "FFN(x) = max(0, x·W_1 + b_1)·W_2 + b_2" in step_text(toy_walk, "Feed-forward network")
     assert "γ, β and ε" in step_text(toy_walk, "Residual and LayerNorm")
+
+
+def test_an_encoder_without_its_mask_guesses_the_words_that_are_there():
+    model, _, options = toy_example("toy-encoder")
+    tokenizer = model.tokenizer if hasattr(model, "tokenizer") else __import__("anatomy").load_tokenizer("toy-encoder")
+    ids = tokenizer.encode("Hello World")
+    walk = walkthrough(model, ids, **{**options, "tokens": tokenizer.labels(ids)})
+    last = walk.steps[-1]
+    assert last.title == "Each word's probabilities" and "has no <MASK>" in last.text and "after" not in last.text
+    assert last.matrices[0].rows[0].startswith("at ")
