@@ -87,7 +87,8 @@ class Jobs:
 
         with self._lock:
             self._forget_old()
-            running = sum(job.state in ("queued", "running") for job in self._jobs.values())
+            # a job told to stop no longer counts: it ends at its next pass
+            running = sum(job.state in ("queued", "running") and not job.cancel.is_set() for job in self._jobs.values())
             if running >= self.max_jobs:
                 raise ExploreError(f"{running} analyses are running; wait for one or cancel it "
                                    f"(at most {self.max_jobs} at once)", status=429)

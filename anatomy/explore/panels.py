@@ -154,7 +154,8 @@ def walk(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     model = slot.get()
     layer = _int(settings, "layer", 0, 0, _layers(model) - 1)
     head = _int(settings, "head", 0, 0, _heads(model) - 1)
-    focus = _int(settings, "row", len(p.ids) - 1, 0, len(p.ids) - 1)
+    read = default_position(model, p)  # an encoder's mask, else the last row
+    focus = _int(settings, "row", len(p.ids) - 1 if read is None else read, 0, len(p.ids) - 1)
     tokenizer = model.tokenizer
     options = dict(layer=layer, head=head, focus=focus, model_name=slot.name, vocab=lambda i: tokenizer.labels([i])[0])
     if p.source_ids is not None:
@@ -439,10 +440,13 @@ def before_after(model: nn.Module, before_logits: torch.Tensor, after_logits: to
 
 
 def greedy_text(model: nn.Module, p: Pass, n: int) -> list[int]:
+    """The next n tokens greedy decoding writes after a decoder's text, up to its end-of-sequence
+    token (as `anatomy generate` stops); [] for an encoder or an encoder-decoder."""
     if p.source_ids is not None or model.config.arch != "decoder":
         return []
-    out = generate(model, torch.tensor([p.ids]), max_new_tokens=n, strategy="greedy")
-    return out.new_tokens[0].tolist()
+    stops = [i for i in (model.config.eos_token_id, model.tokenizer.eos_id) if i is not None]
+    out = generate(model, torch.tensor([p.ids]), max_new_tokens=n, strategy="greedy", stop_tokens=stops or None)
+    return out.new_tokens[0][out.padding_mask[0, out.prompt_length:]].tolist()
 
 
 def compare(a_slot: ModelSlot, a: Pass, b_slot: ModelSlot, b: Pass, settings: dict) -> dict:
@@ -471,15 +475,18 @@ def compare(a_slot: ModelSlot, a: Pass, b_slot: ModelSlot, b: Pass, settings: di
                          "cosine": float(torch.nn.functional.cosine_similarity(x, y, dim=0))})
         divergence = rows
     same_vocab = model_a.tokenizer.vocab_size == model_b.tokenizer.vocab_size
-    first = next((i for i, (x, y) in enumerate(zip(sides[0]["greedy"], sides[1]["greedy"])) if x != y), None)
-    if first is None and len(sides[0]["greedy"]) != len(sides[1]["greedy"]):
-        first = min(len(sides[0]["greedy"]), len(sides[1]["greedy"]))
+    first = None
+    if sides[0]["greedy"] and sides[1]["greedy"]:  # an encoder or an encoder-decoder writes none here
+        first = next((i for i, (x, y) in enumerate(zip(sides[0]["greedy"], sides[1]["greedy"])) if x != y), None)
+        if first is None and len(sides[0]["greedy"]) != len(sides[1]["greedy"]):
+            first = min(len(sides[0]["greedy"]), len(sides[1]["greedy"]))
     kl = None
     if same_vocab and sides[0]["distribution"] and sides[1]["distribution"]:
         pa = torch.softmax(a.logits[default_position(model_a, a)], dim=-1)
         pb = torch.softmax(b.logits[default_position(model_b, b)], dim=-1)
         kl = float((pa * (pa.clamp_min(1e-30).log() - pb.clamp_min(1e-30).log())).sum())
-    return {"sides": sides, "divergence": divergence, "first_difference": first, "kl": kl, "same_vocab": same_vocab}
+    return {"sides": sides, "divergence": divergence, "first_difference": first, "kl": kl, "same_vocab": same_vocab,
+            "greedy_compared": bool(sides[0]["greedy"] and sides[1]["greedy"])}
 
 
 __all__ = ["attention", "attribution", "compare", "heads", "intervene", "lens", "run", "walk"]

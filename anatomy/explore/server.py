@@ -479,11 +479,14 @@ def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, st
     elif what == "attribution":
         position = panels.default_position(model, p)
         method = settings.get("method", "dla")
+        if method not in ("dla", "gxi", "ig", "rollout"):
+            raise ExploreError(f"'method' must be one of dla, gxi, ig, rollout, got {method!r}")
         if method == "rollout":
             result = attention_rollout(model, inputs)
         else:
             target = panels.target_id(model, p, settings, position)
             result = (direct_logit_attribution(model, inputs, target) if method == "dla"
+                      else integrated_gradients(model, inputs, target, position=position) if method == "ig"
                       else gradient_x_input(model, inputs, target, position=position))
     elif what == "heads":
         kind = settings.get("kind", "induction")

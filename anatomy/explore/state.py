@@ -85,7 +85,10 @@ class ModelSlot:
             decoder = config.decoder_config() if config.arch == "encoder-decoder" else config
             info.update(arch=config.arch, n_layers=decoder.n_layers, n_heads=decoder.n_heads, d_model=config.d_model,
                         d_ff=config.d_ff, vocab_size=config.vocab_size, head=config.head,
-                        encoder_layers=config.n_layers if config.arch == "encoder-decoder" else None)
+                        encoder_layers=config.n_layers if config.arch == "encoder-decoder" else None,
+                        # direct logit attribution needs a residual stream that sums its components
+                        sums_components=config.norm_position == "pre" and not config.lm_head_transform
+                        and config.final_logit_softcap is None)
         info["saes"] = [{"name": name, "point": sae.point, "d_sae": sae.d_sae, "kind": sae.kind}
                         for name, sae in self.saes.items()]
         return info

@@ -313,3 +313,20 @@ def test_the_app_is_a_plain_asgi_app_configured_by_the_environment(monkeypatch):
     monkeypatch.delenv("ANATOMY_EXPLORE_TOKEN")
     with pytest.raises(RuntimeError, match="ANATOMY_EXPLORE_TOKEN"):
         anatomy.explore.app  # noqa: B018 - every worker must share one token: none is refused
+
+
+def test_the_page_learns_what_each_model_can_do_and_compare_says_what_it_compared(client, prenorm):
+    models = {m["name"]: m for m in client.get("/api/models").json()["models"]}
+    assert models["toy"]["sums_components"] is False and models[prenorm]["sums_components"] is True
+    data = post(client, "/api/compare", model="toy", text=TEXT, text_b="Hello World, this is Alejandro!")
+    greedy = data["sides"][1]["greedy_tokens"]
+    assert greedy[:1] == ["<EOS>"] and len(greedy) == 1  # greedy stops at the end of the text, as generate does
+    encoder = post(client, "/api/compare", model="toy-encoder", text="Hello <MASK>", model_b="toy-seq2seq",
+                   text_b="Hello World,")
+    assert encoder["greedy_compared"] is False and encoder["first_difference"] is None
+
+
+def test_integrated_gradients_export_as_their_own_page(client, prenorm):
+    page = client.get("/api/export", params={"panel": "attribution", "method": "ig", "format": "html",
+                                             "model": prenorm, "text": TEXT, "token": TOKEN})
+    assert page.status_code == 200 and "Integrated gradients" in page.text and "completeness" in page.text

@@ -218,6 +218,7 @@ def test_patching_from_a_second_prompt_streams_its_progress_and_shows_the_patchi
 def test_integrated_gradients_run_as_a_job_and_show_their_page(page, served):
     open_page(page, served, "#model=toy&text=Hello%20World,%20this%20is&panel=attribution")
     page.click("#attribution-controls button:text-is('integrated gradients')")
+    page.click("#attribution-body button.run")  # hundreds of passes: they run when asked
     page.wait_for_function("() => document.querySelector('#attribution-body iframe[src*=\"/api/jobs/\"]')",
                            timeout=60000)
     for _ in range(300):

@@ -112,7 +112,9 @@ export function fmt(value, digits = 3) {
 }
 
 export function percent(p) {
-  return p >= 0.0995 ? `${(100 * p).toFixed(1)}%` : p >= 0.00995 ? `${(100 * p).toFixed(2)}%` : `${(100 * p).toPrecision(2)}%`;
+  if (p === null || !Number.isFinite(p)) return "–";
+  if (p > 0 && p < 1e-4) return "<0.01%";
+  return p >= 0.0995 ? `${(100 * p).toFixed(1)}%` : `${(100 * p).toFixed(2)}%`;
 }
 
 // A <select> of numbers lo..hi-1, calling onchange with the number.
@@ -198,7 +200,7 @@ export function jobPageUrl(job) {
 
 // A long analysis as a job (POST /api/jobs with `body`): its progress and a cancel button in `box`,
 // then its result's page in `frame`. A newer job in the same box cancels this one (cancelJobIn).
-export async function runJob(box, frame, body, what, unit) {
+export async function runJob(box, frame, body, what, unit, {bar = true} = {}) {
   cancelJobIn(box);
   const progress = el("div", {}, "starting…");
   clear(box, el("div", {class: "job"}, progress,
@@ -206,7 +208,7 @@ export async function runJob(box, frame, body, what, unit) {
   let job = null;
   try {
     job = box.job = await api("/api/jobs", body);
-    await followJob(job, (s) => clear(progress, `${what}: `, progressBar(s.done, s.total), ` ${unit}`));
+    await followJob(job, (s) => clear(progress, `${what}: `, bar ? progressBar(s.done, s.total) : String(s.done), ` ${unit}`));
     if (box.job !== job) return;
     clear(box, frame);
     await frame.load(jobPageUrl(job));

@@ -50,9 +50,15 @@ async function run() {
   } catch (error) {
     if (isAbort(error)) return;
     status("", "");
+    // Nothing below describes this text: say so, rather than show the last text's numbers as its.
+    state.run = null;
+    clear(document.getElementById("tokens"));
     clear(document.getElementById("next"), errorBox(error));
+    document.getElementById("next-summary").textContent = "";
+    document.querySelector("main.right").classList.add("stale");
     return;
   }
+  document.querySelector("main.right").classList.remove("stale");
   state.run = data;
   debounceMs = Math.min(MAX_DEBOUNCE_MS, data.ms / 2);
   drawTokens(data);

@@ -6,8 +6,14 @@ const controls = document.getElementById("compare-controls");
 const body = document.getElementById("compare-body");
 let other = "";
 let otherText = "";
+let forModel = null;  // the model the settings above were chosen with: a new model starts afresh
 
 function drawControls() {
+  if (forModel !== state.model) {
+    other = "";
+    otherText = "";
+    forModel = state.model;
+  }
   const select = el("select", {"aria-label": "second model"}, state.models.map((m) => el("option", {value: m.name, text: m.name})));
   select.value = other || state.model;
   select.addEventListener("change", () => { other = select.value; update(); });
@@ -37,7 +43,8 @@ async function update() {
   }
   const facts = [];
   if (data.kl !== null) facts.push(`KL(first ‖ second) of the next-token distributions: ${fmt(data.kl, 4)} nats`);
-  facts.push(data.first_difference === null ? "greedy outputs agree on every new token"
+  facts.push(!data.greedy_compared ? "greedy outputs: not compared (an encoder or an encoder-decoder writes none here)"
+    : data.first_difference === null ? "greedy outputs agree on every new token"
     : `greedy outputs first differ at new token ${data.first_difference}`);
   const divergence = data.divergence ? el("table", {class: "divergence"},
     el("tr", {}, el("th", {text: "layer"}), el("th", {text: "‖a − b‖ / ‖a‖"}), el("th", {text: "cosine"})),
