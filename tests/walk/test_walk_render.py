@@ -107,3 +107,23 @@ def test_hostile_tokens_are_text_in_the_page():
     page = walkthrough(model, [1, 7], tokens=["<SOS>", HOSTILE], vocab=options["vocab"]).to_html()
     assert "<script>alert" not in page and "&lt;script&gt;" in page
     assert "<img" not in page
+
+
+def test_column_blocks_are_as_few_as_fit_and_as_even_as_they_can_be():
+    from anatomy.walk.render_terminal import column_blocks
+
+    widths = [10] * 7
+    blocks = column_blocks(widths, 60)  # greedy would give 6 + 1
+    assert [len(b) for b in blocks] == [4, 3] and sum(blocks, []) == list(range(7))
+    assert all(sum(widths[j] for j in b) <= 60 for b in blocks)
+    assert column_blocks([5, 5, 5], 80) == [[0, 1, 2]]
+
+
+def test_continued_lines_are_indented_and_nothing_is_padded():
+    from anatomy.walk import example_walk
+
+    text = example_walk("armas").to_text()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80 and not any(line.endswith(" ") for line in lines)
+    code = next(i for i, line in enumerate(lines) if "ids = [stoi[w]" in line)
+    assert lines[code + 1].startswith("    ") and ".split(' ')" in lines[code + 1]  # a quoted space is no break
