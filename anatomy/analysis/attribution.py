@@ -180,6 +180,7 @@ def integrated_gradients(
         check=f"completeness: sum of attributions = f(x) - f(baseline) within {error:.1e} (relative, {rule}){hint}",
         error=error, tokens=getattr(batch, side).tokens,
         extra={"per_dim": per_dim.float(), "f_input": f_input, "f_baseline": f_baseline, "steps": computed,
+               "baseline_ids": baseline_ids,
                "converged": converged},
     )
 

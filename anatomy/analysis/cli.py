@@ -150,19 +150,37 @@ def run(args: argparse.Namespace) -> int:
             result = attention_rollout(model, inputs)
         else:
             target = _target_id(model, inputs, args.target)
+            target_label = model.tokenizer.labels([target])[0] if getattr(model, "tokenizer", None) else str(target)
             if analysis == "dla":
                 result = direct_logit_attribution(model, inputs, target)
             elif analysis == "ig":
                 result = integrated_gradients(model, inputs, target, steps=args.steps)
             else:
                 result = gradient_x_input(model, inputs, target)
-    shape = ", ".join(f"{axis} {size}" for axis, size in zip(result.axes, result.values.shape))
-    print(f"{result.kind} [{shape}]")
-    print(f"check: {result.check}")
+    baseline = None
+    if "baseline_ids" in result.extra and getattr(model, "tokenizer", None) is not None:
+        ids = result.extra["baseline_ids"].unique().tolist()
+        baseline = (f", from the baseline '{model.tokenizer.labels(ids)[0]}' at every position" if len(ids) == 1
+                    else ", from its baseline ids")
+    result.about = _about(args, locals().get("target_label"), baseline)
+    for line in (f"{result.kind}: {result.about}", f"{result.shape_text}", f"check: {result.check}"):
+        print("\n".join(textwrap.wrap(printable(line), 80, subsequent_indent="  ", break_long_words=False)))
     print(_summary(result))
     if args.out:
         print(f"wrote {printable(str(result.save(args.out)))}")
     return 0
+
+
+def _about(args: argparse.Namespace, target: str | None, baseline: str | None = None) -> str:
+    """What was analysed, in words, for the terminal and the page's title: the model, the text and
+    (for an attribution) the token whose logit is explained."""
+    if args.analysis == "heads":
+        return f"{args.model}, {args.kind.replace('_', '-')} heads on repeated random tokens"
+    if args.analysis == "patch":
+        return (f"{args.model}, “{args.corrupt}” with “{args.clean}”'s {args.point} put back, one "
+                f"{args.by} at a time; the log-probability of the clean run's top token")
+    text = f"{args.model}, “{args.text}”" + (f" → “{args.target_text}”" if args.target_text else "")
+    return text + (f", the logit of '{target}'" if target is not None else "") + (baseline or "")
 
 
 def _summary(result) -> str:
@@ -186,4 +204,10 @@ def _first_numbers(result) -> str:
     if result.kind == "logit lens":
         top = result.extra["top_tokens"]
         return "top token after each layer, last position: " + " → ".join(f"'{layer[0][-1][0]}'" for layer in top)
-    return f"min {values.min().item():.4g}, max {values.max().item():.4g}"
+    if result.kind.endswith("patching") and values.dim() == 2:
+        best = divmod(int(values.argmax()), values.size(1))
+        where = f"layer {best[0]}, '{result.tokens[0][best[1]]}'" if result.axes[-1] == "pos" else f"L{best[0]}H{best[1]}"
+        return f"the metric after patching: from {values.min().item():.4g} to {values.max().item():.4g} (highest at {where})"
+    names = {"decomposition": "each component's write", "attention rollout": "the share of each token's flow",
+             "direct logit attribution": "each component's share of the logit"}
+    return f"{names.get(result.kind, 'values')}: from {values.min().item():.4g} to {values.max().item():.4g}"

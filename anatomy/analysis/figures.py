@@ -122,7 +122,8 @@ def title(fig: Figure, kind: str, panel: dict, payload: dict, note: str = "") ->
     status = {"holds": "✓ ", "fails": "⚠ ", "none": ""}[check["status"]]
     if payload["tokenLegend"]:
         note = (note + "  " if note else "") + f"Tokens: {payload['tokenLegend']}."
-    text = f"{kind} · {panel['name']}\n{status}{check['text']}" + (f"\n{note}" if note else "")
+    about = f" · {payload['about']}" if payload.get("about") else ""
+    text = f"{kind}{about} · {panel['name']}\n{status}{check['text']}" + (f"\n{note}" if note else "")
     width = fig.get_size_inches()[0]
     # placed by the layout (which then leaves room for it), its lines aligned on the left
     fig.suptitle(wrap(text, width * 0.96, 9.5), fontsize=9.5, multialignment="left")

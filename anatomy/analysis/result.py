@@ -13,6 +13,13 @@ from pathlib import Path
 import torch
 
 
+# axis -> (its name for one, for several)
+AXIS_WORDS = {"layer": ("layer", "layers"), "batch": ("sequence", "sequences"), "pos": ("position", "positions"),
+              "vocab": ("vocabulary entry", "vocabulary entries"), "component": ("component", "components"),
+              "head": ("head", "heads"), "query": ("query", "queries"), "key": ("key", "keys"),
+              "d_model": ("dimension", "dimensions"), "feature": ("feature", "features"), "rank": ("rank", "ranks")}
+
+
 @dataclass
 class Result:
     """values [axes...]; labels[axis] names each index of an axis (tokens, layers, components)."""
@@ -25,10 +32,17 @@ class Result:
     error: float = float("nan")  # that difference (nan: the analysis has no identity to check)
     tokens: list[list[str]] = field(default_factory=list)  # [batch][pos] string tokens
     extra: dict = field(default_factory=dict)  # anything else an analysis reports (e.g. top tokens)
+    about: str = ""  # what was analysed, in words, for titles (the command line: the model and the text)
 
     def __post_init__(self) -> None:
         if self.values.dim() != len(self.axes):
             raise ValueError(f"{self.kind}: values have {self.values.dim()} axes but {len(self.axes)} names {self.axes}")
+
+    @property
+    def shape_text(self) -> str:
+        """The axes in words: "31 layers × 1 sequence × 5 positions × 49152 tokens of vocabulary"."""
+        return " × ".join(f"{size} {AXIS_WORDS.get(axis, (axis, axis))[size != 1]}"
+                          for axis, size in zip(self.axes, self.values.shape))
 
     def __repr__(self) -> str:
         shape = ", ".join(f"{name}={size}" for name, size in zip(self.axes, self.values.shape))

@@ -393,16 +393,16 @@ def panels(result: Result) -> dict:
         raise ValueError(f"no view for {kind!r}")
     layout, parts, shown = builder(result)
     return {"kind": kind, "layout": layout, "check": identity(result), "panels": parts,
-            "tokenLegend": legend_for(shown)}
+            "tokenLegend": legend_for(shown), "about": result.about}
 
 
 def html_view(result: Result, *, title: str | None = None) -> View:
     """The result as one self-contained, offline HTML page (a viz View)."""
     title = title or result.kind[:1].upper() + result.kind[1:]
-    shape = " × ".join(f"{size} {axis}" for axis, size in zip(result.axes, result.values.shape))
+    subtitle = " · ".join(part for part in (result.about, result.shape_text) if part)
     payload = {"view": "analysis", "initial": {}, "analysis": panels(result)}
     body = Template(asset("view.html")).substitute(
-        title=html.escape(title), subtitle=html.escape(shape), data=script_json(payload))
+        title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
     style = asset("view.css") + (ASSETS / "analysis.css").read_text(encoding="utf-8")
     script = "\n".join([asset("common.js"), asset("grid.js"), (ASSETS / "analysis.js").read_text(encoding="utf-8")])
     document = page(title, body, style=style, script=script, body_class="view-analysis")
