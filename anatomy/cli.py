@@ -126,7 +126,7 @@ def _writable_folder(folder: Path, shown: str) -> None:
     try:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as error:
-        raise argparse.ArgumentTypeError(f"{shown}: cannot write in the folder {one_line(str(folder), 200)} "
+        raise argparse.ArgumentTypeError(f"{shown}: no file can be created in {one_line(str(folder), 200)} "
                                          f"({error.strerror or error})") from None
 
 

@@ -4,6 +4,7 @@ The suite runs with `pytest -n 2` on two cores: each worker computes on one thre
 workers do not fight over cores (tiny models are faster on one thread anyway).
 """
 
+import os
 import shutil
 import tempfile
 
@@ -11,6 +12,29 @@ import pytest
 import torch
 
 BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cache_folder(tmp_path_factory):
+    """anatomy's cache (tokenized texts, ...) in a folder of the test session's, sharing only the GGUF
+    cache with the user's: a dequantized SmolLM2 is the same for everyone, and warm it saves each
+    worker 5 s."""
+    from anatomy.checkpoints.files import cache_root
+
+    real = cache_root()
+    root = tmp_path_factory.mktemp("anatomy-cache")
+    try:
+        (real / "gguf").mkdir(parents=True, exist_ok=True)
+        (root / "gguf").symlink_to(real / "gguf", target_is_directory=True)
+    except OSError:
+        pass  # a read-only home: the session's own folder caches everything
+    before = os.environ.get("ANATOMY_CACHE")
+    os.environ["ANATOMY_CACHE"] = str(root)
+    yield root
+    if before is None:
+        os.environ.pop("ANATOMY_CACHE", None)
+    else:
+        os.environ["ANATOMY_CACHE"] = before
 
 
 @pytest.fixture(autouse=True)

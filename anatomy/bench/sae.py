@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..checkpoints.files import cache_root
 from .common import Row, Settings, alternate, load_average
 
 POINT = "blocks.15.resid_post"
@@ -119,7 +120,7 @@ def saelens_python(install: bool = True) -> tuple[str | None, str]:
     if given:
         return (given, f"SAELens from $ANATOMY_SAELENS_PYTHON={given}") if Path(given).is_file() else \
             (None, f"$ANATOMY_SAELENS_PYTHON={given} is not a file")
-    venv = Path(os.environ.get("ANATOMY_CACHE_HOME", Path.home() / ".cache" / "anatomy")) / "venv-saelens"
+    venv = cache_root() / "venv-saelens"
     python = venv / "bin" / "python"
     if not python.is_file() and not install:
         return None, f"no SAELens environment ($ANATOMY_SAELENS_PYTHON unset, {venv} absent; --quick installs none)"

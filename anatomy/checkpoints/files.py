@@ -439,3 +439,12 @@ def _running(pid: int) -> bool:
     except (PermissionError, OverflowError):
         return True  # another user's process (or a pid beyond the system's): leave its folder alone
     return True
+
+
+def cache_root() -> Path:
+    """Where anatomy keeps what it can compute again (GGUF files dequantized, texts tokenized, the
+    benchmark's SAELens environment): $ANATOMY_CACHE, else $XDG_CACHE_HOME/anatomy, else
+    ~/.cache/anatomy."""
+    if os.environ.get("ANATOMY_CACHE"):
+        return Path(os.environ["ANATOMY_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "anatomy"

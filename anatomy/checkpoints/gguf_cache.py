@@ -21,15 +21,10 @@ import hashlib
 import os
 from pathlib import Path
 
+from .files import cache_root
+
 MIN_BYTES = 16 * 2**20
 COMPLETE = "anatomy_config.json"  # written by save_pretrained(format="anatomy"); its presence = whole
-
-
-def cache_root() -> Path:
-    if os.environ.get("ANATOMY_CACHE"):
-        return Path(os.environ["ANATOMY_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "anatomy"
 
 
 def enabled(path: Path) -> bool:
@@ -75,4 +70,4 @@ def store(path: Path, model) -> Path | None:
     return folder
 
 
-__all__ = ["cache_root", "enabled", "entry", "lookup", "store"]
+__all__ = ["enabled", "entry", "lookup", "store"]

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..checkpoints.files import cache_root
 from ..inputs import pad_batch
 from .tokenizers import Tokenizer
 
@@ -37,8 +38,9 @@ _LINES_PER_CHUNK = 8192  # lines tokenized per call: bounds memory while streami
 
 
 def default_cache_dir() -> Path:
-    """`$ANATOMY_CACHE`, else `~/.cache/anatomy/tokens`."""
-    return Path(os.environ.get("ANATOMY_CACHE", Path.home() / ".cache" / "anatomy" / "tokens"))
+    """tokens/ in anatomy's cache folder (checkpoints.files.cache_root: $ANATOMY_CACHE, else
+    $XDG_CACHE_HOME/anatomy, else ~/.cache/anatomy)."""
+    return cache_root() / "tokens"
 
 
 def _check_nonempty(path: str | os.PathLike) -> Path:

@@ -14,7 +14,7 @@ from anatomy.cli import main
 @pytest.mark.slow
 def test_the_sae_group_runs_quick_and_names_what_it_compared(monkeypatch, tmp_path):
     monkeypatch.delenv("ANATOMY_SAELENS_PYTHON", raising=False)
-    monkeypatch.setenv("ANATOMY_CACHE_HOME", str(tmp_path))  # no cached SAELens environment, and --quick makes none
+    monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path))  # no cached SAELens environment, and --quick makes none
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["bench", "--quick", "--only", "sae"]) == 0
