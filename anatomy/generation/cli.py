@@ -243,6 +243,9 @@ def run(args: argparse.Namespace) -> int:
         cropped = f"the prompt's {len(prompt)} tokens were cut to their last {window}; " if len(prompt) > window else ""
         print(f"[{cropped}past the model's context of {window} tokens the window slid: each later token saw the "
               f"last {window}, recomputed (as nanoGPT does)]", file=sys.stderr)
+    if messages is not None and not bool(out.finished[0]):
+        print(f"[cut at --max-new-tokens {args.max_new_tokens}, before the end of the turn: raise it for the rest]",
+              file=sys.stderr)
     seed = f", seed {out.seed}" if out.seed is not None else ""
     print(f"[{n_new} tokens in {seconds:.2f} s, {n_new / seconds:.1f} tokens/s; {strategy}{seed}; "
           f"cache {'off' if args.no_cache else 'on'}]", file=sys.stderr)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -222,7 +223,10 @@ def summary(args, model, task, tokenizer, info) -> str:
         ("steps", f"{args.max_steps:,} x {at_most}{per_step:,} tokens per step ({sizes['batch']} x {args.grad_accum} "
                   f"micro-batch(es) x {info.world_size} rank(s)) = {at_most}{per_step * args.max_steps:,} tokens"),
     ]
-    return f"anatomy train {args.task} -> {printable(args.out)}\n" + "\n".join(f"  {k:<11} {v}" for k, v in rows)
+    lines = [f"anatomy train {args.task} -> {printable(args.out)}"]
+    for key, value in rows:  # 80 columns: a long value continues under itself
+        lines += textwrap.wrap(value, 80, initial_indent=f"  {key:<11} ", subsequent_indent=" " * 14)
+    return "\n".join(lines)
 
 
 def _lock(run_dir: Path, info) -> RunLock | None:
