@@ -116,8 +116,10 @@ def patch(
     for side in ("target", "source"):
         a, b = getattr(clean_batch, side), getattr(corrupt_batch, side)
         if a is not None and a.ids.shape != b.ids.shape:
-            raise ValueError(f"clean and corrupt must have the same shape; {side} ids are {tuple(a.ids.shape)} "
-                             f"and {tuple(b.ids.shape)}")
+            what = "texts" if side == "target" else "sources"
+            raise ValueError(f"patching puts the clean run's activations back position by position, so both {what} "
+                             f"need as many tokens: the clean one has {a.ids.size(1)}, the corrupted {b.ids.size(1)}"
+                             + (f" (and {a.ids.size(0)} vs {b.ids.size(0)} sequences)" if a.ids.size(0) != b.ids.size(0) else ""))
     prefix, names, axes = _points(model, point)
     axis = _axis(axes, by, point)
     with torch.no_grad(), trace(model, names) as t:

@@ -102,7 +102,7 @@ def test_bad_arguments_are_named():
         anatomy.patch(model, clean, corrupt, by="neuron")
     with pytest.raises(ValueError, match="resid_pre"):
         anatomy.patch(model, clean, corrupt, point="resid_middle")
-    with pytest.raises(ValueError, match="same shape"):
+    with pytest.raises(ValueError, match="need as many tokens: the clean one has"):
         anatomy.patch(model, clean, corrupt[:, :5])
     with pytest.raises(ValueError, match="head"):
         anatomy.patch(model, clean, corrupt, point="resid_pre", by="head")
