@@ -57,7 +57,7 @@ def test_one_line_is_bounded_and_says_how_much_it_cut():
     ("{tmp}/view.gif", "must end in .html"),
     ("{tmp}/no/such/view.html", "does not exist"),
     ("{tmp}/file.txt/view.html", "is not a folder"),
-    ("/proc/view.html", "cannot write in the folder /proc"),
+    ("/proc/view.html", "no file can be created in /proc"),
     ("{tmp}/" + "v" * 300 + ".html", "File name too long"),
 ])
 def test_an_output_file_is_checked_before_anything_runs(value, message, tmp_path):
@@ -72,8 +72,8 @@ def test_an_output_file_is_checked_before_anything_runs(value, message, tmp_path
 @pytest.mark.parametrize("value, message", [
     ("", "an empty folder name"),
     ("{tmp}/file.txt", "is a file"),
-    ("{tmp}/file.txt/run", "cannot write in the folder|is not a folder"),
-    ("/proc/run", "cannot write in the folder /proc"),
+    ("{tmp}/file.txt/run", "no file can be created in|is not a folder"),
+    ("/proc/run", "no file can be created in /proc"),
 ])
 def test_an_output_folder_is_checked_before_anything_runs(value, message, tmp_path):
     (tmp_path / "file.txt").write_text("x")
@@ -141,7 +141,7 @@ BEFORE_LOADING = [
     (["walk", "--layer", "2"], "layer 2 is out of range"),
     (["walk", "--out", ""], "an empty file name"),
     (["walk", "--out", "{tmp}/no/such/walk.html"], "does not exist"),
-    (["walk", "--out", "/proc/walk.html"], "cannot write in the folder /proc"),
+    (["walk", "--out", "/proc/walk.html"], "no file can be created in /proc"),
     (["walk", "--out", "{tmp}"], "is a folder"),
     (["walk", "--out", "{tmp}/" + ESCAPES + "/walk.txt"], "does not exist"),
     (["walk", "--model", "toy-encoder", "--target", "x"], "--target"),
