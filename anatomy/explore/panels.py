@@ -45,7 +45,7 @@ def rounded(values, digits: int = 5):
     return out
 
 
-def _int(settings: dict, name: str, default: int, low: int, high: int) -> int:
+def int_setting(settings: dict, name: str, default: int, low: int, high: int) -> int:
     value = settings.get(name, default)
     if value is None:
         value = default
@@ -54,7 +54,7 @@ def _int(settings: dict, name: str, default: int, low: int, high: int) -> int:
     return value
 
 
-def _float(settings: dict, name: str, default: float | None, low: float, high: float) -> float | None:
+def float_setting(settings: dict, name: str, default: float | None, low: float, high: float) -> float | None:
     value = settings.get(name, default)
     if value is None:
         return None
@@ -96,10 +96,10 @@ def continuation(tokenizer, ids: list[int], new: int) -> str:
 def distribution(model: nn.Module, p: Pass, position: int, settings: dict) -> dict:
     """The top TOP tokens at `position`, with what sampling keeps under the settings' temperature,
     top-k and top-p (generation.sampling_distribution, the sampler's own filters)."""
-    temperature = _float(settings, "temperature", 1.0, 1e-6, 100.0)
+    temperature = float_setting(settings, "temperature", 1.0, 1e-6, 100.0)
     top_k = settings.get("top_k")
-    top_k = None if top_k in (None, 0) else _int(settings, "top_k", 0, 1, model.config.vocab_size)
-    top_p = _float(settings, "top_p", None, 1e-9, 1.0)
+    top_k = None if top_k in (None, 0) else int_setting(settings, "top_k", 0, 1, model.config.vocab_size)
+    top_p = float_setting(settings, "top_p", None, 1e-9, 1.0)
     logits = p.logits[position]  # (V,)
     probs = torch.softmax(logits, dim=-1)
     sampled = sampling_distribution(logits[None], temperature, top_k, top_p)[0]  # (V,)
@@ -152,10 +152,10 @@ def walk(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     """The walk's steps (anatomy.walk's builders, rendered as its HTML page renders them: MathML,
     shaded matrices, the worked row, the float64 checks) for a layer, a head and a row."""
     model = slot.get()
-    layer = _int(settings, "layer", 0, 0, _layers(model) - 1)
-    head = _int(settings, "head", 0, 0, _heads(model) - 1)
+    layer = int_setting(settings, "layer", 0, 0, _layers(model) - 1)
+    head = int_setting(settings, "head", 0, 0, _heads(model) - 1)
     read = default_position(model, p)  # an encoder's mask, else the last row
-    focus = _int(settings, "row", len(p.ids) - 1 if read is None else read, 0, len(p.ids) - 1)
+    focus = int_setting(settings, "row", len(p.ids) - 1 if read is None else read, 0, len(p.ids) - 1)
     tokenizer = model.tokenizer
     options = dict(layer=layer, head=head, focus=focus, model_name=slot.name, vocab=lambda i: tokenizer.labels([i])[0])
     if p.source_ids is not None:
@@ -193,17 +193,17 @@ def attention(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     and with `head` and `query`, the neuron view's q, k, q ∘ k, scores and softmax for that query."""
     model = slot.get()
     maps = attention_maps(model, p)
-    which = _int(settings, "map", 0, 0, len(maps) - 1)
+    which = int_setting(settings, "map", 0, 0, len(maps) - 1)
     spec = maps[which]
     found = from_trace(p.trace, spec["queries"], spec["keys"], stack=spec["stack"], attention=spec["attention"],
                        name=spec["name"])
-    layer = _int(settings, "layer", 0, 0, found.n_layers - 1)
+    layer = int_setting(settings, "layer", 0, 0, found.n_layers - 1)
     out = {"maps": [{k: m[k] for k in ("name", "queries", "keys")} for m in maps], "map": which, "layer": layer,
            "n_layers": found.n_layers, "n_heads": found.n_heads,
            "weights": rounded(torch.from_numpy(found.weights[layer]), 4)}
     if settings.get("head") is not None and found.has_vectors:
-        head = _int(settings, "head", 0, 0, found.n_heads - 1)
-        query = _int(settings, "query", len(spec["queries"]) - 1, 0, len(spec["queries"]) - 1)
+        head = int_setting(settings, "head", 0, 0, found.n_heads - 1)
+        query = int_setting(settings, "query", len(spec["queries"]) - 1, 0, len(spec["queries"]) - 1)
         q = torch.from_numpy(found.q[layer, head, query])  # (D,)
         k = torch.from_numpy(found.k[layer, head])  # (S, D)
         out["neuron"] = {"head": head, "query": query, "q": rounded(q, 4), "k": rounded(k, 4),
@@ -215,7 +215,7 @@ def attention(slot: ModelSlot, p: Pass, settings: dict) -> dict:
 # ---- the analyses -----------------------------------------------------------------------------
 
 
-def _result_json(result, **extra) -> dict:
+def result_json(result, **extra) -> dict:
     return {"kind": result.kind, "check": result.check, "error": None if math.isnan(result.error) else result.error,
             "converged": result.extra.get("converged"), **extra}
 
@@ -224,10 +224,10 @@ def lens(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     """The logit lens of the pass (anatomy.logit_lens, reading the pass's residual stream): for each
     layer and position, the top tokens and their probabilities."""
     model = slot.get()
-    top = _int(settings, "top", 3, 1, 10)
+    top = int_setting(settings, "top", 3, 1, 10)
     inputs = torch.tensor([p.ids]) if p.source_ids is None else (torch.tensor([p.source_ids]), torch.tensor([p.ids]))
     result = logit_lens(model, inputs, top=top, cache=p.trace)
-    return _result_json(result, rows=result.labels["layer"], cols=p.tokens,
+    return result_json(result, rows=result.labels["layer"], cols=p.tokens,
                         tokens=[[cell for cell in layer[0]] for layer in result.extra["top_tokens"]],
                         probs=rounded(result.extra["top_probs"][:, 0], 4))
 
@@ -269,14 +269,14 @@ def attribution(slot: ModelSlot, p: Pass, settings: dict) -> dict:
         bars = [{"label": result.labels["component"][i], "value": float(values[i])} for i in shown]
         if len(rest):
             bars.append({"label": f"{len(rest)} other components", "value": float(values[rest].sum()), "rest": True})
-        return _result_json(result, **base, bars=bars, total=float(values.sum()))
+        return result_json(result, **base, bars=bars, total=float(values.sum()))
     if method == "gxi":
         result = gradient_x_input(model, inputs, target, position=position)
-        return _result_json(result, **base, tokens=result.tokens[0], values=rounded(result.values[0], 5))
+        return result_json(result, **base, tokens=result.tokens[0], values=rounded(result.values[0], 5))
     if method == "rollout":
         result = attention_rollout(model, inputs)
         row = result.values[-1, 0, -1]  # the last query position's row: where its information came from
-        return _result_json(result, **base, tokens=result.tokens[0], values=rounded(row, 5))
+        return result_json(result, **base, tokens=result.tokens[0], values=rounded(row, 5))
     raise ExploreError(f"'method' must be one of dla, gxi, rollout (integrated gradients runs as a job), got {method!r}")
 
 
@@ -293,15 +293,15 @@ def intervene(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     kind = settings.get("kind", "head")
     if kind not in ("head", "neuron"):
         raise ExploreError(f"'kind' must be 'head' or 'neuron', got {kind!r}")
-    layer = _int(settings, "layer", 0, 0, _layers(model) - 1)
+    layer = int_setting(settings, "layer", 0, 0, _layers(model) - 1)
     prefix = stack_prefix(model)
     if kind == "head":
-        index = _int(settings, "index", 0, 0, _heads(model) - 1)
+        index = int_setting(settings, "index", 0, 0, _heads(model) - 1)
         point = f"{prefix}blocks.{layer}.attn.z"  # [B, T, H, D]
     else:
-        index = _int(settings, "index", 0, 0, model.config.d_ff - 1)
+        index = int_setting(settings, "index", 0, 0, model.config.d_ff - 1)
         point = f"{prefix}blocks.{layer}.mlp.post"  # [B, T, F]
-    scale = _float(settings, "scale", 0.0, -100.0, 100.0)
+    scale = float_setting(settings, "scale", 0.0, -100.0, 100.0)
 
     def edit(x: torch.Tensor) -> torch.Tensor:
         x = x.clone()
@@ -366,10 +366,10 @@ def features(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     how well the SAE reads this text (x = x^ + e exactly; the share of variance x^ explains, L0)."""
     model = slot.get()
     name, sae = sae_of(slot, settings)
-    top = _int(settings, "top", 16, 1, 64)
+    top = int_setting(settings, "top", 16, 1, 64)
     with torch.no_grad():
         x = _read_by_sae(p, sae)  # (T, E)
-        f = sae.encode(sae._flat(x))  # (T, F); a head SAE reads [T, H, D] flattened
+        f = sae.encode(x)  # (T, F); a head SAE reads [T, H, D] flattened
         recon = sae.decode(f).reshape(x.shape)  # (T, E)
     peak = f.max(dim=0).values  # (F,)
     order = peak.argsort(descending=True)[:top]
@@ -388,10 +388,10 @@ def feature(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     promotes and suppresses through the unembedding (anatomy.sae's feature lens)."""
     model = slot.get()
     name, sae = sae_of(slot, settings)
-    index = _int(settings, "feature", 0, 0, sae.d_sae - 1)
+    index = int_setting(settings, "feature", 0, 0, sae.d_sae - 1)
     with torch.no_grad():
         x = _read_by_sae(p, sae)
-        acts = sae.encode(sae._flat(x))[:, index]  # (T,)
+        acts = sae.encode(x)[:, index]  # (T,)
     out = {"sae": name, "feature": index, "tokens": p.tokens, "acts": rounded(acts, 4), "logits": None}
     try:
         from ..sae.analysis import feature_lens
@@ -412,8 +412,8 @@ def steer(slot: ModelSlot, p: Pass, settings: dict) -> dict:
 
     model = slot.get()
     name, sae = sae_of(slot, settings)
-    index = _int(settings, "feature", 0, 0, sae.d_sae - 1)
-    alpha = _float(settings, "alpha", 0.0, -1000.0, 1000.0)
+    index = int_setting(settings, "feature", 0, 0, sae.d_sae - 1)
+    alpha = float_setting(settings, "alpha", 0.0, -1000.0, 1000.0)
     position = default_position(model, p)
     if position is None:
         raise ExploreError("steering is read on the next-token distribution: this model predicts none here")
@@ -453,7 +453,7 @@ def compare(a_slot: ModelSlot, a: Pass, b_slot: ModelSlot, b: Pass, settings: di
     """Two runs side by side (two models on one text, or one model on two texts): their next-token
     distributions, the residual stream's divergence layer by layer at the last position (when
     both have the same width and layers), and the first new token where greedy outputs differ."""
-    n_new = _int(settings, "new_tokens", 12, 1, 64)
+    n_new = int_setting(settings, "new_tokens", 12, 1, 64)
     sides = []
     for slot, p in ((a_slot, a), (b_slot, b)):
         model = slot.get()

@@ -271,7 +271,7 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
 
             def work(progress):
                 result = integrated_gradients(model, inputs, target_id, position=position, progress=progress)
-                return panels._result_json(result, tokens=result.tokens[0], values=panels.rounded(result.values[0], 5),
+                return panels.result_json(result, tokens=result.tokens[0], values=panels.rounded(result.values[0], 5),
                                            target=model.tokenizer.labels([target_id])[0], steps=result.extra["steps"],
                                            page=result.view(title="Integrated gradients").html)
         elif kind == "patch":
@@ -296,7 +296,7 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
 
             def work(progress):
                 result = patch(model, inputs, corrupt_inputs, point=point, progress=progress)
-                return panels._result_json(result, rows=result.labels["layer"], cols=pass_.tokens,
+                return panels.result_json(result, rows=result.labels["layer"], cols=pass_.tokens,
                                            corrupt_tokens=corrupt.tokens, values=panels.rounded(result.values, 5),
                                            point=point, top=model.tokenizer.labels([top])[0], **bounds,
                                            page=result.view(title="Activation patching").html)
@@ -460,8 +460,8 @@ def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, st
     if what == "attention":
         maps = [from_trace(p.trace, m["queries"], m["keys"], stack=m["stack"], attention=m["attention"], name=m["name"])
                 for m in panels.attention_maps(model, p)]
-        layer = panels._int(settings, "layer", 0, 0, maps[0].n_layers - 1)
-        head = panels._int(settings, "head", 0, 0, maps[0].n_heads - 1)
+        layer = panels.int_setting(settings, "layer", 0, 0, maps[0].n_layers - 1)
+        head = panels.int_setting(settings, "head", 0, 0, maps[0].n_heads - 1)
         if fmt == "png":
             return _png(map_heatmap(maps[0], layer, head)), "image/png", f"{stem}.png"
         view = settings.get("view", "head")
