@@ -117,11 +117,14 @@ def test_train_args_are_plain_values_with_the_real_vocabulary_and_files_are_0644
 
 def test_the_start_up_summary_gives_the_runs_real_numbers(tmp_path, capsys):
     assert train(tmp_path, "run", "--max-steps", "3", "--grad-accum", "2", quiet=False) == 0
-    out = capsys.readouterr().out
+    printed = capsys.readouterr().out
+    summary = [line for line in printed.splitlines() if line.startswith("  ")]  # under the first line
+    assert summary and max(len(line) for line in summary) <= 80, summary  # it folds to 80 columns
+    out = " ".join(printed.split())  # a folded value read as one line
     model, tok = ckpt.load_trained(tmp_path / "run" / "model")
     n_train = int(len(TEXT) * 0.9)
     assert f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters" in out
-    assert f"vocabulary  {tok.vocab_size:,} tokens (char)" in out
+    assert f"vocabulary {tok.vocab_size:,} tokens (char)" in out
     assert f"{n_train:,} tokens train, {len(TEXT) - n_train:,} validation" in out
     assert f"3 x 128 tokens per step (4 x 16 tokens x 2 micro-batch(es) x 1 rank(s))" in out
     assert f"cpu, {torch.get_num_threads()} thread(s)" in out
