@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import tempfile
+import textwrap
 import traceback
 import unicodedata
 import warnings
@@ -288,6 +289,16 @@ def printable(text: str, keep: str = "") -> str:
     shows is what it holds. A byte that was not UTF-8 is shown as the byte (\\xff)."""
     return "".join(c if c in keep or c in JOINERS or unicodedata.category(c) not in UNPRINTABLE else _escaped(c)
                    for c in text)
+
+
+def summary_block(title: str, rows: list[tuple[str, str]], width: int = 80) -> str:
+    """A start-up summary: `title`, then one "  key        value" row each, a long value folded to
+    `width` columns and continued under itself."""
+    lines = [title]
+    for key, value in rows:
+        lines += textwrap.wrap(value, width, initial_indent=f"  {key:<11} ", subsequent_indent=" " * 14,
+                               break_on_hyphens=False)
+    return "\n".join(lines)
 
 
 def one_line(text: str, limit: int | None = None) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..cli import (add_device_argument, add_model_argument, add_threads_argument, non_negative_int, positive_float, positive_int,
-                   probability, text)
+                   printable, probability, summary_block, text)
 from .modules import KINDS
 
 
@@ -70,9 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     evaluate.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
     add_model_argument(evaluate, default=None, required=False, help="the model (default: the one the SAE names)")
     evaluate.add_argument("--data", required=True, nargs="+", help="held-out UTF-8 text files")
-    evaluate.add_argument("--context", type=positive_int, default=128)
-    evaluate.add_argument("--skip", type=non_negative_int, default=1)
-    evaluate.add_argument("--ce-contexts", type=non_negative_int, default=64)
+    evaluate.add_argument("--context", type=positive_int, default=128, help="tokens per context (default 128)")
+    evaluate.add_argument("--skip", type=non_negative_int, default=1,
+                          help="leading positions of each context left out (default 1)")
+    evaluate.add_argument("--ce-contexts", type=non_negative_int, default=64,
+                          help="contexts for the cross-entropy loss recovered, three passes each (default 64; 0: skip it)")
+    evaluate.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     evaluate.add_argument("--point", type=text, help="the point it reads, when its files do not say")
     _run_arguments(evaluate)
 
@@ -82,8 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     features.add_argument("--data", required=True, nargs="+", help="UTF-8 text files to find the top contexts in")
     features.add_argument("--out", required=True, help="the HTML file to write")
     features.add_argument("--top", type=positive_int, default=12, help="top contexts per feature (default 12)")
-    features.add_argument("--context", type=positive_int, default=128)
-    features.add_argument("--skip", type=non_negative_int, default=1)
+    features.add_argument("--context", type=positive_int, default=128, help="tokens per context (default 128)")
+    features.add_argument("--skip", type=non_negative_int, default=1,
+                          help="leading positions of each context left out (default 1)")
     features.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     features.add_argument("--point", type=text, help="the point it reads, when its files do not say")
     _run_arguments(features)
@@ -173,14 +177,14 @@ def run_train(args) -> int:
                                             "eval_fraction": args.eval_fraction})
             if not args.quiet:
                 per_step = args.batch_size * info.world_size
-                print(f"anatomy sae train -> {run_dir}\n"
-                      f"  SAE         {args.kind}, {widths[0]} -> {args.features} features"
-                      f"{f' (k {k:g})' if k else ''} -> {widths[-1]}, at {' -> '.join(points)}\n"
-                      f"  data        {len(train_tokens):,} tokens train ({store.rows:,} rows an epoch), "
-                      f"{len(held_tokens):,} held out\n"
-                      f"  steps       {args.max_steps:,} x {per_step:,} rows = {args.max_steps * per_step / store.rows:.1f} "
-                      f"epochs; {'activations kept in ' + str(shards) if shards else 'activations harvested each epoch'}",
-                      flush=True)
+                kept = f"activations kept in {printable(str(shards))}" if shards else "activations harvested each epoch"
+                print(summary_block(f"anatomy sae train -> {printable(str(run_dir))}", [
+                    ("SAE", f"{args.kind}, {widths[0]} -> {args.features:,} features{f' (k {k:g})' if k else ''} "
+                            f"-> {widths[-1]}, at {printable(' -> '.join(points))}"),
+                    ("data", f"{len(train_tokens):,} tokens train ({store.rows:,} rows an epoch), "
+                             f"{len(held_tokens):,} held out"),
+                    ("steps", f"{args.max_steps:,} x {per_step:,} rows = {args.max_steps * per_step / store.rows:.1f} "
+                              f"epochs; {kept}")]), flush=True)
         trainer = SAETrainer(sae, store, config, run_dir, eval_rows=eval_rows, dist=info, resume=args.resume)
         trainer.fit()
         if info.is_main:
@@ -194,7 +198,7 @@ def run_train(args) -> int:
 
             plot_training(run_dir, trainer.history)
             if not args.quiet:
-                print("held out: " + _describe(results) + f"\nSAE in {run_dir / 'sae'}")
+                print(_describe(results, "held out") + f"\nSAE in {printable(str(run_dir / 'sae'))}")
         return 0
     finally:
         if lock is not None:
@@ -211,13 +215,34 @@ def _shard_key(args, points) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def _describe(results: dict) -> str:
-    parts = [f"L0 {results['l0']:.1f}", f"FVE {results['fve']:.3f}"]
+def _describe(results: dict, title: str, text: str | None = None) -> str:
+    """The evaluation's numbers under `title`, one quantity a row (the text read first, when named), in 80 columns."""
+    rows = [("text", text)] if text else []
+    rows += [("L0", f"{results['l0']:.1f} active features per token"),
+            ("FVE", f"{results['fve']:.3f} of the variance explained")]
     if "loss_recovered" in results:
-        parts.append(f"CE loss recovered {results['loss_recovered']:.3f} (clean {results['ce_clean']:.3f}, "
-                     f"spliced {results['ce_spliced']:.3f}, zero-ablated {results['ce_zero']:.3f})")
-    parts += [f"dead {results['dead']:.1%}", f"dense {results['dense']:.1%}", f"on {results['tokens']:,} tokens"]
-    return ", ".join(parts)
+        rows.append(("CE", f"{results['loss_recovered']:.3f} of the loss recovered (clean {results['ce_clean']:.3f}, "
+                           f"spliced {results['ce_spliced']:.3f}, zero-ablated {results['ce_zero']:.3f})"))
+    rows += [("features", f"{results['dead']:.1%} dead, {results['dense']:.1%} dense"),
+             ("tokens", f"{results['tokens']:,} ({results.get('outliers', 0):,} attention-sink outliers left out)")]
+    return summary_block(f"{title}:", rows)
+
+
+def _bar(label: str, args):
+    """A progress callback (done, total) drawing a transient rich bar on a terminal's stderr, unless
+    --quiet or --no-progress; and the bar itself, to use as a context manager."""
+    from contextlib import nullcontext
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    if args.quiet or args.no_progress or not console.is_terminal:
+        return (lambda done, total: None), nullcontext()
+    bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("contexts, ETA"),
+                   TimeRemainingColumn(), console=console, transient=True)
+    task = bar.add_task(label, total=None)
+    return (lambda done, total: bar.update(task, completed=done, total=total)), bar
 
 
 def _sae_model_tokens(args):
@@ -244,9 +269,15 @@ def run_eval(args) -> int:
     from .evaluate import evaluate
 
     sae, model, tokens = _sae_model_tokens(args)
-    results = evaluate(model, sae, tokens, context=args.context, skip=args.skip, ce_contexts=args.ce_contexts)
+    if args.max_tokens:
+        tokens = tokens[:args.max_tokens]
+    progress, bar = _bar("eval", args)
+    with bar:
+        results = evaluate(model, sae, tokens, context=args.context, skip=args.skip, ce_contexts=args.ce_contexts,
+                           progress=progress)
     if not args.quiet:
-        print(_describe(results))
+        print(_describe(results, f"anatomy sae eval {printable(args.sae)}",
+                        text=f"{len(tokens):,} tokens of {printable(' '.join(args.data))}"))
     return 0
 
 
@@ -264,9 +295,12 @@ def run_features(args) -> int:
     sae, model, tokens = _sae_model_tokens(args)
     if args.max_tokens:
         tokens = tokens[:args.max_tokens]
-    view = feature_page(model, sae, tokens, context=args.context, skip=args.skip, top=args.top,
-                        stats=stats_of(args.sae) if Path(args.sae).is_dir() else None)
+    progress, bar = _bar("features", args)
+    with bar:
+        view = feature_page(model, sae, tokens, context=args.context, skip=args.skip, top=args.top,
+                            stats=stats_of(args.sae) if Path(args.sae).is_dir() else None, progress=progress)
     out = view.save(args.out)
     if not args.quiet:
-        print(f"{out}: {sae.d_sae:,} features, {len(view.html) / 1e6:.1f} MB, {time.time() - started:.0f} s")
+        print(f"{printable(str(out))}: {sae.d_sae:,} features, {len(view.html) / 1e6:.1f} MB, "
+              f"{time.time() - started:.0f} s")
     return 0

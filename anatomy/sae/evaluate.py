@@ -46,8 +46,10 @@ def contexts_of(tokens: np.ndarray, context: int, limit: int | None = None) -> t
 
 
 @torch.no_grad()
-def reconstruction_stats(model: nn.Module, sae: SAE, ids: torch.Tensor, skip: int = 1, batch: int = 16) -> dict:
-    """{"l0", "fve", "dead", "dense", "frequency" [F], "tokens"} over every position >= skip of the contexts ids [N, T]."""
+def reconstruction_stats(model: nn.Module, sae: SAE, ids: torch.Tensor, skip: int = 1, batch: int = 16,
+                         progress=None) -> dict:
+    """{"l0", "fve", "dead", "dense", "frequency" [F], "tokens"} over every position >= skip of the contexts
+    ids [N, T]; progress(contexts) is called after each batch with the number of contexts it read."""
     points = [sae.point] if not sae.is_transcoder else [sae.point, sae.point_out]
     fired = torch.zeros(sae.d_sae, dtype=torch.float64)
     total = torch.zeros((), dtype=torch.float64)
@@ -68,6 +70,8 @@ def reconstruction_stats(model: nn.Module, sae: SAE, ids: torch.Tensor, skip: in
         fired += on.sum(0).double()
         active += on.sum().item()
         total += on.size(0)
+        if progress is not None:
+            progress(len(ids[start:start + batch]))
     variance = sum_y2 - (sum_y.pow(2).sum().item() / rows)  # sum ||y - mean||^2
     frequency = fired / total
     return {"l0": active / rows, "fve": 1.0 - squared_error / variance, "dead": float((fired == 0).double().mean()),
@@ -99,10 +103,12 @@ def _masked(mask: dict, fn):
 
 
 @torch.no_grad()
-def loss_recovered(model: nn.Module, sae: SAE, ids: torch.Tensor, skip: int = 1, batch: int = 8) -> dict:
+def loss_recovered(model: nn.Module, sae: SAE, ids: torch.Tensor, skip: int = 1, batch: int = 8,
+                   progress=None) -> dict:
     """{"ce_clean", "ce_spliced", "ce_zero", "loss_recovered"}: mean next-token cross-entropy over the
     contexts ids [N, T] as the model computes it, with the SAE spliced in alone at positions >= skip, and
-    with the point it writes zeroed there. Raises ValueError for a model without an LM head."""
+    with the point it writes zeroed there; progress(contexts) after each batch of each of the three runs.
+    Raises ValueError for a model without an LM head."""
     if not hasattr(model, "lm_head") or model.config.arch != "decoder":
         raise ValueError("cross-entropy loss recovered needs a decoder language model")
     where = sae.point_out or sae.point  # the point the SAE writes: spliced, or zero-ablated
@@ -121,6 +127,8 @@ def loss_recovered(model: nn.Module, sae: SAE, ids: torch.Tensor, skip: int = 1,
             chunk = ids[start:start + batch]
             with trace(model, [], **options()):
                 total += model.loss(chunk, reduction="sum").item()
+            if progress is not None:
+                progress(len(chunk))
         result[name] = total / (len(ids) * (ids.size(1) - 1))
     clean, spliced, zero = result["ce_clean"], result["ce_spliced"], result["ce_zero"]
     result["loss_recovered"] = (zero - spliced) / (zero - clean)
@@ -128,14 +136,24 @@ def loss_recovered(model: nn.Module, sae: SAE, ids: torch.Tensor, skip: int = 1,
 
 
 def evaluate(model: nn.Module, sae: SAE, tokens: np.ndarray, *, context: int = 128, skip: int = 1,
-             ce_contexts: int = 64) -> dict:
+             ce_contexts: int = 64, progress=None) -> dict:
     """Every number of the module docstring on held-out `tokens`: reconstruction over all of them, the
-    cross-entropy over the first `ce_contexts` contexts (three full passes each; 0 skips it)."""
+    cross-entropy over the first `ce_contexts` contexts (three full passes each; 0 skips it).
+    progress(done, total) is called as passes finish, counting one context's pass as 1."""
     model.eval()
     sae.eval()
     ids = contexts_of(tokens, context)
-    stats = reconstruction_stats(model, sae, ids, skip)
+    with_ce = bool(ce_contexts) and getattr(model.config, "arch", None) == "decoder" and hasattr(model, "lm_head")
+    total = len(ids) + (3 * len(ids[:ce_contexts]) if with_ce else 0)
+    done = 0
+
+    def advance(contexts: int) -> None:
+        nonlocal done
+        done += contexts
+        if progress is not None:
+            progress(done, total)
+    stats = reconstruction_stats(model, sae, ids, skip, progress=advance)
     stats.pop("frequency")
-    if ce_contexts and getattr(model.config, "arch", None) == "decoder" and hasattr(model, "lm_head"):
-        stats.update(loss_recovered(model, sae, ids[:ce_contexts], skip))
+    if with_ce:
+        stats.update(loss_recovered(model, sae, ids[:ce_contexts], skip, progress=advance))
     return stats

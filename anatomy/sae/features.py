@@ -57,10 +57,11 @@ class FeatureData:
 
 @torch.no_grad()
 def feature_data(model: nn.Module, sae: SAE, tokens: np.ndarray, *, context: int = 128, skip: int = 1, top: int = 12,
-                 batch: int = 16, logit_tokens: int = 8) -> FeatureData:
+                 batch: int = 16, logit_tokens: int = 8, progress=None) -> FeatureData:
     """Stream `tokens` (consecutive contexts of `context`, positions >= skip) through the model up to the SAE's
     point and keep, per feature, its `top` strongest contexts, its density and its histogram; then its
-    promoted and suppressed tokens. Raises ValueError when the text makes no context."""
+    promoted and suppressed tokens; progress(done, total) after each batch, in contexts. Raises ValueError
+    when the text makes no context."""
     n_contexts = len(tokens) // context
     if n_contexts == 0:
         raise ValueError(f"{len(tokens)} tokens make no context of {context}: give more text")
@@ -104,6 +105,8 @@ def feature_data(model: nn.Module, sae: SAE, tokens: np.ndarray, *, context: int
         values = values.gather(1, keep)
         windows = windows.gather(1, keep[..., None].expand(-1, -1, W))
         window_acts = window_acts.gather(1, keep[..., None].expand(-1, -1, W))
+        if progress is not None:
+            progress(min(n_contexts, start + batch), n_contexts)
     data = FeatureData(values, windows, window_acts, (fired / scanned).float(), histogram, scanned)
     directions = output_directions(model, sae)
     if directions is not None:
@@ -187,9 +190,10 @@ def render(data: FeatureData, tokenizer, *, title: str, subtitle: str) -> str:
 
 
 def feature_page(model: nn.Module, sae: SAE, tokens: np.ndarray, *, context: int = 128, skip: int = 1, top: int = 12,
-                 title: str | None = None, stats: dict | None = None) -> View:
-    """The feature page of `sae` over `tokens` as a viz View (`.save("features.html")`, shown in Jupyter)."""
-    data = feature_data(model, sae, tokens, context=context, skip=skip, top=top)
+                 title: str | None = None, stats: dict | None = None, progress=None) -> View:
+    """The feature page of `sae` over `tokens` as a viz View (`.save("features.html")`, shown in Jupyter);
+    progress as feature_data's."""
+    data = feature_data(model, sae, tokens, context=context, skip=skip, top=top, progress=progress)
     data.meta = {"point": sae.point_out or sae.point, "kind": sae.kind, "k": sae.k, "features": sae.d_sae,
                  "transcoder": sae.is_transcoder, "model": sae.metadata.get("model_name"), "stats": stats or {}}
     where = f"{sae.point} -> {sae.point_out}" if sae.is_transcoder else sae.point

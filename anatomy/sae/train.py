@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..cli import printable
 from ..training import distributed
 from ..training.checkpoint import load_newest, save_checkpoint, write_text_atomically
 from ..training.metrics import ProgressBar, append_metrics, read_metrics, rewrite_metrics
@@ -139,7 +140,7 @@ class SAETrainer:
         found = load_newest(self.run_dir, self.training, self.optimizer, self.scheduler) if self.resume else None
         if found is not None:
             self.step = found[1]["step"]
-            self._say(f"resumed from {found[0]} (step {self.step})")
+            self._say(f"resumed from {printable(str(found[0]))} (step {self.step})")
         else:
             self._initialise()
         self.history = [r for r in read_metrics(self.run_dir) if r.get("step", math.inf) <= self.step]

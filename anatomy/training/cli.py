@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ import torch
 from ..checkpoints.describe import config_of
 from ..cli import (add_device_argument, add_model_argument, add_threads_argument, input_file, non_negative_float,
                    non_negative_int, one_line, output_folder, positive_float, positive_int, printable, probability, seed,
-                   text)
+                   summary_block, text)
 from ..config import ACTIVATIONS, ATTN_IMPLS, NORM_POSITIONS, NORMS, POS_ENCODINGS, QK_NORMS
 from . import distributed
 from .budget import check_training_memory
@@ -223,10 +222,7 @@ def summary(args, model, task, tokenizer, info) -> str:
         ("steps", f"{args.max_steps:,} x {at_most}{per_step:,} tokens per step ({sizes['batch']} x {args.grad_accum} "
                   f"micro-batch(es) x {info.world_size} rank(s)) = {at_most}{per_step * args.max_steps:,} tokens"),
     ]
-    lines = [f"anatomy train {args.task} -> {printable(args.out)}"]
-    for key, value in rows:  # 80 columns: a long value continues under itself
-        lines += textwrap.wrap(value, 80, initial_indent=f"  {key:<11} ", subsequent_indent=" " * 14)
-    return "\n".join(lines)
+    return summary_block(f"anatomy train {args.task} -> {printable(args.out)}", rows)
 
 
 def _lock(run_dir: Path, info) -> RunLock | None:

@@ -61,7 +61,12 @@ def test_a_second_run_in_the_same_folder_needs_resume(run, text, capsys):
 
 def test_eval_and_features_read_the_run(run, text, tmp_path, capsys):
     assert main(["sae", "eval", str(run), "--data", str(text), "--context", "8", "--ce-contexts", "2"]) == 0
-    assert "L0 2.0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "L0          2.0 active features per token" in out and "of the loss recovered" in out
+    rows = [line for line in out.splitlines() if line.startswith("  ")]  # under the title, which names the run
+    assert len(rows) >= 5 and max(len(line) for line in rows) <= 80, rows
+    assert main(["sae", "eval", str(run), "--data", str(text), "--context", "8", "--max-tokens", "24"]) == 0
+    assert "  text        24 tokens of" in capsys.readouterr().out  # three contexts of 8
     page = tmp_path / "features.html"
     assert main(["sae", "features", str(run), "--data", str(text), "--out", str(page), "--context", "8", "--quiet"]) == 0
     document = page.read_text()
