@@ -43,7 +43,6 @@ from ..viz import views as attention_views
 from ..viz.html import asset, content_security_policy
 from ..viz.html import page as page_shell
 from ..viz.adapters import from_trace
-from ..viz.plots import map_heatmap
 from ..walk import walkthrough
 from ..walk.render_html import STEP_CSS
 from . import panels
@@ -463,6 +462,8 @@ def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, st
         layer = panels.int_setting(settings, "layer", 0, 0, maps[0].n_layers - 1)
         head = panels.int_setting(settings, "head", 0, 0, maps[0].n_heads - 1)
         if fmt == "png":
+            from ..viz.plots import map_heatmap  # matplotlib: imported when a PNG is asked for, not at start
+
             return _png(map_heatmap(maps[0], layer, head)), "image/png", f"{stem}.png"
         view = settings.get("view", "head")
         title = f"“{p.text[:80]}” · {slot.name}"

@@ -246,7 +246,8 @@ def _bar(label: str, args):
 
 
 def _sae_model_tokens(args):
-    """(sae, model, tokens of --data) for eval and features; the model named by --model or the SAE."""
+    """(sae, model, tokens of --data, the first --max-tokens of them) for eval and features; the model
+    named by --model or the SAE."""
     from .formats import load_sae
     from .store import corpus_tokens
 
@@ -261,7 +262,7 @@ def _sae_model_tokens(args):
         raise ValueError(f"{args.sae} does not say which point it reads: pass --point")
     model = _model(name, args.device, [p for p in (sae.point, sae.point_out) if p])
     tokens = corpus_tokens(args.data, model.tokenizer, eval_fraction=None)[0]
-    return sae.to(args.device), model, tokens
+    return sae.to(args.device), model, tokens[:args.max_tokens] if args.max_tokens else tokens
 
 
 def run_eval(args) -> int:
@@ -269,8 +270,6 @@ def run_eval(args) -> int:
     from .evaluate import evaluate
 
     sae, model, tokens = _sae_model_tokens(args)
-    if args.max_tokens:
-        tokens = tokens[:args.max_tokens]
     progress, bar = _bar("eval", args)
     with bar:
         results = evaluate(model, sae, tokens, context=args.context, skip=args.skip, ce_contexts=args.ce_contexts,
@@ -293,8 +292,6 @@ def run_features(args) -> int:
         raise FileNotFoundError(2, "no such folder", str(Path(args.out).parent))
     started = time.time()
     sae, model, tokens = _sae_model_tokens(args)
-    if args.max_tokens:
-        tokens = tokens[:args.max_tokens]
     progress, bar = _bar("features", args)
     with bar:
         view = feature_page(model, sae, tokens, context=args.context, skip=args.skip, top=args.top,
