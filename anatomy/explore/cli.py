@@ -21,6 +21,7 @@ import webbrowser
 import torch
 
 from ..cli import add_model_argument, positive_int, printable
+from .state import CACHE_BYTES
 
 LOCAL = ("127.0.0.1", "localhost", "::1")
 
@@ -56,8 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "models given here)")
     parser.add_argument("--threads", type=positive_int, default=max(1, min(4, (os.cpu_count() or 2) // 2)),
                         help="torch threads for each computation (default: half the cores, at most 4)")
-    parser.add_argument("--cache-mb", type=positive_int, default=128,
-                        help="memory the traced passes may keep, in MB (default: 128; SmolLM2 holds about 15 MB a text)")
+    parser.add_argument("--cache-mb", type=positive_int, default=CACHE_BYTES // 2**20,
+                        help=f"memory the traced passes may keep, in MB (default: {CACHE_BYTES // 2**20}; SmolLM2 "
+                             "holds about 15 MB a text of 16 tokens)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         sock.bind((args.host, args.port))
     except OSError as error:
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {error.strerror}") from None
+    sock.listen()  # from here a connection waits in the backlog: the URL printed below answers at once
     bound = sock.getsockname()[1]
     hosts = [] if args.host in LOCAL else [args.host, socket.gethostname()]
     app = create_app(models, hosts=hosts, allow_open=args.allow_open, cache_bytes=args.cache_mb * 2**20, saes=args.sae)

@@ -47,7 +47,7 @@ from ..walk import walkthrough
 from ..walk.render_html import STEP_CSS
 from . import panels
 from .jobs import Jobs
-from .state import ExploreError, Models, Passes, check_text, give_back_memory
+from .state import CACHE_BYTES, ExploreError, Models, Passes, check_text, give_back_memory
 
 STATIC = resources.files("anatomy.explore") / "static"
 MAX_BODY = 64 * 1024  # bytes a request body may have
@@ -84,7 +84,7 @@ class Explorer:
     """The state behind the app: models, traced passes, jobs, the token and the names it answers to."""
 
     def __init__(self, models: list[str], *, token: str | None = None, hosts: list[str] | None = None,
-                 allow_open: bool = False, cache_bytes: int = 128 * 2**20, saes: list[str] = ()):
+                 allow_open: bool = False, cache_bytes: int = CACHE_BYTES, saes: list[str] = ()):
         if not models:
             raise ValueError("the explorer needs at least one model")
         self.token = token or secrets.token_urlsafe(24)
@@ -196,7 +196,7 @@ def panel_route(explorer: Explorer, panel: Callable) -> Callable:
 
 
 def create_app(models: list[str], *, token: str | None = None, hosts: list[str] | None = None,
-               allow_open: bool = False, cache_bytes: int = 128 * 2**20, saes: list[str] = ()) -> Starlette:
+               allow_open: bool = False, cache_bytes: int = CACHE_BYTES, saes: list[str] = ()) -> Starlette:
     """The explorer for `models` (names `anatomy models` lists, folders, .gguf files, Hub ids).
 
     token: the access token (default: a random one, `app.state.explorer.token`); hosts: names

@@ -197,10 +197,16 @@ def check_text(text, name: str = "text") -> str:
     return text
 
 
-class Passes:
-    """Traced passes by (model, text, target), least recently used first out, within `budget` bytes."""
+# The traced passes' memory budget: four SmolLM2 passes of 16 tokens (about 15 MB each), so the panels
+# of the text being typed and the last few read from memory. Every 64 MB more was 64-96 MB more resident.
+CACHE_BYTES = 64 * 2**20
 
-    def __init__(self, budget: int = 128 * 2**20):
+
+class Passes:
+    """Traced passes by (model, text, target), least recently used first out, within `budget` bytes
+    (the newest pass is kept whatever its size)."""
+
+    def __init__(self, budget: int = CACHE_BYTES):
         self.budget = budget
         self._passes: OrderedDict[tuple, Pass] = OrderedDict()
         self._lock = threading.Lock()
@@ -247,4 +253,4 @@ class Passes:
         return len(self._passes)
 
 
-__all__ = ["ExploreError", "MAX_TOKENS", "ModelSlot", "Models", "Pass", "Passes", "check_text"]
+__all__ = ["CACHE_BYTES", "ExploreError", "MAX_TOKENS", "ModelSlot", "Models", "Pass", "Passes", "check_text"]
