@@ -71,7 +71,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         return
     for option, value, size in (("layer", args.layer, config.n_layers), ("head", args.head, config.n_heads)):
         if value is not None and value >= size:
-            raise ValueError(f"--{option} {value} is out of range: --model {args.model} has {option}s 0..{size - 1}")
+            raise ValueError(f"--{option} {value} is out of range: {args.model} has {size} {option}s, "
+                             f"choose 0 … {size - 1}")
     if args.view == "generation":
         if config.arch != "decoder":
             raise ValueError(f"the generation view needs a decoder; --model {args.model} is an {config.arch}")

@@ -98,7 +98,7 @@ def test_cli_announces_a_text_cut_to_the_model_positions(tmp_path, capsys):
 
 def test_cli_errors_name_the_allowed_values(tmp_path, capsys):
     assert main(["viz", "Hello", "--layer", "7", "--svg", str(tmp_path / "x.svg")]) == 2
-    assert "layers 0..1" in capsys.readouterr().err
+    assert "has 2 layers, choose 0 … 1" in capsys.readouterr().err
     assert main(["viz", "Hello"]) == 2
     assert "--out" in capsys.readouterr().err
     with pytest.raises(SystemExit):
