@@ -66,9 +66,12 @@ def plot_frontier(runs: list[dict], path: str | os.PathLike, title: str = "") ->
     fig, axis = plt.subplots(figsize=(6, 4), dpi=110)
     runs = sorted(runs, key=lambda r: r["l0"])
     axis.plot([r["l0"] for r in runs], [r["fve"] for r in runs], "o-", lw=1.5)
-    for r in runs:
-        axis.annotate(r["label"], (r["l0"], r["fve"]), textcoords="offset points", xytext=(5, -12), fontsize=8)
+    for i, r in enumerate(runs):  # below and right of each point; the last one's above and left, off the line
+        last = i == len(runs) - 1 and len(runs) > 1
+        axis.annotate(r["label"], (r["l0"], r["fve"]), textcoords="offset points", xytext=(-6, 4) if last else (5, -12),
+                      ha="right" if last else "left", fontsize=8)
     axis.set_xscale("log", base=2)
+    axis.margins(x=0.12, y=0.12)  # room for the labels below the points
     axis.set_xlabel("L0 (active features per token, held out)")
     axis.set_ylabel("fraction of variance explained (held out)")
     axis.grid(alpha=0.3)
