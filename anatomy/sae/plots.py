@@ -1,7 +1,8 @@
 """The figures of an SAE run: its training curves, and variance explained against L0 across runs.
 
     plot_training(run_dir, history)     run_dir/sae.png: FVE (train and held out), L0 and dead features by step
-    plot_frontier(runs, path)           FVE against L0, one point per run (Gao et al. 2024, figure 1's axes)
+    frontier_figure(runs)               FVE against L0, one labelled point per run (Gao et al. 2024, figure 1's axes)
+    plot_frontier(runs, path)           that figure, written as a PNG
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def plot_training(run_dir: str | os.PathLike, history: list[dict]) -> Path | Non
     return result
 
 
-def plot_frontier(runs: list[dict], path: str | os.PathLike, title: str = "") -> Path | None:
-    """FVE against L0 (log scale), one labelled point per run: {"l0", "fve", "label"} each."""
+def frontier_figure(runs: list[dict], title: str = ""):
+    """The figure of FVE against L0 (log scale), one labelled point per run: {"l0", "fve", "label"} each;
+    None without matplotlib."""
     plt = _pyplot()
     if plt is None:
         return None
@@ -77,6 +79,15 @@ def plot_frontier(runs: list[dict], path: str | os.PathLike, title: str = "") ->
     axis.grid(alpha=0.3)
     if title:
         axis.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_frontier(runs: list[dict], path: str | os.PathLike, title: str = "") -> Path | None:
+    """frontier_figure(runs, title) written to `path` (PNG); None (nothing written) without matplotlib."""
+    fig = frontier_figure(runs, title)
+    if fig is None:
+        return None
     result = _save(fig, Path(path))
-    plt.close(fig)
+    _pyplot().close(fig)
     return result
