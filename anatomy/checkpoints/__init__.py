@@ -11,6 +11,7 @@
     engine.py     applies any table in both directions, checking every tensor by name
     memory.py     builds on the meta device and refuses what the machine cannot hold, before allocating
     files.py      safetensors (memory-mapped), pytorch_model.bin (weights_only), shard indexes
+    writing.py    writes a folder whole: safetensors shards, and a staging folder moved into place
     native.py     anatomy's own format, for configs no Hugging Face architecture expresses
     tokenizer.py  the Tokenizer type;  sentence.py  sentence-transformers embeddings;  toys.py  the toys
 

@@ -21,7 +21,8 @@ from torch import nn
 
 from ..config import SPECIAL_TOKEN_FIELDS, ConfigError, ModelConfig
 from .engine import Architecture, Rule, check_fit, expand, export, load_into
-from .files import CheckpointError, Weights, check_finite, read_json, shorten, write_safetensors
+from .files import CheckpointError, Weights, check_finite, read_json, shorten
+from .writing import write_safetensors
 from .memory import (
     check_claimed_sizes, check_config_sizes, check_layers, check_memory, check_weights_memory, empty_model,
 )

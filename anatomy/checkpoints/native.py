@@ -18,7 +18,8 @@ from torch import nn
 
 from ..config import ConfigError, ModelConfig
 from .engine import Rule, check_fit, export, load_into
-from .files import CheckpointError, Weights, check_finite, read_json, shorten, write_safetensors
+from .files import CheckpointError, Weights, check_finite, read_json, shorten
+from .writing import write_safetensors
 from .memory import check_claimed_sizes, check_config_sizes, check_memory, check_weights_memory, empty_model
 
 NATIVE_CONFIG = "anatomy_config.json"

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from torch import nn
 
-from .files import CheckpointError, parse_size, staged_folder
+from .files import CheckpointError
+from .writing import parse_size, staged_folder
 from .hf import architecture_of, save_folder
 from .native import save_native
 
@@ -26,7 +27,7 @@ def save_pretrained(model: nn.Module, directory: str | Path, format: str = "auto
     model.safetensors.index.json (bytes, or "5GB", "500MB"), as transformers writes them.
     A tokenizer attached as `model.tokenizer` is saved beside the weights.
     Everything is written into a hidden folder beside `directory` and moved in at the end
-    (files.staged_folder): a save that is interrupted, even by kill -9, leaves no file in `directory`,
+    (writing.staged_folder): a save that is interrupted, even by kill -9, leaves no file in `directory`,
     and the config and weights of an earlier save there are replaced together.
     """
     if format not in SAVE_FORMATS:

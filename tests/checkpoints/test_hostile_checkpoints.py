@@ -19,7 +19,7 @@ from checkpoint_cases import checkpoint_factory, randomise
 from safetensors.torch import load_file, save_file
 
 import anatomy
-from anatomy.checkpoints import CheckpointError, files, memory
+from anatomy.checkpoints import CheckpointError, memory, writing
 from anatomy.config import ModelConfig
 
 
@@ -533,7 +533,7 @@ def test_gguf_tokenizer_is_checked_before_any_weight_is_dequantized(gguf_models,
 # 7. nothing left behind ------------------------------------------------------------------------------
 KILLED_SAVE = """
 import sys, time
-from anatomy.checkpoints import files
+from anatomy.checkpoints import writing
 import anatomy
 
 def save_then_hang(tensors, path, metadata=None):
@@ -544,7 +544,7 @@ def save_then_hang(tensors, path, metadata=None):
     print("writing", flush=True)
     time.sleep(600)
 
-files.save_file = save_then_hang
+writing.save_file = save_then_hang
 anatomy.save_pretrained(anatomy.from_pretrained("toy"), sys.argv[1])
 """
 
@@ -583,7 +583,7 @@ def test_a_save_that_fails_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
         Path(path).write_bytes(b"partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(files, "save_file", full_disk)
+    monkeypatch.setattr(writing, "save_file", full_disk)
     with pytest.raises(OSError, match="No space left"):
         anatomy.save_pretrained(anatomy.from_pretrained("toy-encoder"), target)
     assert {p.name: p.read_bytes() for p in target.iterdir()} == held
