@@ -35,72 +35,15 @@ import torch
 
 from ..checkpoints.token_text import legend_for
 from ..viz.html import View, asset, page, script_json
+from .scales import as_numbers, diverging, sequential, spanning
 
 if TYPE_CHECKING:  # a Result knows its views (Result.view); the views only read a Result's fields
     from .result import Result
 
 ASSETS = resources.files("anatomy.analysis") / "assets"
-ROBUST_QUANTILE = 0.98  # a colour scale ends here unless the largest value is within WASH_OUT of it
-WASH_OUT = 1.5
-ROBUST_FROM = 20  # fewer values than this: the scale ends at the largest (each cell is read on its own)
 RELATIVE_TOLERANCE = 1e-4  # an identity holds when its difference is within this share of the values' size
 MAX_VALUES = 250_000  # per heatmap panel (all frames): beyond it, rows (or rollout's earlier layers) are left out
 MAX_TARGETS = 12  # the lens's candidate targets
-
-
-# ---- numbers and scales ----------------------------------------------------------------------------
-
-
-def _rounded(value: float) -> float:
-    """Six significant digits: more than any page or figure shows, and the same for a value and the
-    end of its scale (so that the largest value is not marked beyond a scale it ends)."""
-    return float(f"{value:.6g}")
-
-
-def _numbers(values: torch.Tensor) -> list:
-    """A tensor as nested lists of floats to six significant digits (None where not finite: JSON has
-    no NaN or infinity)."""
-    array = values.detach().double().cpu()
-    flat = [_rounded(v) if math.isfinite(v) else None for v in array.reshape(-1).tolist()]
-    for size in reversed(array.shape[1:]):
-        flat = [flat[i:i + size] for i in range(0, len(flat), size)]
-    return flat
-
-
-def robust_limit(magnitudes: torch.Tensor) -> float:
-    """Where a colour scale of non-negative `magnitudes` ends: the 98th percentile, or the largest
-    value when that is within 1.5x of it (nothing to wash out) or there are fewer than 20 values;
-    1 when there is nothing."""
-    finite = magnitudes[torch.isfinite(magnitudes)].double().reshape(-1)
-    if finite.numel() == 0 or finite.max() <= 0:
-        return 1.0
-    largest = finite.max().item()
-    if finite.numel() < ROBUST_FROM:
-        return _rounded(largest)
-    # "lower": a value of the data, never one interpolated towards the largest (on a small grid
-    # the 98th percentile lies between the two largest values)
-    percentile = torch.quantile(finite, ROBUST_QUANTILE, interpolation="lower").item()
-    return _rounded(largest if percentile <= 0 or largest <= WASH_OUT * percentile else percentile)
-
-
-def diverging(values: torch.Tensor) -> dict:
-    """A scale centred on zero, red below, blue above, ending at the robust limit of |values|."""
-    return {"kind": "diverging", "limit": robust_limit(values.abs())}
-
-
-def sequential(values: torch.Tensor, lo: float = 0.0) -> dict:
-    """A scale from lo (white) to the robust limit above it (blue): norms, shares of a flow."""
-    finite = values[torch.isfinite(values)]
-    return {"kind": "sequential", "lo": lo, "hi": _rounded(lo + robust_limit(finite - lo))}
-
-
-def spanning(values: torch.Tensor) -> dict:
-    """A scale from the smallest value (white) to the largest (blue): a metric of any sign (patching)."""
-    finite = values[torch.isfinite(values)]
-    if finite.numel() == 0:
-        return {"kind": "sequential", "lo": 0.0, "hi": 1.0}
-    low, high = _rounded(finite.min().item()), _rounded(finite.max().item())
-    return {"kind": "sequential", "lo": low, "hi": high if high > low else low + 1.0}
 
 
 # ---- the identity line ---------------------------------------------------------------------------
@@ -219,7 +162,7 @@ def _heatmap(name: str, rows: list[str], cols: list[str], frames: list[tuple[str
             frames, frame = frames[start:start + fit], frame - start
     return {"name": name, "rows": rows, "cols": cols, "corner": corner, "caption": caption.strip(),
             "rowLayers": row_layers, "frame": frame, "frameControl": frame_control,
-            "frames": [{"label": label, "values": _numbers(values), "scale": scale, "legend": legend}
+            "frames": [{"label": label, "values": as_numbers(values), "scale": scale, "legend": legend}
                        for label, values, scale, legend in frames]}
 
 
@@ -241,12 +184,12 @@ def _lens(result: Result) -> tuple[str, list[dict], list[str]]:
             for k in range(probs.size(3) if t == last else 1):
                 candidates.setdefault(int(ids[-1, b, t, k]), top[-1][b][t][k])
         candidates = dict(list(candidates.items())[:MAX_TARGETS])
-        targets = [{"token": token, "probs": _numbers(result.values[:, b, :, i].exp())}
+        targets = [{"token": token, "probs": as_numbers(result.values[:, b, :, i].exp())}
                    for i, token in candidates.items()]
         tokens = [[top[layer][b][t] for t in range(probs.size(2))] for layer in range(probs.size(0))]
         shown += cols + _flat(tokens)
         parts.append({"name": f"sequence {b}", "rows": rows, "cols": cols, "rowLayers": list(range(len(rows))),
-                      "corner": "layer \\ position", "top": tokens, "probs": _numbers(probs[:, b]),
+                      "corner": "layer \\ position", "top": tokens, "probs": as_numbers(probs[:, b]),
                       "k": probs.size(3), "targets": targets, "scale": {"kind": "sequential", "lo": 0.0, "hi": 1.0},
                       "caption": LENS_CAPTION})
     return "lens", parts, shown
@@ -346,8 +289,8 @@ def _dla(result: Result) -> tuple[str, list[dict], list[str]]:
         parts.append({
             "name": f"sequence {b}", "positions": tokens, "targets": targets, "position": _last_real(tokens),
             "components": names, "componentLayers": [_layer_of(name) for name in names],
-            "values": _numbers(values[:, b]), "logits": _numbers(values[:, b].sum(0)),
-            "groups": {"rows": labels, "rowLayers": layers, "values": _numbers(grouped[:, b]),
+            "values": as_numbers(values[:, b]), "logits": as_numbers(values[:, b].sum(0)),
+            "groups": {"rows": labels, "rowLayers": layers, "values": as_numbers(grouped[:, b]),
                        "scale": diverging(grouped[:, b]), "legend": "contribution to the logit"},
             "caption": "Each component's direct contribution to the target's logit, through the final norm (its scale "
                        "frozen) and the unembedding; the contributions sum to the logit.",
@@ -367,7 +310,7 @@ def _attributions(result: Result) -> tuple[str, list[dict], list[str]]:
             summary = f"Sum of the attributions {total:.4g}; f(x) − f(baseline) = {delta:.4g}."
         else:
             summary = f"Sum of the attributions {total:.4g} (gradient × input has no completeness identity)."
-        parts.append({"name": f"sequence {b}", "tokens": tokens, "values": _numbers(values[b]),
+        parts.append({"name": f"sequence {b}", "tokens": tokens, "values": as_numbers(values[b]),
                       "scale": diverging(values[b]), "summary": summary,
                       "legend": "attribution to the target's logit (blue: for, red: against)"})
     return "tokens", parts, shown
