@@ -21,7 +21,6 @@ from torch import nn
 from ..analysis import attention_rollout, detect_heads, direct_logit_attribution, gradient_x_input, logit_lens
 from ..analysis.heads import KINDS
 from ..analysis.lens import stack_of, stack_prefix
-from ..generation import generate
 from ..generation.sampling import sampling_distribution
 from ..trace import trace
 from ..viz.adapters import from_trace
@@ -45,6 +44,17 @@ def rounded(values, digits: int = 5):
     return out
 
 
+def finite(value):
+    """JSON's view of a value: NaN and infinities become null (browsers refuse NaN in JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
 def int_setting(settings: dict, name: str, default: int, low: int, high: int) -> int:
     value = settings.get(name, default)
     if value is None:
@@ -63,11 +73,13 @@ def float_setting(settings: dict, name: str, default: float | None, low: float, 
     return float(value)
 
 
-def _layers(model: nn.Module) -> int:
+def layer_count(model: nn.Module) -> int:
+    """The layers of the stack the panels show (an encoder-decoder's decoder)."""
     return len(stack_of(model).blocks)
 
 
-def _heads(model: nn.Module) -> int:
+def head_count(model: nn.Module) -> int:
+    """The heads of each layer of that stack."""
     return stack_of(model).blocks[0].attn.n_heads
 
 
@@ -131,7 +143,7 @@ def run(slot: ModelSlot, p: Pass, settings: dict) -> dict:
         "model": slot.name, "arch": model.config.arch, "tokens": p.tokens, "ids": p.ids,
         "source": None if p.source_ids is None else {"tokens": p.source_tokens, "ids": p.source_ids},
         "target": model.tokenizer.decode(p.ids) if p.source_ids is not None else None,
-        "translated": p.translated, "n_layers": _layers(model), "n_heads": _heads(model),
+        "translated": p.translated, "n_layers": layer_count(model), "n_heads": head_count(model),
         "mask_token": model.tokenizer.mask_token, "ms": round(1000 * p.seconds, 1),
         "next": [], "distribution": None,
     }
@@ -152,8 +164,8 @@ def walk(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     """The walk's steps (anatomy.walk's builders, rendered as its HTML page renders them: MathML,
     shaded matrices, the worked row, the float64 checks) for a layer, a head and a row."""
     model = slot.get()
-    layer = int_setting(settings, "layer", 0, 0, _layers(model) - 1)
-    head = int_setting(settings, "head", 0, 0, _heads(model) - 1)
+    layer = int_setting(settings, "layer", 0, 0, layer_count(model) - 1)
+    head = int_setting(settings, "head", 0, 0, head_count(model) - 1)
     read = default_position(model, p)  # an encoder's mask, else the last row
     focus = int_setting(settings, "row", len(p.ids) - 1 if read is None else read, 0, len(p.ids) - 1)
     tokenizer = model.tokenizer
@@ -293,10 +305,10 @@ def intervene(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     kind = settings.get("kind", "head")
     if kind not in ("head", "neuron"):
         raise ExploreError(f"'kind' must be 'head' or 'neuron', got {kind!r}")
-    layer = int_setting(settings, "layer", 0, 0, _layers(model) - 1)
+    layer = int_setting(settings, "layer", 0, 0, layer_count(model) - 1)
     prefix = stack_prefix(model)
     if kind == "head":
-        index = int_setting(settings, "index", 0, 0, _heads(model) - 1)
+        index = int_setting(settings, "index", 0, 0, head_count(model) - 1)
         point = f"{prefix}blocks.{layer}.attn.z"  # [B, T, H, D]
     else:
         index = int_setting(settings, "index", 0, 0, model.config.d_ff - 1)
@@ -330,7 +342,7 @@ def heads(slot: ModelSlot, settings: dict, progress=None) -> dict:
     """Previous-token, induction and duplicate-token scores of every head (anatomy.detect_heads on
     repeated random tokens), computed once per model and kept."""
     model = slot.get()
-    out = {"kinds": list(KINDS), "n_layers": _layers(model), "n_heads": _heads(model), "scores": {}}
+    out = {"kinds": list(KINDS), "n_layers": layer_count(model), "n_heads": head_count(model), "scores": {}}
     for done, kind in enumerate(KINDS):
         result = head_scores(slot, kind)
         out["scores"][kind] = {"values": rounded(result.values, 4), "check": result.check}
@@ -339,89 +351,10 @@ def heads(slot: ModelSlot, settings: dict, progress=None) -> dict:
     return out
 
 
-# ---- features: a sparse autoencoder on the pass -------------------------------------------------------
-
-
-def sae_of(slot: ModelSlot, settings: dict):
-    """The SAE the settings name (default: the model's first), from the ones the explorer was given."""
-    if not slot.saes:
-        raise ExploreError(f"no sparse autoencoder is attached to {slot.name}: start the explorer with "
-                           f"--sae {slot.name}=FOLDER (an `anatomy sae train` run, SAELens's or Gemma Scope's files)")
-    name = settings.get("sae") or next(iter(slot.saes))
-    if name not in slot.saes:
-        raise ExploreError(f"'sae' must be one of {', '.join(slot.saes)}, got {str(name)[:100]!r}")
-    return name, slot.saes[name]
-
-
-def _read_by_sae(p: Pass, sae) -> torch.Tensor:
-    """[T, E]: the vector of the SAE's point at every position of the pass (the decoder's side)."""
-    if sae.point not in p.trace:
-        raise ExploreError(f"the SAE reads {sae.point!r}, which this model's pass does not have")
-    return p.trace[sae.point][0].float()
-
-
-def features(slot: ModelSlot, p: Pass, settings: dict) -> dict:
-    """The features most active on the text: f = sae.encode(x) of the pass's own x at the SAE's point,
-    the `top` largest by their peak over positions, each with its activation at every token; and
-    how well the SAE reads this text (x = x^ + e exactly; the share of variance x^ explains, L0)."""
-    model = slot.get()
-    name, sae = sae_of(slot, settings)
-    top = int_setting(settings, "top", 16, 1, 64)
-    with torch.no_grad():
-        x = _read_by_sae(p, sae)  # (T, E)
-        f = sae.encode(x)  # (T, F); a head SAE reads [T, H, D] flattened
-        recon = sae.decode(f).reshape(x.shape)  # (T, E)
-    peak = f.max(dim=0).values  # (F,)
-    order = peak.argsort(descending=True)[:top]
-    order = order[peak[order] > 0]
-    residual = ((x - recon) ** 2).sum().item()
-    spread = ((x - x.mean(dim=0)) ** 2).sum().item()
-    return {"sae": name, "point": sae.point, "d_sae": sae.d_sae, "kind": sae.kind, "tokens": p.tokens,
-            "l0": float((f > 0).sum(-1).float().mean()), "fve": 1 - residual / spread if spread > 0 else None,
-            "check": f"x = reconstruction + error exactly; on this text the reconstruction explains "
-                     f"{100 * (1 - residual / spread):.1f}% of the variance" if spread > 0 else "",
-            "features": [{"id": int(i), "peak": float(peak[i]), "acts": rounded(f[:, i], 4)} for i in order.tolist()]}
-
-
-def feature(slot: ModelSlot, p: Pass, settings: dict) -> dict:
-    """One feature: its activation at each token of the text, and the tokens its decoder direction
-    promotes and suppresses through the unembedding (anatomy.sae's feature lens)."""
-    model = slot.get()
-    name, sae = sae_of(slot, settings)
-    index = int_setting(settings, "feature", 0, 0, sae.d_sae - 1)
-    with torch.no_grad():
-        x = _read_by_sae(p, sae)
-        acts = sae.encode(x)[:, index]  # (T,)
-    out = {"sae": name, "feature": index, "tokens": p.tokens, "acts": rounded(acts, 4), "logits": None}
-    try:
-        from ..sae.analysis import feature_lens
-
-        lens_ = feature_lens(model, sae, [index], top=10)
-        out["logits"] = {key: lens_.extra[f"{key}_tokens"][0] for key in ("promoted", "suppressed")}
-        out["logits"].update({f"{key}_values": rounded(lens_.extra[f"{key}_logits"][0], 4)
-                              for key in ("promoted", "suppressed")})
-    except ValueError as error:  # not a residual-stream SAE of a pre-norm decoder: no direct logits
-        out["logits_note"] = str(error)
-    return out
-
-
-def steer(slot: ModelSlot, p: Pass, settings: dict) -> dict:
-    """The next-token distribution before and after adding alpha times a feature's decoder direction
-    to the SAE's point at every position (anatomy.sae.steer, through anatomy.trace)."""
-    from ..sae import steer as steering
-
-    model = slot.get()
-    name, sae = sae_of(slot, settings)
-    index = int_setting(settings, "feature", 0, 0, sae.d_sae - 1)
-    alpha = float_setting(settings, "alpha", 0.0, -1000.0, 1000.0)
-    position = default_position(model, p)
-    if position is None:
-        raise ExploreError("steering is read on the next-token distribution: this model predicts none here")
-    inputs = (torch.tensor([p.ids]),) if p.source_ids is None else (torch.tensor([p.source_ids]), torch.tensor([p.ids]))
-    with torch.no_grad(), trace(model, [], interventions={sae.point: steering(sae, index, alpha)}):
-        after_logits = model(*inputs).logits[0, position].float()
-    return {"sae": name, "feature": index, "alpha": alpha, "point": sae.point,
-            **before_after(model, p.logits[position], after_logits)}
+def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+    """KL(p || q) = sum_i p_i (log p_i - log q_i) of the two softmax distributions, in float64."""
+    p, q = torch.softmax(p_logits.double(), dim=-1), torch.softmax(q_logits.double(), dim=-1)
+    return float((p * (p.clamp_min(1e-30).log() - q.clamp_min(1e-30).log())).sum())
 
 
 def before_after(model: nn.Module, before_logits: torch.Tensor, after_logits: torch.Tensor) -> dict:
@@ -431,62 +364,8 @@ def before_after(model: nn.Module, before_logits: torch.Tensor, after_logits: to
     k = min(TOP, before.numel())
     ids = torch.cat([before.topk(k).indices, after.topk(k).indices]).unique().tolist()
     ids.sort(key=lambda i: -float(before[i]))
-    kl = float((before * (before.clamp_min(1e-30).log() - after.clamp_min(1e-30).log())).sum())
-    return {"kl": kl, "rows": [{"token": t, "id": i, "before": float(before[i]), "after": float(after[i])}
+    return {"kl": kl_divergence(before_logits, after_logits), "rows": [{"token": t, "id": i, "before": float(before[i]), "after": float(after[i])}
                                for t, i in zip(model.tokenizer.labels(ids), ids)]}
 
 
-# ---- compare ----------------------------------------------------------------------------------------
-
-
-def greedy_text(model: nn.Module, p: Pass, n: int) -> list[int]:
-    """The next n tokens greedy decoding writes after a decoder's text, up to its end-of-sequence
-    token (as `anatomy generate` stops); [] for an encoder or an encoder-decoder."""
-    if p.source_ids is not None or model.config.arch != "decoder":
-        return []
-    stops = [i for i in (model.config.eos_token_id, model.tokenizer.eos_id) if i is not None]
-    out = generate(model, torch.tensor([p.ids]), max_new_tokens=n, strategy="greedy", stop_tokens=stops or None)
-    return out.new_tokens[0][out.padding_mask[0, out.prompt_length:]].tolist()
-
-
-def compare(a_slot: ModelSlot, a: Pass, b_slot: ModelSlot, b: Pass, settings: dict) -> dict:
-    """Two runs side by side (two models on one text, or one model on two texts): their next-token
-    distributions, the residual stream's divergence layer by layer at the last position (when
-    both have the same width and layers), and the first new token where greedy outputs differ."""
-    n_new = int_setting(settings, "new_tokens", 12, 1, 64)
-    sides = []
-    for slot, p in ((a_slot, a), (b_slot, b)):
-        model = slot.get()
-        position = default_position(model, p)
-        sides.append({"model": slot.name, "text": p.text, "tokens": p.tokens,
-                      "distribution": None if position is None else distribution(model, p, position, {}),
-                      "greedy": greedy_text(model, p, n_new)})
-    model_a, model_b = a_slot.get(), b_slot.get()
-    for side, model in zip(sides, (model_a, model_b)):
-        side["greedy_tokens"] = model.tokenizer.labels(side["greedy"])
-    divergence = None
-    prefix_a, prefix_b = stack_prefix(model_a), stack_prefix(model_b)
-    if model_a.config.d_model == model_b.config.d_model and _layers(model_a) == _layers(model_b):
-        rows = []
-        for layer in range(_layers(model_a)):
-            x = a.trace[f"{prefix_a}blocks.{layer}.resid_post"][0, -1].double()
-            y = b.trace[f"{prefix_b}blocks.{layer}.resid_post"][0, -1].double()
-            rows.append({"layer": layer, "relative": float((x - y).norm() / x.norm().clamp_min(1e-30)),
-                         "cosine": float(torch.nn.functional.cosine_similarity(x, y, dim=0))})
-        divergence = rows
-    same_vocab = model_a.tokenizer.vocab_size == model_b.tokenizer.vocab_size
-    first = None
-    if sides[0]["greedy"] and sides[1]["greedy"]:  # an encoder or an encoder-decoder writes none here
-        first = next((i for i, (x, y) in enumerate(zip(sides[0]["greedy"], sides[1]["greedy"])) if x != y), None)
-        if first is None and len(sides[0]["greedy"]) != len(sides[1]["greedy"]):
-            first = min(len(sides[0]["greedy"]), len(sides[1]["greedy"]))
-    kl = None
-    if same_vocab and sides[0]["distribution"] and sides[1]["distribution"]:
-        pa = torch.softmax(a.logits[default_position(model_a, a)], dim=-1)
-        pb = torch.softmax(b.logits[default_position(model_b, b)], dim=-1)
-        kl = float((pa * (pa.clamp_min(1e-30).log() - pb.clamp_min(1e-30).log())).sum())
-    return {"sides": sides, "divergence": divergence, "first_difference": first, "kl": kl, "same_vocab": same_vocab,
-            "greedy_compared": bool(sides[0]["greedy"] and sides[1]["greedy"])}
-
-
-__all__ = ["attention", "attribution", "compare", "heads", "intervene", "lens", "run", "walk"]
+__all__ = ["attention", "attribution", "heads", "intervene", "lens", "run", "walk"]

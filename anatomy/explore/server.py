@@ -1,32 +1,20 @@
 """The explorer's ASGI application: the page, its assets, and the JSON API the page itself uses
 (documented in docs/explore.md, so that scripts and tests drive the same thing).
 
-Safe by default, as a local server must be (Jupyter Server's checks, Starlette's TrustedHost):
-- every /api call needs the access token: `Authorization: Bearer TOKEN`, or `?token=` where a
-  browser cannot set a header (Server-Sent Events, downloads); compared in constant time;
-- the Host header must name this machine (127.0.0.1, localhost, [::1], or the names given):
-  a DNS-rebinding page cannot reach the API through a name of its own;
-- an Origin header, when a browser sends one, must be the same site: another page cannot call in;
-- a POST must be JSON, at most MAX_BODY bytes; texts and analyses are bounded (state.py);
-- the page's Content-Security-Policy allows nothing but its own origin: no CDN, no request out.
+Safe by default, as a local server must be: the token, Host, Origin and size checks of guard.py run
+before any route; texts and analyses are bounded (state.py); the page's Content-Security-Policy
+allows nothing but its own origin: no CDN, no request out.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import html
-import io
 import json
-import math
 import os
 import re
-import secrets
-import tempfile
 from collections.abc import Callable
 from importlib import resources
-from pathlib import Path
-from urllib.parse import urlsplit
 
 import torch
 from starlette.applications import Starlette
@@ -36,116 +24,41 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..analysis import attention_rollout, direct_logit_attribution, gradient_x_input, integrated_gradients, logit_lens, patch
-from ..analysis.heads import KINDS
+from ..analysis import integrated_gradients, patch
 from ..checkpoints import CheckpointError
-from ..viz import views as attention_views
 from ..viz.html import asset, content_security_policy
 from ..viz.html import page as page_shell
-from ..viz.adapters import from_trace
-from ..walk import walkthrough
 from ..walk.render_html import STEP_CSS
+from . import compare as comparing
+from . import features as sae_panels
 from . import panels
+from .exports import export_file
+from .guard import HEADERS, Access, Guard, refuse, reply
 from .jobs import Jobs
+from .panels import finite
 from .state import CACHE_BYTES, ExploreError, Models, Passes, check_text, give_back_memory
 
 STATIC = resources.files("anatomy.explore") / "static"
-MAX_BODY = 64 * 1024  # bytes a request body may have
-LOCAL_NAMES = ("127.0.0.1", "localhost", "::1")
 PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
                "connect-src 'self'; frame-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
 # An exported view is one of anatomy's self-contained pages: inline script and style, no request.
 EXPORT_POLICY = content_security_policy(script=True) + "; frame-ancestors 'self'"
 VIZ_ASSETS = ("common.js", "grid.js", "view.css")  # what the page borrows from anatomy.viz
-HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 
 
-def finite(value):
-    """JSON's view of a value: NaN and infinities become null (browsers refuse NaN in JSON)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
 
-
-def reply(data, status: int = 200) -> Response:
-    body = json.dumps(finite(data), ensure_ascii=False, separators=(",", ":"))
-    return Response(body, status_code=status, media_type="application/json", headers=HEADERS)
-
-
-def refuse(message: str, status: int) -> Response:
-    return reply({"error": message[:500]}, status)
-
-
-class Explorer:
-    """The state behind the app: models, traced passes, jobs, the token and the names it answers to."""
+class Explorer(Access):
+    """The state behind the app: models, traced passes, jobs, and (Access) the token and the names it
+    answers to."""
 
     def __init__(self, models: list[str], *, token: str | None = None, hosts: list[str] | None = None,
                  allow_open: bool = False, cache_bytes: int = CACHE_BYTES, saes: list[str] = ()):
         if not models:
             raise ValueError("the explorer needs at least one model")
-        self.token = token or secrets.token_urlsafe(24)
-        self.hosts = {h.strip("[]").lower() for h in (*LOCAL_NAMES, *(hosts or ()))}
+        super().__init__(token, hosts)
         self.models = Models(models, allow_open=allow_open, saes=saes)
         self.passes = Passes(cache_bytes)
         self.jobs = Jobs()
-
-    # ---- the guards -----------------------------------------------------------------------------
-    def host_allowed(self, host: str | None) -> bool:
-        if not host:
-            return False
-        name = urlsplit(f"//{host}").hostname or ""
-        return name.lower() in self.hosts
-
-    def origin_allowed(self, origin: str | None) -> bool:
-        if origin is None:
-            return True  # not a browser's cross-site request (curl, scripts, same-origin GETs)
-        parts = urlsplit(origin)
-        return parts.scheme in ("http", "https") and (parts.hostname or "").lower() in self.hosts
-
-    def token_ok(self, request: Request) -> bool:
-        given = request.headers.get("authorization", "")
-        given = given[7:] if given.lower().startswith("bearer ") else request.query_params.get("token", "")
-        return hmac.compare_digest(given.encode(), self.token.encode())
-
-
-class Guard:
-    """ASGI middleware: Host, Origin, token and size checks before any route runs."""
-
-    def __init__(self, app, explorer: Explorer):
-        self.app, self.explorer = app, explorer
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        request = Request(scope)
-        problem = self.check(request)
-        if problem is not None:
-            return await refuse(*problem)(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-    def check(self, request: Request) -> tuple[str, int] | None:
-        explorer = self.explorer
-        if not explorer.host_allowed(request.headers.get("host")):
-            return "this server answers only to its own address (Host header refused)", 403
-        if not explorer.origin_allowed(request.headers.get("origin")):
-            return "cross-origin requests are refused", 403
-        path = request.url.path
-        if path.startswith("/static/") or path == "/favicon.ico":
-            return None  # the page's own code and style: public, and holding no data
-        if not explorer.token_ok(request):
-            return "the access token is missing or wrong: open the URL `anatomy explore` printed", 401
-        if request.method == "POST":
-            if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-                return "a POST must send JSON (Content-Type: application/json)", 415
-            length = request.headers.get("content-length")
-            if length is None or not length.isdigit() or int(length) > MAX_BODY:
-                return f"the request body must say its length and be at most {MAX_BODY} bytes", 413
-        return None
-
 
 class Gone(Exception):
     """The browser went away (a newer keystroke cancelled the request) before the work began."""
@@ -247,7 +160,7 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         a = await with_model(request, explorer, settings, lambda slot: (slot, explorer.passes.get(slot, text, target)))
         b = await with_model(request, explorer, settings, lambda slot: (slot, explorer.passes.get(slot, other, target)),
                              key="model_b")
-        return reply(await run_in_threadpool(panels.compare, *a, *b, settings))
+        return reply(await run_in_threadpool(comparing.compare, *a, *b, settings))
 
     # ---- jobs -------------------------------------------------------------------------------------
     async def start_job(request: Request) -> Response:
@@ -389,9 +302,9 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         Route("/api/lens", panel_route(explorer, panels.lens), methods=["POST"]),
         Route("/api/attribution", panel_route(explorer, panels.attribution), methods=["POST"]),
         Route("/api/intervene", panel_route(explorer, panels.intervene), methods=["POST"]),
-        Route("/api/features", panel_route(explorer, panels.features), methods=["POST"]),
-        Route("/api/feature", panel_route(explorer, panels.feature), methods=["POST"]),
-        Route("/api/steer", panel_route(explorer, panels.steer), methods=["POST"]),
+        Route("/api/features", panel_route(explorer, sae_panels.features), methods=["POST"]),
+        Route("/api/feature", panel_route(explorer, sae_panels.feature), methods=["POST"]),
+        Route("/api/steer", panel_route(explorer, sae_panels.steer), methods=["POST"]),
         Route("/api/heads", heads, methods=["POST"]),
         Route("/api/compare", compare, methods=["POST"]),
         Route("/api/jobs", start_job, methods=["POST"]),
@@ -430,87 +343,6 @@ def scoped(css: str, scope: str) -> str:
         rules.append(", ".join(scope if s in (":root", "html", "body") else f"{scope} {s}" for s in names)
                      + " {" + body + "}")
     return "\n".join(rules) + "\n"
-
-
-def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, str, str]:
-    """(body, media type, file name) of one panel's export: its JSON, the self-contained HTML page
-    `anatomy viz` or `anatomy analyze` writes for it, or a PNG figure."""
-    model = slot.get()
-    stem = f"anatomy-{what}"
-    if fmt == "json":
-        builders = {"run": panels.run, "walk": panels.walk, "attention": panels.attention, "lens": panels.lens,
-                    "attribution": panels.attribution, "intervene": panels.intervene}
-        if what not in builders:
-            raise ExploreError(f"'panel' must be one of {', '.join(builders)} for JSON")
-        data = builders[what](slot, p, settings)
-        return json.dumps(finite(data), ensure_ascii=False, indent=1).encode(), "application/json", f"{stem}.json"
-    if what == "walk":
-        if fmt != "html":
-            raise ExploreError("the walk exports as html or json")
-        data = panels.walk(slot, p, settings)
-        tokenizer = model.tokenizer
-        options = dict(layer=data["layer"], head=data["head"], focus=data["row"], model_name=slot.name,
-                       vocab=lambda i: tokenizer.labels([i])[0])
-        if p.source_ids is not None:
-            result = walkthrough(model, p.source_ids, tokens=p.source_tokens, target_ids=p.ids, target_tokens=p.tokens, **options)
-        else:
-            result = walkthrough(model, p.ids, tokens=p.tokens, **options)
-        return result.to_html().encode(), "text/html", f"{stem}.html"
-    if what == "attention":
-        maps = [from_trace(p.trace, m["queries"], m["keys"], stack=m["stack"], attention=m["attention"], name=m["name"])
-                for m in panels.attention_maps(model, p)]
-        layer = panels.int_setting(settings, "layer", 0, 0, maps[0].n_layers - 1)
-        head = panels.int_setting(settings, "head", 0, 0, maps[0].n_heads - 1)
-        if fmt == "png":
-            from ..viz.plots import map_heatmap  # matplotlib: imported when a PNG is asked for, not at start
-
-            return _png(map_heatmap(maps[0], layer, head)), "image/png", f"{stem}.png"
-        view = settings.get("view", "head")
-        title = f"“{p.text[:80]}” · {slot.name}"
-        if view == "model":
-            page = attention_views.model_view(maps, layer=layer, head=head, title=f"Every layer and head · {title}")
-        elif view == "neuron":
-            page = attention_views.neuron_view(maps, layer=layer, head=head, title=f"Inside one head · {title}")
-        else:
-            page = attention_views.head_view(maps, layer=layer, title=f"Attention heads · {title}")
-        return page.html.encode(), "text/html", f"{stem}-{view}.html"
-    inputs = torch.tensor([p.ids]) if p.source_ids is None else (torch.tensor([p.source_ids]), torch.tensor([p.ids]))
-    if what == "lens":
-        result = logit_lens(model, inputs, cache=p.trace)
-    elif what == "attribution":
-        position = panels.default_position(model, p)
-        method = settings.get("method", "dla")
-        if method not in ("dla", "gxi", "ig", "rollout"):
-            raise ExploreError(f"'method' must be one of dla, gxi, ig, rollout, got {method!r}")
-        if method == "rollout":
-            result = attention_rollout(model, inputs)
-        else:
-            target = panels.target_id(model, p, settings, position)
-            result = (direct_logit_attribution(model, inputs, target) if method == "dla"
-                      else integrated_gradients(model, inputs, target, position=position) if method == "ig"
-                      else gradient_x_input(model, inputs, target, position=position))
-    elif what == "heads":
-        kind = settings.get("kind", "induction")
-        if kind not in KINDS:
-            raise ExploreError(f"'kind' must be one of {', '.join(KINDS)}")
-        result = panels.head_scores(slot, kind)
-    else:
-        raise ExploreError("'panel' must be one of walk, attention, lens, attribution, heads")
-    if fmt == "png":
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / f"{stem}.png"
-            result.save(path)
-            return path.read_bytes(), "image/png", f"{stem}.png"
-    return result.view().html.encode(), "text/html", f"{stem}.html"
-
-
-def _png(figure) -> bytes:
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    figure.savefig(buffer, dpi=150, format="png")
-    plt.close(figure)
-    return buffer.getvalue()
 
 
 def app_from_environment() -> Starlette:
