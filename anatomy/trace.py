@@ -25,7 +25,7 @@ state, so a forward pass in another thread, on the same model at the same time, 
 an intervention nor records into this trace.
 
 TransformerLens names are accepted wherever a name or pattern is, and `trace(..., grad=True)`
-keeps the recorded tensors in the autograd graph. The names (ALIASES below; L is a layer or *):
+keeps the recorded tensors in the autograd graph. The names (hook_names.ALIASES; L is a layer or *):
 
     TransformerLens                      anatomy
     hook_embed, hook_pos_embed           embed, pos_embed
@@ -46,7 +46,6 @@ keeps the recorded tensors in the autograd graph. The names (ALIASES below; L is
 from __future__ import annotations
 
 import fnmatch
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -54,61 +53,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-# TransformerLens hook name -> anatomy trace point, per block (L) or for the whole model. The
-# axes are anatomy's: q, k and v are [batch head pos d_head] here, [batch pos head d_head] there;
-# TransformerLens's attn_scores are masked (-inf above the diagonal), anatomy's `scores` are not.
-ALIASES = {
-    "hook_embed": "embed",
-    "hook_pos_embed": "pos_embed",
-    "hook_token_type_embed": "type_embed",
-    "blocks.L.hook_resid_pre": "blocks.L.resid_pre",
-    "blocks.L.hook_resid_mid": "blocks.L.resid_mid",
-    "blocks.L.hook_resid_post": "blocks.L.resid_post",
-    "blocks.L.ln1.hook_normalized": "blocks.L.attn_norm.out",
-    "blocks.L.ln2.hook_normalized": "blocks.L.mlp_norm.out",
-    "blocks.L.attn.hook_q": "blocks.L.attn.q",
-    "blocks.L.attn.hook_k": "blocks.L.attn.k",
-    "blocks.L.attn.hook_v": "blocks.L.attn.v",
-    "blocks.L.attn.hook_rot_q": "blocks.L.attn.q_rot",
-    "blocks.L.attn.hook_rot_k": "blocks.L.attn.k_rot",
-    "blocks.L.attn.hook_attn_scores": "blocks.L.attn.scores",
-    "blocks.L.attn.hook_pattern": "blocks.L.attn.pattern",
-    "blocks.L.attn.hook_z": "blocks.L.attn.z",
-    "blocks.L.attn.hook_result": "blocks.L.attn.head_out",
-    "blocks.L.hook_attn_out": "blocks.L.attn.out",
-    "blocks.L.mlp.hook_pre": "blocks.L.mlp.pre",
-    "blocks.L.mlp.hook_post": "blocks.L.mlp.post",
-    "blocks.L.hook_mlp_out": "blocks.L.mlp.out",
-    "ln_final.hook_normalized": "final_norm.out",
-}
-_ALIAS_PATTERNS = [
-    (re.compile("^" + re.escape(tl).replace("L", r"(\d+|\*)") + "$"), ours) for tl, ours in ALIASES.items()
-]
-
-
-def anatomy_name(name: str) -> str:
-    """The anatomy name for a TransformerLens hook name (or pattern); any other name unchanged."""
-    for pattern, ours in _ALIAS_PATTERNS:
-        match = pattern.match(name)
-        if match:
-            return ours.replace("L", match.group(1)) if match.groups() else ours
-    return name
-
-
-_INVERSE_PATTERNS = [
-    (re.compile("^" + re.escape(ours).replace("L", r"(\d+)") + "$"), tl) for tl, ours in ALIASES.items()
-]
-
-
-def transformer_lens_name(name: str) -> str:
-    """The TransformerLens hook name of an anatomy point (blocks.3.resid_post -> blocks.3.hook_resid_post);
-    a name the table lacks unchanged."""
-    for pattern, tl in _INVERSE_PATTERNS:
-        match = pattern.match(name)
-        if match:
-            return tl.replace("L", match.group(1)) if match.groups() else tl
-    return name
-
+from .hook_names import anatomy_name
 
 # Per-thread state: point -> the function this thread's trace installed on it.
 _local = threading.local()

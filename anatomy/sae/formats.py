@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 
 from ..checkpoints.files import SAFETENSORS_DTYPES, CheckpointError, read_json
 from ..checkpoints.memory import available_memory
-from ..trace import anatomy_name, transformer_lens_name
+from ..hook_names import anatomy_name, transformer_lens_name
 from .modules import SAE
 
 CONFIG, WEIGHTS, GEMMA_SCOPE = "cfg.json", "sae_weights.safetensors", "params.npz"
