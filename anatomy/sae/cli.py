@@ -1,8 +1,10 @@
-"""`anatomy sae train|eval|features`: train an SAE or a transcoder, measure it, show its features.
+"""`anatomy sae train|eval|features|train-transcoders|eval-transcoders`: train an SAE or a transcoder, measure
+it, show its features; a transcoder on every layer (transcoders_cli.py).
 
     anatomy sae train --model smollm2 --point blocks.15.resid_post --data input.txt --features 4608 --k 32 --out runs/sae
     anatomy sae eval runs/sae --data heldout.txt                  # L0, FVE, CE loss recovered, dead, dense
     anatomy sae features runs/sae --data text.txt --out features.html
+    anatomy sae train-transcoders --model smollm2 --data input.txt --out runs/tc   # every layer, one harvest
 
 A run folder holds sae_train_config.json, metrics.jsonl, sae.png, checkpoints/, and at the end sae/
 (SAELens's format) and eval.json. `--resume` continues a killed run; under torchrun the run trains with
@@ -64,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--save-every", type=non_negative_int, default=500)
     g.add_argument("--ce-contexts", type=non_negative_int, default=64,
                    help="held-out contexts for the cross-entropy loss recovered (0: skip it)")
-    _run_arguments(train)
+    add_run_arguments(train)
 
     evaluate = commands.add_parser("eval", help="L0, variance explained, CE loss recovered, dead and dense features")
     evaluate.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
@@ -77,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="contexts for the cross-entropy loss recovered, three passes each (default 64; 0: skip it)")
     evaluate.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     evaluate.add_argument("--point", type=text, help="the point it reads, when its files do not say")
-    _run_arguments(evaluate)
+    add_run_arguments(evaluate)
 
     features = commands.add_parser("features", help="one offline page: every feature's top contexts, density, logits")
     features.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
@@ -90,10 +92,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="leading positions of each context left out (default 1)")
     features.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     features.add_argument("--point", type=text, help="the point it reads, when its files do not say")
-    _run_arguments(features)
+    add_run_arguments(features)
+
+    from .transcoders_cli import add_arguments as add_transcoder_commands
+
+    add_transcoder_commands(commands, add_model_argument, add_run_arguments)
 
 
-def _run_arguments(parser: argparse.ArgumentParser) -> None:
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """--device, --threads, --no-progress and --quiet: what every sae command takes."""
     add_device_argument(parser, default="cpu")
     add_threads_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
@@ -102,10 +109,13 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the sae command named on the command line; 0 on success."""
-    return {"train": run_train, "eval": run_eval, "features": run_features}[args.sae_command](args)
+    from .transcoders_cli import run_eval_transcoders, run_train_transcoders
+
+    return {"train": run_train, "eval": run_eval, "features": run_features, "train-transcoders": run_train_transcoders,
+            "eval-transcoders": run_eval_transcoders}[args.sae_command](args)
 
 
-def _model(name: str, device: str, points=()):
+def load_model(name: str, device: str, points=()):
     """The model, in evaluation mode, after checking it has a tokenizer and the trace points `points`."""
     from ..checkpoints import from_pretrained
     from ..trace import anatomy_name, trace_points
@@ -146,7 +156,7 @@ def run_train(args) -> int:
         if info.is_main and not args.resume:
             (run_dir / METRICS).unlink(missing_ok=True)
         points = [args.point] + ([args.point_out] if args.point_out else [])
-        model = _model(args.model, str(info.device), points)
+        model = load_model(args.model, str(info.device), points)
         train_tokens, held_tokens = corpus_tokens(args.data, model.tokenizer, args.eval_fraction)
         shards = Path(args.shards) / _shard_key(args, points) if args.shards else None
         store = ActivationStore(model, points, train_tokens, context=args.context, batch_size=args.batch_size,
@@ -193,7 +203,7 @@ def run_train(args) -> int:
             results = evaluate(model, final, held_tokens, context=args.context, skip=args.skip,
                                ce_contexts=args.ce_contexts)
             (run_dir / "eval.json").write_text(json.dumps(results, indent=1) + "\n")
-            trainer._log({"step": trainer.step, **{f"heldout_{k}": v for k, v in results.items()}})
+            trainer.log_record({"step": trainer.step, **{f"heldout_{k}": v for k, v in results.items()}})
             from .plots import plot_training
 
             plot_training(run_dir, trainer.history)
@@ -228,7 +238,7 @@ def _describe(results: dict, title: str, text: str | None = None) -> str:
     return summary_block(f"{title}:", rows)
 
 
-def _bar(label: str, args):
+def progress_bar(label: str, args):
     """A progress callback (done, total) drawing a transient rich bar on a terminal's stderr, unless
     --quiet or --no-progress; and the bar itself, to use as a context manager."""
     from contextlib import nullcontext
@@ -260,7 +270,7 @@ def _sae_model_tokens(args):
         raise ValueError(f"{args.sae} does not name its model: pass --model")
     if sae.point is None:
         raise ValueError(f"{args.sae} does not say which point it reads: pass --point")
-    model = _model(name, args.device, [p for p in (sae.point, sae.point_out) if p])
+    model = load_model(name, args.device, [p for p in (sae.point, sae.point_out) if p])
     tokens = corpus_tokens(args.data, model.tokenizer, eval_fraction=None)[0]
     return sae.to(args.device), model, tokens[:args.max_tokens] if args.max_tokens else tokens
 
@@ -270,7 +280,7 @@ def run_eval(args) -> int:
     from .evaluate import evaluate
 
     sae, model, tokens = _sae_model_tokens(args)
-    progress, bar = _bar("eval", args)
+    progress, bar = progress_bar("eval", args)
     with bar:
         results = evaluate(model, sae, tokens, context=args.context, skip=args.skip, ce_contexts=args.ce_contexts,
                            progress=progress)
@@ -292,7 +302,7 @@ def run_features(args) -> int:
         raise FileNotFoundError(2, "no such folder", str(Path(args.out).parent))
     started = time.time()
     sae, model, tokens = _sae_model_tokens(args)
-    progress, bar = _bar("features", args)
+    progress, bar = progress_bar("features", args)
     with bar:
         view = feature_page(model, sae, tokens, context=args.context, skip=args.skip, top=args.top,
                             stats=stats_of(args.sae) if Path(args.sae).is_dir() else None, progress=progress)

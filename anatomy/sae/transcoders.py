@@ -175,14 +175,16 @@ class TranscoderSet(nn.Module):
                              "TranscoderSet.replacement(), not one SAE per point")
         return {self.output_point(layer): sae for layer, sae in enumerate(self.layers)}
 
-    def replacement(self, where: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, Callable]:
+    def replacement(self, where: Callable[[torch.Tensor], torch.Tensor] | None = None, errors: bool = False
+                    ) -> dict[str, Callable]:
         """Interventions for anatomy.trace(model, interventions=...) that run the replacement model: each
-        layer's input is encoded as it is reached, and each MLP output is replaced by reconstruct(l, ...),
-        the features of every layer that writes to it (a CLT's earlier layers included), no error term.
+        layer's input is encoded as it is reached, and each MLP output y_l is replaced by y^_l =
+        reconstruct(l, ...), the features of every layer that writes to it (a CLT's earlier layers included);
+        with `errors`, by y^_l + (y_l - y^_l), the error term added back (the model's own value, to rounding).
 
         where(x [B, T, E]) -> [B, T] bool: the positions replaced, from the model's own output there
-        (default all); elsewhere the model's value goes on. Each call makes fresh state: use one dict for one
-        pass. Raises ValueError (from the pass) when a layer's output is reached before its input."""
+        (default all); elsewhere the model's value goes on. The dict keeps the features of the pass it is
+        used in. Raises ValueError (from the pass) when a layer's output is reached before its input."""
         features: list[torch.Tensor | None] = [None] * self.n_layers
         inputs: list[torch.Tensor | None] = [None] * self.n_layers
 
@@ -197,6 +199,8 @@ class TranscoderSet(nn.Module):
                 if inputs[layer] is None:
                     raise ValueError(f"layer {layer}'s output {self.output_point(layer)!r} was reached before its input")
                 recon = self.reconstruct(layer, features, inputs).to(x.dtype)
+                if errors:
+                    recon = recon + (x - recon)  # y^ + e
                 return recon if where is None else torch.where(where(x)[..., None], recon, x)
             return fn
 
