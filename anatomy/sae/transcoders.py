@@ -221,6 +221,20 @@ class TranscoderSet(nn.Module):
                 f"d_transcoder={self.d_transcoder}{skip}, {self.input_pattern} -> {self.output_pattern}")
 
 
+def mlp_points(model: nn.Module) -> tuple[str, str]:
+    """(the point each block's MLP reads, the point it writes), with L for the layer, from the block's layout:
+    the MLP's own norm (pre-norm and sandwich blocks: blocks.L.mlp_norm.out), the attention's norm (a parallel
+    block that shares it, GPT-J), or the residual stream itself (post-norm blocks: blocks.L.resid_mid)."""
+    config = model.config
+    if config.parallel_residual:
+        reads = "blocks.L.attn_norm.out" if config.parallel_shared_norm else "blocks.L.mlp_norm.out"
+    elif config.norm_position in ("post", "post_sublayer"):
+        reads = "blocks.L.resid_mid"
+    else:
+        reads = "blocks.L.mlp_norm.out"
+    return reads, OUTPUT_POINT
+
+
 def _layer_pattern(point: str) -> str:
     """A point with L for the layer (blocks.L.mlp.out), its TransformerLens spelling read as anatomy's."""
     name = anatomy_name(point.replace(".L.", ".0.", 1)).replace(".0.", ".L.", 1)

@@ -46,8 +46,9 @@ def add_arguments(commands, add_model_argument, add_run_arguments) -> None:
     g.add_argument("--l1", type=positive_float, default=5e-3, help="relu: the L1 coefficient")
     g.add_argument("--l0", type=positive_float, default=1e-3, help="jumprelu: the L0 coefficient")
     g.add_argument("--no-skip", action="store_true", help="no skip connection (default: a linear path x W_skip^T)")
-    g.add_argument("--input-point", type=text, default="blocks.L.mlp_norm.out", help="what each reads (default the MLP's input)")
-    g.add_argument("--output-point", type=text, default="blocks.L.mlp.out", help="what each predicts (default the MLP's output)")
+    g.add_argument("--input-point", type=text,
+                   help="what each reads, L for the layer (default: the MLP's input, blocks.L.mlp_norm.out in a pre-norm block)")
+    g.add_argument("--output-point", type=text, default="blocks.L.mlp.out", help="what each predicts (default: the MLP's output)")
     g = train.add_argument_group("activations")
     g.add_argument("--context", type=positive_int, default=128, help="tokens per context (default 128)")
     g.add_argument("--skip", type=non_negative_int, default=1,
@@ -93,19 +94,19 @@ def points_of(input_point: str, output_point: str, n_layers: int) -> list[str]:
     return [p.replace("L", str(layer), 1) for layer in range(n_layers) for p in (input_point, output_point)]
 
 
-def memory_plan(model, saes, fill_rows: int, row_width: int, store_dtype: torch.dtype, batch_size: int,
-                eval_rows: int, harvest_rows: int) -> dict[str, int]:
-    """Bytes held at once, by what holds them: the model; one fill of harvested rows and a batch drawn from
-    it; the rows of one harvest pass in float32 before they are stored; the transcoders with their gradients
-    and Adam's two moments; the held-out rows; one transcoder's step (its pre-activations and their copies)."""
-    itemsize = store_dtype.itemsize
-    parameters = sum(p.numel() for sae in saes for p in sae.parameters())
-    first = saes[0]
+def memory_plan(model, n_layers: int, d_in: int, d_out: int, features: int, skip: bool, fill_rows: int,
+                row_width: int, store_dtype: torch.dtype, batch_size: int, eval_rows: int, harvest_rows: int
+                ) -> dict[str, int]:
+    """Bytes held at once, by what holds them, from the sizes alone (before anything is allocated): the
+    model; one fill of harvested rows and a batch drawn from it, and the rows of one harvest pass in float32
+    before they are stored; the transcoders with their gradients and Adam's two moments; the held-out rows;
+    one transcoder's step (its pre-activations and their copies)."""
+    parameters = n_layers * (d_in * features + 2 * features + features * d_out + d_out + (d_out * d_in if skip else 0))
     return {"model": sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())),
-            "activations": (fill_rows + batch_size) * row_width * itemsize + 2 * harvest_rows * row_width * 4,
+            "activations": (fill_rows + batch_size) * row_width * store_dtype.itemsize + 2 * harvest_rows * row_width * 4,
             "transcoders": 4 * parameters * 4,
-            "held-out rows": eval_rows * row_width * itemsize,
-            "a step": 4 * batch_size * (3 * first.d_sae + 4 * (first.d_in + first.d_out))}
+            "held-out rows": eval_rows * row_width * store_dtype.itemsize,
+            "a step": 4 * batch_size * (3 * features + 4 * (d_in + d_out))}
 
 
 def run_train_transcoders(args) -> int:
@@ -122,7 +123,7 @@ def run_train_transcoders(args) -> int:
     from .store import ActivationStore, corpus_tokens, harvest, rows_of
     from .train import SAETrainConfig, SAETrainer, write_summary
     from .transcoder_files import save_transcoders
-    from .transcoders import TranscoderSet
+    from .transcoders import TranscoderSet, mlp_points
 
     info = distributed.setup(args.device)
     run_dir = Path(args.out)
@@ -135,6 +136,7 @@ def run_train_transcoders(args) -> int:
         if info.is_main and not args.resume:
             (run_dir / METRICS).unlink(missing_ok=True)
         model = load_model(args.model, str(info.device))
+        args.input_point = args.input_point or mlp_points(model)[0]
         n_layers = len(model.blocks)
         points = points_of(args.input_point, args.output_point, n_layers)
         probe = TranscoderSet([SAE(model.config.d_model, 1, kind="relu", transcoder=True, seed=None) for _ in range(n_layers)],
@@ -149,6 +151,12 @@ def run_train_transcoders(args) -> int:
                                 fill_tokens=fill_rows, skip=args.skip, seed=args.seed, rank=info.rank,
                                 world_size=info.world_size, dtype=store_dtype)
         k = args.k if args.kind == "batchtopk" else None
+        plan = memory_plan(model, n_layers, widths[0], widths[1], args.features, not args.no_skip,
+                           min(fill_rows, store.rows), row_width, store_dtype, args.batch_size, args.eval_rows,
+                           store.harvest_batch * (args.context - args.skip))
+        if sum(plan.values()) > available_memory():
+            raise ValueError(f"training would hold {sum(plan.values()) / GiB:.1f} GiB, more than the "
+                             f"{available_memory() / GiB:.1f} GiB available: lower --buffer-memory, --features or --batch-size")
         metadata = {"model_name": args.model, "context_size": args.context, "dataset_path": " ".join(args.data)}
         saes = [SAE(widths[0], args.features, kind=args.kind, k=k, d_out=widths[1], point=points[2 * layer],
                     point_out=points[2 * layer + 1], transcoder=True, skip=not args.no_skip, seed=args.seed + layer,
@@ -159,11 +167,6 @@ def run_train_transcoders(args) -> int:
                                 dead_tokens=args.dead_tokens, seed=args.seed, log_every=args.log_every,
                                 eval_every=args.eval_every, save_every=args.save_every,
                                 progress=not args.no_progress, quiet=args.quiet)
-        plan = memory_plan(model, saes, min(fill_rows, store.rows), row_width, store_dtype, args.batch_size,
-                           args.eval_rows, store.harvest_batch * (args.context - args.skip))
-        if sum(plan.values()) > available_memory():
-            raise ValueError(f"training would hold {sum(plan.values()) / GiB:.1f} GiB, more than the "
-                             f"{available_memory() / GiB:.1f} GiB available: lower --buffer-memory, --features or --batch-size")
         eval_rows = rows_of(model, points, held_tokens, context=args.context, skip=args.skip,
                             limit=args.eval_rows)[:args.eval_rows].to(store_dtype)
         if info.is_main:
@@ -199,7 +202,7 @@ def run_train_transcoders(args) -> int:
 
 def _start_summary(args, run_dir, n_layers, widths, k, train_tokens, held_tokens, store, plan, fill_rows, world) -> str:
     per_step = args.batch_size * world
-    memory = ", ".join(f"{name} {value / GiB:.2f}" for name, value in plan.items())
+    memory = ", ".join(f"{name} {_size(value)}" for name, value in plan.items())
     return summary_block(f"anatomy sae train-transcoders -> {printable(str(run_dir))}", [
         ("model", f"{printable(args.model)}: {n_layers} layers, {printable(args.input_point)} -> "
                   f"{printable(args.output_point)}"),
@@ -207,9 +210,13 @@ def _start_summary(args, run_dir, n_layers, widths, k, train_tokens, held_tokens
                         f"{widths[1]}{'' if args.no_skip else ', with a skip connection'}, one per layer"),
         ("data", f"{len(train_tokens):,} tokens train ({store.rows:,} rows an epoch), {len(held_tokens):,} held out"),
         ("steps", f"{args.max_steps:,} x {per_step:,} rows = {args.max_steps * per_step / store.rows:.2f} epochs; "
-                  f"every fill of {fill_rows:,} rows harvested once an epoch, every layer at once"),
-        ("memory", f"{sum(plan.values()) / GiB:.2f} GiB at most: {memory} GiB"),
+                  f"every fill of {min(fill_rows, store.rows):,} rows harvested once an epoch, every layer at once"),
+        ("memory", f"{_size(sum(plan.values()))} at most: {memory}"),
     ])
+
+
+def _size(count: int) -> str:
+    return f"{count / GiB:.2f} GiB" if count >= GiB / 10 else f"{count / 2**20:.1f} MB"
 
 
 def describe(results: dict, title: str, text: str | None = None) -> str:
