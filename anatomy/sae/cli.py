@@ -79,6 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="contexts for the cross-entropy loss recovered, three passes each (default 64; 0: skip it)")
     evaluate.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     evaluate.add_argument("--point", type=text, help="the point it reads, when its files do not say")
+    evaluate.add_argument("--layer", type=non_negative_int, help="a transcoder set: the layer whose transcoder to read")
     add_run_arguments(evaluate)
 
     features = commands.add_parser("features", help="one offline page: every feature's top contexts, density, logits")
@@ -92,6 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="leading positions of each context left out (default 1)")
     features.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     features.add_argument("--point", type=text, help="the point it reads, when its files do not say")
+    features.add_argument("--layer", type=non_negative_int, help="a transcoder set: the layer whose features to show")
     add_run_arguments(features)
 
     from .transcoders_cli import add_arguments as add_transcoder_commands
@@ -264,7 +266,7 @@ def _sae_model_tokens(args):
     for path in args.data:
         if not Path(path).is_file():
             raise FileNotFoundError(2, "no such file", path)
-    sae = load_sae(args.sae, point=args.point)
+    sae = _layer_of_set(args) if _is_set(args.sae) or args.layer is not None else load_sae(args.sae, point=args.point)
     name = args.model or sae.metadata.get("model_name")
     if not name:
         raise ValueError(f"{args.sae} does not name its model: pass --model")
@@ -273,6 +275,40 @@ def _sae_model_tokens(args):
     model = load_model(name, args.device, [p for p in (sae.point, sae.point_out) if p])
     tokens = corpus_tokens(args.data, model.tokenizer, eval_fraction=None)[0]
     return sae.to(args.device), model, tokens[:args.max_tokens] if args.max_tokens else tokens
+
+
+def _is_set(source: str) -> bool:
+    """Whether `source` is a transcoder set's folder (circuit-tracer's config.yaml) or a run holding one."""
+    from .transcoder_files import CONFIG, RUN_FOLDER
+
+    return (Path(source) / CONFIG).is_file() or (Path(source) / RUN_FOLDER / CONFIG).is_file()
+
+
+def _layer_of_set(args):
+    """The transcoder of layer --layer of the set at args.sae (a per-layer set's), named by the set's model."""
+    from .transcoder_files import load_transcoders
+
+    transcoders = load_transcoders(args.sae)
+    if args.layer is None or args.layer >= transcoders.n_layers:
+        raise ValueError(f"{args.sae} holds a transcoder for each of {transcoders.n_layers} layers: choose one with "
+                         f"--layer 0 .. {transcoders.n_layers - 1}")
+    if transcoders.cross_layer:
+        raise ValueError(f"{args.sae} is a cross-layer transcoder: its features write to every later layer, not one "
+                         "point; allowed here: a per-layer set")
+    sae = transcoders.layers[args.layer]
+    sae.metadata = {**transcoders.metadata, **sae.metadata}
+    return sae
+
+
+def _stats(args) -> dict | None:
+    """The run's eval.json for the page's header: the layer's own numbers when a set's layer is shown."""
+    from .features import stats_of
+
+    stats = stats_of(args.sae) if Path(args.sae).is_dir() else None
+    if stats and "layers" in stats:
+        layers = stats["layers"]
+        return layers[args.layer] if args.layer is not None and args.layer < len(layers) else None
+    return stats
 
 
 def run_eval(args) -> int:
@@ -294,7 +330,7 @@ def run_features(args) -> int:
     """Write the feature page of an SAE over the text of --data."""
     import time
 
-    from .features import feature_page, stats_of
+    from .features import feature_page
 
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out {args.out!r} must be an .html file")
@@ -305,7 +341,7 @@ def run_features(args) -> int:
     progress, bar = progress_bar("features", args)
     with bar:
         view = feature_page(model, sae, tokens, context=args.context, skip=args.skip, top=args.top,
-                            stats=stats_of(args.sae) if Path(args.sae).is_dir() else None, progress=progress)
+                            stats=_stats(args), progress=progress)
     out = view.save(args.out)
     if not args.quiet:
         print(f"{printable(str(out))}: {sae.d_sae:,} features, {len(view.html) / 1e6:.1f} MB, "

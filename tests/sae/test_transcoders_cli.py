@@ -92,3 +92,15 @@ def test_mistakes_are_one_line(text, tmp_path, capsys, arguments, message):
     error = capsys.readouterr().err
     assert message in error and error.count("\n") <= 2
     assert not (tmp_path / "tc" / "checkpoints").exists()
+
+
+def test_one_layer_of_a_set_is_evaluated_and_shown_as_an_sae(run, text, tmp_path, capsys):
+    assert main(["sae", "eval", str(run), "--layer", "1", "--data", str(text), "--context", "8", "--ce-contexts", "2",
+                 "--threads", "1", "--no-progress"]) == 0
+    assert "L0" in capsys.readouterr().out
+    page = tmp_path / "features.html"
+    assert main(["sae", "features", str(run), "--layer", "0", "--data", str(text), "--context", "8", "--out", str(page),
+                 "--threads", "1", "--no-progress"]) == 0
+    assert page.stat().st_size > 1000
+    assert status(["sae", "eval", str(run), "--data", str(text)]) == 2
+    assert "choose one with --layer 0 .. 1" in capsys.readouterr().err
