@@ -139,7 +139,8 @@ def saelens_python(install: bool = True) -> tuple[str | None, str]:
     return str(python), f"SAELens from {venv}"
 
 
-def _run(command: list[str]) -> dict:
+def run_worker(command: list[str]) -> dict:
+    """A worker process's JSON result (its command ends in OUT.json OPTIONS), or RuntimeError with its stderr."""
     out = command[-2]
     run = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                          timeout=3600)
@@ -163,7 +164,7 @@ def bench_training(settings: Settings, train: torch.Tensor, held: torch.Tensor) 
         results: dict[str, list[dict]] = {"anatomy": [], "SAELens": []}
         for i, side in enumerate(order):
             out = str(Path(folder) / f"{side}-{i}.json")
-            results[side].append(_run(ours_command(out) if side == "anatomy" else theirs_command(out)))
+            results[side].append(run_worker(ours_command(out) if side == "anatomy" else theirs_command(out)))
     skip = min(5, options["steps"] - 1)
     rate = {side: statistics.median(options["batch_size"] / s for r in runs for s in r["seconds"][skip:])
             for side, runs in results.items() if runs}
@@ -206,9 +207,11 @@ def bench_harvest(settings: Settings, model) -> Row:
 
 
 def bench_sae(settings: Settings) -> list[Row]:
-    """Both rows of the module docstring."""
+    """Both rows of the module docstring, then the every-layer rows (sae_layers.py)."""
+    from .sae_layers import bench_every_layer
+
     train, held, model = _activations(settings)
-    return [bench_harvest(settings, model), bench_training(settings, train, held)]
+    return [bench_harvest(settings, model), bench_training(settings, train, held), *bench_every_layer(settings)]
 
 
 if __name__ == "__main__":
