@@ -29,15 +29,8 @@ if [ ! -f "$OUT/eval.json" ]; then
   python -m anatomy.cli sae train-transcoders --model smollm2 --data "${TEXT[@]}" --eval-fraction 0.05 \
     --kind batchtopk --features 2304 --k 32 --context 128 --skip 1 --batch-size 2048 --max-steps 560 --lr 7e-4 \
     --warmup 30 --eval-every 70 --save-every 70 --log-every 10 --ce-contexts 32 --buffer-memory "${BUFFER:-1}" \
-    --out "$OUT" --threads "${THREADS:-2}" --no-progress "${RESUME[@]}" "$@"
+    --out "$OUT" --threads "${THREADS:-2}" --no-progress ${RESUME[@]+"${RESUME[@]}"} "$@"
 fi
 # the held-out text: the last 5% of each file, as training held it out (for `anatomy sae eval-transcoders`)
-python - "$OUT/heldout.txt" "${TEXT[@]}" <<'PY'
-import sys
-parts = []
-for path in sys.argv[2:]:
-    text = open(path, encoding="utf-8").read()
-    parts.append(text[int(len(text) * 0.95):])
-open(sys.argv[1], "w", encoding="utf-8").write("\n".join(parts))
-PY
+python "$ROOT/recipes/heldout_text.py" "$OUT/heldout.txt" "${TEXT[@]}"
 echo "$OUT/transcoders: anatomy sae eval-transcoders $OUT --data $OUT/heldout.txt"

@@ -8,7 +8,7 @@ Three rows, in the sae group:
 - **training N BatchTopK SAEs in one process from one stream** (N of SmolLM2's blocks.L.mlp.out, 576 -> 2304
   features, k 32, batches of 2048, Adam, warmup and cosine decay, AuxK): anatomy's `SAETrainer` over a list
   of SAEs against SAELens's `MultiSAETrainer` (what its MultiSAETrainingRunner drives), on the same rows in
-  the same order, each in its own process, alternating: rows per second (each row trains all N), medians
+  the same order, each in its own process (bench/sae.py's worker and saelens_multi_worker.py), alternating: rows per second (each row trains all N), medians
   over the steps after the first 5, and the mean held-out FVE at the end. Both are given the activations:
   the runner's own harvest needs a TransformerLens model, which SmolLM2 is not offline. SAELens's
   MultiSAETrainer trains SAEs only (no transcoders), hence SAEs on both sides.
@@ -79,54 +79,10 @@ def bench_harvest_layers(settings: Settings, model, tokens: np.ndarray, context:
 
 def _options(settings: Settings) -> dict:
     if settings.quick:
-        return dict(layers=2, d_sae=128, k=8, batch_size=256, steps=12, lr=1e-3, warmup=2, min_lr_ratio=0.0,
-                    aux_coefficient=1 / 32, dead_steps=4, seed=0, threads=1)
-    return dict(layers=4, d_sae=2304, k=32, batch_size=2048, steps=40, lr=7e-4, warmup=5, min_lr_ratio=0.0,
-                aux_coefficient=1 / 32, dead_steps=20, seed=0, threads=1)
-
-
-def anatomy_multi_worker(rows_path: str, out_path: str, options: str) -> None:
-    """anatomy's side, in its own process: N SAEs on their columns of the same batches, SAETrainer.train_step."""
-    from safetensors.torch import load_file
-
-    from ..sae import SAE
-    from ..sae.train import SAETrainConfig, SAETrainer
-
-    o = json.loads(options)
-    torch.set_num_threads(o["threads"])
-    rows = load_file(rows_path)
-    train, held = rows["train"], rows["held_out"]
-    n, batch = o["layers"], o["batch_size"]
-    width = train.size(1) // n
-
-    class Batches:
-        def batch(self, step: int) -> torch.Tensor:
-            start = (step * batch) % (len(train) - batch + 1)
-            return train[start:start + batch]
-
-    config = SAETrainConfig(kind="batchtopk", features=o["d_sae"], k=float(o["k"]), max_steps=o["steps"],
-                            batch_size=batch, lr=o["lr"], warmup=o["warmup"], min_lr_ratio=o["min_lr_ratio"], eps=1e-8,
-                            aux_coefficient=o["aux_coefficient"], dead_tokens=o["dead_steps"] * batch, eval_every=0,
-                            save_every=0, progress=False, quiet=True, seed=o["seed"])
-    saes = [SAE(width, o["d_sae"], kind="batchtopk", k=float(o["k"]), seed=o["seed"] + i) for i in range(n)]
-    with tempfile.TemporaryDirectory() as run_dir:
-        trainer = SAETrainer(saes, Batches(), config, run_dir, offsets=[i * width for i in range(n)])
-        seconds = []
-        for _ in range(o["steps"]):
-            start = time.perf_counter()
-            trainer.train_step()
-            seconds.append(time.perf_counter() - start)
-        trainer.calibrate()
-        trained = trainer.trained_saes()
-    fves, l0s = [], []
-    for i, sae in enumerate(trained):
-        x = held[:, i * width:(i + 1) * width].float()
-        with torch.no_grad():
-            f = sae.encode(x)
-            fves.append(1 - (x - sae.decode(f)).pow(2).sum().item() / (x - x.mean(0)).pow(2).sum().item())
-            l0s.append((f > 0).sum(-1).float().mean().item())
-    with open(out_path, "w") as handle:
-        json.dump({"seconds": seconds, "fve": fves, "l0": l0s}, handle)
+        return dict(layers=2, kind="batchtopk", d_sae=128, k=8, batch_size=256, steps=12, lr=1e-3, warmup=2,
+                    min_lr_ratio=0.0, aux_coefficient=1 / 32, dead_steps=4, seed=0, threads=1)
+    return dict(layers=4, kind="batchtopk", d_sae=2304, k=32, batch_size=2048, steps=40, lr=7e-4, warmup=5,
+                min_lr_ratio=0.0, aux_coefficient=1 / 32, dead_steps=20, seed=0, threads=1)
 
 
 def bench_multi_training(settings: Settings, model, tokens: np.ndarray, context: int) -> Row:
@@ -147,7 +103,7 @@ def bench_multi_training(settings: Settings, model, tokens: np.ndarray, context:
     with tempfile.TemporaryDirectory() as folder:
         rows_path = str(Path(folder) / "rows.safetensors")
         save_file({"train": train, "held_out": held}, rows_path)
-        commands = {"anatomy": lambda out: [sys.executable, "-m", "anatomy.bench.sae_layers", rows_path, out, json.dumps(o)],
+        commands = {"anatomy": lambda out: [sys.executable, "-m", "anatomy.bench.sae", rows_path, out, json.dumps(o)],
                     "SAELens": lambda out: [python, str(WORKER), rows_path, out, json.dumps(o)]}
         order = ["anatomy", "SAELens", "SAELens", "anatomy"] if python else ["anatomy", "anatomy"]
         results: dict[str, list[dict]] = {"anatomy": [], "SAELens": []}
@@ -217,7 +173,3 @@ def bench_every_layer(settings: Settings) -> list[Row]:
     harvest = bench_harvest_layers(settings, model, tokens, context)
     return [harvest, bench_multi_training(settings, model, tokens, context),
             bench_transcoder_step(settings, model, tokens, context, harvest.ours)]
-
-
-if __name__ == "__main__":
-    anatomy_multi_worker(*sys.argv[1:4])

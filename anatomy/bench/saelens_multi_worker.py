@@ -23,9 +23,9 @@ from safetensors.torch import load_file
 
 def main(rows_path: str, out_path: str, options: str) -> None:
     from sae_lens import __version__ as version
-    from sae_lens.config import SAETrainerConfig
     from sae_lens.saes.batchtopk_sae import BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig
     from sae_lens.training.multi_sae_trainer import MultiSAETrainer
+    from saelens_worker import trainer_config  # beside this file: a script's folder is on its path
 
     o = json.loads(options)
     torch.set_num_threads(o["threads"])
@@ -47,11 +47,7 @@ def main(rows_path: str, out_path: str, options: str) -> None:
     saes = {name: BatchTopKTrainingSAE(BatchTopKTrainingSAEConfig(
         d_in=width, d_sae=o["d_sae"], k=float(o["k"]), aux_loss_coefficient=o["aux_coefficient"],
         normalize_activations="expected_average_only_in")) for name in hooks}
-    config = SAETrainerConfig(total_training_samples=o["steps"] * batch, train_batch_size_samples=batch, lr=o["lr"],
-                              lr_end=o["lr"] * o["min_lr_ratio"], lr_scheduler_name="cosineannealing",
-                              lr_warm_up_steps=o["warmup"], adam_beta1=0.9, adam_beta2=0.999,
-                              dead_feature_window=o["dead_steps"], feature_sampling_window=10**9,
-                              n_batches_for_norm_estimate=4)
+    config = trainer_config(o)
     provider = batches()
     trainer = MultiSAETrainer(config, saes, hooks, provider)
     trainer._estimate_scaling_factors()  # as fit() does first

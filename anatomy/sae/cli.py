@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -134,18 +135,15 @@ def load_model(name: str, device: str, points=()):
     return model
 
 
-def run_train(args) -> int:
-    """Harvest, train, save sae/ and eval.json, draw sae.png (module docstring); under torchrun, one rank each."""
+@contextmanager
+def training_run(args):
+    """(distributed info, run folder) for a training command, in a block: torchrun's process group set up,
+    the run folder locked (rank 0), its temporaries from a killed run removed, and a run that already holds
+    checkpoints refused unless --resume; the lock released and the group left at the end, however it ends."""
     from ..training import distributed
     from ..training.checkpoint import checkpoint_candidates, remove_temporaries
     from ..training.metrics import METRICS
     from ..training.rundir import RunLock
-    from .evaluate import evaluate
-    from .formats import save_sae
-    from .modules import SAE
-    from .store import ActivationStore, corpus_tokens, harvest, rows_of
-    from .train import SAETrainConfig, SAETrainer, write_summary
-    from ..trace import anatomy_name, trace
 
     info = distributed.setup(args.device)
     run_dir = Path(args.out)
@@ -157,6 +155,34 @@ def run_train(args) -> int:
             raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another --out")
         if info.is_main and not args.resume:
             (run_dir / METRICS).unlink(missing_ok=True)
+        yield info, run_dir
+    finally:
+        if lock is not None:
+            lock.release()
+        distributed.cleanup()
+
+
+def train_config(args, k):
+    """The SAETrainConfig of a training command's options (`k` as the kind takes it)."""
+    from .train import SAETrainConfig
+
+    return SAETrainConfig(kind=args.kind, features=args.features, k=k, l1=args.l1, l0=args.l0, max_steps=args.max_steps,
+                          batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, min_lr_ratio=args.min_lr_ratio,
+                          aux_k=args.aux_k, aux_coefficient=args.aux_coefficient, dead_tokens=args.dead_tokens,
+                          seed=args.seed, log_every=args.log_every, eval_every=args.eval_every,
+                          save_every=args.save_every, progress=not args.no_progress, quiet=args.quiet)
+
+
+def run_train(args) -> int:
+    """Harvest, train, save sae/ and eval.json, draw sae.png (module docstring); under torchrun, one rank each."""
+    from .evaluate import evaluate
+    from .formats import save_sae
+    from .modules import SAE
+    from .store import ActivationStore, corpus_tokens, harvest, rows_of
+    from .train import SAETrainer, write_summary
+    from ..trace import anatomy_name, trace
+
+    with training_run(args) as (info, run_dir):
         points = [args.point] + ([args.point_out] if args.point_out else [])
         model = load_model(args.model, str(info.device), points)
         train_tokens, held_tokens = corpus_tokens(args.data, model.tokenizer, args.eval_fraction)
@@ -176,12 +202,7 @@ def run_train(args) -> int:
         sae = SAE(widths[0], args.features, kind=args.kind, k=int(k) if args.kind == "topk" else k,
                   d_out=widths[-1], point=args.point, point_out=args.point_out, seed=args.seed,
                   metadata={"model_name": args.model, "context_size": args.context, "dataset_path": " ".join(args.data)})
-        config = SAETrainConfig(kind=args.kind, features=args.features, k=k, l1=args.l1, l0=args.l0,
-                                max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                                min_lr_ratio=args.min_lr_ratio, aux_k=args.aux_k, aux_coefficient=args.aux_coefficient,
-                                dead_tokens=args.dead_tokens, seed=args.seed, log_every=args.log_every,
-                                eval_every=args.eval_every, save_every=args.save_every,
-                                progress=not args.no_progress, quiet=args.quiet)
+        config = train_config(args, k)
         eval_rows = rows_of(model, points, held_tokens, context=args.context, skip=args.skip, limit=16384)
         if info.is_main:
             write_summary(run_dir, config, {"model": args.model, "point": args.point, "point_out": args.point_out,
@@ -212,10 +233,6 @@ def run_train(args) -> int:
             if not args.quiet:
                 print(_describe(results, "held out") + f"\nSAE in {printable(str(run_dir / 'sae'))}")
         return 0
-    finally:
-        if lock is not None:
-            lock.release()
-        distributed.cleanup()
 
 
 def _shard_key(args, points) -> str:

@@ -125,7 +125,7 @@ def loss_recovered(model: nn.Module, sae: SAE, ids: torch.Tensor, skip: int = 1,
     contexts ids [N, T] as the model computes it, with the SAE spliced in alone at positions >= skip, and
     with the point it writes zeroed there; progress(contexts) after each batch of each of the three runs.
     Raises ValueError for a model without an LM head."""
-    if not hasattr(model, "lm_head") or model.config.arch != "decoder":
+    if not has_lm_loss(model):
         raise ValueError("cross-entropy loss recovered needs a decoder language model")
     where = sae.point_out or sae.point  # the point the SAE writes: spliced, or zero-ablated
     runs = {"ce_clean": lambda: {},
@@ -151,6 +151,23 @@ def loss_recovered(model: nn.Module, sae: SAE, ids: torch.Tensor, skip: int = 1,
     return result
 
 
+def has_lm_loss(model: nn.Module) -> bool:
+    """Whether the model is a decoder language model, whose next-token loss the CE numbers read."""
+    return getattr(model.config, "arch", None) == "decoder" and hasattr(model, "lm_head")
+
+
+def _counter(total: int, progress):
+    """A callback advance(contexts) that adds them up and calls progress(done, total), if given."""
+    done = 0
+
+    def advance(contexts: int) -> None:
+        nonlocal done
+        done += contexts
+        if progress is not None:
+            progress(done, total)
+    return advance
+
+
 def evaluate(model: nn.Module, sae: SAE, tokens: np.ndarray, *, context: int = 128, skip: int = 1,
              ce_contexts: int = 64, progress=None) -> dict:
     """Every number of the module docstring on held-out `tokens`: reconstruction over all of them, the
@@ -159,15 +176,8 @@ def evaluate(model: nn.Module, sae: SAE, tokens: np.ndarray, *, context: int = 1
     model.eval()
     sae.eval()
     ids = contexts_of(tokens, context)
-    with_ce = bool(ce_contexts) and getattr(model.config, "arch", None) == "decoder" and hasattr(model, "lm_head")
-    total = len(ids) + (3 * len(ids[:ce_contexts]) if with_ce else 0)
-    done = 0
-
-    def advance(contexts: int) -> None:
-        nonlocal done
-        done += contexts
-        if progress is not None:
-            progress(done, total)
+    with_ce = has_lm_loss(model) and bool(ce_contexts)
+    advance = _counter(len(ids) + (3 * len(ids[:ce_contexts]) if with_ce else 0), progress)
     stats = reconstruction_stats(model, sae, ids, skip, progress=advance)
     stats.pop("frequency")
     if with_ce:
@@ -212,7 +222,7 @@ def replacement_loss(model: nn.Module, transcoders, ids: torch.Tensor, skip: int
     "loss_recovered_with_errors" likewise. With `means` (each layer's mean output [E]), also "ce_mean", every
     MLP output replaced by its mean, a far stronger baseline than zero, and "loss_recovered_vs_mean" =
     (ce_mean - ce_replaced) / (ce_mean - ce_clean). progress(contexts) after each batch of each run."""
-    if not hasattr(model, "lm_head") or model.config.arch != "decoder":
+    if not has_lm_loss(model):
         raise ValueError("cross-entropy loss recovered needs a decoder language model")
 
     def where(x: torch.Tensor) -> torch.Tensor:
@@ -254,14 +264,8 @@ def evaluate_transcoders(model: nn.Module, transcoders, tokens: np.ndarray, *, c
     model.eval()
     transcoders.eval()
     ids = contexts_of(tokens, context)
-    with_ce = bool(ce_contexts) and getattr(model.config, "arch", None) == "decoder" and hasattr(model, "lm_head")
-    total, done = len(ids) + (5 * len(ids[:ce_contexts]) if with_ce else 0), 0
-
-    def advance(contexts: int) -> None:
-        nonlocal done
-        done += contexts
-        if progress is not None:
-            progress(done, total)
+    with_ce = has_lm_loss(model) and bool(ce_contexts)
+    advance = _counter(len(ids) + (5 * len(ids[:ce_contexts]) if with_ce else 0), progress)
     layers = set_reconstruction_stats(model, transcoders, ids, skip, progress=advance)
     means = [layer.pop("mean") for layer in layers]
     result = {"layers": layers, **{key: sum(r[key] for r in layers) / len(layers) for key in ("fve", "l0", "dead")}}

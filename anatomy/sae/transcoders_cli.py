@@ -112,29 +112,16 @@ def memory_plan(model, n_layers: int, d_in: int, d_out: int, features: int, skip
 def run_train_transcoders(args) -> int:
     """Harvest, train every layer, save transcoders/ and eval.json, draw transcoders.png (module docstring)."""
     from ..checkpoints.memory import available_memory
-    from ..training import distributed
-    from ..training.checkpoint import checkpoint_candidates, remove_temporaries
-    from ..training.metrics import METRICS
-    from ..training.rundir import RunLock
-    from .cli import load_model
+    from .cli import load_model, train_config, training_run
     from .evaluate import evaluate_transcoders
     from .modules import SAE
     from .plots import plot_training
     from .store import ActivationStore, corpus_tokens, harvest, rows_of
-    from .train import SAETrainConfig, SAETrainer, write_summary
+    from .train import SAETrainer, write_summary
     from .transcoder_files import save_transcoders
     from .transcoders import TranscoderSet, mlp_points
 
-    info = distributed.setup(args.device)
-    run_dir = Path(args.out)
-    lock = RunLock(run_dir).acquire() if info.is_main else None
-    try:
-        if info.is_main:
-            remove_temporaries(run_dir)
-        if not args.resume and checkpoint_candidates(run_dir):
-            raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another --out")
-        if info.is_main and not args.resume:
-            (run_dir / METRICS).unlink(missing_ok=True)
+    with training_run(args) as (info, run_dir):
         model = load_model(args.model, str(info.device))
         args.input_point = args.input_point or mlp_points(model)[0]
         n_layers = len(model.blocks)
@@ -161,12 +148,7 @@ def run_train_transcoders(args) -> int:
         saes = [SAE(widths[0], args.features, kind=args.kind, k=k, d_out=widths[1], point=points[2 * layer],
                     point_out=points[2 * layer + 1], transcoder=True, skip=not args.no_skip, seed=args.seed + layer,
                     metadata=metadata) for layer in range(n_layers)]
-        config = SAETrainConfig(kind=args.kind, features=args.features, k=k, l1=args.l1, l0=args.l0,
-                                max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                                min_lr_ratio=args.min_lr_ratio, aux_k=args.aux_k, aux_coefficient=args.aux_coefficient,
-                                dead_tokens=args.dead_tokens, seed=args.seed, log_every=args.log_every,
-                                eval_every=args.eval_every, save_every=args.save_every,
-                                progress=not args.no_progress, quiet=args.quiet)
+        config = train_config(args, k)
         eval_rows = rows_of(model, points, held_tokens, context=args.context, skip=args.skip,
                             limit=args.eval_rows)[:args.eval_rows].to(store_dtype)
         if info.is_main:
@@ -194,10 +176,6 @@ def run_train_transcoders(args) -> int:
             if not args.quiet:
                 print(describe(results, "held out") + f"\ntranscoders in {printable(str(run_dir / 'transcoders'))}")
         return 0
-    finally:
-        if lock is not None:
-            lock.release()
-        distributed.cleanup()
 
 
 def _start_summary(args, run_dir, n_layers, widths, k, train_tokens, held_tokens, store, plan, fill_rows, world) -> str:
