@@ -161,6 +161,11 @@ class TranscoderSet(nn.Module):
                 block = sorted({n.split(".", 2)[2] for n in points if n.startswith("blocks.0.")})
                 raise ValueError(f"transcoder set {field} {pattern!r} is not in block {missing[0]} of this model; allowed: "
                                  f"blocks.L.{{{', '.join(block)}}}")
+            if field == "output point" and self.metadata.get("feature_output_hook") == "hook_mlp_out" and \
+                    pattern == OUTPUT_POINT and "blocks.0.mlp_out_norm.out" in points:
+                raise ValueError("transcoder set output point: circuit-tracer's hook_mlp_out is, in this model, the output "
+                                 "of the MLP's own norm; allowed: blocks.L.mlp_out_norm.out (load_transcoders(..., "
+                                 "mlp_out_norm=True))")
             width = _width(points[pattern.replace("L", "0", 1)], model.config)
             if width is not None and width != self.d_model:
                 raise ValueError(f"transcoder set d_model={self.d_model} does not fit the {field} {pattern!r} of this model, "

@@ -146,3 +146,16 @@ def test_a_sets_evaluation_is_each_layers_own_and_its_errors_restore_the_model()
     assert abs(result["loss_recovered_with_errors"] - 1) < 1e-4
     assert result["ce_zero"] != result["ce_clean"] and result["ce_replaced"] != result["ce_clean"]
     assert result["fve"] == sum(r["fve"] for r in result["layers"]) / 2
+
+
+def test_hook_mlp_out_of_a_model_that_normalises_its_mlp_output_is_refused_until_resolved(tmp_path):
+    """Gemma's sandwich block: TransformerLens's (and circuit-tracer's) hook_mlp_out is after the MLP's own norm."""
+    from anatomy.sae import load_transcoders, save_transcoders
+
+    model = tiny(arch="decoder", norm_position="sandwich")
+    save_transcoders(TranscoderSet(plt().layers, output_point="blocks.L.mlp_out_norm.out"), tmp_path / "set")
+    with pytest.raises(ValueError, match="hook_mlp_out is, in this model, the output of the MLP's own norm"):
+        load_transcoders(tmp_path / "set").check_fits(model)
+    resolved = load_transcoders(tmp_path / "set", mlp_out_norm=True)
+    resolved.check_fits(model)
+    assert resolved.output_point(1) == "blocks.1.mlp_out_norm.out"
