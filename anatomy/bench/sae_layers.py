@@ -13,7 +13,7 @@ Three rows, in the sae group:
   the runner's own harvest needs a TransformerLens model, which SmolLM2 is not offline. SAELens's
   MultiSAETrainer trains SAEs only (no transcoders), hence SAEs on both sides.
 - **training a transcoder on all 30 layers**: one step of `anatomy sae train-transcoders`'s defaults (30 skip
-  transcoders, 2304 BatchTopK features, k 32, batches of 2048): rows per second, anatomy alone (SAELens has
+  transcoders, 2304 BatchTopK features, k 32, batches of 1024): rows per second, anatomy alone (SAELens has
   no multi-layer transcoder trainer); with the harvest row, the expected time of recipes/transcoders_smollm2.sh.
 """
 
@@ -139,7 +139,7 @@ def bench_transcoder_step(settings: Settings, model, tokens: np.ndarray, context
     from ..sae.transcoders_cli import points_of
 
     n_layers, width = len(model.blocks), model.config.d_model
-    features, batch, steps = (128, 256, 4) if settings.quick else (2304, 2048, 6)
+    features, batch, steps = (128, 256, 4) if settings.quick else (2304, 1024, 6)
     points = points_of(*mlp_points(model), n_layers)
     rows = rows_of(model, points, tokens, context=context, limit=batch).to(torch.bfloat16)
 
@@ -163,7 +163,7 @@ def bench_transcoder_step(settings: Settings, model, tokens: np.ndarray, context
                      f"{batch}): one step", "rows/s", rate, None, True)
     row.notes = [f"median of {steps - 1} steps after the first; every row trains all {n_layers}",
                  f"with the one-pass harvest above: about {hour / 1e6:.2f}M tokens an hour with {torch.get_num_threads()} "
-                 f"thread(s) (recipes/transcoders_smollm2.sh: 560 x 2048 = 1.15M)", f"load {load_average()}"]
+                 f"thread(s) (recipes/transcoders_smollm2.sh: 1120 x 1024 = 1.15M)", f"load {load_average()}"]
     return row
 
 

@@ -60,19 +60,20 @@ def add_arguments(commands, add_model_argument, add_run_arguments) -> None:
     g.add_argument("--eval-rows", type=positive_int, default=4096, help="held-out rows for the periodic FVE (default 4096)")
     g = train.add_argument_group("training")
     g.add_argument("--max-steps", type=positive_int, default=1000)
-    g.add_argument("--batch-size", type=positive_int, default=2048, help="rows per step and rank (default 2048)")
-    g.add_argument("--lr", type=positive_float, default=7e-4)
+    g.add_argument("--batch-size", type=positive_int, default=1024, help="rows per step and rank (default 1024)")
+    g.add_argument("--lr", type=positive_float, default=4e-3)
     g.add_argument("--warmup", type=non_negative_int, default=50)
     g.add_argument("--min-lr-ratio", type=probability, default=0.0)
     g.add_argument("--aux-k", type=positive_int, help="dead features per row in AuxK (default: half the width)")
     g.add_argument("--aux-coefficient", type=probability, default=1 / 32)
-    g.add_argument("--dead-tokens", type=positive_int, default=500_000, help="tokens without firing = dead")
+    g.add_argument("--dead-tokens", type=positive_int, default=250_000, help="tokens without firing = dead")
     g.add_argument("--seed", type=non_negative_int, default=0)
     g.add_argument("--log-every", type=positive_int, default=10)
     g.add_argument("--eval-every", type=non_negative_int, default=100)
     g.add_argument("--save-every", type=non_negative_int, default=250)
     g.add_argument("--ce-contexts", type=non_negative_int, default=32,
-                   help="held-out contexts for the CE loss recovered, four passes each (0: skip it)")
+                   help="held-out contexts for the CE loss recovered, five passes each (0: skip it)")
+    g.add_argument("--eval-tokens", type=positive_int, help="held-out tokens the final evaluation reads (default: all)")
     add_run_arguments(train)
 
     evaluate = commands.add_parser("eval-transcoders",
@@ -83,7 +84,7 @@ def add_arguments(commands, add_model_argument, add_run_arguments) -> None:
     evaluate.add_argument("--context", type=positive_int, default=128, help="tokens per context (default 128)")
     evaluate.add_argument("--skip", type=non_negative_int, default=1, help="leading positions of each context left out")
     evaluate.add_argument("--ce-contexts", type=non_negative_int, default=32,
-                          help="contexts for the CE loss recovered, four passes each (default 32; 0: skip it)")
+                          help="contexts for the CE loss recovered, five passes each (default 32; 0: skip it)")
     evaluate.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     evaluate.add_argument("--variant", type=text, help="Gemma Scope 2: which width_W_l0_S[_affine] folder")
     add_run_arguments(evaluate)
@@ -168,8 +169,8 @@ def run_train_transcoders(args) -> int:
                                         output_point=args.output_point, metadata={"model_name": args.model})
             save_transcoders(transcoders, run_dir / "transcoders", scan=f"anatomy/{run_dir.resolve().name}")
             trainer.store = trainer.eval_rows = store = eval_rows = None  # the buffer's memory, for the evaluation
-            results = evaluate_transcoders(model, transcoders, held_tokens, context=args.context, skip=args.skip,
-                                           ce_contexts=args.ce_contexts)
+            results = evaluate_transcoders(model, transcoders, held_tokens[:args.eval_tokens], context=args.context,
+                                           skip=args.skip, ce_contexts=args.ce_contexts)
             (run_dir / "eval.json").write_text(json.dumps(results, indent=1) + "\n")
             trainer.log_record({"step": trainer.step, **{f"heldout_{k}": v for k, v in results.items() if k != "layers"}})
             plot_training(run_dir, trainer.history, name="transcoders.png")
