@@ -14,6 +14,7 @@ The heads (LMHead, Pooler, pool) are in heads.py.
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,8 +192,9 @@ class Stack(nn.Module):
 
 
 # Writing checkpoints is the job of the checkpoints floor, which registers its writer here when it
-# is imported (`import anatomy` imports it): model.save_pretrained works, and the core imports no floor.
+# is imported (on first use, below, if nothing imported it yet): the core imports no floor by name.
 _SAVERS: list = []
+SAVING_FLOOR = "anatomy.checkpoints.save"
 
 
 def register_saver(save) -> None:
@@ -204,7 +206,7 @@ class _Saveable:
     def save_pretrained(self, directory: str | Path, **kwargs) -> Path:
         """Write the model to `directory`: anatomy.save_pretrained(model, directory, **kwargs)."""
         if not _SAVERS:
-            raise RuntimeError("saving needs anatomy.checkpoints, which registers itself on `import anatomy`")
+            importlib.import_module(SAVING_FLOOR)  # registers its writer
         return _SAVERS[0](self, directory, **kwargs)
 
 

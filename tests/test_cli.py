@@ -48,7 +48,7 @@ def test_typed_arguments_take_their_range_and_refuse_the_rest(kind, good, bad):
 
 def test_text_refuses_invalid_utf8_as_a_shell_passes_it():
     raw = b"caf\xff".decode("utf-8", "surrogateescape")  # what sys.argv holds for those bytes
-    with pytest.raises(argparse.ArgumentTypeError, match=r"not valid UTF-8 \(byte ff at character 3\)"):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"not valid UTF-8 \(byte ff at character 3,"):
         cli.text(raw)
     assert cli.text("café") == "café"
 
@@ -145,3 +145,18 @@ def test_parity_shows_no_third_party_progress_bar_and_leaves_them_as_they_were(t
     assert status == 0, out + err
     assert "Loading weights" not in out + err and "it/s" not in out + err
     assert transformers.utils.logging.is_progress_bar_enabled() and not hub_utils.are_progress_bars_disabled()
+
+
+def test_threads_are_set_before_torch_loads_and_after(tmp_path):
+    """--threads reaches torch whether the command loaded it already or loads it after its checks."""
+    import subprocess
+    import sys
+
+    import os
+
+    script = ("from anatomy.cli import set_threads; set_threads(1); import torch; a = torch.get_num_threads(); "
+              "set_threads(2); print(a, torch.get_num_threads())")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env,
+                            timeout=120)
+    assert result.stdout.split() == ["1", "2"], result.stderr

@@ -16,7 +16,7 @@ LONG_TEXT = " ".join(["word"] * 30)
 # (argv, a word the error line must contain); {tmp} is a fresh folder, {data} a small text file there.
 BATTERY = [
     # the dispatcher
-    (["no-such-command"], "invalid choice"),
+    (["no-such-command"], "is not a command (commands: walk"),
     (["--bogus"], "unrecognized arguments"),
     # generate
     (["generate", "--max-new-tokens", "0"], "--max-new-tokens"),

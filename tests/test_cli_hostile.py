@@ -108,8 +108,17 @@ def nothing_loads(monkeypatch):
 
     from anatomy.checkpoints import files, gguf
 
-    for target in cli.SUBCOMMANDS.values():  # the floors bind the loaders at import: import them first
+    import pkgutil
+
+    import anatomy.checkpoints
+
+    # The floors import the loaders when they run (anatomy.lazy): import every module that defines one
+    # first, so that each is replaced where it is defined and wherever it was bound.
+    for target in cli.SUBCOMMANDS.values():
         importlib.import_module(target[0].partition(":")[0])
+    for module in pkgutil.iter_modules(anatomy.checkpoints.__path__, "anatomy.checkpoints."):
+        if module.name != "anatomy.checkpoints.fit_toys":
+            importlib.import_module(module.name)
     importlib.import_module("anatomy.training.build")
 
     loads: list[str] = []

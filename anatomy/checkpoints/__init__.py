@@ -20,18 +20,15 @@ Every problem is a CheckpointError naming the file or the id, raised before a mo
 
 from __future__ import annotations
 
-from ..models import register_saver
-from .files import CheckpointError
-from .hf import architecture_of, read_config
-from .registry import ARCHITECTURES, supported_architectures
-from .resolver import BUILTIN_MODELS, from_pretrained, load_tokenizer
-from .save import save_pretrained
-from .sentence import sentence_embeddings
-from .tokenizer import Tokenizer
+from ..lazy import lazy_names
 
-__all__ = [
-    "ARCHITECTURES", "BUILTIN_MODELS", "CheckpointError", "Tokenizer", "architecture_of", "from_pretrained",
-    "load_tokenizer", "read_config", "save_pretrained", "sentence_embeddings", "supported_architectures",
-]
-
-register_saver(save_pretrained)
+__all__ = lazy_names(__name__, {
+    "ARCHITECTURES": ".registry", "supported_architectures": ".registry",
+    "BUILTIN_MODELS": ".names",
+    "CheckpointError": ".files",
+    "architecture_of": ".hf", "read_config": ".hf",
+    "from_pretrained": ".resolver", "load_tokenizer": ".resolver",
+    "save_pretrained": ".save",
+    "sentence_embeddings": ".sentence",
+    "Tokenizer": ".tokenizer",
+})

@@ -23,6 +23,8 @@ import json
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
+from ..text import check_text
+
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -41,7 +43,8 @@ def check_messages(messages) -> list[dict[str, str]]:
             raise ChatError(f"messages[{i}] must be a dict with a string 'content', got {type(message).__name__}")
         if message.get("role") not in ROLES:
             raise ChatError(f"messages[{i}] has role {message.get('role')!r}; roles are {', '.join(ROLES)}")
-        checked.append({"role": message["role"], "content": message["content"]})
+        content = check_text(message["content"], f"messages[{i}]['content']", empty=True)
+        checked.append({"role": message["role"], "content": content})
     return checked
 
 

@@ -14,21 +14,18 @@ import math
 import shutil
 import textwrap
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from ..cli import add_model_argument, add_threads_argument, model_name, non_negative_float, non_negative_int, one_line, text
+from .names import BUILTIN_MODELS
 
-from ..cli import add_model_argument, add_threads_argument, non_negative_float, non_negative_int, one_line, text
-from . import ARCHITECTURES, BUILTIN_MODELS
-from .describe import config_of
-from .toys import TOY_MODELS
-from .parity import parity_rows
+# The checkpoints, transformers and torch are imported by the functions that use them, once the
+# arguments have been checked (anatomy.lazy): a mistake is refused in milliseconds.
 
 # parity -------------------------------------------------------------------------------------------
 
 
 def add_parity_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_path", metavar="MODEL", nargs="?", default=None, help="the same as --model")
+    parser.add_argument("model_path", metavar="MODEL", nargs="?", default=None, type=model_name,
+                        help="the same as --model")
     add_model_argument(parser, default="minilm", help="a checkpoint transformers can also load")
     add_threads_argument(parser)
     parser.add_argument("--text", type=text, action="append", help="input text (repeat for a batch); default: a "
@@ -42,6 +39,14 @@ def add_parity_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_parity(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .describe import config_of
+    from .parity import parity_rows
+    from .toys import TOY_MODELS
+
     model = args.model_path or args.model
     if args.model_path and args.model not in ("minilm", args.model_path):
         raise ValueError(f"two models given: {args.model_path!r} and --model {args.model!r}; give one")
@@ -91,6 +96,8 @@ def run_models(args: argparse.Namespace) -> int:
 def models_text(width: int = 80) -> str:
     """The built-in names and the architectures read, each entry a name then its text, wrapped to
     `width` columns (at most 80) under a hanging indent; class names are never split."""
+    from .registry import ARCHITECTURES
+
     width = min(width, 80)
 
     def entries(rows) -> list[str]:

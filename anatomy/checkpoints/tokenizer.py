@@ -29,6 +29,7 @@ from tokenizers import Tokenizer as Backend
 from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer
 
 from ..inputs import pad_batch
+from ..text import InputError, check_text
 from .chat import render_chat, turn_end
 from .files import CheckpointError, read_json
 from .token_text import piece_decoder, visible
@@ -83,7 +84,12 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True, *, add_bos: bool = False,
                      add_eos: bool = False, max_length: int | None = None, prompt: bool = False) -> list[list[int]]:
         """`encode` for many texts at once (the Rust side runs them in parallel). max_length cuts
-        the text, not the template: BERT's final [SEP] stays. prompt: see `encode_prompt`."""
+        the text, not the template: BERT's final [SEP] stays. prompt: see `encode_prompt`.
+        Raises InputError (a ValueError) for a text that is not a str of Unicode characters (a lone
+        surrogate, named with its position: anatomy.text.check_text)."""
+        if isinstance(texts, str):
+            raise InputError("encode_batch takes a list of texts, got one str (use encode)")
+        texts = [check_text(t, "text" if len(texts) == 1 else f"texts[{i}]", empty=True) for i, t in enumerate(texts)]
         head = [self._required("bos")] if add_bos else []
         tail = [self._required("eos")] if add_eos else []
         backend = self.backend if max_length is None else self._truncating(max_length)

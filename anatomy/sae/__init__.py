@@ -19,8 +19,10 @@
     cli.py         `anatomy sae train | eval | features`
 """
 
-from .attach import clamp, no_error, scale, steer, zero
-from .formats import load_sae, save_sae
-from .modules import KINDS, SAE
+from ..lazy import lazy_names
 
-__all__ = ["KINDS", "SAE", "clamp", "load_sae", "no_error", "save_sae", "scale", "steer", "zero"]
+__all__ = lazy_names(__name__, {
+    **{name: ".attach" for name in ("clamp", "no_error", "scale", "steer", "zero")},
+    "load_sae": ".formats", "save_sae": ".formats",
+    "KINDS": ".modules", "SAE": ".modules",
+})

@@ -15,11 +15,12 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
 from ..cli import (add_device_argument, add_model_argument, add_threads_argument, non_negative_int, positive_float, positive_int,
                    printable, probability, summary_block, text)
-from .modules import KINDS
+from .choices import KINDS
+
+# The model, the trainer and torch are imported by the functions that use them, once the arguments
+# have been checked (anatomy.lazy): a mistake is refused in milliseconds.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,6 +125,8 @@ def _model(name: str, device: str, points=()):
 
 def run_train(args) -> int:
     """Harvest, train, save sae/ and eval.json, draw sae.png (module docstring); under torchrun, one rank each."""
+    import torch
+
     from ..training import distributed
     from ..training.checkpoint import checkpoint_candidates, remove_temporaries
     from ..training.metrics import METRICS

@@ -29,10 +29,10 @@ from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, tra
 from tokenizers import Tokenizer as Backend
 
 from ..checkpoints.tokenizer import Tokenizer
+from .choices import KINDS
 
 PAD, UNK, SOS, EOS = "<PAD>", "<UNK>", "<SOS>", "<EOS>"
 SPECIAL_TOKENS = [PAD, UNK, SOS, EOS]
-KINDS = ("char", "word", "bpe", "wordpiece")
 
 __all__ = ["KINDS", "SPECIAL_TOKENS", "Tokenizer", "load_tokenizer", "train_tokenizer"]
 

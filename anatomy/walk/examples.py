@@ -10,40 +10,17 @@ was printed with; where a source departs from its own formulas, the step says so
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 
 import torch
 import torch.nn.functional as F
 
-from ..checkpoints.toys import SENTENCE, article_words, sentence_vocab
+from ..checkpoints.toys import SENTENCE, TOYS, article_words, build_toy, sentence_vocab, toy_tokenizer
 from .builder import fmt, products, vec
 from .reference import compare, softmax
+from .sources import EXAMPLES, load
 from .types import Matrix, Step, Worked
 from .walkthrough import Walkthrough
-
-DATA = resources.files("anatomy.walk") / "data"
-
-
-@dataclass(frozen=True)
-class Example:
-    file: str
-    description: str
-
-
-@lru_cache(maxsize=None)
-def load(file: str) -> dict:
-    return json.loads((DATA / f"{file}.json").read_text(encoding="utf-8"))
-
-
-EXAMPLES = {
-    name: Example(file, load(file)["description"] + f" ({load(file)['author']})" if name != "notes" else
-                  load(file)["description"] + ' (the "3 Transformer Anatomy" notes)')
-    for name, file in (("armas", "armas"), ("anasashb", "anasashb"), ("notes", "anatomy-notes"))
-}
 
 
 def T(values) -> torch.Tensor:
@@ -283,3 +260,16 @@ def example_walk(name: str) -> Walkthrough:
     if name not in WALKS:
         raise ValueError(f"unknown example {name!r}; choose one of {', '.join(EXAMPLES)}")
     return WALKS[name]()
+
+
+def toy_example(name: str = "toy", **overrides):
+    """(model, ids, kwargs) for a trained toy on its own text: `walkthrough(model, ids, **kwargs)`."""
+    toy, tokenizer = TOYS[name], toy_tokenizer(name)
+    model = build_toy(name, **overrides)
+    ids, target = tokenizer.encode_for(model.config, toy.text, toy.target)
+    options = {"vocab": lambda i: tokenizer.labels([i])[0], "model_name": name, "task": toy.task}
+    if target is not None:
+        options.update(target_ids=target, target_tokens=tokenizer.labels(target))
+    if toy.arch == "encoder":
+        options["mask_token"] = "<MASK>"
+    return model, ids, dict(options, tokens=tokenizer.labels(ids))
