@@ -147,6 +147,21 @@ def test_parity_shows_no_third_party_progress_bar_and_leaves_them_as_they_were(t
     assert transformers.utils.logging.is_progress_bar_enabled() and not hub_utils.are_progress_bars_disabled()
 
 
+def test_parity_says_each_stage_as_it_starts_on_stderr(tmp_path, capsys):
+    """SmolLM2's parity takes 20-30 s (transformers' GGUF reader, most of it): the wait is never silent."""
+    transformers = pytest.importorskip("transformers")
+    path = char_tokenizer_checkpoint(transformers, tmp_path, positions=64)
+    capsys.readouterr()
+    status, out, err = run(["parity", "--model", str(path)], capsys)
+    assert status == 0, out + err
+    stages = [line.split("] ", 1)[1] for line in err.splitlines()]
+    assert [stage.split(" ")[0] for stage in stages] == ["importing", "loading", "loading", "running", "running",
+                                                         "comparing"], err
+    assert "with transformers (GPT2LMHeadModel)" in stages[2] and "intermediates" in stages[-1]
+    assert "importing" not in out and "all within" in out  # the table alone on stdout
+    assert all(line.startswith("[") and line.endswith(" …") and len(line) <= 80 for line in err.splitlines())
+
+
 def test_threads_are_set_before_torch_loads_and_after(tmp_path):
     """--threads reaches torch whether the command loaded it already or loads it after its checks."""
     import subprocess

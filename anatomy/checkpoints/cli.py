@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
+import sys
 import textwrap
+import time
 
 from ..cli import add_model_argument, add_threads_argument, model_name, non_negative_float, non_negative_int, one_line, text
 from .names import BUILTIN_MODELS
@@ -56,7 +58,12 @@ def run_parity(args: argparse.Namespace) -> int:
     config_of(model)  # a misspelt name, a missing path or an unreadable config: refused before anything loads
     console = Console(highlight=False)
     notes: list[str] = []
-    rows = parity_rows(model, args.text, args.text_b, args.pad, args.tol, args.seed, notes=notes)
+    began = time.perf_counter()
+
+    def progress(stage: str) -> None:  # on stderr: the table alone goes to stdout
+        print(f"[{time.perf_counter() - began:5.1f} s] {one_line(stage, 66)} …", file=sys.stderr, flush=True)
+
+    rows = parity_rows(model, args.text, args.text_b, args.pad, args.tol, args.seed, notes=notes, progress=progress)
     for note in notes:
         console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
     name = escape(one_line(model))
