@@ -88,7 +88,8 @@ def armas() -> Walkthrough:
           [Matrix("e₃ (as added)", "e_3", e3_added[None], rows=["e₃"], note="the article's sum"),
            Matrix("x₃", "x_3", x3[None], rows=["x₃"], note="as printed", highlight=0)],
           printed("x₃", e3_added + p3, x3, 4),
-          [Worked(f"x₃[{i}] = {fmt(float(e3_added[i]))} + {float(p3[i]):.8f} = {fmt(float(e3_added[i] + p3[i]))}",
+          [Worked(f"x₃[{i}] = {fmt(float(e3_added[i]))} {'−' if p3[i] < 0 else '+'} {abs(float(p3[i])):.8f} "
+                  f"= {fmt(float(e3_added[i] + p3[i]))}",
                   f"x_3^{{({i})}} = {fmt(float(e3_added[i] + p3[i]))}", printed(f"x₃[{i}]", e3_added[i] + p3[i], x3[i], 4))
            for i in range(4)])
     W = {n: T(d[n]) for n in ("W_Q", "W_K", "W_V", "W_Q_in_q3")}
@@ -195,8 +196,7 @@ def notes() -> Walkthrough:
           [Matrix("QKᵀ", r"QK^T", scores, rows=tokens, cols=tokens, highlight=0),
            Matrix("A", "A", A, rows=tokens, cols=tokens, highlight=0)],
           compare("softmax(QKᵀ/√2)", "torch.softmax", A, torch.softmax(scores / math.sqrt(2), -1)),
-          [Worked(f"q₁₁k₁₁ + q₁₂k₁₂ = {fmt(float(Q[0, 0]))}×{fmt(float(K[0, 0]))} + {fmt(float(Q[0, 1]))}×{fmt(float(K[0, 1]))} "
-                  f"= {fmt(float(scores[0, 0]))}", r"q_{11}k_{11} + q_{12}k_{12}",
+          [Worked(f"q₁₁k₁₁ + q₁₂k₁₂ = {products(Q[0, :2], K[0, :2])} = {fmt(float(scores[0, 0]))}", r"q_{11}k_{11} + q_{12}k_{12}",
                   compare("this line", "QKᵀ[0, 0]", Q[0, 0] * K[0, 0] + Q[0, 1] * K[0, 1], scores[0, 0]))])
     out = A @ V
     s.add("Attention", "5. The output A V (5 × 2)",
