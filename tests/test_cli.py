@@ -175,3 +175,21 @@ def test_threads_are_set_before_torch_loads_and_after(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env,
                             timeout=120)
     assert result.stdout.split() == ["1", "2"], result.stderr
+
+
+def _options_without_help(parser: argparse.ArgumentParser, path: str) -> list[str]:
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                missing += _options_without_help(sub, f"{path} {name}")
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)) and not action.help:
+            missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+    return missing
+
+
+@pytest.mark.parametrize("command", list(cli.SUBCOMMANDS))
+def test_every_option_of_every_command_says_what_it_does(command):
+    parser = cli.build_parser(command)
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert _options_without_help(subcommands.choices[command], f"anatomy {command}") == []

@@ -34,7 +34,7 @@ def add_parity_arguments(parser: argparse.ArgumentParser) -> None:
                         "pangram, cut to the model's positions if longer")
     parser.add_argument("--text-b", type=text, help="second segment (BERT) or target text (Marian)")
     parser.add_argument("--tol", type=non_negative_float, default=1e-5,
-                        help="largest allowed max |difference| (default 1e-5)")
+                        help="largest allowed max |difference|")
     parser.add_argument("--pad", action="store_true", help="batch two texts of different lengths, with padding")
     parser.add_argument("--seed", type=non_negative_int, default=0,
                         help="seed for random ids when the checkpoint has no tokenizer")
