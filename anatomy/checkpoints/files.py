@@ -87,6 +87,10 @@ SAFETENSORS_DTYPES = {
 
 # The longest header safetensors itself accepts.
 MAX_HEADER_BYTES = 100_000_000
+# The most tensors one weights file may name. The largest checkpoints keep a few thousand per shard
+# (DeepSeek-V3's 163 shards hold about 95,000 tensors, 600 each); a header naming more (200,000
+# empty tensors, 16 MB of JSON) is refused by counting its entries, before it is parsed or walked.
+MAX_FILE_TENSORS = 65_536
 
 
 def read_safetensors_header(path: Path) -> dict[str, tuple[torch.dtype | None, tuple[int, ...]]]:
@@ -107,7 +111,12 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[torch.dtype | None, t
             if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
                 raise CheckpointError(f"{where} is corrupt or truncated: it does not start with the length of a "
                                       f"safetensors header (of at most {MAX_HEADER_BYTES} bytes, within the file)")
-            header = json.loads(file.read(length))
+            raw = file.read(length)
+            entries = raw.count(b'"data_offsets"')  # each entry's key, once: a name's own quotes are escaped
+            if entries > MAX_FILE_TENSORS:
+                raise CheckpointError(f"{where} names {entries:,} tensors; anatomy reads at most {MAX_FILE_TENSORS:,} "
+                                      "per file (real checkpoints hold a few thousand per shard)")
+            header = json.loads(raw)
     except OSError as error:
         raise CheckpointError(f"{where} cannot be read: {shorten(str(error))}") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
@@ -240,9 +249,12 @@ def _is_shard_name(value) -> bool:
             and value.isprintable())
 
 
-def _open_shard(path: Path):
+def _open_shard(path: Path, real_root: Path, what: str = "weights file"):
+    """The shard at `path`, after checking that it stays inside `real_root` (resolved) and exists:
+    its path is resolved once (`inside`)."""
+    real = inside(path, real_root, what, resolved=True)
     try:
-        found = path.is_file()
+        found = real.is_file()
     except OSError as error:  # a name too long for the file system
         raise CheckpointError(f"weights file {shorten(str(path))!r} cannot be opened: {error.strerror}") from None
     if not found:
@@ -250,12 +262,14 @@ def _open_shard(path: Path):
     return _SafetensorsShard(path) if path.suffix == ".safetensors" else _PickleShard(path)
 
 
-def inside(path: Path, root: Path, what: str) -> Path:
-    """`path` with symlinks resolved; CheckpointError unless it stays inside `root` (also resolved)."""
+def inside(path: Path, root: Path, what: str, *, resolved: bool = False) -> Path:
+    """`path` with symlinks resolved; CheckpointError unless it stays inside `root` (also resolved,
+    unless `resolved` says it is already: an index of many shards resolves its folder once)."""
     real = path.resolve()
-    if not real.is_relative_to(root.resolve()):
-        raise CheckpointError(f"{what} {str(path)!r} leads outside the checkpoint folder {str(root)!r} (to {str(real)!r}); "
-                              "anatomy reads weights only from inside it")
+    real_root = root if resolved else root.resolve()
+    if not real.is_relative_to(real_root):
+        raise CheckpointError(f"{what} {shorten(str(path))!r} leads outside the checkpoint folder {shorten(str(root))!r} "
+                              f"(to {shorten(str(real))!r}); anatomy reads weights only from inside it")
     return real
 
 
@@ -270,8 +284,7 @@ class Weights:
         self._where: dict[str, object] = {}
         for name in WEIGHT_FILES:
             if (directory / name).is_file():
-                inside(directory / name, root, "weights file")
-                shard = _open_shard(directory / name)
+                shard = _open_shard(directory / name, root.resolve())
                 self._where = {key: shard for key in shard.keys()}
                 self.source = str(directory / name)
                 return
@@ -293,10 +306,10 @@ class Weights:
         if wrong:
             raise CheckpointError(f"shard index {shorten(str(path))!r} maps tensors to things that are not weight file "
                                   f"names: {listing(wrong)}")
-        files = sorted(set(weight_map.values()))
-        for file in files:
-            inside(directory / file, root, f"shard {file!r} of {str(path)!r}:")
-        shards = {file: _open_shard(directory / file) for file in files}
+        real_root = root.resolve()
+        # each shard resolved once and opened at once: the first missing one (of 50,000) is refused first
+        shards = {file: _open_shard(directory / file, real_root, f"shard {shorten(file)!r} of {shorten(str(path))!r}:")
+                  for file in sorted(set(weight_map.values()))}
         problems = [f"{key} (listed in {file})" for key, file in weight_map.items() if key not in shards[file].keys()]
         if problems:
             raise CheckpointError(f"shard index {path.name} lists tensors its shards lack: {listing(problems)}")

@@ -31,7 +31,7 @@ from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPEToken
 from ..inputs import pad_batch
 from ..text import InputError, check_text
 from .chat import render_chat, turn_end
-from .files import CheckpointError, read_json
+from .files import CheckpointError, read_json, shorten
 from .token_text import piece_decoder, visible
 
 ROLES = ("bos", "eos", "pad", "unk", "mask")
@@ -377,8 +377,14 @@ def _chat_template(directory: Path, settings: dict) -> str | None:
                                   f"byte {error.start})") from None
     template = settings.get("chat_template")
     if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template
-                 if isinstance(t, dict) and isinstance(t.get("name"), str)}
+        named = {}
+        for i, entry in enumerate(template):  # transformers' list of {"name", "template"}, every entry checked
+            if (not isinstance(entry, dict) or not isinstance(entry.get("name"), str)
+                    or not isinstance(entry.get("template"), str) or entry["name"] in named):
+                raise CheckpointError(f"{str(directory / SETTINGS_FILE)!r} has a malformed chat_template entry "
+                                      f"[{i}]: {shorten(repr(entry), 120)}; each must be "
+                                      '{"name": a string of its own, "template": a string}')
+            named[entry["name"]] = entry["template"]
         template = named.get("default")
     if template is not None and not isinstance(template, str):
         raise CheckpointError(f"{str(directory / SETTINGS_FILE)!r} has a chat_template that is a "
