@@ -40,6 +40,7 @@ from .explore import bench_explore
 from .gemv import bench_gemv
 from .load import bench_load
 from .overhead import bench_overhead
+from .refusals import bench_refusals
 from .sae import bench_sae
 from .trace import bench_trace
 from .train import bench_train
@@ -55,6 +56,7 @@ GROUPS = {
     "analysis": bench_analysis,
     "sae": bench_sae,
     "explore": bench_explore,
+    "refusals": bench_refusals,
 }
 
 
