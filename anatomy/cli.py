@@ -371,8 +371,14 @@ First commands to try:
 
 
 def unknown_command(word: str) -> str | None:
-    """The refusal of a first argument that is no command nor option ("did you mean 'walk'?"), or None."""
-    if word in SUBCOMMANDS or word.startswith("-"):
+    """The refusal of a first argument that is no command ("did you mean 'walk'?"), or of an option
+    given before the command (`anatomy --threads 2 walk`), or None."""
+    if word.startswith("-"):
+        if word == "-h" or any(len(word) > 2 and option.startswith(word) for option in ("--help", "--version")):
+            return None
+        return (f"{one_line(word, 100)} goes after the command: `anatomy COMMAND {one_line(word, 100)} ...` "
+                f"(commands: {', '.join(SUBCOMMANDS)})")
+    if word in SUBCOMMANDS:
         return None
     close = difflib.get_close_matches(word.lower(), SUBCOMMANDS, n=1, cutoff=0.6)
     return (f"{one_line(repr(word), 100)} is not a command" + (f": did you mean {close[0]!r}?" if close else "")

@@ -12,10 +12,15 @@ inputs; each command's TEXT; the explorer's JSON) goes through `check_text`:
   read: not empty, and not white space alone, which no model's tokenizer turns into a token of
   the text (BERT's [CLS] [SEP] and a decoder's BOS are all that is left).
 
-This module imports nothing heavy, so that the command line refuses a bad TEXT before torch loads.
+A text file given as a corpus is read through `text_lines`, which names the file and the line where
+it stops being UTF-8. This module imports nothing heavy, so that the command line refuses a bad TEXT
+before torch loads.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Iterator
 
 
 class InputError(ValueError):
@@ -43,4 +48,28 @@ def check_text(text, name: str = "text", *, empty: bool = False) -> str:
     return text
 
 
-__all__ = ["InputError", "check_text"]
+def text_lines(path: str | os.PathLike, newline: str | None = None) -> Iterator[str]:
+    """The lines of a UTF-8 text file (a corpus, a TSV), newline kept, read one at a time; InputError
+    naming the file, the line and the byte where the text stops being UTF-8 (a binary file given as
+    text, a file in Latin-1), instead of the codec's words alone."""
+    try:
+        with open(path, encoding="utf-8", newline=newline) as handle:
+            yield from handle
+    except UnicodeDecodeError:
+        raise InputError(_where_not_utf8(path)) from None
+
+
+def _where_not_utf8(path: str | os.PathLike) -> str:
+    """The first line of the file that does not decode, and the byte in it (a second pass, in bytes:
+    the text reader decodes blocks of several lines, so its error cannot say which)."""
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                return (f"{os.fspath(path)} is not UTF-8 text: line {number:,}, byte {error.start + 1} is "
+                        f"0x{line[error.start]:02x} ({error.reason}); give a UTF-8 text file")
+    return f"{os.fspath(path)} is not UTF-8 text; give a UTF-8 text file"
+
+
+__all__ = ["InputError", "check_text", "text_lines"]

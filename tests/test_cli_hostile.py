@@ -218,6 +218,17 @@ BEFORE_LOADING = [
      "--val-src"),
     (["bench", "--threads", "4096"], "--threads"),
     (["bench", "--repeats", "100000"], "--repeats"),
+    (["sae", "train", "--point", "blocks.0.resid_post", "--data", "{tmp}/no-such.txt", "--out", "{tmp}/run"],
+     "no-such.txt does not exist"),
+    (["sae", "train", "--point", "blocks.0.resid_post", "--data", "{tmp}", "--out", "{tmp}/run"], "is not a file"),
+    (["sae", "train", "--point", "blocks.0.resid_post", "--data", "{data}", "--out", "{data}"], "is a file; give a folder"),
+    (["sae", "features", "{tmp}", "--data", "{data}", "--out", "{tmp}/page.txt"], ".html or .htm"),
+    (["sae", "eval", "{tmp}", "--data", "{tmp}/no-such.txt"], "does not exist"),
+    (["walk", "--model", "/dev/zero"], "neither a folder nor a file"),
+    (["parity", "smollm2", "--text-b", "x"], "is a decoder, which reads one text"),
+    (["train", "lm", "--data", "{data}", "--out", "{tmp}/run", "--tokenizer", ""], "an empty name"),
+    (["train", "lm", "--data", "{data}", "--out", "{tmp}/run", "--tokenizer", "bpe2"], "no tokenizer kind"),
+    (["--threads", "2", "walk"], "--threads goes after the command"),
 ]
 
 

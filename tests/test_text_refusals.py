@@ -184,3 +184,21 @@ def test_refusals_and_help_come_before_torch_is_imported(tmp_path):
     expected = [0 if argv[-1:] in ([], ["--version"], ["--help"]) else 2 for argv in BEFORE_TORCH]
     assert statuses == expected, result.stderr
     assert not imported, "torch was imported before the arguments were refused"
+
+
+def test_a_corpus_that_is_not_utf8_is_named_by_file_line_and_byte(tmp_path, capsys):
+    from anatomy.text import text_lines
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"hello world\n" * 5000 + b"caf\xe9 au lait\n")  # Latin-1, past the reader's first blocks
+    with pytest.raises(InputError, match=r"corpus.txt is not UTF-8 text: line 5,001, byte 4 is 0xe9"):
+        list(text_lines(corpus))
+    status, out, err = run(["train", "lm", "--data", str(corpus), "--out", str(tmp_path / "run"), "--max-steps", "1"],
+                           capsys)  # the tokenizer trained on it reads it first
+    assert status == 2 and err.count("\n") == 1 and "line 5,001, byte 4 is 0xe9" in err, err
+    anatomy.load_tokenizer("toy").save(tmp_path / "tokenizer")
+    cache = tmp_path / "cache"
+    status, out, err = run(["train", "lm", "--data", str(corpus), "--out", str(tmp_path / "run"), "--max-steps", "1",
+                            "--tokenizer", str(tmp_path / "tokenizer"), "--cache-dir", str(cache)], capsys)
+    assert status == 2 and "line 5,001, byte 4 is 0xe9" in err, err  # the cache of its ids reads it first
+    assert list(cache.iterdir()) == []  # and leaves no half-written file behind

@@ -55,7 +55,10 @@ def run_parity(args: argparse.Namespace) -> int:
     if model in TOY_MODELS:
         raise ValueError(f"{model} is anatomy's own toy, which transformers has no class for: parity takes a "
                          "Hugging Face folder, a .gguf file, a Hub id, minilm or smollm2")
-    config_of(model)  # a misspelt name, a missing path or an unreadable config: refused before anything loads
+    config = config_of(model)  # a misspelt name, a missing path or an unreadable config: refused before anything loads
+    if args.text_b is not None and config is not None and config.arch == "decoder":
+        raise ValueError(f"--text-b is a second segment (an encoder) or a target (an encoder-decoder); "
+                         f"{one_line(model, 100)} is a decoder, which reads one text: give --text only")
     console = Console(highlight=False)
     notes: list[str] = []
     began = time.perf_counter()

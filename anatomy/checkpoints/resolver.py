@@ -83,6 +83,9 @@ def _local(path: Path, root: Path | None = None) -> Source:
         if path.suffix == ".gguf":
             return Source("gguf", path, path.parent)
         raise CheckpointError(f"{str(path)!r} is a file; give a checkpoint folder or a .gguf file")
+    if not path.is_dir():  # a device (/dev/zero), a pipe, a socket
+        raise CheckpointError(f"{shorten(str(path))!r} is neither a folder nor a file; give a checkpoint folder or "
+                              "a .gguf file")
     root = root or path
     if not (path / CONFIG_FILE).is_file() and (path / NATIVE_CONFIG).is_file():
         return Source("native", path, root)

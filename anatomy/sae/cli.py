@@ -15,8 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ..cli import (add_device_argument, add_model_argument, add_threads_argument, non_negative_int, positive_float, positive_int,
-                   printable, probability, summary_block, text)
+from ..cli import (add_device_argument, add_model_argument, add_threads_argument, input_file, non_negative_int, output_file,
+                   output_folder, positive_float, positive_int, printable, probability, summary_block, text)
 from .choices import KINDS
 
 # The model, the trainer and torch are imported by the functions that use them, once the arguments
@@ -33,10 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the trace point it reads (blocks.12.resid_post; TransformerLens names too)")
     train.add_argument("--point-out", type=text,
                        help="a transcoder: the point it predicts (e.g. --point blocks.3.mlp_norm.out --point-out blocks.3.mlp.out)")
-    train.add_argument("--data", required=True, nargs="+", help="UTF-8 text files")
+    train.add_argument("--data", required=True, nargs="+", type=input_file, help="UTF-8 text files")
     train.add_argument("--eval-fraction", type=probability, default=0.05,
                        help="the last share of each file held out for evaluation")
-    train.add_argument("--out", required=True, help="run folder")
+    train.add_argument("--out", required=True, type=output_folder, help="run folder")
     train.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
     g = train.add_argument_group("the SAE")
     g.add_argument("--kind", choices=KINDS, default="topk",
@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     evaluate = commands.add_parser("eval", help="L0, variance explained, CE loss recovered, dead and dense features")
     evaluate.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
     add_model_argument(evaluate, default=None, required=False, help="the model (default: the one the SAE names)")
-    evaluate.add_argument("--data", required=True, nargs="+", help="held-out UTF-8 text files")
+    evaluate.add_argument("--data", required=True, nargs="+", type=input_file, help="held-out UTF-8 text files")
     evaluate.add_argument("--context", type=positive_int, default=128, help="tokens per context")
     evaluate.add_argument("--skip", type=non_negative_int, default=1,
                           help="leading positions of each context left out")
@@ -89,8 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     features = commands.add_parser("features", help="one offline page: every feature's top contexts, density, logits")
     features.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
     add_model_argument(features, default=None, required=False, help="the model (default: the one the SAE names)")
-    features.add_argument("--data", required=True, nargs="+", help="UTF-8 text files to find the top contexts in")
-    features.add_argument("--out", required=True, help="the HTML file to write")
+    features.add_argument("--data", required=True, nargs="+", type=input_file,
+                          help="UTF-8 text files to find the top contexts in")
+    features.add_argument("--out", required=True, type=output_file(".html", ".htm"), help="the HTML file to write")
     features.add_argument("--top", type=positive_int, default=12, help="top contexts per feature")
     features.add_argument("--context", type=positive_int, default=128, help="tokens per context")
     features.add_argument("--skip", type=non_negative_int, default=1,
@@ -295,10 +296,6 @@ def run_features(args) -> int:
 
     from .features import feature_page, stats_of
 
-    if Path(args.out).suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"--out {args.out!r} must be an .html file")
-    if not Path(args.out).resolve().parent.is_dir():
-        raise FileNotFoundError(2, "no such folder", str(Path(args.out).parent))
     started = time.time()
     sae, model, tokens = _sae_model_tokens(args)
     progress, bar = _bar("features", args)

@@ -75,6 +75,22 @@ def label_list(value: str) -> str:
     return value
 
 
+def tokenizer_choice(value: str) -> str:
+    """An argparse type: a kind of tokenizer to train (KINDS), or a tokenizer.json or folder that exists."""
+    if value in KINDS:
+        return value
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"an empty name; give {', '.join(KINDS)}, or a tokenizer.json or its folder")
+    try:
+        exists = Path(value).expanduser().exists()
+    except (OSError, ValueError):
+        exists = False
+    if not exists:
+        raise argparse.ArgumentTypeError(f"{one_line(value, 100)!r} is no tokenizer kind ({', '.join(KINDS)}) and "
+                                         "no tokenizer.json or folder that exists")
+    return value
+
+
 def fraction(text: str) -> float:
     """A number strictly between 0 and 1 (a validation share, an Adam beta)."""
     value = probability(text)
@@ -132,7 +148,7 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
     g.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
     g = p.add_argument_group("tokenizer")
-    g.add_argument("--tokenizer", default=train_defaults["tokenizer"],
+    g.add_argument("--tokenizer", default=train_defaults["tokenizer"], type=tokenizer_choice,
                    help=f"{' | '.join(KINDS)} (trained on the training data), or a tokenizer.json / directory")
     g.add_argument("--vocab-size", type=vocab_size, help="for word, bpe, wordpiece (default: 8000)")
 
