@@ -47,11 +47,11 @@ def read_json(path: Path, what: str, kind: type = dict):
     """The JSON file at `path`, which must hold a `kind` (an object by default).
 
     Raises CheckpointError naming the file when it is missing, not JSON, nested too deeply to read,
-    or of another type."""
+    or of another type. A byte-order mark, which Windows editors write, is skipped."""
     if not path.is_file():
         raise CheckpointError(f"{what} {str(path)!r} is missing")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{what} {str(path)!r} is not valid JSON: {error}") from None
     except RecursionError:
@@ -116,13 +116,18 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[torch.dtype | None, t
             if entries > MAX_FILE_TENSORS:
                 raise CheckpointError(f"{where} names {entries:,} tensors; anatomy reads at most {MAX_FILE_TENSORS:,} "
                                       "per file (real checkpoints hold a few thousand per shard)")
-            header = json.loads(raw)
+            header = json.loads(raw, object_pairs_hook=_once_each)
     except OSError as error:
         raise CheckpointError(f"{where} cannot be read: {shorten(str(error))}") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise CheckpointError(f"{where} is corrupt or truncated: its header is not JSON") from None
+    except _Twice as twice:  # json keeps the last, a reader may keep the first: two views of one file
+        raise CheckpointError(f"{where} is corrupt: its header names {shorten(repr(twice.args[0]))} twice") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{where} is corrupt: its header is not a JSON object")
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"{where} is corrupt: its __metadata__ must map names to strings (the format's rule)")
     data_bytes = size - 8 - length
     tensors = {}
     for name, entry in header.items():
@@ -133,6 +138,19 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[torch.dtype | None, t
             raise CheckpointError(f"{where} is corrupt or truncated: tensor {shorten(name)!r} {problem}")
         tensors[name] = (SAFETENSORS_DTYPES.get(entry["dtype"]), tuple(entry["shape"]))
     return dict(sorted(tensors.items()))  # in safetensors' own order, by name
+
+
+class _Twice(ValueError):
+    """A JSON object naming one key twice."""
+
+
+def _once_each(pairs: list[tuple[str, object]]) -> dict:
+    """json's object_pairs_hook: the object, or _Twice naming a key it gives twice."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen = set()
+        raise _Twice(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return found
 
 
 def _entry_problem(entry, data_bytes: int) -> str | None:
@@ -258,7 +276,7 @@ def _open_shard(path: Path, real_root: Path, what: str = "weights file"):
     except OSError as error:  # a name too long for the file system
         raise CheckpointError(f"weights file {shorten(str(path))!r} cannot be opened: {error.strerror}") from None
     if not found:
-        raise CheckpointError(f"weights file {shorten(str(path))!r} is missing")
+        raise CheckpointError(f"weights file {shorten(str(path))!r} " + ("is not a file" if real.exists() else "is missing"))
     return _SafetensorsShard(path) if path.suffix == ".safetensors" else _PickleShard(path)
 
 
@@ -302,6 +320,8 @@ class Weights:
         weight_map = read_json(path, "shard index").get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"shard index {str(path)!r} has no 'weight_map' object")
+        if not weight_map:
+            raise CheckpointError(f"shard index {str(path)!r} maps no tensors: its 'weight_map' is empty")
         wrong = [f"{k!r}: {v!r}" for k, v in weight_map.items() if not _is_shard_name(v)]
         if wrong:
             raise CheckpointError(f"shard index {shorten(str(path))!r} maps tensors to things that are not weight file "

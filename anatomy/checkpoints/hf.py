@@ -39,13 +39,14 @@ def architecture_for(hf: dict, where: str) -> tuple[Architecture, str]:
     model_type = hf.get("model_type")
     if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         raise CheckpointError(
-            f"model_type={model_type!r} in {where} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
+            f"model_type={shorten(repr(model_type), 80)} in {shorten(where)} is not supported; supported: "
+            f"{', '.join(sorted(ARCHITECTURES))}"
         )
     arch = ARCHITECTURES[model_type]
     names = hf.get("architectures") or [next(iter(arch.classes))]
     known = [n for n in names if isinstance(n, str) and n in arch.classes] if isinstance(names, list) else []
     if not known:
-        raise CheckpointError(f"architectures={names!r} in {where}: anatomy implements "
+        raise CheckpointError(f"architectures={shorten(repr(names), 120)} in {shorten(where)}: anatomy implements "
                               f"{', '.join(arch.classes)} for {model_type}")
     return arch, known[0]
 

@@ -25,8 +25,8 @@ def gpt2_dir(hf_checkpoint, tmp_path):
     return directory
 
 
-def write_header(path: Path, header: dict, data: bytes = b"") -> None:
-    raw = json.dumps(header).encode()
+def write_header(path: Path, header: dict | bytes, data: bytes = b"") -> None:
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
 
@@ -125,3 +125,69 @@ def test_every_shard_of_a_good_index_is_resolved_once(gpt2_dir, monkeypatch):
     weights = files.Weights(gpt2_dir)
     assert sorted(name for name in resolved if name.startswith("part-")) == [f"part-{i}.safetensors" for i in range(3)]
     assert set(weights) == set(names)
+
+
+# found by probing: each a CheckpointError (or a ChatError) in a few hundred characters --------------
+
+
+def test_a_header_naming_a_tensor_twice_is_refused(gpt2_dir):
+    # json keeps the last entry, a reader may keep the first: the checks and the read would differ
+    raw = (gpt2_dir / "model.safetensors").read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = raw[8:8 + length].decode().rstrip()
+    name = next(iter(json.loads(header)))
+    twice = header[:-1] + f', "{name}": {{"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}}}'
+    write_header(gpt2_dir / "model.safetensors", twice.encode(), raw[8 + length:])
+    refused(lambda: anatomy.from_pretrained(gpt2_dir), rf"its header names '{name}' twice")
+
+
+@pytest.mark.parametrize("metadata", [[1, 2], {"format": 5}, "pt"])
+def test_metadata_that_is_not_names_to_strings_is_refused_before_mapping(gpt2_dir, metadata):
+    header, data = {}, b""
+    for name, tensor in load_file(gpt2_dir / "model.safetensors").items():
+        raw = tensor.contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensor.shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    write_header(gpt2_dir / "model.safetensors", {"__metadata__": metadata, **header}, data)
+    refused(lambda: anatomy.from_pretrained(gpt2_dir), r"__metadata__ must map names to strings")
+
+
+def test_an_index_with_no_tensors_and_one_naming_a_folder(gpt2_dir):
+    (gpt2_dir / "model.safetensors").unlink()
+    (gpt2_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
+    refused(lambda: anatomy.from_pretrained(gpt2_dir), r"maps no tensors: its 'weight_map' is empty")
+    (gpt2_dir / "part.safetensors").mkdir()
+    (gpt2_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "part.safetensors"}}))
+    refused(lambda: anatomy.from_pretrained(gpt2_dir), r"part.safetensors' is not a file")
+
+
+def test_a_model_type_of_100000_characters_makes_a_short_message(gpt2_dir):
+    config = json.loads((gpt2_dir / "config.json").read_text())
+    (gpt2_dir / "config.json").write_text(json.dumps({**config, "model_type": "x" * 100_000}))
+    refused(lambda: anatomy.from_pretrained(gpt2_dir), r"model_type='xxx.*is not supported")  # was 100,249 characters
+
+
+def test_a_config_with_a_byte_order_mark_is_read(gpt2_dir):
+    (gpt2_dir / "config.json").write_bytes(b"\xef\xbb\xbf" + (gpt2_dir / "config.json").read_bytes())
+    assert anatomy.from_pretrained(gpt2_dir).config.n_layers == 2
+
+
+@pytest.mark.parametrize("template, refusal", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", "loops more than 1,000,000"),
+    ("{{ 'x' * 10**10 }}", "builds a value of 10,000,000,000 items"),
+    ("{{ [0] * 10**9 }}", "builds a value of 1,000,000,000 items"),
+    ("{{ 10 ** 100000000000 }}", "a number too large to write"),
+    ("{{ messages }}" * 20_000, "has 280,000 characters; anatomy renders at most 200,000"),
+])
+def test_a_hostile_chat_template_is_refused_before_it_takes_the_machine(template, refusal):
+    from anatomy.checkpoints.chat import ChatError, render_chat
+
+    with pytest.raises(ChatError, match=refusal):
+        render_chat(template, [{"role": "user", "content": "Hi"}])
+
+
+def test_a_template_within_the_bounds_renders_as_before():
+    from anatomy.checkpoints.chat import render_chat
+
+    template = "{% for m in messages %}{{ m.content * 2 }}{% endfor %}{% for i in range(3) %}{{ i ** 2 }}{% endfor %}"
+    assert render_chat(template, [{"role": "user", "content": "Hi"}]) == "HiHi014"
