@@ -376,8 +376,8 @@ def unknown_command(word: str) -> str | None:
     if word.startswith("-"):
         if word == "-h" or any(len(word) > 2 and option.startswith(word) for option in ("--help", "--version")):
             return None
-        return (f"{one_line(word, 100)} goes after the command: `anatomy COMMAND {one_line(word, 100)} ...` "
-                f"(commands: {', '.join(SUBCOMMANDS)})")
+        return (f"anatomy takes no option {one_line(word, 100)} before a command: options go after it, "
+                f"`anatomy COMMAND {one_line(word, 100)} ...` (commands: {', '.join(SUBCOMMANDS)})")
     if word in SUBCOMMANDS:
         return None
     close = difflib.get_close_matches(word.lower(), SUBCOMMANDS, n=1, cutoff=0.6)
@@ -398,7 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     prog = f"anatomy {command}" if command else "anatomy"
     try:
         parser = build_parser(command)
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # said by the command that got them, not by `anatomy`
+            parser.exit(2, f"{prog}: error: {one_line('unrecognized arguments: ' + ' '.join(unknown), MAX_MESSAGE)} "
+                           f"(see {prog} --help)\n")
         if getattr(args, "_missing", None):
             parser.exit(2, f"{prog}: unavailable, a dependency is missing ({args._missing})\n")
         if not hasattr(args, "_run"):

@@ -17,7 +17,7 @@ LONG_TEXT = " ".join(["word"] * 30)
 BATTERY = [
     # the dispatcher
     (["no-such-command"], "is not a command (commands: walk"),
-    (["--bogus"], "unrecognized arguments"),
+    (["--bogus"], "takes no option --bogus before a command"),
     # generate
     (["generate", "--max-new-tokens", "0"], "--max-new-tokens"),
     (["generate", "--max-new-tokens", "-5"], "--max-new-tokens"),

@@ -228,7 +228,7 @@ BEFORE_LOADING = [
     (["parity", "smollm2", "--text-b", "x"], "is a decoder, which reads one text"),
     (["train", "lm", "--data", "{data}", "--out", "{tmp}/run", "--tokenizer", ""], "an empty name"),
     (["train", "lm", "--data", "{data}", "--out", "{tmp}/run", "--tokenizer", "bpe2"], "no tokenizer kind"),
-    (["--threads", "2", "walk"], "--threads goes after the command"),
+    (["--threads", "2", "walk"], "options go after it, `anatomy COMMAND --threads"),
 ]
 
 

@@ -1,5 +1,7 @@
-"""A text is checked once (anatomy.text.check_text): every entry point refuses an empty text and one
-that is not Unicode with the same clear words, the command line with exit status 2."""
+"""The first answers a newcomer gets. A text is checked once (anatomy.text.check_text): every entry
+point refuses an empty text and one that is not Unicode with the same clear words, the command line
+with exit status 2. The bare command, a misspelt one and a stray argument are answered by the
+dispatcher; every refusal of the parser comes before torch is imported."""
 
 from __future__ import annotations
 
@@ -144,6 +146,11 @@ def test_a_misspelt_command_gets_did_you_mean(word, suggestion, capsys):
     status, out, err = run([word, "Hello"], capsys)
     assert status == 2 and not out and err.count("\n") == 1
     assert f"did you mean '{suggestion}'?" in err and "walk, viz" in err
+
+
+def test_an_argument_no_command_takes_is_named_by_that_command(capsys):
+    status, _, err = run(["generate", "--prompt", "x", "--out", "y.html"], capsys)
+    assert status == 2 and err.startswith("anatomy generate: error: unrecognized arguments: --out y.html"), err
 
 
 def test_a_word_like_no_command_lists_the_commands(capsys):
