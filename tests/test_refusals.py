@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import anatomy
 from anatomy import cli
+from test_cli import run  # (exit status, stdout, stderr) of `anatomy argv`, in this process
 from anatomy.text import InputError, check_text
 
 
@@ -94,15 +95,6 @@ def test_the_analyses_refuse_an_empty_text_and_read_an_empty_target(toy):
     seq2seq = anatomy.from_pretrained("toy-seq2seq")
     _, trace = anatomy.run_with_cache(seq2seq, ("Hello World", ""))  # the decoder reads its start token
     assert trace.tokens == [["<SOS>"]]
-
-
-def run(argv, capsys):
-    try:
-        status = cli.main(argv)
-    except SystemExit as exit:
-        status = exit.code
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 EMPTY = [
