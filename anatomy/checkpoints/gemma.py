@@ -43,7 +43,7 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     require("gemma", config, **{**options_off(config), **GEMMA_FLAGS, "attn_out_bias": config.attn_bias,
                                 "mlp_bias": False})
-    return dict(write_decoder(config), hidden_act="gelu_pytorch_tanh", attention_bias=config.attn_bias)
+    return dict(write_decoder(config, "gemma"), hidden_act="gelu_pytorch_tanh", attention_bias=config.attn_bias)
 
 
 ARCHITECTURE = lineage_architecture("gemma", CLASSES, to_config, to_hf_config)

