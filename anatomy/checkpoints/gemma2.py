@@ -33,7 +33,7 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
         "final_logit_softcap": config.final_logit_softcap, "sliding_window": config.sliding_window,
     })
     return dict(
-        write_decoder(config, "gemma2"), hidden_act="gelu_pytorch_tanh", attention_bias=config.attn_bias,
+        write_decoder(config, "gemma2"), hidden_activation="gelu_pytorch_tanh", attention_bias=config.attn_bias,
         query_pre_attn_scalar=pre_attn_scalar(config), attn_logit_softcapping=config.attn_softcap,
         final_logit_softcapping=config.final_logit_softcap, **write_layer_types(config),
     )
