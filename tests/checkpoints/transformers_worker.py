@@ -8,7 +8,8 @@ file of named input sets, "unpadded.input_ids", "padded.attention_mask", ... (a 
 keyword arguments of the model's forward); "out" gets one tensor per set, the logits (or, for a model
 without a head, the last hidden state). "resave", when given, is a folder the loaded model is saved to
 with this version's own save_pretrained. The report (stdout, JSON) gives the version, and per folder
-what transformers logged or warned while loading it, and the config values it reads.
+what transformers logged or warned while loading it, and the config values it reads (or, where it
+could not load or run the folder, the error).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import traceback
 import warnings
 
 import torch
@@ -77,11 +79,19 @@ def run(job: dict) -> dict:
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
 
 
+def run_or_say_why(job: dict) -> dict:
+    """run(job), or {"error": the exception's last lines} when this version cannot load or run the folder."""
+    try:
+        return run(job)
+    except Exception:  # noqa: BLE001 - reported per folder: the test of that folder fails with it
+        return {"error": traceback.format_exc()[-2000:]}
+
+
 def main(jobs_path: str) -> None:
     transformers.logging.set_verbosity_warning()
     with open(jobs_path) as handle:
         jobs = json.load(handle)
-    report = {"version": transformers.__version__, "folders": {job["name"]: run(job) for job in jobs}}
+    report = {"version": transformers.__version__, "folders": {job["name"]: run_or_say_why(job) for job in jobs}}
     print(json.dumps(report))
 
 
