@@ -55,7 +55,8 @@ SCRATCH = {
        for name, (fields, class_name) in test_families_rotary.FROM_SCRATCH.items()},
     **{f"scratch-{name}": (config, class_name) for name, (config, class_name) in test_roundtrip.FROM_SCRATCH.items()},
 }
-# rotary settings each spelling must carry: scalings, bases and partial rotations on every family that has them
+# rotary settings each spelling must carry: scalings, bases and partial rotations on every family that has
+# them; heads wider than d_model / n_heads (head_dim) where the fixtures above have none
 LINEAGE, GEMMA = test_families_rotary.LINEAGE, test_families_rotary.GEMMA
 LLAMA3 = dict(rope_scaling="llama3", rope_scaling_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
               rope_original_max_len=16)
@@ -65,10 +66,10 @@ SCRATCH.update({
                                "MistralForCausalLM"),
     "scratch-mixtral-linear": (anatomy.ModelConfig(**dict(LINEAGE, n_experts=3, n_experts_per_token=2), **LINEAR),
                                "MixtralForCausalLM"),
-    "scratch-qwen2-llama3": (anatomy.ModelConfig(**dict(LINEAGE, attn_bias=True), **LLAMA3, rope_theta=2e4),
+    "scratch-qwen2-llama3": (anatomy.ModelConfig(**dict(LINEAGE, attn_bias=True, d_head=12), **LLAMA3, rope_theta=2e4),
                              "Qwen2ForCausalLM"),
     "scratch-olmo2-theta": (anatomy.ModelConfig(**LINEAGE, norm_position="post_sublayer", qk_norm="across_heads",
-                                                rope_theta=123.0), "Olmo2ForCausalLM"),
+                                                rope_theta=123.0, d_head=12), "Olmo2ForCausalLM"),
     "scratch-gemma-linear": (anatomy.ModelConfig(**GEMMA, **LINEAR, rope_theta=500.0), "GemmaForCausalLM"),
     "scratch-gemma2-llama3": (anatomy.ModelConfig(**dict(GEMMA, norm_position="sandwich", query_pre_attn_scalar=16.0,
                                                          sliding_window=4, layer_types=("sliding", "full", "sliding")),
@@ -77,7 +78,7 @@ SCRATCH.update({
                                                          query_pre_attn_scalar=16.0, sliding_window=4,
                                                          layer_types=("sliding", "sliding", "full")),
                                                   **LINEAR, rope_theta=3e5, rope_local_theta=50.0), "Gemma3ForCausalLM"),
-    "scratch-phi3-theta": (anatomy.ModelConfig(**LINEAGE, rotary_dim=6, rope_theta=900.0, sliding_window=5),
+    "scratch-phi3-theta": (anatomy.ModelConfig(**LINEAGE, d_head=12, rotary_dim=6, rope_theta=900.0, sliding_window=5),
                            "Phi3ForCausalLM"),
     "scratch-gpt_neox-llama3": (anatomy.ModelConfig(**dict(test_families_rotary.FROM_SCRATCH["gpt_neox"][0]), **LLAMA3,
                                                     rope_theta=7e4), "GPTNeoXForCausalLM"),
