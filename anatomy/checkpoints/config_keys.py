@@ -103,10 +103,25 @@ def unknown_keys(hf: ReadKeys, model_type: str) -> dict:
     return unknown
 
 
-def warn_unknown_keys(hf: ReadKeys, model_type: str, source: str) -> None:
-    """UnknownConfigKeysWarning naming the keys of unknown_keys, when there are any."""
+def warn_unknown_keys(hf: ReadKeys, model_type: str, source: str) -> list[str]:
+    """UnknownConfigKeysWarning naming the keys of unknown_keys, when there are any; returns those keys."""
     unknown = unknown_keys(hf, model_type)
     if unknown:
-        shown = ", ".join(f"{key}={value!r}"[:80] for key, value in sorted(unknown.items()))
-        warnings.warn(f"the config of {source} has keys anatomy does not read: {shown}. They may change what "
-                      "transformers computes; anatomy's model ignores them", UnknownConfigKeysWarning, stacklevel=3)
+        warnings.warn(f"the config of {source} has keys anatomy does not read: {_shown(unknown)}. They may change "
+                      "what transformers computes; anatomy's model ignores them, and save_pretrained leaves them out",
+                      UnknownConfigKeysWarning, stacklevel=3)
+    return sorted(unknown)
+
+
+def leave_out_unknown_keys(hf: dict, unknown: list[str]) -> dict:
+    """`hf` (a config read from a checkpoint) without the keys its reading did not understand, with a
+    warning naming them: written back, they could make transformers compute other than the model saved."""
+    left_out = {key: hf[key] for key in unknown if key in hf}
+    if left_out:
+        warnings.warn("save_pretrained: config.json leaves out the keys anatomy did not read when it loaded this model: "
+                      f"{_shown(left_out)}", UnknownConfigKeysWarning, stacklevel=4)
+    return {key: value for key, value in hf.items() if key not in left_out}
+
+
+def _shown(keys: dict) -> str:
+    return ", ".join(f"{key}={value!r}"[:80] for key, value in sorted(keys.items()))

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..config import SPECIAL_TOKEN_FIELDS, ConfigError, ModelConfig
-from .config_keys import ReadKeys, warn_unknown_keys
+from .config_keys import ReadKeys, leave_out_unknown_keys, warn_unknown_keys
 from .engine import Architecture, Rule, check_fit, expand, export, load_into
 from .files import CheckpointError, Weights, check_finite, read_json, shorten
 from .writing import write_safetensors
@@ -145,7 +145,7 @@ def config_from_hf(hf: dict, weights, attn_impl: str | None = None) -> tuple[Mod
     except (ConfigError, TypeError, ValueError, KeyError, AttributeError, ArithmeticError) as error:
         raise CheckpointError(f"{what} describes a model anatomy cannot build: {shorten(str(error), 300)}") from None
     check_config_sizes(config, weights, source)
-    warn_unknown_keys(recorded, arch.model_type, repr(shorten(source)))
+    config.extra["hf_unknown_keys"] = warn_unknown_keys(recorded, arch.model_type, repr(shorten(source)))
     return config, arch, class_name
 
 
@@ -210,10 +210,11 @@ def save_folder(model: nn.Module, directory: Path, arch: Architecture, class_nam
     first version that reads the config as anatomy does (transformers_version), and a warning says so."""
     config: ModelConfig = model.config
     hf = dict(config.extra.get("hf_config", {})) if config.extra.get("hf_config", {}).get("model_type") == arch.model_type else {}
+    hf = leave_out_unknown_keys(hf, config.extra.get("hf_unknown_keys", []))
     hf.pop("transformers_version", None)
     hf.update(arch.to_hf_config(config, class_name))
     if "transformers_version" in hf:
-        warnings.warn(f"{directory.name}: transformers before {hf['transformers_version']} reads this {arch.model_type} "
+        warnings.warn(f"save_pretrained: transformers before {hf['transformers_version']} reads this {arch.model_type} "
                       "config as another model; config.json names the version it needs (transformers_version)",
                       stacklevel=4)
     hf.update({name: getattr(config, name) for name in SPECIAL_TOKEN_FIELDS if getattr(config, name) is not None})

@@ -10,10 +10,10 @@ and `write_decoder` for the config fields they share, `embedding_rules`, `norm_r
 
 from __future__ import annotations
 
-from ..config import ModelConfig
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..config import ModelConfig
 from .common import field, pad_id, unsupported
 from .engine import Architecture, Rule, require
 from .files import CheckpointError
@@ -25,6 +25,8 @@ FLAGS = dict(
     lm_head_bias=False, lm_head_transform=False,
 )
 CLASSES = {"LlamaForCausalLM": "lm", "LlamaModel": "none"}
+# Hugging Face norm name in a layer -> anatomy's, for a pre-norm block.
+PRE_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,7 @@ class Windows:
     switch: str | None = None
     slides: Callable[[dict, int], bool] | None = None
 
-# Hugging Face norm name in a layer -> anatomy's, for a pre-norm block.
-PRE_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}
+
 # model_type -> what its config class puts where config.json is silent about sliding windows
 # (both transformers 4.57 and 5 fill them in alike); the others have no window unless one is given.
 WINDOWS = {

@@ -101,6 +101,12 @@ def test_keys_no_reader_looks_at_are_named(tmp_path):
     for key in ("shiny_new_option=True", "pruned_heads={'0': [1]}", "partial_rotary_factor=0.5"):
         assert key in message
     assert "initializer_range" not in message and model.config.rotary_dim == model.config.d_head
+    # written back, they would make transformers compute something other than the model saved
+    with pytest.warns(UnknownConfigKeysWarning, match="config.json leaves out .*shiny_new_option=True"):
+        model.save_pretrained(tmp_path / "again", format="hf")
+    written = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert not {"shiny_new_option", "pruned_heads", "partial_rotary_factor"} & set(written)
+    assert written["rope_theta"] == hf["rope_theta"]
 
 
 def test_known_harmless_keys_and_keys_the_reader_reads_are_not(tmp_path):
