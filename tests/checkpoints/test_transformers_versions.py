@@ -343,6 +343,6 @@ def test_a_folder_transformers_4_wrote_reads_back_as_the_same_model(saved, trans
     if expected.head == "masked-lm":  # transformers' masked-LM class has no pooler: its save leaves that unused part out
         expected = expected.replace(pooler=again.config.pooler)
     assert again.config.replace(extra={}) == expected
-    for name, ours in _outputs(again, item.inputs).items():
-        assert torch.equal(ours, item.ours[name]), (case, name)
+    for name, ours in _outputs(again, item.inputs).items():  # the same weights (their alignment may differ)
+        assert_same(ours, item.ours[name], item.keep[name], case, name)
 
