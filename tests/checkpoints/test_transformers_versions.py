@@ -185,52 +185,20 @@ def _outputs(model, sets: dict) -> dict[str, torch.Tensor]:
     return out
 
 
-def _model(case: str, factories: dict) -> tuple[torch.nn.Module, str]:
-    if case in MADE:
-        group, class_name = MADE[case]
-        return anatomy.from_pretrained(factories[group](case)), class_name
-    if case in SCRATCH:
-        config, class_name = SCRATCH[case]
-        model = anatomy.build_model(config, seed=0).eval()
-        with torch.no_grad():  # norms and biases away from their initial values, so that each must land in its place
-            for parameter in model.parameters():
-                parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(3)) * 0.1)
-        return model, class_name
-    package, class_name = REAL[case]
-    if importlib.util.find_spec(package) is None:
-        pytest.skip(f"{case} needs the package {package}")
-    return anatomy.from_pretrained(case), class_name
+def _save(model, class_name: str, folder: Path) -> Saved:
+    sets, keep = _input_sets(model.config, min(model.config.vocab_size, VOCAB), 9)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        model.save_pretrained(folder, format="hf")
+    return Saved(model, folder, class_name, sets, keep, _outputs(model, sets), [str(w.message) for w in warned])
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory) -> dict[str, Saved]:
-    """case -> the folder anatomy saved (built once per module), with its inputs and anatomy's outputs."""
-    pytest.importorskip("transformers")
-    factories = {"parity": checkpoint_factory(PARITY_CASES, tmp_path_factory, tiny_config),
-                 "rotary": checkpoint_factory(test_families_rotary.CASES, tmp_path_factory),
-                 "learned": checkpoint_factory(test_families_learned.CASES, tmp_path_factory)}
-    root = tmp_path_factory.mktemp("saved-by-anatomy")
-    made = {}
-    for case in ALL:
-        if case in HUB_AGE:  # after the folder it starts from (ALL lists them last)
-            start, rewrite, _ = HUB_AGE[case]
-            folder = shutil.copytree(made[start].folder, root / case)
-            config = json.loads((folder / "config.json").read_text())
-            (folder / "config.json").write_text(json.dumps(rewrite(config)))
-            model = anatomy.from_pretrained(folder)
-            made[case] = Saved(model, folder, made[start].class_name, made[start].inputs, made[start].keep,
-                               _outputs(model, made[start].inputs), [])
-            continue
-        try:
-            model, class_name = _model(case, factories)
-        except pytest.skip.Exception:
-            continue
-        sets, keep = _input_sets(model.config, min(model.config.vocab_size, VOCAB), 9)
-        with warnings.catch_warnings(record=True) as warned:
-            warnings.simplefilter("always")
-            folder = model.save_pretrained(root / case, format="hf")
-        made[case] = Saved(model, folder, class_name, sets, keep, _outputs(model, sets), [str(w.message) for w in warned])
-    return made
+def _rewritten(start: Saved, rewrite, folder: Path) -> Saved:
+    """A copy of `start`'s folder whose config.json is rewrite(config.json), read back by anatomy."""
+    shutil.copytree(start.folder, folder)
+    (folder / "config.json").write_text(json.dumps(rewrite(json.loads((folder / "config.json").read_text()))))
+    model = anatomy.from_pretrained(folder)
+    return Saved(model, folder, start.class_name, start.inputs, start.keep, _outputs(model, start.inputs), [])
 
 
 @dataclass
@@ -262,16 +230,79 @@ def run_worker(python: str, saved: dict[str, Saved], where: Path, resave: bool =
     return Computed(report, outputs, where)
 
 
-@pytest.fixture(scope="module")
-def transformers5(saved, tmp_path_factory):
-    return run_worker(sys.executable, saved, tmp_path_factory.mktemp("transformers5"))
+def group_of(case: str) -> str:
+    """The tiny models are made and run together; each real model on its own (each test's time limit
+    then covers one of them)."""
+    return case if case in REAL else "tiny"
+
+
+class Folders:
+    """The folders anatomy saves and what each version of transformers computes on them, made for a
+    group of cases when a test first asks for one of its cases."""
+
+    def __init__(self, tmp_path_factory):
+        self.tmp = tmp_path_factory
+        self.made: dict = {}  # group, or (version, group) -> what was made, or the exception that stopped it
+
+    def _once(self, key, make):
+        """make(), once per key: a failure is raised again to every later test rather than retried."""
+        if key not in self.made:
+            try:
+                self.made[key] = make()
+            except Exception as error:  # noqa: BLE001 - kept and raised again below
+                self.made[key] = error
+        if isinstance(self.made[key], Exception):
+            raise self.made[key]
+        return self.made[key]
+
+    def saved(self, case: str) -> Saved:
+        group = self._once(group_of(case), lambda: self._make(group_of(case)))
+        if case not in group:
+            pytest.skip(f"{case} needs the package {REAL[case][0]}")
+        return group[case]
+
+    def computed(self, version: str, case: str) -> Computed:
+        """What transformers `version` ("4" or "5") computed on the folders of `case`'s group."""
+        self.saved(case)
+        group = group_of(case)
+
+        def run() -> Computed:
+            python = TRANSFORMERS4_PYTHON if version == "4" else sys.executable
+            computed = run_worker(python, self.made[group], self.tmp.mktemp(f"transformers{version}-{group}"),
+                                  resave=version == "4")
+            assert computed.report["version"].split(".")[0] == version, computed.report["version"]
+            return computed
+
+        return self._once((version, group), run)
+
+    def _make(self, group: str) -> dict[str, Saved]:
+        root = self.tmp.mktemp(f"saved-by-anatomy-{group}")
+        if group != "tiny":
+            package, class_name = REAL[group]
+            if importlib.util.find_spec(package) is None:
+                return {}
+            return {group: _save(anatomy.from_pretrained(group), class_name, root / group)}
+        factories = {"parity": checkpoint_factory(PARITY_CASES, self.tmp, tiny_config),
+                     "rotary": checkpoint_factory(test_families_rotary.CASES, self.tmp),
+                     "learned": checkpoint_factory(test_families_learned.CASES, self.tmp)}
+        made = {}
+        for case, (group_name, class_name) in MADE.items():
+            made[case] = _save(anatomy.from_pretrained(factories[group_name](case)), class_name, root / case)
+        for case, (config, class_name) in SCRATCH.items():
+            model = anatomy.build_model(config, seed=0).eval()
+            with torch.no_grad():  # norms and biases away from their initial values: each must land in its place
+                for parameter in model.parameters():
+                    parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(3)) * 0.1)
+            made[case] = _save(model, class_name, root / case)
+        for case, (start, rewrite, _) in HUB_AGE.items():
+            made[case] = _rewritten(made[start], rewrite, root / case)
+        return made
 
 
 @pytest.fixture(scope="module")
-def transformers4(saved, tmp_path_factory):
-    computed = run_worker(TRANSFORMERS4_PYTHON, saved, tmp_path_factory.mktemp("transformers4"), resave=True)
-    assert computed.report["version"].startswith("4."), computed.report["version"]
-    return computed
+def folders(tmp_path_factory) -> Folders:
+    pytest.importorskip("transformers")
+    return Folders(tmp_path_factory)
 
 
 def assert_same(ours: torch.Tensor, theirs: torch.Tensor, keep: torch.Tensor, case: str, name: str) -> None:
@@ -284,10 +315,8 @@ def assert_same(ours: torch.Tensor, theirs: torch.Tensor, keep: torch.Tensor, ca
     assert difference <= TOL * scale, f"{case} {name}: {difference:.3g} beyond {TOL * scale:.3g}"
 
 
-def _check(saved: dict[str, Saved], computed: Computed, case: str) -> None:
-    if case not in saved:
-        pytest.skip(f"{case}: its package is not installed")
-    item = saved[case]
+def _check(folders: Folders, version: str, case: str) -> None:
+    item, computed = folders.saved(case), folders.computed(version, case)
     assert "error" not in computed.report["folders"][case], computed.report["folders"][case]["error"]
     for name, ours in item.ours.items():
         assert_same(ours, computed.outputs[case][name], item.keep[name], case, name)
@@ -295,54 +324,52 @@ def _check(saved: dict[str, Saved], computed: Computed, case: str) -> None:
 
 
 @pytest.mark.parametrize("case", ALL)
-def test_transformers_5_computes_what_anatomy_does(saved, transformers5, case):
-    _check(saved, transformers5, case)
+def test_transformers_5_computes_what_anatomy_does(folders, case):
+    _check(folders, "5", case)
 
 
 @needs_transformers4
 @pytest.mark.parametrize("case", [case for case in ALL if case not in NEEDS_5])
-def test_transformers_4_computes_what_anatomy_does(saved, transformers4, case):
-    _check(saved, transformers4, case)
+def test_transformers_4_computes_what_anatomy_does(folders, case):
+    _check(folders, "4", case)
 
 
 @pytest.mark.parametrize("case", list(HUB_AGE))
-def test_a_hub_snapshot_of_either_age_reads_as_its_config_classes_fill_it_in(saved, case):
+def test_a_hub_snapshot_of_either_age_reads_as_its_config_classes_fill_it_in(folders, case):
     start, _, expected = HUB_AGE[case]
-    config = saved[case].model.config
+    config = folders.saved(case).model.config
     assert {name: getattr(config, name) for name in expected} == expected
-    unchanged = {name: getattr(saved[start].model.config, name) for name in expected}
+    unchanged = {name: getattr(folders.saved(start).model.config, name) for name in expected}
     if unchanged == expected:  # the same model as the folder it was rewritten from
-        assert config.replace(extra={}) == saved[start].model.config.replace(extra={})
+        assert config.replace(extra={}) == folders.saved(start).model.config.replace(extra={})
 
 
 @pytest.mark.parametrize("case", list(NEEDS_5))
-def test_a_folder_transformers_4_cannot_read_names_the_version_it_needs(saved, case):
-    written = json.loads((saved[case].folder / "config.json").read_text())
+def test_a_folder_transformers_4_cannot_read_names_the_version_it_needs(folders, case):
+    written = json.loads((folders.saved(case).folder / "config.json").read_text())
     assert written["transformers_version"] == "5.0.0"
-    assert any("transformers before 5.0.0 reads this t5 config as another model" in w for w in saved[case].warned)
-    assert not any("transformers_version" in w for other in set(saved) - set(NEEDS_5) for w in saved[other].warned)
+    assert any("transformers before 5.0.0 reads this t5 config as another model" in w for w in folders.saved(case).warned)
+    others = [c for c in [*MADE, *SCRATCH] if c not in NEEDS_5]
+    assert not any("transformers_version" in w for other in others for w in folders.saved(other).warned)
 
 
 @needs_transformers4
 @pytest.mark.parametrize("case", list(NEEDS_5))
-def test_transformers_4_does_compute_another_model_from_those(saved, transformers4, case):
-    item = saved[case]
-    assert (item.ours["unpadded"] - transformers4.outputs[case]["unpadded"]).abs().max() > 0.1
+def test_transformers_4_does_compute_another_model_from_those(folders, case):
+    ours, theirs = folders.saved(case).ours["unpadded"], folders.computed("4", case).outputs[case]["unpadded"]
+    assert (ours - theirs).abs().max() > 0.1
 
 
 @needs_transformers4
 @pytest.mark.parametrize("case", ALL)
-def test_a_folder_transformers_4_wrote_reads_back_as_the_same_model(saved, transformers4, case):
+def test_a_folder_transformers_4_wrote_reads_back_as_the_same_model(folders, case):
     """transformers 4's own save_pretrained of the loaded folder (its spelling: rope_theta, rope_scaling,
     torch_dtype, ...) is read by anatomy into the same config and the same outputs."""
-    if case not in saved:
-        pytest.skip(f"{case}: its package is not installed")
-    item = saved[case]
-    again = anatomy.from_pretrained(transformers4.where / f"{case}.resaved")
+    item = folders.saved(case)
+    again = anatomy.from_pretrained(folders.computed("4", case).where / f"{case}.resaved")
     expected = anatomy.from_pretrained(item.folder).config.replace(extra={})
     if expected.head == "masked-lm":  # transformers' masked-LM class has no pooler: its save leaves that unused part out
         expected = expected.replace(pooler=again.config.pooler)
     assert again.config.replace(extra={}) == expected
     for name, ours in _outputs(again, item.inputs).items():  # the same weights (their alignment may differ)
         assert_same(ours, item.ours[name], item.keep[name], case, name)
-
