@@ -1,0 +1,1 @@
+"""Circuits: attribution graphs and circuit discovery (anatomy/circuits/discovery)."""

@@ -1,0 +1,1 @@
+"""Circuit discovery over datasets."""

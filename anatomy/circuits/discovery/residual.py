@@ -1,0 +1,169 @@
+"""The residual stream as a graph of components: who writes it, who reads it, and the edges between.
+
+Shape letters: U sources, V destinations, B batch, T positions, E model width (d_model),
+H query heads, K key/value heads, D head width, L layers.
+
+In a pre-norm block every sublayer reads the residual stream, and the stream is the sum of what
+was written before (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits"):
+
+    sources       the embeddings (block 0's input), each head's output, each MLP's output
+    destinations  each head's query, key and value input (k and v per key/value head), each MLP's
+                  input, the logits (the final residual, before the final norm)
+
+    in_v = sum_{u before v} out_u + b_v                 (b_v: the output biases, constant)
+
+so an edge u -> v is the term out_u inside in_v: it can be scored by the gradient at in_v, and
+patched by changing in_v alone (TransformerLens's split q/k/v inputs; auto-circuit; Hanna et al.).
+A head's query input differs from its neighbour's only in a patched run: in the model's own pass
+every reader of a layer sees the same residual, so a gradient at a head's own input is the
+gradient through that head's projection, computed here by one vector-Jacobian product per head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ...analysis.inputs import Batch
+from ...trace import trace
+
+SOURCE_KINDS = ("embed", "head", "mlp")
+DESTINATION_KINDS = ("q", "k", "v", "mlp", "logits")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One source or destination: `layer` is -1 for the embeddings and L for the logits; `index` is the
+    head (or key/value head) inside its layer, 0 for the rest."""
+
+    name: str
+    kind: str
+    layer: int
+    index: int = 0
+
+
+class ResidualGraph:
+    """The sources, destinations and possible edges of a pre-norm decoder.
+
+    allowed [U, V] bool: source u is upstream of destination v (an earlier layer, or, in a sequential
+    block, a head of the same layer feeding that layer's MLP). Raises ValueError for a model whose
+    residual stream is no sum of its components' outputs (post-norm, sandwich norms, shared-norm
+    parallel blocks, an encoder-decoder).
+    """
+
+    def __init__(self, model: nn.Module):
+        config = model.config
+        if config.arch != "decoder" or not hasattr(model, "lm_head"):
+            raise ValueError(f"edge attribution needs a decoder with an LM head; this model is arch={config.arch!r}")
+        if config.norm_position != "pre" or config.parallel_shared_norm or config.n_experts:
+            raise ValueError(f"edge attribution needs pre-norm blocks, where the residual stream is a sum of the "
+                             f"components' outputs and each sublayer has a norm of its own; this model has "
+                             f"norm_position={config.norm_position!r}"
+                             + (", one norm shared by attention and MLP" if config.parallel_shared_norm else "")
+                             + (", a mixture of experts" if config.n_experts else ""))
+        self.model = model
+        self.n_layers, self.n_heads, self.n_kv = config.n_layers, config.n_heads, config.n_kv_heads
+        self.parallel = config.parallel_residual
+        sources = [Node("embed", "embed", -1)]
+        destinations = []
+        for layer in range(self.n_layers):
+            sources += [Node(f"L{layer}H{h}", "head", layer, h) for h in range(self.n_heads)]
+            sources.append(Node(f"L{layer} MLP", "mlp", layer))
+            destinations += [Node(f"L{layer}H{h}.q", "q", layer, h) for h in range(self.n_heads)]
+            kv = "H" if self.n_kv == self.n_heads else "KV"
+            destinations += [Node(f"L{layer}{kv}{j}.{which}", which, layer, j)
+                             for which in ("k", "v") for j in range(self.n_kv)]
+            destinations.append(Node(f"L{layer} MLP.in", "mlp", layer))
+        destinations.append(Node("logits", "logits", self.n_layers))
+        self.sources, self.destinations = sources, destinations
+        self.allowed = torch.tensor([[self._reaches(u, v) for v in destinations] for u in sources])  # (U, V)
+
+    def _reaches(self, u: Node, v: Node) -> bool:
+        if u.layer < v.layer:
+            return True
+        return u.layer == v.layer and u.kind == "head" and v.kind == "mlp" and not self.parallel
+
+    @property
+    def edge_count(self) -> int:
+        return int(self.allowed.sum())
+
+    def edge_name(self, u: int, v: int) -> str:
+        return f"{self.sources[u].name} → {self.destinations[v].name}"
+
+    def layer_destinations(self, layer: int) -> list[int]:
+        """The indices of the destinations in `layer` (L: the logits)."""
+        return [i for i, node in enumerate(self.destinations) if node.layer == layer]
+
+    # ---- trace points ---------------------------------------------------------------------------
+
+    def reader_input_point(self, layer: int, kind: str) -> str:
+        """The point whose value is the residual a reader of `kind` in `layer` reads (before its norm)."""
+        if kind == "logits":
+            return f"blocks.{self.n_layers - 1}.resid_post"
+        if kind == "mlp" and not self.parallel:
+            return f"blocks.{layer}.resid_mid"
+        return f"blocks.{layer}.resid_pre"
+
+    def source_values(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """[U, B, T, E]: every source's output in one pass (no gradient)."""
+        names = ["blocks.0.resid_pre"] + [f"blocks.{l}.{p}" for l in range(self.n_layers) for p in ("attn.head_out", "mlp.out")]
+        with torch.no_grad(), trace(model, names) as t:
+            batch.last_logits(model)
+        outputs = [t["blocks.0.resid_pre"][None]]
+        for layer in range(self.n_layers):
+            outputs.append(t[f"blocks.{layer}.attn.head_out"].permute(2, 0, 1, 3))  # (B, T, H, E) -> (H, B, T, E)
+            outputs.append(t[f"blocks.{layer}.mlp.out"][None])
+        return torch.cat(outputs)  # (U, B, T, E)
+
+    # ---- gradients at every destination's own input -----------------------------------------------
+
+    def reader_gradients(
+        self, model: nn.Module, batch: Batch, score: Callable[[torch.Tensor], torch.Tensor],
+        embed: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(score [B], G [V, B, T, E]): G[v] = d score / d in_v, the gradient at destination v's own input.
+
+        score(last logits [B, V_vocab]) -> [B]; each row's gradient is its own score's. `embed` [B, T, E]
+        replaces block 0's input (integrated gradients' interpolated inputs).
+        """
+        blocks = self.model.blocks
+        names = []
+        for layer in range(self.n_layers):
+            names += [f"blocks.{layer}.{p}" for p in ("resid_pre", "attn.q", "attn.k", "attn.v", "mlp_norm.out")]
+            if not self.parallel:
+                names.append(f"blocks.{layer}.resid_mid")
+        final = self.reader_input_point(self.n_layers, "logits")
+        names.append(final)
+
+        def input_with_grad(x: torch.Tensor) -> torch.Tensor:
+            value = x if embed is None else embed
+            return value.detach().requires_grad_(True)  # gradients exist even if the weights are frozen
+
+        with torch.enable_grad(), trace(model, sorted(set(names)), {"blocks.0.resid_pre": input_with_grad}, grad=True) as t:
+            values = score(batch.last_logits(model)[:, 0])  # (B,)
+            wanted = [t[f"blocks.{l}.{p}"] for l in range(self.n_layers) for p in ("attn.q", "attn.k", "attn.v", "mlp_norm.out")]
+            grads = torch.autograd.grad(values.sum(), wanted + [t[final]], allow_unused=True)
+            inputs = {name: t[name].detach() for name in names}
+        grads = [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wanted + [t[final]])]
+        per_layer = []
+        for layer in range(self.n_layers):
+            block, (g_q, g_k, g_v, g_mlp) = blocks[layer], grads[4 * layer:4 * layer + 4]
+            x_attn = inputs[f"blocks.{layer}.resid_pre"]
+            x_mlp = inputs[self.reader_input_point(layer, "mlp")]
+            per_layer += [_per_head(lambda x, w=which: block.attn.project(block.attn_norm(x), w), x_attn, g)
+                          for which, g in (("q", g_q), ("k", g_k), ("v", g_v))]
+            per_layer.append(torch.func.vjp(block.mlp_norm, x_mlp)[1](g_mlp)[0][None])  # (1, B, T, E)
+        per_layer.append(grads[-1][None])
+        return values.detach(), torch.cat(per_layer)  # (V, B, T, E), in the order of self.destinations
+
+
+def _per_head(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """[heads, B, T, E]: the gradient reaching x [B, T, E] through each head of fn(x) [B, heads, T, D] alone,
+    given the gradient at fn(x): one vector-Jacobian product per head, batched by vmap."""
+    _, pullback = torch.func.vjp(fn, x)
+    heads = grad.size(1)
+    one_head = torch.eye(heads, dtype=grad.dtype)[:, None, :, None, None]  # (heads, 1, heads, 1, 1)
+    return torch.func.vmap(pullback)(grad[None] * one_head)[0]  # (heads, B, T, E)
