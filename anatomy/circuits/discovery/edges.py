@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ...analysis.result import Result
+from .nodes import along
 from .residual import ResidualGraph
 from .tasks import Task
 
@@ -65,15 +66,15 @@ def attribute_edges(
     steps = 1 if method == "eap" else steps
     chunks = task.batches(chunk_size(graph, task, max_bytes))
     scores = torch.zeros(len(graph.sources), len(graph.destinations), dtype=torch.float64)  # (U, V)
-    clean_total = corrupt_total = logits_total = 0.0
+    clean_total = corrupt_total = embed_total = 0.0
     done, total = 0, len(chunks) * steps
     for rows in chunks:
         clean, corrupt = task.inputs(rows)
         clean_out, corrupt_out = graph.source_values(model, clean), graph.source_values(model, corrupt)
         delta = clean_out - corrupt_out  # (U, B, T, E)
-        gradient = torch.zeros(len(graph.destinations), *delta.shape[1:])  # (V, B, T, E): the sum over the path
+        gradient = torch.zeros(len(graph.destinations), *delta.shape[1:], dtype=delta.dtype)  # (V, B, T, E): the sum over the path
         for k in range(1, steps + 1):
-            embed = corrupt_out[0] + k / steps * delta[0]  # the input embeddings, k/m of the way to clean
+            embed = along(corrupt_out[0], clean_out[0], k, steps)  # the input embeddings, k/m of the way to clean
             values, g = graph.reader_gradients(model, clean, lambda logits: task.score(logits, rows), embed)
             gradient += g
             done += 1
@@ -86,12 +87,18 @@ def attribute_edges(
             corrupt_total += float(task.score(corrupt.last_logits(model)[:, 0], rows).sum())
             if steps > 1:
                 clean_total += float(task.score(clean.last_logits(model)[:, 0], rows).sum())
-        logits_total += float((delta * gradient[-1] / steps).sum())
+        embed_total += float(scores_row_of_embed(delta, gradient / steps))
     n = len(task)
     scores /= n
     gap = (clean_total - corrupt_total) / n
-    logits_side = logits_total / n  # every source's score into the logits: the attribution of the final residual
-    return _result(graph, task, method, steps, scores, gap, logits_side, clean_total / n, corrupt_total / n)
+    return _result(graph, task, method, steps, scores, gap, embed_total / n, clean_total / n, corrupt_total / n)
+
+
+def scores_row_of_embed(delta: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+    """sum over every destination of the embeddings' edge score: (e(clean) - e(corrupt)) . sum_v G_v. The
+    embeddings are a term of every destination's input, so sum_v G_v is the whole gradient at the input
+    embeddings, and this is integrated gradients of the input: m(clean) - m(corrupt) as the steps grow."""
+    return (delta[0] * gradient.sum(0)).sum()
 
 
 def _accumulate(graph: ResidualGraph, scores: torch.Tensor, delta: torch.Tensor, gradient: torch.Tensor) -> None:
@@ -107,16 +114,16 @@ def _accumulate(graph: ResidualGraph, scores: torch.Tensor, delta: torch.Tensor,
         scores[:upto, columns] += block.double() * graph.allowed[:upto, columns]
 
 
-def _result(graph, task, method, steps, scores, gap, logits_side, clean, corrupt) -> Result:
-    # Completeness: the sources' scores into the logits add up to the whole final residual's, which for
-    # EAP-IG approaches m(clean) - m(corrupt) as the steps grow (a check of the path, not exact at 5 steps).
-    off = abs(logits_side - gap) / max(abs(gap), 1e-12)
+def _result(graph, task, method, steps, scores, gap, embed_side, clean, corrupt) -> Result:
+    # Completeness: the embeddings' edges add up to integrated gradients of the input embeddings, which
+    # reaches m(clean) - m(corrupt) as the steps grow (first order only for EAP).
+    off = abs(embed_side - gap) / max(abs(gap), 1e-12)
     name = "EAP" if method == "eap" else f"EAP-IG, {steps} steps"
-    check = (f"the edges into the logits sum to {logits_side:.4g}; m(clean) − m(corrupt) = {gap:.4g} "
+    check = (f"the embeddings' edges sum to {embed_side:.4g}; m(clean) − m(corrupt) = {gap:.4g} "
              f"({100 * off:.1f}% apart" + (", first order: no identity holds exactly)" if method == "eap" else
                                           ", integrated gradients' completeness)"))
     return Result(
-        f"edge attribution ({name})", scores.float(), ("source", "destination"),
+        f"edge attribution ({name})", scores, ("source", "destination"),
         labels={"source": [node.name for node in graph.sources], "destination": [node.name for node in graph.destinations]},
         check=check, error=float("nan"),
         extra={"method": method, "steps": steps, "graph": graph, "allowed": graph.allowed, "task": task.name,

@@ -101,7 +101,7 @@ def _input_changes(state: dict, graph: ResidualGraph, columns: list[int], a: tor
         total, sources, weights, sign = None, direct, cut, 1.0
     else:
         total, sources, weights, sign = running, through_kept, kept, -1.0
-    change = torch.zeros(shape) if total is None else total.view(copies, batch_size, *running.shape[1:]).expand(shape).clone()
+    change = torch.zeros(shape, dtype=running.dtype) if total is None else total.view(copies, batch_size, *running.shape[1:]).expand(shape).clone()
     for u in sources:
         delta = (a[u] - state["sources"][u]).view(copies, batch_size, *running.shape[1:])  # (C, B, T, E)
         weight = weights[:, u, :].T.to(delta.dtype)  # (v, C): 1 where this copy ablates (keeps) u -> v

@@ -157,7 +157,7 @@ class ResidualGraph:
                           for which, g in (("q", g_q), ("k", g_k), ("v", g_v))]
             per_layer.append(torch.func.vjp(block.mlp_norm, x_mlp)[1](g_mlp)[0][None])  # (1, B, T, E)
         per_layer.append(grads[-1][None])
-        return values.detach(), torch.cat(per_layer)  # (V, B, T, E), in the order of self.destinations
+        return values.detach(), torch.cat(per_layer).detach()  # (V, B, T, E), in the order of self.destinations
 
 
 def _per_head(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
