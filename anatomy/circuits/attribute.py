@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from .graph import Graph, Node
-from .replacement import Replacement, unsupported
+from .replacement import INPUT_POINTS, OUTPUT_POINTS, Replacement, unsupported
 
 
 @dataclass
@@ -87,6 +87,12 @@ def check_fits(model: nn.Module, transcoders) -> None:
     if why:
         raise ValueError(why)
     transcoders.check_fits(model)
+    for field, point, allowed in (("input point", transcoders.input_point(0), INPUT_POINTS),
+                                  ("output point", transcoders.output_point(0), OUTPUT_POINTS)):
+        inside = point.split(".", 2)[2]
+        if inside not in allowed:
+            raise ValueError(f"an attribution graph reads transcoders at blocks.L.{{{', '.join(allowed)}}} -> "
+                             f"blocks.L.{', '.join(OUTPUT_POINTS)}; this set's {field} is {point!r}")
 
 
 def active_features(rep: Replacement) -> Active:
