@@ -1,1 +1,1 @@
-"""Circuits: attribution graphs and circuit discovery (anatomy/circuits/discovery)."""
+"""Circuits: attribution graphs over transcoder features, and the one page that draws any graph."""
