@@ -35,6 +35,7 @@ from .residual import ResidualGraph
 from .tasks import Task
 
 METHODS = ("eap", "eap-ig")
+PATHS = ("inputs", "edges")
 MAX_STEPS = 256
 Progress = Callable[[int, int], None]  # (passes done, passes in all)
 
@@ -46,52 +47,63 @@ def chunk_size(graph: ResidualGraph, task: Task, max_bytes: int) -> int:
 
 
 def attribute_edges(
-    model: nn.Module, task: Task, *, method: str = "eap-ig", steps: int = 5, max_bytes: int = 2**28,
-    progress: Progress | None = None,
+    model: nn.Module, task: Task, *, method: str = "eap-ig", steps: int = 5, path: str = "inputs",
+    max_bytes: int = 2**28, progress: Progress | None = None,
 ) -> Result:
     """[source, destination] scores of every edge of the model's residual graph (residual.ResidualGraph).
 
-    method "eap" (one gradient, at the clean input) or "eap-ig" (`steps` gradients along the path from
-    the corrupted input embeddings to the clean ones). progress(done, total) is called after every
-    backward pass; an exception it raises stops the work (how a caller cancels). Raises ValueError
-    for an unknown method, steps outside 1..MAX_STEPS, or a model whose residual stream is no sum of
-    components (ResidualGraph).
+    method "eap" (one gradient, at the clean input) or "eap-ig": `steps` gradients along a path from the
+    corrupted run to the clean one. path "inputs" (Hanna et al.): the input embeddings interpolated,
+    k/m for k = 1..m. path "edges" (auto-circuit's integrated_grad_samples): every edge moved from clean
+    to corrupted together, alpha = k/m for k = 0..m, each point scored with that run's own source
+    outputs, (cur_u(alpha) - a_u) . d m / d in_v, and averaged (auto-circuit sums the m + 1 points).
+    progress(done, total) is called after every backward pass; an exception it raises stops the work
+    (how a caller cancels). Raises ValueError for an unknown method or path, steps outside
+    1..MAX_STEPS, or a model whose residual stream is no sum of components (ResidualGraph).
     """
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not supported; allowed values: {', '.join(METHODS)}")
+    if path not in PATHS:
+        raise ValueError(f"path={path!r} is not supported; allowed values: {', '.join(PATHS)}")
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
         raise ValueError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
     graph = ResidualGraph(model)
     model.eval()
     steps = 1 if method == "eap" else steps
+    path = "inputs" if method == "eap" else path
     chunks = task.batches(chunk_size(graph, task, max_bytes))
     scores = torch.zeros(len(graph.sources), len(graph.destinations), dtype=torch.float64)  # (U, V)
     clean_total = corrupt_total = embed_total = 0.0
-    done, total = 0, len(chunks) * steps
+    points = range(1, steps + 1) if path == "inputs" else range(0, steps + 1)
+    done, total = 0, len(chunks) * len(points)
     for rows in chunks:
         clean, corrupt = task.inputs(rows)
         clean_out, corrupt_out = graph.source_values(model, clean), graph.source_values(model, corrupt)
         delta = clean_out - corrupt_out  # (U, B, T, E)
         gradient = torch.zeros(len(graph.destinations), *delta.shape[1:], dtype=delta.dtype)  # (V, B, T, E): the sum over the path
-        for k in range(1, steps + 1):
-            embed = along(corrupt_out[0], clean_out[0], k, steps)  # the input embeddings, k/m of the way to clean
-            values, g = graph.reader_gradients(model, clean, lambda logits: task.score(logits, rows), embed)
-            gradient += g
+        for k in points:
+            metric = lambda logits: task.score(logits, rows)  # noqa: E731
+            if path == "inputs":
+                embed = along(corrupt_out[0], clean_out[0], k, steps)  # the input embeddings, k/m of the way to clean
+                values, g, _ = graph.reader_gradients(model, clean, metric, embed)
+                gradient += g
+            else:
+                values, g, current = graph.reader_gradients(model, clean, metric, mix=(corrupt_out, k / steps))
+                _accumulate(graph, scores, current - corrupt_out, g / len(points))
+                gradient += g  # for the completeness line
             done += 1
             if progress is not None:
                 progress(done, total)
-        if steps == 1:
-            clean_total += float(values.sum())
-        _accumulate(graph, scores, delta, gradient / steps)
+        if path == "inputs":
+            _accumulate(graph, scores, delta, gradient / steps)
         with torch.no_grad():
             corrupt_total += float(task.score(corrupt.last_logits(model)[:, 0], rows).sum())
-            if steps > 1:
-                clean_total += float(task.score(clean.last_logits(model)[:, 0], rows).sum())
-        embed_total += float(scores_row_of_embed(delta, gradient / steps))
+            clean_total += float(task.score(clean.last_logits(model)[:, 0], rows).sum())
+        embed_total += float(scores_row_of_embed(delta, gradient / len(points)))
     n = len(task)
     scores /= n
     gap = (clean_total - corrupt_total) / n
-    return _result(graph, task, method, steps, scores, gap, embed_total / n, clean_total / n, corrupt_total / n)
+    return _result(graph, task, method, steps, scores, gap, embed_total / n, clean_total / n, corrupt_total / n, path)
 
 
 def scores_row_of_embed(delta: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
@@ -114,11 +126,11 @@ def _accumulate(graph: ResidualGraph, scores: torch.Tensor, delta: torch.Tensor,
         scores[:upto, columns] += block.double() * graph.allowed[:upto, columns]
 
 
-def _result(graph, task, method, steps, scores, gap, embed_side, clean, corrupt) -> Result:
+def _result(graph, task, method, steps, scores, gap, embed_side, clean, corrupt, path) -> Result:
     # Completeness: the embeddings' edges add up to integrated gradients of the input embeddings, which
     # reaches m(clean) - m(corrupt) as the steps grow (first order only for EAP).
     off = abs(embed_side - gap) / max(abs(gap), 1e-12)
-    name = "EAP" if method == "eap" else f"EAP-IG, {steps} steps"
+    name = "EAP" if method == "eap" else f"EAP-IG, {steps} steps" + (", edges interpolated" if path == "edges" else "")
     check = (f"the embeddings' edges sum to {embed_side:.4g}; m(clean) − m(corrupt) = {gap:.4g} "
              f"({100 * off:.1f}% apart" + (", first order: no identity holds exactly)" if method == "eap" else
                                           ", integrated gradients' completeness)"))
@@ -126,7 +138,7 @@ def _result(graph, task, method, steps, scores, gap, embed_side, clean, corrupt)
         f"edge attribution ({name})", scores, ("source", "destination"),
         labels={"source": [node.name for node in graph.sources], "destination": [node.name for node in graph.destinations]},
         check=check, error=float("nan"),
-        extra={"method": method, "steps": steps, "graph": graph, "allowed": graph.allowed, "task": task.name,
+        extra={"method": method, "steps": steps, "path": path, "graph": graph, "allowed": graph.allowed, "task": task.name,
                "pairs": len(task), "dropped": task.dropped, "clean": clean, "corrupt": corrupt, "gap": gap,
                "converged": off <= 0.05 if method == "eap-ig" else False},
         about=f"{task.name}, {len(task)} pairs",

@@ -122,12 +122,16 @@ class ResidualGraph:
 
     def reader_gradients(
         self, model: nn.Module, batch: Batch, score: Callable[[torch.Tensor], torch.Tensor],
-        embed: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(score [B], G [V, B, T, E]): G[v] = d score / d in_v, the gradient at destination v's own input.
+        embed: torch.Tensor | None = None, mix: tuple[torch.Tensor, float] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(score [B], G [V, B, T, E], sources [U, B, T, E] or None): G[v] = d score / d in_v, the gradient
+        at destination v's own input.
 
         score(last logits [B, V_vocab]) -> [B]; each row's gradient is its own score's. `embed` [B, T, E]
-        replaces block 0's input (integrated gradients' interpolated inputs).
+        replaces block 0's input (integrated gradients' interpolated inputs). mix = (ablation [U, B, T, E],
+        alpha): every edge is moved alpha of the way to its ablated value, in_v = resid_v + alpha sum_{u
+        before v} (a_u - cur_u) (auto-circuit's edge masks, all at alpha); the sources' outputs in that run
+        are returned too.
         """
         blocks = self.model.blocks
         names = []
@@ -142,22 +146,81 @@ class ResidualGraph:
             value = x if embed is None else embed
             return value.detach().requires_grad_(True)  # gradients exist even if the weights are frozen
 
-        with torch.enable_grad(), trace(model, sorted(set(names)), {"blocks.0.resid_pre": input_with_grad}, grad=True) as t:
+        interventions, state = {"blocks.0.resid_pre": input_with_grad}, {}
+        if mix is not None:
+            interventions = _mixing(self, mix, interventions, state)
+        with torch.enable_grad(), trace(model, sorted(set(names)), interventions, grad=True) as t:
             values = score(batch.last_logits(model)[:, 0])  # (B,)
             wanted = [t[f"blocks.{l}.{p}"] for l in range(self.n_layers) for p in ("attn.q", "attn.k", "attn.v", "mlp_norm.out")]
             grads = torch.autograd.grad(values.sum(), wanted + [t[final]], allow_unused=True)
             inputs = {name: t[name].detach() for name in names}
+        inputs.update({name: value.detach() for name, value in state.items() if name.startswith("in ")})
         grads = [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wanted + [t[final]])]
         per_layer = []
         for layer in range(self.n_layers):
             block, (g_q, g_k, g_v, g_mlp) = blocks[layer], grads[4 * layer:4 * layer + 4]
-            x_attn = inputs[f"blocks.{layer}.resid_pre"]
-            x_mlp = inputs[self.reader_input_point(layer, "mlp")]
+            x_attn = inputs.get(f"in attn {layer}", inputs[f"blocks.{layer}.resid_pre"])
+            x_mlp = inputs.get(f"in mlp {layer}", inputs[self.reader_input_point(layer, "mlp")])
             per_layer += [_per_head(lambda x, w=which: block.attn.project(block.attn_norm(x), w), x_attn, g)
                           for which, g in (("q", g_q), ("k", g_k), ("v", g_v))]
             per_layer.append(torch.func.vjp(block.mlp_norm, x_mlp)[1](g_mlp)[0][None])  # (1, B, T, E)
         per_layer.append(grads[-1][None])
-        return values.detach(), torch.cat(per_layer).detach()  # (V, B, T, E), in the order of self.destinations
+        sources = None if mix is None else torch.stack([state["sources"][u].detach() for u in range(len(self.sources))])
+        return values.detach(), torch.cat(per_layer).detach(), sources  # G in the order of self.destinations
+
+
+def _mixing(graph: ResidualGraph, mix: tuple[torch.Tensor, float], interventions: dict, state: dict) -> dict:
+    """The interventions of a run where every reader's input is resid + alpha * sum_{u before it} (a_u - cur_u),
+    kept in the autograd graph; state gets the sources' outputs and each reader's input ("in attn L")."""
+    ablation, alpha = mix
+    state.update(sources={}, running=None, inside=False)
+    first = interventions["blocks.0.resid_pre"]
+
+    def embed(x: torch.Tensor) -> torch.Tensor:
+        x = first(x)
+        state["sources"][0], state["running"] = x, ablation[0] - x
+        state["resid"] = x
+        return x
+
+    def sources(layer: int, kind: str):
+        start = next(i for i, node in enumerate(graph.sources) if node.layer == layer and node.kind == kind)
+
+        def fn(x: torch.Tensor) -> None:
+            for offset, value in enumerate(x.unbind(2) if kind == "head" else (x,)):
+                state["sources"][start + offset] = value
+                state["running"] = state["running"] + (ablation[start + offset] - value)
+
+        return fn
+
+    def keep(x: torch.Tensor) -> None:
+        state["resid"] = x
+
+    def reader(layer: int, kind: str, norm: nn.Module):
+        def fn(x: torch.Tensor) -> torch.Tensor | None:
+            if state["inside"]:
+                return None  # our own call of the norm below
+            mixed = state["resid"] + alpha * state["running"]
+            state[f"in {kind} {layer}"] = mixed
+            state["inside"] = True
+            try:
+                return norm(mixed)
+            finally:
+                state["inside"] = False
+
+        return fn
+
+    interventions = {"blocks.0.resid_pre": embed}
+    for layer, block in enumerate(graph.model.blocks):
+        if layer:
+            interventions[f"blocks.{layer}.resid_pre"] = keep
+        if not graph.parallel:
+            interventions[f"blocks.{layer}.resid_mid"] = keep
+        interventions[f"blocks.{layer}.attn.head_out"] = sources(layer, "head")
+        interventions[f"blocks.{layer}.mlp.out"] = sources(layer, "mlp")
+        interventions[f"blocks.{layer}.attn_norm.out"] = reader(layer, "attn", block.attn_norm)
+        interventions[f"blocks.{layer}.mlp_norm.out"] = reader(layer, "mlp", block.mlp_norm)
+    interventions[graph.reader_input_point(graph.n_layers, "logits")] = lambda x: x + alpha * state["running"]
+    return interventions
 
 
 def _per_head(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
