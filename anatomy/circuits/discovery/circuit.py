@@ -45,5 +45,5 @@ def circuit_graph(result, kept: torch.Tensor, *, about: str = "", meta: dict | N
     for u, v in kept.nonzero().tolist():
         adjacency[destination_at[v], source_at[u]] = float(result.values[u, v])
     columns = [f"H{h}" for h in range(graph.n_heads)] + ["MLP"]
-    return Graph(nodes, adjacency, columns, graph.n_layers, kind="circuit", about=about, meta=dict(meta or {}),
-                 check=result.check)
+    # No identity holds for a circuit (its faithfulness is measured, faithfulness.py): no check line.
+    return Graph(nodes, adjacency, columns, graph.n_layers, kind="circuit", about=about, meta=dict(meta or {}))

@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
         check = verify_edges(model, task, result, args.verify, progress=progress("verify")) if args.verify else None
     size = args.edges or curve.extra["smallest"] or graph.edge_count
     kept = kept_masks(graph, result, [size])[0]
-    about = f"{args.model}, {task.name}: {len(task)} pairs, {args.method}, top {size} of {graph.edge_count:,} edges"
+    sizes = curve.extra["sizes"]
+    reached = f"; they recover {curve.values[sizes.index(size)].item():.2f} of the gap" if size in sizes else ""
+    about = f"{args.model}, {task.name}: {len(task)} pairs, {args.method}, the top {size} of {graph.edge_count:,} edges{reached}"
     circuit = circuit_graph(result, kept, about=about, meta={"model": str(args.model), "task": task.name})
     out = None
     if args.out:
