@@ -224,3 +224,27 @@ def test_k_larger_than_the_count_is_refused():
 def test_a_post_norm_model_has_no_residual_graph(toy):
     with pytest.raises(ValueError, match="pre-norm blocks"):
         ResidualGraph(toy)
+
+
+def test_name_mover_scores_sum_with_the_other_components_to_the_logit_difference():
+    """Each head's direct effect on the logit difference, from direct logit attribution: the heads, the
+    MLPs and the rest add up to m(clean) (the attribution's own identity, read through roles)."""
+    from anatomy.analysis.decompose import direct_logit_attribution
+    from anatomy.circuits.discovery.roles import head_roles, name_mover_scores
+
+    model, task = tiny(), toy_task()
+    movers = name_mover_scores(model, task, batch_size=4)
+    clean, _ = task.inputs(range(len(task)))
+    last, index = clean.target.last, torch.arange(len(task))
+    attribution = direct_logit_attribution(model, clean, task.answers[:, 0])
+    names = attribution.labels["component"]
+    right = attribution.values[:, index, last]
+    wrong = direct_logit_attribution(model, clean, task.wrongs[:, 0]).values[:, index, last]
+    total = (right - wrong).sum(0).mean()
+    assert abs(total.item() - task.score(clean.last_logits(model)[:, 0].detach(), range(len(task))).mean().item()) < 1e-9
+    heads = (right - wrong)[[names.index(f"L{l}H{h}") for l in range(2) for h in range(4)]].mean(1).view(2, 4)
+    assert torch.allclose(movers.values, heads)
+    attention = movers.extra["attention"]
+    assert ((attention >= 0) & (attention <= 1)).all()
+    roles = head_roles(model, task, [(0, 0), (1, 3)], batch_size=4)
+    assert set(roles["roles"]) == {(0, 0), (1, 3)}
