@@ -248,3 +248,25 @@ def test_name_mover_scores_sum_with_the_other_components_to_the_logit_difference
     assert ((attention >= 0) & (attention <= 1)).all()
     roles = head_roles(model, task, [(0, 0), (1, 3)], batch_size=4)
     assert set(roles["roles"]) == {(0, 0), (1, 3)}
+
+
+@pytest.mark.parametrize("qk_norm", ["none", "per_head", "across_heads"])
+def test_reader_gradients_split_the_residual_gradient_among_the_readers(qk_norm):
+    """d m / d resid_pre = the sum over the layer's q, k, v inputs of their own gradients + d m / d resid_mid:
+    the per-head gradients (linear path without q/k norms, through the module with them) lose nothing."""
+    config = anatomy.ModelConfig(arch="decoder", vocab_size=40, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=32,
+                                 max_seq_len=32, pos_encoding="rotary", norm="layernorm", activation="swiglu",
+                                 qk_norm=qk_norm)
+    model = anatomy.build_model(config, seed=1).double().eval()
+    task = toy_task()
+    graph = ResidualGraph(model)
+    clean, _ = task.inputs(range(len(task)))
+    score = lambda logits: task.score(logits, range(len(task)))  # noqa: E731
+    _, gradients, _ = graph.reader_gradients(model, clean, score)
+    with torch.enable_grad(), trace(model, ["blocks.1.resid_pre", "blocks.1.resid_mid"], grad=True) as t:
+        total = score(clean.last_logits(model)[:, 0]).sum()
+        pre, mid = torch.autograd.grad(total, [t["blocks.1.resid_pre"], t["blocks.1.resid_mid"]])
+    readers = [i for i in graph.layer_destinations(1) if graph.destinations[i].kind in ("q", "k", "v")]
+    # the q/k norms are RMSNorms, which compute in float32 whatever the dtype: 1e-6 of the gradient's size
+    tolerance = 1e-12 if qk_norm == "none" else 1e-6 * pre.abs().max()
+    assert (gradients[readers].sum(0) + mid - pre).abs().max() < tolerance

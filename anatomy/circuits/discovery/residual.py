@@ -161,8 +161,7 @@ class ResidualGraph:
             block, (g_q, g_k, g_v, g_mlp) = blocks[layer], grads[4 * layer:4 * layer + 4]
             x_attn = inputs.get(f"in attn {layer}", inputs[f"blocks.{layer}.resid_pre"])
             x_mlp = inputs.get(f"in mlp {layer}", inputs[self.reader_input_point(layer, "mlp")])
-            per_layer += [_per_head(lambda x, w=which: block.attn.project(block.attn_norm(x), w), x_attn, g)
-                          for which, g in (("q", g_q), ("k", g_k), ("v", g_v))]
+            per_layer += [_reader_gradient(block, which, x_attn, g) for which, g in (("q", g_q), ("k", g_k), ("v", g_v))]
             per_layer.append(torch.func.vjp(block.mlp_norm, x_mlp)[1](g_mlp)[0][None])  # (1, B, T, E)
         per_layer.append(grads[-1][None])
         sources = None if mix is None else torch.stack([state["sources"][u].detach() for u in range(len(self.sources))])
@@ -221,6 +220,24 @@ def _mixing(graph: ResidualGraph, mix: tuple[torch.Tensor, float], interventions
         interventions[f"blocks.{layer}.mlp_norm.out"] = reader(layer, "mlp", block.mlp_norm)
     interventions[graph.reader_input_point(graph.n_layers, "logits")] = lambda x: x + alpha * state["running"]
     return interventions
+
+
+def _reader_gradient(block: nn.Module, which: str, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """[heads, B, T, E]: the gradient at each head's own q (k, v) input x [B, T, E], given the gradient at
+    the point attn.q (k, v) [B, heads, T, D].
+
+    Without q/k norms a head's projection is linear, y_h = norm(x) W_h^T + b_h, so the gradient through
+    head h alone is J_norm(x)^T (g_h W_h): one product per head as cheap as the projection itself, then
+    the norm's vector-Jacobian product, batched over the heads. With q/k norms, through the module."""
+    attn = block.attn
+    if attn.qk_norm != "none":
+        return _per_head(lambda inputs: attn.project(block.attn_norm(inputs), which), x, grad)
+    proj = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj}[which]
+    heads = grad.size(1)
+    weight = proj.weight.view(heads, -1, proj.weight.size(1))  # (heads, D, E): W_h, the rows of head h
+    through_head = torch.einsum("bhtd,hde->hbte", grad, weight.to(grad.dtype))  # (heads, B, T, E) at norm(x)
+    _, pullback = torch.func.vjp(block.attn_norm, x)
+    return torch.func.vmap(pullback)(through_head)[0]  # (heads, B, T, E)
 
 
 def _per_head(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
