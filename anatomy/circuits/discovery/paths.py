@@ -129,10 +129,23 @@ def _reader(state: dict, graph: ResidualGraph, layer: int, kind: str, a, ablated
                 state["inside"] = False
         x = x.clone()
         for slot in live.nonzero()[:, 0].tolist():  # one head (or key/value head) at a time
-            x[:, slot] = block.attn.project(block.attn_norm(resid + changes[slot]), kind)[:, slot]
+            x[:, slot] = one_head(block, kind, resid + changes[slot], slot)
         return x
 
     return fn
+
+
+def one_head(block: nn.Module, kind: str, x: torch.Tensor, slot: int) -> torch.Tensor:
+    """Head `slot`'s q, k or v [B, T, D] (before rotary positions) from an input x [B, T, E] of its own.
+    Without q/k norms, its rows of the projection alone: norm(x) W_h^T + b_h; with them, the module's
+    whole projection, of which the head's part is taken."""
+    attn = block.attn
+    if attn.qk_norm != "none":
+        return attn.project(block.attn_norm(x), kind)[:, slot]
+    proj = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj}[kind]
+    rows = slice(slot * attn.d_head, (slot + 1) * attn.d_head)  # head h's rows of W: h*D .. (h+1)*D
+    bias = None if proj.bias is None else proj.bias[rows]
+    return torch.nn.functional.linear(block.attn_norm(x), proj.weight[rows], bias)  # (B, T, D)
 
 
 def _final(state: dict, graph: ResidualGraph, a, ablated, batch_size: int, previous):
