@@ -34,18 +34,16 @@ def task_name(value: str) -> str:
                                      f"or a .jsonl file of pairs")
 
 
-def steps(value: str) -> int:
-    number = positive_int(value)
-    if number > MAX_STEPS:
-        raise argparse.ArgumentTypeError(f"{number} steps is more than {MAX_STEPS} (each is a forward and a backward pass)")
-    return number
+def at_most(limit: int, unit: str, why: str = ""):
+    """An argparse type: a positive integer of `unit`s, at most `limit`."""
 
+    def check(value: str) -> int:
+        number = positive_int(value)
+        if number > limit:
+            raise argparse.ArgumentTypeError(f"{number} {unit} is more than {limit}{why}")
+        return number
 
-def pairs(value: str) -> int:
-    number = positive_int(value)
-    if number > MAX_PAIRS:
-        raise argparse.ArgumentTypeError(f"{number} pairs is more than {MAX_PAIRS}")
-    return number
+    return check
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,8 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"{', '.join(TASKS)}, or a .jsonl file of {{clean, corrupt, answer, wrong}} pairs")
     add_model_argument(parser, default="smollm2", help="the model")
     parser.add_argument("--method", choices=METHODS, default="eap-ig", help="edge attribution (default eap-ig)")
-    parser.add_argument("--steps", type=steps, default=5, help="eap-ig: points on the path (default 5)")
-    parser.add_argument("--pairs", type=pairs, default=100, metavar="N", help="pairs the model gets right (default 100)")
+    parser.add_argument("--steps", type=at_most(MAX_STEPS, "steps", " (each is a forward and a backward pass)"), default=5,
+                        help="eap-ig: points on the path (default 5)")
+    parser.add_argument("--pairs", type=at_most(MAX_PAIRS, "pairs"), default=100, metavar="N",
+                        help="pairs the model gets right (default 100)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="the task generator's seed (default 0)")
     parser.add_argument("--ablation", choices=ABLATIONS, default="corrupt", help="what an ablated edge carries (default corrupt)")
     parser.add_argument("--target", type=probability, default=0.8, help="faithfulness the drawn circuit reaches (default 0.8)")
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                 ("task", f"{task.name}: {len(task)} pairs kept, {task.dropped} dropped (the model got them wrong)"),
                 ("metric", f"clean {curve.extra['clean']:.3f}, ablated {curve.extra['ablated']:.3f}"),
                 ("edges", f"{graph.edge_count:,} between {len(graph.sources)} sources and {len(graph.destinations)} inputs"),
-                ("check", result.check), ("faithfulness", points),
+                ("check", result.check), ("curve", points),
                 ("circuit", f"{size} edges reach {values[sizes.index(size)]:.2f}" if size in sizes else f"{size} edges")]
         if check is not None:
             rows.append(("verified", check.check))
