@@ -271,3 +271,24 @@ def test_reader_gradients_split_the_residual_gradient_among_the_readers(qk_norm)
     # the q/k norms are RMSNorms, which compute in float32 whatever the dtype: 1e-6 of the gradient's size
     tolerance = 1e-12 if qk_norm == "none" else 1e-6 * pre.abs().max()
     assert (gradients[readers].sum(0) + mid - pre).abs().max() < tolerance
+
+
+def test_atp_on_sae_features_is_exact_where_their_path_is_linear():
+    """An SAE on the last residual of a model with no final norm: a feature reaches the logits through the
+    decoder alone, linearly, so its AtP equals patching it exactly (analysis.patching.patch_cells)."""
+    from anatomy.analysis.patching import patch_cells
+    from anatomy.sae import SAE
+
+    model, task = tiny(final_norm=False, n_layers=1), toy_task()
+    sae = SAE(16, 24, kind="relu", point="blocks.0.resid_post", dtype=torch.float64, seed=2)
+    result = attribute_nodes(model, task, kind="features", sae=sae)
+    assert result.axes == ("feature",) and result.values.shape == (24,)
+    order = result.values.abs().argsort(descending=True)[:5].tolist()
+    clean, corrupt = task.inputs(range(len(task)))
+    point = "blocks.0.resid_post.sae.features"
+    metric = lambda logits: task.score(logits[:, -1], range(len(task)))  # noqa: E731
+    with torch.no_grad(), trace(model, [], saes={sae.point: sae}):
+        base = metric(clean.last_logits(model)).mean()
+    patched = patch_cells(model, corrupt, clean, [(point, 2, f) for f in order], metric, saes={sae.point: sae})
+    exact = base - patched
+    assert (result.values[order] - exact).abs().max() <= 1e-9 * exact.abs().max()
