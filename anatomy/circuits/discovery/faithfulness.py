@@ -105,7 +105,9 @@ def faithfulness(
         labels={"circuit": [str(n) for n in sizes]}, check=check,
         error=abs(full - 1.0) * abs(gap) if sizes[-1] == count else float("nan"),
         extra={"sizes": list(sizes), "smallest": smallest, "target": target, "clean": clean_mean,
-               "ablated": corrupt_mean, "circuit_metric": circuit.tolist(), "edges": count, "ablation": ablation},
+               "ablated": corrupt_mean, "circuit_metric": circuit.tolist(), "edges": count, "ablation": ablation,
+               "view": "grid", "legend": "share of the clean − corrupted gap recovered",
+               "caption": "Each cell: the circuit of the top n edges, every other edge ablated."},
         about=result.about,
     )
 

@@ -223,22 +223,28 @@ def _qk_fixed(model, batch: Batch, kind: str, clean: dict, corrupt: dict, grad: 
 
 
 def _result(model, task, kind, method, steps, values, sae) -> Result:
-    layers = [str(layer) for layer in range(model.config.n_layers)]
+    n_layers = model.config.n_layers
+    layers = [f"L{layer}" for layer in range(n_layers)]
     name = {"atp": "AtP", "atp*": "AtP* (QK fix, GradDrop; unsigned)" if kind in ("q", "k") else "AtP* (GradDrop; unsigned)",
             "ig": f"IG, {steps} steps"}[method]
+    letter = {"head": "H", "kv_head": "KV", "neuron": "N"}
     if kind == "features":
-        values, axes, labels = values[0], ("feature",), {"feature": [str(i) for i in range(values.size(1))]}
+        values, axes, labels = values[0], ("feature",), {"feature": [f"F{i}" for i in range(values.size(1))]}
     elif kind == "mlp":
         values, axes, labels = values[:, 0], ("layer",), {"layer": layers}
     else:
         axis = KINDS[kind][2]
         values, axes = values, ("layer", axis)
-        labels = {"layer": layers, axis: [str(i) for i in range(values.size(1))]}
+        labels = {"layer": layers, axis: [f"{letter[axis]}{i}" for i in range(values.size(1))]}
     return Result(
         f"node attribution ({name}, {kind})", values, axes, labels=labels,
         check="the metric each node's corruption costs, estimated (no identity holds exactly; verify_nodes "
               "patches the top ones exactly)",
         extra={"method": method, "kind": kind, "steps": steps, "task": task.name, "pairs": len(task),
-               "sae_point": None if sae is None else sae.point},
+               "sae_point": None if sae is None else sae.point, "view": "grid",
+               "row_layers": list(range(n_layers)) if values.dim() == 2 else None,
+               "legend": "the metric lost when the node is corrupted",
+               "caption": "Each cell: the estimated drop of the metric, m(clean) − m(clean with the node corrupted), "
+                          "averaged over the task's pairs."},
         about=f"{task.name}, {len(task)} pairs",
     )

@@ -61,7 +61,9 @@ def _verification(kind: str, names: list[str], approx: torch.Tensor, exact: torc
              f"estimated {approx[worst]:.4g}, exact {exact[worst]:.4g}")
     return Result(f"verification of {kind}", torch.stack([approx, exact]), ("estimate", kind),
                   labels={"estimate": ["approximation", "exact"], kind: names}, check=check,
-                  extra={"spearman": rho, "worst": names[worst], "worst_miss": float(miss[worst])}, about=about)
+                  extra={"spearman": rho, "worst": names[worst], "worst_miss": float(miss[worst]), "view": "grid",
+                         "legend": "the metric lost", "caption": "The approximation and the exact patching of each "
+                         "of the top items, over the task's pairs."}, about=about)
 
 
 def verify_nodes(model: nn.Module, task: Task, result: Result, k: int = 20, *, batch_size: int = 32,
