@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ...cli import (add_device_argument, add_model_argument, add_threads_argument, non_negative_int, output_file,
+from ...cli import (add_model_argument, add_threads_argument, non_negative_int, output_file,
                     positive_int, printable, probability, summary_block)
 from .edges import METHODS, MAX_STEPS
 from .faithfulness import ABLATIONS
@@ -65,8 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=output_file(".html", ".htm", ".safetensors"),
                         help="the circuit: .html (the graph page) or .safetensors (the Graph)")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    add_threads_argument(parser)
-    add_device_argument(parser)
+    add_threads_argument(parser)  # the CPU: discovery's tensors are made there (no --device yet)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--model {printable(str(args.model))}: circuit discovery needs a pre-norm decoder "
                          f"(arch={config.arch!r}, norm_position={config.norm_position!r})")
     started = time.time()
-    model = from_pretrained(args.model).to(args.device).eval()
+    model = from_pretrained(args.model).eval()
     graph = ResidualGraph(model)  # refuses a model it cannot cut into components, before any work
     for name, value in (("--edges", args.edges), ("--verify", args.verify)):
         if value and value > graph.edge_count:
