@@ -292,3 +292,24 @@ def test_atp_on_sae_features_is_exact_where_their_path_is_linear():
     patched = patch_cells(model, corrupt, clean, [(point, 2, f) for f in order], metric, saes={sae.point: sae})
     exact = base - patched
     assert (result.values[order] - exact).abs().max() <= 1e-9 * exact.abs().max()
+
+
+def test_head_weights_and_the_figure(tmp_path):
+    """A head's weight in a circuit is the |score| of the kept edges at it: an edge between two heads counts
+    for both; the figure is written."""
+    pytest.importorskip("matplotlib")
+    from anatomy.circuits.discovery.faithfulness import kept_masks
+    from anatomy.circuits.discovery.figures import head_weights, plot_discovery
+
+    model, task = tiny(), toy_task()
+    edges = attribute_edges(model, task, method="eap")
+    graph = edges.extra["graph"]
+    kept = kept_masks(graph, edges, [10])[0]
+    weights = head_weights(graph, edges.values, kept)
+    at_heads = edges.values.abs() * kept
+    sources = [u for u, node in enumerate(graph.sources) if node.kind == "head"]
+    inputs = [v for v, node in enumerate(graph.destinations) if node.kind in ("q", "k", "v")]
+    assert sum(weights.values()) == pytest.approx(float(at_heads[sources].sum() + at_heads[:, inputs].sum()))
+    curve = faithfulness(model, task, edges, sizes=[1, 10, graph.edge_count])
+    heads = [(f"L{l}H{h}", w, "induction") for (l, h), w in sorted(weights.items(), key=lambda item: -item[1])]
+    assert plot_discovery(curve, heads, "toy", tmp_path / "figure.png").stat().st_size > 10_000
