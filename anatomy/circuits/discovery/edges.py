@@ -78,7 +78,7 @@ def attribute_edges(
     done, total = 0, len(chunks) * len(points)
     for rows in chunks:
         clean, corrupt = task.inputs(rows)
-        clean_out, corrupt_out = graph.source_values(model, clean), graph.source_values(model, corrupt)
+        (clean_out, clean_logits), (corrupt_out, corrupt_logits) = graph.source_run(model, clean), graph.source_run(model, corrupt)
         delta = clean_out - corrupt_out  # (U, B, T, E)
         gradient = torch.zeros(len(graph.destinations), *delta.shape[1:], dtype=delta.dtype)  # (V, B, T, E): the sum over the path
         for k in points:
@@ -96,9 +96,8 @@ def attribute_edges(
                 progress(done, total)
         if path == "inputs":
             _accumulate(graph, scores, delta, gradient / steps)
-        with torch.no_grad():
-            corrupt_total += float(task.score(corrupt.last_logits(model)[:, 0], rows).sum())
-            clean_total += float(task.score(clean.last_logits(model)[:, 0], rows).sum())
+        corrupt_total += float(task.score(corrupt_logits, rows).sum())
+        clean_total += float(task.score(clean_logits, rows).sum())
         embed_total += float(scores_row_of_embed(delta, gradient / len(points)))
     n = len(task)
     scores /= n

@@ -78,10 +78,11 @@ def faithfulness(
     done, total = 0, len(chunks) * ((len(sizes) + copies - 1) // copies)
     for rows in chunks:
         clean, corrupt = task.inputs(rows)
-        ablated_out = graph.source_values(model, corrupt) if means is None else means[:, :, :clean.target.ids.size(1)]
+        corrupt_out, corrupt_logits = graph.source_run(model, corrupt)
+        ablated_out = corrupt_out if means is None else means[:, :, :clean.target.ids.size(1)]
         with torch.no_grad():
             clean_sum += float(task.score(clean.last_logits(model)[:, 0], rows).sum())
-            corrupt_sum += float(task.score(corrupt.last_logits(model)[:, 0], rows).sum())
+        corrupt_sum += float(task.score(corrupt_logits, rows).sum())
         for start in range(0, len(sizes), copies):
             kept = masks[start:start + copies]  # (C, U, V)
             logits = run_ablated(model, graph, clean, ablated_out, ~kept)

@@ -109,14 +109,18 @@ class ResidualGraph:
 
     def source_values(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """[U, B, T, E]: every source's output in one pass (no gradient)."""
+        return self.source_run(model, batch)[0]
+
+    def source_run(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(every source's output [U, B, T, E], the last position's logits [B, vocab]) of one pass, no gradient."""
         names = ["blocks.0.resid_pre"] + [f"blocks.{l}.{p}" for l in range(self.n_layers) for p in ("attn.head_out", "mlp.out")]
         with torch.no_grad(), trace(model, names) as t:
-            batch.last_logits(model)
+            logits = batch.last_logits(model)[:, 0]  # (B, vocab)
         outputs = [t["blocks.0.resid_pre"][None]]
         for layer in range(self.n_layers):
             outputs.append(t[f"blocks.{layer}.attn.head_out"].permute(2, 0, 1, 3))  # (B, T, H, E) -> (H, B, T, E)
             outputs.append(t[f"blocks.{layer}.mlp.out"][None])
-        return torch.cat(outputs)  # (U, B, T, E)
+        return torch.cat(outputs), logits  # (U, B, T, E), (B, vocab)
 
     # ---- gradients at every destination's own input -----------------------------------------------
 
