@@ -23,7 +23,7 @@ from torch import nn
 
 from ...analysis.result import Result
 from .edges import top_edges
-from .paths import run_ablated
+from .paths import plan_passes, run_ablated
 from .residual import ResidualGraph
 from .tasks import Task
 
@@ -52,7 +52,7 @@ def kept_masks(graph: ResidualGraph, result: Result, sizes: Sequence[int]) -> to
 
 def faithfulness(
     model: nn.Module, task: Task, result: Result, sizes: Sequence[int] | None = None, *,
-    ablation: str = "corrupt", target: float = 0.8, max_tokens: int = 4096, max_bytes: int = 2**28,
+    ablation: str = "corrupt", target: float = 0.8, max_tokens: int = 4096, max_bytes: int = 2**29,
     progress: Progress | None = None,
 ) -> Result:
     """[size] faithfulness of the circuits made of the top n edges of an edge attribution, for each n
@@ -67,11 +67,8 @@ def faithfulness(
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= count:
             raise ValueError(f"a circuit of {n!r} edges: choose 1 to {count}, the edges of this model's graph")
     masks = kept_masks(graph, result, sizes)
-    width = int(task.lengths.max())
-    per_pair = len(graph.sources) * width * model.config.d_model * 4 * 3  # ablations, a chunk's copies, the pass
-    pairs_per_chunk = max(1, min(len(task), max_bytes // per_pair, max_tokens // width))
+    pairs_per_chunk, copies = plan_passes(graph, task, len(graph.sources), max_tokens, max_bytes)
     chunks = task.batches(pairs_per_chunk)
-    copies = max(1, max_tokens // (pairs_per_chunk * width))
     means = _means(model, graph, task, chunks) if ablation == "mean" else None
     circuit = torch.zeros(len(sizes), dtype=torch.float64)
     clean_sum = corrupt_sum = 0.0

@@ -38,32 +38,67 @@ def run_ablated(
     (only allowed edges count). Row r of the output is copy r // B, pair r % B."""
     copies, batch_size = ablated.size(0), batch.size
     ablated = ablated & graph.allowed
-    state: dict = {"sources": {}, "running": None, "inside": False}
     a = ablation.expand(-1, batch_size, -1, -1) if ablation.size(1) == 1 else ablation  # (U, B, T, E)
-    a = a.repeat(1, copies, 1, 1)  # (U, C*B, T, E), copy-major like Batch.repeat
+    plans = {key: _plan(graph, columns, ablated) for key, columns in _groups(graph).items()}
+    needed = set().union(*(set(sources) for _, sources, _ in plans.values()))  # the only outputs kept
+    state: dict = {"sources": {}, "running": None, "inside": False, "a": a, "copies": copies, "needed": needed}
     interventions = {}
     for layer in range(graph.n_layers):
         interventions[f"blocks.{layer}.resid_pre"] = _keep(state, "resid_pre")
         if not graph.parallel:
             interventions[f"blocks.{layer}.resid_mid"] = _keep(state, "resid_mid")
-        interventions[f"blocks.{layer}.attn.head_out"] = _sources(state, graph, layer, "head", a)
-        interventions[f"blocks.{layer}.mlp.out"] = _sources(state, graph, layer, "mlp", a)
-        for which in ("q", "k", "v"):
-            interventions[f"blocks.{layer}.attn.{which}"] = _reader(state, graph, layer, which, a, ablated, batch_size)
-        interventions[f"blocks.{layer}.mlp_norm.out"] = _reader(state, graph, layer, "mlp", a, ablated, batch_size)
+        interventions[f"blocks.{layer}.attn.head_out"] = _sources(state, graph, layer, "head")
+        interventions[f"blocks.{layer}.mlp.out"] = _sources(state, graph, layer, "mlp")
+        for which in ("q", "k", "v", "mlp"):
+            point = f"blocks.{layer}.attn.{which}" if which != "mlp" else f"blocks.{layer}.mlp_norm.out"
+            interventions[point] = _reader(state, graph, layer, which, plans[(layer, which)])
     final = graph.reader_input_point(graph.n_layers, "logits")
     previous = interventions.get(final)
-    interventions[final] = _final(state, graph, a, ablated, batch_size, previous)
+    interventions[final] = _final(state, plans[(graph.n_layers, "logits")], previous)
     first = interventions["blocks.0.resid_pre"]
 
     def embed(x: torch.Tensor) -> None:
         first(x)
-        state["sources"][0] = x
-        state["running"] = a[0] - x  # sum over the sources so far of (a_u - cur_u)
+        _record(state, 0, x)
 
     interventions["blocks.0.resid_pre"] = embed
     with torch.no_grad(), trace(model, [], interventions=interventions):
         return batch.repeat(copies).last_logits(model)[:, 0]  # (C*B, vocab)
+
+
+def plan_passes(graph: ResidualGraph, task, stored: int, max_tokens: int, max_bytes: int) -> tuple[int, int]:
+    """(pairs per chunk, copies per pass) for runs that keep `stored` sources' outputs: half of max_bytes
+    for a chunk's ablated outputs [U, B, T, E], half for a pass's kept outputs [stored + a product's
+    block + 2, C*B, T, E], and at most max_tokens tokens a pass."""
+    width, d_model = int(task.lengths.max()), graph.model.config.d_model
+    per_pair = len(graph.sources) * width * d_model * 4
+    per_token = (stored + SOURCES_PER_PRODUCT + 2) * d_model * 4
+    tokens = max(width, min(max_tokens, max_bytes // 2 // per_token))
+    pairs = max(1, min(len(task), max_bytes // 2 // per_pair, tokens // width))
+    return pairs, max(1, tokens // (pairs * width))
+
+
+def _groups(graph: ResidualGraph) -> dict[tuple[int, str], list[int]]:
+    """(layer, reader kind) -> the destinations of that group, which read one residual: a layer's q, k and v
+    inputs, its MLP's, the logits'."""
+    groups: dict[tuple[int, str], list[int]] = {}
+    for v, node in enumerate(graph.destinations):
+        groups.setdefault((node.layer, node.kind), []).append(v)
+    return groups
+
+
+def _plan(graph: ResidualGraph, columns: list[int], ablated: torch.Tensor) -> tuple[float, list[int], torch.Tensor]:
+    """How a group's input changes are summed: (sign, sources, weights [C, S, v]). sign 1: over the ablated
+    edges; sign -1: the running total minus the kept edges, whichever involves fewer sources."""
+    cut = ablated[:, :, columns]  # (C, U, v)
+    allowed = graph.allowed[:, columns]  # (U, v)
+    kept = allowed[None] & ~cut  # (C, U, v)
+    direct = cut.any(dim=(0, 2)).nonzero()[:, 0].tolist()
+    through_kept = kept.any(dim=(0, 2)).nonzero()[:, 0].tolist()
+    complete = bool(cut.any())  # the running total is needed only when something is ablated
+    if len(direct) <= len(through_kept) or not complete:
+        return 1.0, direct, cut[:, direct].float()
+    return -1.0, through_kept, kept[:, through_kept].float()
 
 
 def _keep(state: dict, key: str):
@@ -73,53 +108,61 @@ def _keep(state: dict, key: str):
     return fn
 
 
-def _sources(state: dict, graph: ResidualGraph, layer: int, kind: str, a: torch.Tensor):
+def _record(state: dict, u: int, value: torch.Tensor) -> None:
+    """Source u's output in this run: into the running total of (a_u - cur_u), and kept if a sum needs it."""
+    ablated = state["a"][u].repeat(state["copies"], 1, 1)  # (C*B, T, E), copy-major like Batch.repeat
+    state["running"] = ablated - value if state["running"] is None else state["running"] + (ablated - value)
+    if u in state["needed"]:
+        state["sources"][u] = value
+
+
+def _sources(state: dict, graph: ResidualGraph, layer: int, kind: str):
     """Record this layer's heads (head_out [CB, T, H, E]) or MLP (mlp.out [CB, T, E]) as current sources."""
     first = next(i for i, node in enumerate(graph.sources) if node.layer == layer and node.kind == kind)
 
     def fn(x: torch.Tensor) -> None:
-        outputs = x.unbind(2) if kind == "head" else (x,)
-        for offset, value in enumerate(outputs):
-            state["sources"][first + offset] = value
-            state["running"] = state["running"] + (a[first + offset] - value)
+        for offset, value in enumerate(x.unbind(2) if kind == "head" else (x,)):
+            _record(state, first + offset, value)
 
     return fn
 
 
-def _input_changes(state: dict, graph: ResidualGraph, columns: list[int], a: torch.Tensor, ablated: torch.Tensor,
-                   batch_size: int) -> torch.Tensor:
-    """[len(columns), C*B, T, E]: sum over the ablated edges into each destination of (a_u - cur_u)."""
-    copies = ablated.size(0)
-    upstream = graph.allowed[:, columns].any(dim=1)  # (U,) every source before these destinations
-    cut = ablated[:, :, columns]  # (C, U, v)
-    kept = graph.allowed[:, columns][None] & ~cut  # (C, U, v)
-    direct = cut.any(dim=(0, 2)).nonzero()[:, 0].tolist()
-    through_kept = (kept.any(dim=(0, 2)) & upstream).nonzero()[:, 0].tolist()
-    running = state["running"]  # (CB, T, E)
-    shape = (len(columns), copies, batch_size) + running.shape[1:]
-    if len(direct) <= len(through_kept):
-        total, sources, weights, sign = None, direct, cut, 1.0
-    else:
-        total, sources, weights, sign = running, through_kept, kept, -1.0
-    change = torch.zeros(shape, dtype=running.dtype) if total is None else total.view(copies, batch_size, *running.shape[1:]).expand(shape).clone()
-    for u in sources:
-        delta = (a[u] - state["sources"][u]).view(copies, batch_size, *running.shape[1:])  # (C, B, T, E)
-        weight = weights[:, u, :].T.to(delta.dtype)  # (v, C): 1 where this copy ablates (keeps) u -> v
-        change += sign * weight[:, :, None, None, None] * delta[None]
-    return change.view(len(columns), copies * batch_size, *running.shape[1:])  # (v, CB, T, E)
+SOURCES_PER_PRODUCT = 32  # sources stacked for one product: bounds the memory of the stacked differences
 
 
-def _reader(state: dict, graph: ResidualGraph, layer: int, kind: str, a, ablated, batch_size: int):
+def _input_changes(state: dict, plan: tuple[float, list[int], torch.Tensor]) -> torch.Tensor:
+    """[v, C*B, T, E]: for each destination of a group, sum over its ablated edges of (a_u - cur_u):
+
+        sign 1:   sum_{u ablated} (a_u - cur_u)
+        sign -1:  running - sum_{u kept} (a_u - cur_u)
+
+    as products [C, v, S] @ [C, S, B*T*E] over blocks of sources."""
+    sign, sources, weights = plan
+    running, copies = state["running"], state["copies"]
+    rows, width = running.size(0), running[0].numel()
+    batch = rows // copies
+    change = torch.zeros(weights.size(2), copies, batch * width, dtype=running.dtype)  # (v, C, B*T*E)
+    if sign < 0:
+        change += running.reshape(1, copies, batch * width)
+    for start in range(0, len(sources), SOURCES_PER_PRODUCT):
+        block = sources[start:start + SOURCES_PER_PRODUCT]
+        deltas = torch.stack([state["a"][u].repeat(copies, 1, 1) - state["sources"][u] for u in block])  # (S, CB, T, E)
+        deltas = deltas.reshape(len(block), copies, batch * width).transpose(0, 1)  # (C, S, B*T*E)
+        w = weights[:, start:start + len(block)].to(running.dtype).transpose(1, 2)  # (C, v, S)
+        change += sign * torch.bmm(w, deltas).transpose(0, 1)  # (v, C, B*T*E)
+    return change.reshape(weights.size(2), rows, *running.shape[1:])  # (v, CB, T, E)
+
+
+def _reader(state: dict, graph: ResidualGraph, layer: int, kind: str, plan):
     """The intervention on a reader's point: q, k, v [CB, heads, T, D] recomputed per head from inputs of
     their own; the MLP's normed input [CB, T, E] recomputed from its own input."""
-    columns = [i for i in graph.layer_destinations(layer) if graph.destinations[i].kind == kind]
-    live = ablated[:, :, columns].any(dim=(0, 1))  # (v,): destinations with an ablated edge in some copy
+    live = (plan[2].sum(dim=(0, 1)) > 0) if plan[0] > 0 else torch.ones(plan[2].size(2), dtype=torch.bool)  # (v,)
     block = graph.model.blocks[layer]
 
     def fn(x: torch.Tensor) -> torch.Tensor | None:
         if state["inside"] or not bool(live.any()):
             return None  # our own call of the norm below, or nothing to change here
-        changes = _input_changes(state, graph, columns, a, ablated, batch_size)  # (v, CB, T, E)
+        changes = _input_changes(state, plan)  # (v, CB, T, E)
         resid = state["resid_pre" if kind != "mlp" or graph.parallel else "resid_mid"]
         if kind == "mlp":
             state["inside"] = True
@@ -148,14 +191,12 @@ def one_head(block: nn.Module, kind: str, x: torch.Tensor, slot: int) -> torch.T
     return torch.nn.functional.linear(block.attn_norm(x), proj.weight[rows], bias)  # (B, T, D)
 
 
-def _final(state: dict, graph: ResidualGraph, a, ablated, batch_size: int, previous):
-    columns = graph.layer_destinations(graph.n_layers)
-
+def _final(state: dict, plan, previous):
     def fn(x: torch.Tensor) -> torch.Tensor | None:
         if previous is not None:
             previous(x)
-        if not bool(ablated[:, :, columns].any()):
-            return None
-        return x + _input_changes(state, graph, columns, a, ablated, batch_size)[0]
+        if plan[0] > 0 and not plan[1]:
+            return None  # nothing into the logits is ablated
+        return x + _input_changes(state, plan)[0]
 
     return fn

@@ -23,7 +23,7 @@ from ...analysis.patching import patch_cells
 from ...analysis.result import Result
 from .edges import top_edges
 from .nodes import KINDS, node_points
-from .paths import run_ablated
+from .paths import plan_passes, run_ablated
 from .residual import ResidualGraph
 from .tasks import Task
 
@@ -115,11 +115,8 @@ def verify_edges(model: nn.Module, task: Task, result: Result, k: int = 50, *, m
     when k is not in 1..the edge count."""
     edges = top_edges(result, k)
     graph: ResidualGraph = result.extra["graph"]
-    width = int(task.lengths.max())
-    per_pair = len(graph.sources) * width * model.config.d_model * 4
-    pairs_per_chunk = max(1, min(len(task), max_bytes // per_pair, max_tokens // width))
+    pairs_per_chunk, copies = plan_passes(graph, task, len({u for u, _, _ in edges}), max_tokens, max_bytes)
     chunks = task.batches(pairs_per_chunk)
-    copies = max(1, max_tokens // (pairs_per_chunk * width))
     exact = torch.zeros(k, dtype=torch.float64)
     done, total = 0, len(chunks) * ((k + copies - 1) // copies)
     for rows in chunks:
