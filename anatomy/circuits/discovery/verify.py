@@ -109,7 +109,7 @@ def _node_name(kind: str, layer: int, index: int) -> str:
 
 
 def verify_edges(model: nn.Module, task: Task, result: Result, k: int = 50, *, max_tokens: int = 4096,
-                 max_bytes: int = 2**28, progress: Progress | None = None) -> Result:
+                 max_bytes: int = 2**29, progress: Progress | None = None) -> Result:
     """Path-patch the k edges of an edge attribution with the largest |score| exactly, one at a time,
     over the task's pairs: C edges per forward pass (C copies of a chunk of pairs). Raises ValueError
     when k is not in 1..the edge count."""
