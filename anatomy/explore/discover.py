@@ -15,7 +15,7 @@ from collections.abc import Callable
 from ..circuits.discovery import (ResidualGraph, attribute_edges, build_task, circuit_graph, faithfulness, kept_masks,
                                   make_task, top_edges)
 from ..circuits.discovery.edges import METHODS
-from ..circuits.discovery.tasks import TASKS
+from ..circuits.discovery.generators import TASKS
 from .panels import rounded
 from .state import ExploreError, ModelSlot
 

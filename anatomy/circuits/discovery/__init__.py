@@ -13,7 +13,8 @@ from .edges import attribute_edges, top_edges
 from .faithfulness import faithfulness, kept_masks
 from .nodes import attribute_nodes
 from .residual import ResidualGraph
-from .tasks import Task, build_task, capital_country, greater_than, ioi, load_pairs, make_task, subject_verb
+from .generators import build_task, capital_country, greater_than, ioi, subject_verb
+from .tasks import Task, load_pairs, make_task
 from .verify import spearman, verify_edges, verify_nodes
 
 __all__ = ["ResidualGraph", "Task", "attribute_edges", "attribute_nodes", "build_task", "capital_country",

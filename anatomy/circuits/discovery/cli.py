@@ -17,7 +17,8 @@ from ...cli import (add_model_argument, add_threads_argument, non_negative_int, 
                     positive_int, printable, probability, summary_block)
 from .edges import METHODS, MAX_STEPS
 from .faithfulness import ABLATIONS
-from .tasks import MAX_PAIRS, TASKS
+from .generators import TASKS
+from .tasks import MAX_PAIRS
 
 
 def task_name(value: str) -> str:
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from .edges import attribute_edges
     from .faithfulness import faithfulness, kept_masks
     from .residual import ResidualGraph
-    from .tasks import build_task
+    from .generators import build_task
     from .verify import verify_edges
 
     config = config_of(args.model)
