@@ -132,21 +132,32 @@ def test_edge_runs_nothing_ablated_is_clean_everything_is_corrupt(parallel, qk_n
     assert (out[n:] - corrupt_logits).abs().max() < tolerance
 
 
-def test_edge_runs_agree_whichever_sum_they_take():
-    """A set with a few edges kept is summed over the kept edges when it runs beside an all-ablated copy,
-    and over the ablated ones beside an untouched copy: the same logits."""
+def test_edge_runs_agree_whichever_sum_they_take(monkeypatch):
+    """The same edges ablated give the same logits summed over the ablated edges or as the running total
+    minus the kept ones (each forced in turn)."""
+    from anatomy.circuits.discovery import paths
+
     model, task = tiny(), toy_task()
     graph = ResidualGraph(model)
     clean, corrupt = task.inputs(range(len(task)))
     ablation = graph.source_values(model, corrupt)
-    kept = torch.zeros(graph.allowed.shape, dtype=torch.bool)
-    for u, v in [(0, 5), (3, 18), (6, 18), (1, 12)]:
-        kept[u, v] = True
-    mostly = (~kept)[None]
-    beside_all = run_ablated(model, graph, clean, ablation, torch.cat([mostly, torch.ones_like(mostly)]))
-    beside_none = run_ablated(model, graph, clean, ablation, torch.cat([mostly, torch.zeros_like(mostly)]))
-    n = len(task)
-    assert (beside_all[:n] - beside_none[:n]).abs().max() < 1e-12
+    generator = torch.Generator().manual_seed(0)
+    ablated = torch.rand(2, *graph.allowed.shape, generator=generator) < torch.tensor([0.2, 0.8])[:, None, None]
+
+    def forced(sign):
+        def plan(graph, columns, ablated):
+            cut = ablated[:, :, columns]
+            chosen = cut if sign > 0 else graph.allowed[:, columns][None] & ~cut
+            return [(sign, chosen[c].any(dim=1).nonzero()[:, 0], chosen[c][chosen[c].any(dim=1)].float())
+                    for c in range(cut.size(0))]
+        return plan
+
+    outputs = []
+    for sign in (1.0, -1.0):
+        monkeypatch.setattr(paths, "_plan", forced(sign))
+        outputs.append(run_ablated(model, graph, clean, ablation, ablated))
+    assert (outputs[0] - outputs[1]).abs().max() < 1e-12
+    assert (outputs[0][:len(task)] - outputs[0][len(task):]).abs().max() > 1e-6  # the two copies differ
 
 
 def test_faithfulness_of_every_edge_is_one_and_of_none_is_zero():

@@ -40,7 +40,7 @@ def run_ablated(
     ablated = ablated & graph.allowed
     a = ablation.expand(-1, batch_size, -1, -1) if ablation.size(1) == 1 else ablation  # (U, B, T, E)
     plans = {key: _plan(graph, columns, ablated) for key, columns in _groups(graph).items()}
-    needed = set().union(*(set(sources) for _, sources, _ in plans.values()))  # the only outputs kept
+    needed = {u for plan in plans.values() for _, sources, _ in plan for u in sources.tolist()}  # the outputs kept
     state: dict = {"sources": {}, "running": None, "inside": False, "a": a, "copies": copies, "needed": needed}
     interventions = {}
     for layer in range(graph.n_layers):
@@ -87,18 +87,32 @@ def _groups(graph: ResidualGraph) -> dict[tuple[int, str], list[int]]:
     return groups
 
 
-def _plan(graph: ResidualGraph, columns: list[int], ablated: torch.Tensor) -> tuple[float, list[int], torch.Tensor]:
-    """How a group's input changes are summed: (sign, sources, weights [C, S, v]). sign 1: over the ablated
-    edges; sign -1: the running total minus the kept edges, whichever involves fewer sources."""
+Plan = list  # per copy: (sign, sources [S], weights [S, v]): how a group's input changes are summed
+
+
+def _plan(graph: ResidualGraph, columns: list[int], ablated: torch.Tensor) -> Plan:
+    """For each copy, how a group's input changes are summed: over the ablated edges (sign 1), or as the
+    running total minus the kept edges (sign -1), whichever reads fewer sources' outputs."""
     cut = ablated[:, :, columns]  # (C, U, v)
-    allowed = graph.allowed[:, columns]  # (U, v)
-    kept = allowed[None] & ~cut  # (C, U, v)
-    direct = cut.any(dim=(0, 2)).nonzero()[:, 0].tolist()
-    through_kept = kept.any(dim=(0, 2)).nonzero()[:, 0].tolist()
-    complete = bool(cut.any())  # the running total is needed only when something is ablated
-    if len(direct) <= len(through_kept) or not complete:
-        return 1.0, direct, cut[:, direct].float()
-    return -1.0, through_kept, kept[:, through_kept].float()
+    kept = graph.allowed[:, columns][None] & ~cut  # (C, U, v)
+    plan = []
+    for c in range(cut.size(0)):
+        direct = cut[c].any(dim=1).nonzero()[:, 0]
+        through_kept = kept[c].any(dim=1).nonzero()[:, 0]
+        if len(direct) <= len(through_kept):
+            plan.append((1.0, direct, cut[c, direct].float()))
+        else:
+            plan.append((-1.0, through_kept, kept[c, through_kept].float()))
+    return plan
+
+
+def _live(plan: Plan) -> torch.Tensor:
+    """[v] bool: the destinations whose input changes in some copy."""
+    width = plan[0][2].size(1)
+    live = torch.zeros(width, dtype=torch.bool)
+    for sign, sources, weights in plan:
+        live |= torch.ones(width, dtype=torch.bool) if sign < 0 else weights.sum(0) > 0
+    return live
 
 
 def _keep(state: dict, key: str):
@@ -110,8 +124,8 @@ def _keep(state: dict, key: str):
 
 def _record(state: dict, u: int, value: torch.Tensor) -> None:
     """Source u's output in this run: into the running total of (a_u - cur_u), and kept if a sum needs it."""
-    ablated = state["a"][u].repeat(state["copies"], 1, 1)  # (C*B, T, E), copy-major like Batch.repeat
-    state["running"] = ablated - value if state["running"] is None else state["running"] + (ablated - value)
+    delta = (state["a"][u][None] - value.view(state["copies"], -1, *value.shape[1:])).view_as(value)  # (C*B, T, E)
+    state["running"] = delta if state["running"] is None else state["running"] + delta
     if u in state["needed"]:
         state["sources"][u] = value
 
@@ -127,36 +141,38 @@ def _sources(state: dict, graph: ResidualGraph, layer: int, kind: str):
     return fn
 
 
-SOURCES_PER_PRODUCT = 32  # sources stacked for one product: bounds the memory of the stacked differences
+SOURCES_PER_PRODUCT = 64  # sources stacked for one product: bounds the memory of the stacked differences
 
 
-def _input_changes(state: dict, plan: tuple[float, list[int], torch.Tensor]) -> torch.Tensor:
-    """[v, C*B, T, E]: for each destination of a group, sum over its ablated edges of (a_u - cur_u):
+def _input_changes(state: dict, plan: Plan) -> torch.Tensor:
+    """[v, C*B, T, E]: for each destination of a group, sum over its ablated edges of (a_u - cur_u), copy by
+    copy:
 
         sign 1:   sum_{u ablated} (a_u - cur_u)
         sign -1:  running - sum_{u kept} (a_u - cur_u)
 
-    as products [C, v, S] @ [C, S, B*T*E] over blocks of sources."""
-    sign, sources, weights = plan
-    running, copies = state["running"], state["copies"]
-    rows, width = running.size(0), running[0].numel()
+    as products [v, S] @ [S, B*T*E] over blocks of the copy's sources."""
+    running, copies, a = state["running"], state["copies"], state["a"]
+    rows, shape = running.size(0), running.shape[1:]
     batch = rows // copies
-    change = torch.zeros(weights.size(2), copies, batch * width, dtype=running.dtype)  # (v, C, B*T*E)
-    if sign < 0:
-        change += running.reshape(1, copies, batch * width)
-    for start in range(0, len(sources), SOURCES_PER_PRODUCT):
-        block = sources[start:start + SOURCES_PER_PRODUCT]
-        deltas = torch.stack([state["a"][u].repeat(copies, 1, 1) - state["sources"][u] for u in block])  # (S, CB, T, E)
-        deltas = deltas.reshape(len(block), copies, batch * width).transpose(0, 1)  # (C, S, B*T*E)
-        w = weights[:, start:start + len(block)].to(running.dtype).transpose(1, 2)  # (C, v, S)
-        change += sign * torch.bmm(w, deltas).transpose(0, 1)  # (v, C, B*T*E)
-    return change.reshape(weights.size(2), rows, *running.shape[1:])  # (v, CB, T, E)
+    change = torch.zeros(plan[0][2].size(1), copies, batch, shape.numel(), dtype=running.dtype)  # (v, C, B, T*E)
+    for c, (sign, sources, weights) in enumerate(plan):
+        copy = slice(c * batch, (c + 1) * batch)  # this copy's rows
+        if sign < 0:
+            change[:, c] += running[copy].reshape(1, batch, -1)
+        for start in range(0, len(sources), SOURCES_PER_PRODUCT):
+            block = sources[start:start + SOURCES_PER_PRODUCT].tolist()
+            current = torch.stack([state["sources"][u][copy] for u in block])  # (S, B, T, E)
+            deltas = (a[block] - current).reshape(len(block), -1)  # (S, B*T*E)
+            w = weights[start:start + len(block)].to(running.dtype).T  # (v, S)
+            change[:, c] += sign * (w @ deltas).view(w.size(0), batch, -1)
+    return change.reshape(change.size(0), rows, *shape)  # (v, CB, T, E)
 
 
 def _reader(state: dict, graph: ResidualGraph, layer: int, kind: str, plan):
     """The intervention on a reader's point: q, k, v [CB, heads, T, D] recomputed per head from inputs of
     their own; the MLP's normed input [CB, T, E] recomputed from its own input."""
-    live = (plan[2].sum(dim=(0, 1)) > 0) if plan[0] > 0 else torch.ones(plan[2].size(2), dtype=torch.bool)  # (v,)
+    live = _live(plan)  # (v,)
     block = graph.model.blocks[layer]
 
     def fn(x: torch.Tensor) -> torch.Tensor | None:
@@ -191,12 +207,12 @@ def one_head(block: nn.Module, kind: str, x: torch.Tensor, slot: int) -> torch.T
     return torch.nn.functional.linear(block.attn_norm(x), proj.weight[rows], bias)  # (B, T, D)
 
 
-def _final(state: dict, plan, previous):
+def _final(state: dict, plan: Plan, previous):
+    live = bool(_live(plan).any())
+
     def fn(x: torch.Tensor) -> torch.Tensor | None:
         if previous is not None:
             previous(x)
-        if plan[0] > 0 and not plan[1]:
-            return None  # nothing into the logits is ablated
-        return x + _input_changes(state, plan)[0]
+        return x + _input_changes(state, plan)[0] if live else None
 
     return fn
