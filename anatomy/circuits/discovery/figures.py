@@ -47,7 +47,9 @@ def discovery_figure(curve, heads: list[tuple[str, float, str]], title: str):
     if smallest is not None:
         value = values[sizes.index(smallest)]
         left.plot([smallest], [value], marker="o", markersize=10, color="#e67700")
-        left.annotate(f"{smallest} edges: {value:.2f}", (smallest, value), textcoords="offset points", xytext=(8, -14))
+        right_half = sizes.index(smallest) > len(sizes) / 2  # the label goes where the axes have room
+        left.annotate(f"{smallest} edges: {value:.2f}", (smallest, value), textcoords="offset points",
+                      xytext=(-10, -4) if right_half else (8, -14), ha="right" if right_half else "left")
     left.set_xscale("log")
     left.set_xlabel("edges kept (the top n by |score|)")
     left.set_ylabel("faithfulness (share of the gap recovered)")
