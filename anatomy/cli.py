@@ -45,6 +45,7 @@ SUBCOMMANDS = {
     "bench": ("anatomy.bench.cli", "benchmark anatomy against Hugging Face transformers"),
     "sae": ("anatomy.sae.cli", "sparse autoencoders and transcoders: train, evaluate, show their features"),
     "explore": ("anatomy.explore.cli", "a live page in the browser: type, and watch every step of a model update"),
+    "circuits": ("anatomy.circuits.cli", "attribution graphs over transcoder features, and circuits found over data"),
 }
 
 # Typed, ranged argument values -------------------------------------------------------------------
@@ -385,6 +386,29 @@ def unknown_command(word: str) -> str | None:
             + f" (commands: {', '.join(SUBCOMMANDS)})")
 
 
+def handed_on(command: str, argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]] | None:
+    """(the parser, the arguments it parses) when `command`'s floor hands the word after it to another
+    module before anything is parsed (its cli's HANDED_ON = {word: module}: `anatomy circuits discover`),
+    else None. A module that is not there is said in one line."""
+    target = SUBCOMMANDS[command][0]
+    if len(argv) < 2 or ":" in target:
+        return None
+    module_name = getattr(importlib.import_module(target), "HANDED_ON", {}).get(argv[1])
+    if module_name is None:
+        return None
+    prog = f"anatomy {command} {argv[1]}"
+    parser = Parser(prog=prog)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is None or not module_name.startswith(error.name):
+            raise
+        parser.exit(2, f"{prog}: unavailable: {module_name} is not part of this installation of anatomy\n")
+    module.add_arguments(parser)
+    parser.set_defaults(_run=module.run)
+    return parser, argv[2:]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
@@ -397,8 +421,11 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0] if argv[0] in SUBCOMMANDS else None
     prog = f"anatomy {command}" if command else "anatomy"
     try:
-        parser = build_parser(command)
-        args, unknown = parser.parse_known_args(argv)
+        handed = handed_on(command, argv) if command else None
+        if handed:
+            prog = handed[0].prog
+        parser, rest = handed or (build_parser(command), argv)
+        args, unknown = parser.parse_known_args(rest)
         if unknown:  # said by the command that got them, not by `anatomy`
             parser.exit(2, f"{prog}: error: {one_line('unrecognized arguments: ' + ' '.join(unknown), MAX_MESSAGE)} "
                            f"(see {prog} --help)\n")

@@ -35,6 +35,7 @@ from ..cli import add_threads_argument, non_negative_int
 from .common import Row, Settings, cpu_model, fmt, load_average, matmul_peak, read_bandwidth
 from .analysis import bench_analysis
 from .decoding import bench_generate
+from .discovery import bench_discovery
 from .encoder import bench_encoder
 from .explore import bench_explore
 from .gemv import bench_gemv
@@ -57,6 +58,7 @@ GROUPS = {
     "sae": bench_sae,
     "explore": bench_explore,
     "refusals": bench_refusals,
+    "discovery": bench_discovery,
 }
 
 

@@ -45,9 +45,15 @@ ARCHITECTURES = {
     "transcoder": ("relu", True),
     "jumprelu_transcoder": ("jumprelu", True),
     "topk_transcoder": ("topk", True),
+    "skip_transcoder": ("relu", True),
+    "jumprelu_skip_transcoder": ("jumprelu", True),
+    "topk_skip_transcoder": ("topk", True),
 }
-WRITTEN_AS = {(kind, transcoder): name for name, (kind, transcoder) in ARCHITECTURES.items()}
-WRITTEN_AS[("batchtopk", False)], WRITTEN_AS[("batchtopk", True)] = "jumprelu", "jumprelu_transcoder"
+WITH_SKIP = {"skip_transcoder", "jumprelu_skip_transcoder", "topk_skip_transcoder"}  # W_skip [d_out, d_in]
+WRITTEN_AS = {(kind, transcoder, name in WITH_SKIP): name for name, (kind, transcoder) in ARCHITECTURES.items()}
+for _skip in (False, True):
+    WRITTEN_AS[("batchtopk", True, _skip)] = WRITTEN_AS[("jumprelu", True, _skip)]
+WRITTEN_AS[("batchtopk", False, False)] = "jumprelu"
 
 # Gemma Scope: which point a repository's SAEs read, from its name (google/gemma-scope-2b-pt-res, -mlp, -att,
 # -transcoders) and the layer in the folder's path; `flatten`: attention SAEs read hook_z, heads flattened.
@@ -114,13 +120,15 @@ def _load_saelens(folder: Path, point: str | None, dtype: torch.dtype | None) ->
     expected = {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_out), "b_dec": (d_out,)}
     if kind == "jumprelu":
         expected["threshold"] = (d_sae,)
+    if architecture in WITH_SKIP:
+        expected["W_skip"] = (d_out, d_in)
     tensors = _read_safetensors(folder / WEIGHTS, expected, dtype or _dtype(cfg.get("dtype"), where))
     sae = SAE(d_in, d_sae, kind=kind, k=k, d_out=d_out,
               point=point or (anatomy_name(hook) if hook else None),
               point_out=anatomy_name(hook_out) if transcoder and hook_out else None, transcoder=transcoder,
               apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", not transcoder)),
               flatten_heads=reshape == "hook_z", metadata=_kept_metadata(metadata, cfg), seed=None,
-              dtype=tensors["W_enc"].dtype)
+              skip=architecture in WITH_SKIP, dtype=tensors["W_enc"].dtype)
     _assign(sae, tensors)
     if kind == "topk" and cfg.get("rescale_acts_by_decoder_norm"):
         _fold_decoder_norms(sae)
@@ -166,24 +174,8 @@ def _kept_metadata(metadata: dict, cfg: dict) -> dict:
 
 
 def _read_safetensors(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The tensors of `path`, after checking every name and shape against `expected` and the bytes against
-    the memory available, all from the header. A scaling_factor of ones (older SAELens) is dropped."""
-    try:
-        handle = safe_open(str(path), framework="pt")
-        shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
-        dtypes = {key: handle.get_slice(key).get_dtype() for key in shapes}
-    except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"SAE weights {str(path)!r} are missing, corrupt or truncated: {error}") from None
-    optional = {"scaling_factor": (expected["b_enc"][0],)}
-    _check_shapes(str(path), shapes, expected, optional)
-    unknown = sorted(k for k in expected if SAFETENSORS_DTYPES.get(dtypes[k]) not in DTYPES.values())
-    if unknown:
-        raise CheckpointError(f"SAE weights {str(path)!r}: tensors {unknown} are not floating point")
-    _check_memory(str(path), [shapes[k] for k in expected], dtype)
-    try:
-        tensors = {k: handle.get_tensor(k).to(dtype) for k in list(expected) + [k for k in optional if k in shapes]}
-    except Exception as error:  # safetensors reports truncated data only when a tensor is read
-        raise CheckpointError(f"SAE weights {str(path)!r} cannot be read: {error}") from None
+    """The tensors of `path` (read_tensors); a scaling_factor of ones (older SAELens) is dropped."""
+    tensors = read_tensors(path, expected, dtype, optional={"scaling_factor": (expected["b_enc"][0],)})
     scaling = tensors.pop("scaling_factor", None)
     if scaling is not None and not torch.equal(scaling, torch.ones_like(scaling)):
         raise CheckpointError(f"{str(path)!r} holds a fine-tuning scaling_factor that is not all ones; anatomy reads "
@@ -191,7 +183,34 @@ def _read_safetensors(path: Path, expected: dict[str, tuple[int, ...]], dtype: t
     return tensors
 
 
-def _check_shapes(where: str, shapes: dict, expected: dict, optional: dict | None = None) -> None:
+def read_tensors(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.dtype, optional: dict | None = None,
+                 what: str = "SAE weights") -> dict[str, torch.Tensor]:
+    """{name: tensor in `dtype`} of the safetensors file `path`: every name of `expected` (and of `optional`
+    that the file holds), after checking from the header alone that the file holds exactly these names,
+    each of the shape given, in floating point, and that they fit in the memory available. Raises
+    CheckpointError naming the file and the problem before any tensor is read."""
+    try:
+        handle = safe_open(str(path), framework="pt")
+        shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+        dtypes = {key: handle.get_slice(key).get_dtype() for key in shapes}
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{what} {str(path)!r} are missing, corrupt or truncated: {error}") from None
+    optional = optional or {}
+    check_shapes(str(path), shapes, expected, optional)
+    present = list(expected) + [k for k in optional if k in shapes]
+    unknown = sorted(k for k in present if SAFETENSORS_DTYPES.get(dtypes[k]) not in DTYPES.values())
+    if unknown:
+        raise CheckpointError(f"{what} {str(path)!r}: tensors {unknown} are not floating point")
+    _check_memory(str(path), [shapes[k] for k in present], dtype)
+    try:
+        return {k: handle.get_tensor(k).to(dtype) for k in present}
+    except Exception as error:  # safetensors reports truncated data only when a tensor is read
+        raise CheckpointError(f"{what} {str(path)!r} cannot be read: {error}") from None
+
+
+def check_shapes(where: str, shapes: dict, expected: dict, optional: dict | None = None) -> None:
+    """CheckpointError naming `where` unless `shapes` ({name: shape}) holds every name of `expected`, no name
+    beyond it and `optional`, and each with the shape given."""
     optional = optional or {}
     missing = sorted(set(expected) - set(shapes))
     extra = sorted(set(shapes) - set(expected) - set(optional))
@@ -236,7 +255,7 @@ def _load_gemma_scope(path: Path, source: str, point: str | None, dtype: torch.d
     (d_in, d_sae), d_out = shapes["W_enc"], shapes["W_dec"][-1]
     expected = {"W_enc": (d_in, d_sae), "W_dec": (d_sae, d_out), "b_enc": (d_sae,), "b_dec": (d_out,),
                 "threshold": (d_sae,)}
-    _check_shapes(str(path), shapes, expected)
+    check_shapes(str(path), shapes, expected)
     dtype = dtype or torch.float32
     _check_memory(str(path), list(expected.values()), dtype)
     where, point_out, flatten = _gemma_scope_point(source, point)
@@ -285,10 +304,14 @@ def _npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
 
 def _gemma_scope_point(source: str, point: str | None) -> tuple[str | None, str | None, bool]:
-    """(point read, point written for a transcoder, flatten heads) from `point` or the path's names."""
-    layer = re.search(r"layer_(\d+)", source)
+    """(point read, point written for a transcoder, flatten heads) from `point` or the path's names: the
+    repository's (its last component named gemma-scope*, never a folder above it) and layer_N below it."""
+    parts = Path(source).parts
+    at = max((i for i, part in enumerate(parts) if part.startswith("gemma-scope")), default=None)
+    repository = parts[at] if at is not None else ""
+    layer = re.search(r"layer_(\d+)", "/".join(parts[at + 1:])) if at is not None else None
     for marker, reads, writes, flatten in GEMMA_SCOPE_POINTS:
-        if marker in source and layer:
+        if marker in repository and layer:
             n = layer.group(1)
             return (anatomy_name(point) if point else reads.format(L=n)), writes and writes.format(L=n), flatten
     return (anatomy_name(point) if point else None), None, False
@@ -330,7 +353,7 @@ def saelens_config(sae: SAE) -> dict:
         config["d_out"] = sae.d_out
     if sae.kind == "topk":
         config.update(k=sae.k, rescale_acts_by_decoder_norm=False)
-    config["architecture"] = WRITTEN_AS[(sae.kind, sae.is_transcoder)]
+    config["architecture"] = WRITTEN_AS[(sae.kind, sae.is_transcoder, sae.W_skip is not None)]
     return config
 
 
@@ -341,7 +364,8 @@ def save_sae(sae: SAE, folder: str | os.PathLike) -> Path:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    names = ["W_enc", "b_enc", "W_dec", "b_dec"] + (["threshold"] if sae.kind in ("jumprelu", "batchtopk") else [])
+    names = ["W_enc", "b_enc", "W_dec", "b_dec"] + (["threshold"] if sae.kind in ("jumprelu", "batchtopk") else []) \
+        + (["W_skip"] if sae.W_skip is not None else [])
     tensors = {name: getattr(sae, name).detach().cpu().contiguous().clone() for name in names}
     temporary = folder / f".{WEIGHTS}.tmp{os.getpid()}"
     save_file(tensors, str(temporary))
