@@ -19,13 +19,14 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
-from ..cli import non_negative_int, positive_float, positive_int, printable, probability, summary_block, text
+from ..cli import (input_file, non_negative_int, output_folder, positive_float, positive_int, printable, probability,
+                   summary_block, text)
 from ..terminal import one_line
 
+# torch, the model and the trainer are imported by the functions that use them, once the arguments have been
+# checked: a mistake is refused before torch loads.
 KINDS = ("batchtopk", "jumprelu", "relu")  # what circuit-tracer reads (BatchTopK is a JumpReLU in use)
-STORE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+STORE_DTYPES = ("bfloat16", "float32")  # torch's names
 GiB = 2**30
 
 
@@ -33,44 +34,49 @@ def add_arguments(commands, add_model_argument, add_run_arguments) -> None:
     """The two commands, added to `anatomy sae`'s sub-commands."""
     train = commands.add_parser("train-transcoders", help="train a transcoder on every layer, from one harvest")
     add_model_argument(train, default="smollm2", help="the model whose MLPs the transcoders replace")
-    train.add_argument("--data", required=True, nargs="+", help="UTF-8 text files")
+    train.add_argument("--data", required=True, nargs="+", type=input_file, help="UTF-8 text files")
     train.add_argument("--eval-fraction", type=probability, default=0.05,
-                       help="the last share of each file held out for evaluation (default 0.05)")
-    train.add_argument("--out", required=True, help="run folder")
+                       help="the last share of each file held out for evaluation")
+    train.add_argument("--out", required=True, type=output_folder, help="run folder")
     train.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
     g = train.add_argument_group("the transcoders")
     g.add_argument("--kind", choices=KINDS, default="batchtopk",
-                   help="batchtopk (default), jumprelu or relu: the kinds circuit-tracer reads")
-    g.add_argument("--features", type=positive_int, default=2304, help="features per layer (default 2304)")
-    g.add_argument("--k", type=positive_float, default=32, help="batchtopk: active features per token on average (default 32)")
+                   help="the kinds circuit-tracer reads: batchtopk (a JumpReLU in use), jumprelu, relu")
+    g.add_argument("--features", type=positive_int, default=2304, help="features per layer")
+    g.add_argument("--k", type=positive_float, default=32, help="batchtopk: active features per token on average")
     g.add_argument("--l1", type=positive_float, default=5e-3, help="relu: the L1 coefficient")
     g.add_argument("--l0", type=positive_float, default=1e-3, help="jumprelu: the L0 coefficient")
     g.add_argument("--no-skip", action="store_true", help="no skip connection (default: a linear path x W_skip^T)")
     g.add_argument("--input-point", type=text,
                    help="what each reads, L for the layer (default: the MLP's input, blocks.L.mlp_norm.out in a pre-norm block)")
-    g.add_argument("--output-point", type=text, default="blocks.L.mlp.out", help="what each predicts (default: the MLP's output)")
+    g.add_argument("--output-point", type=text, default="blocks.L.mlp.out", help="what each predicts, L for the layer")
     g = train.add_argument_group("activations")
-    g.add_argument("--context", type=positive_int, default=128, help="tokens per context (default 128)")
+    g.add_argument("--context", type=positive_int, default=128, help="tokens per context")
     g.add_argument("--skip", type=non_negative_int, default=1,
-                   help="leading positions of each context left out (default 1: the first token's outlier)")
+                   help="leading positions of each context left out (1: the first token's outlier)")
     g.add_argument("--buffer-memory", type=positive_float, default=1.0,
-                   help="GiB of harvested rows held at once: the memory bound of the data (default 1)")
-    g.add_argument("--store-dtype", choices=list(STORE_DTYPES), default="bfloat16",
-                   help="how the harvested rows are held (default bfloat16: half the memory)")
-    g.add_argument("--eval-rows", type=positive_int, default=4096, help="held-out rows for the periodic FVE (default 4096)")
+                   help="GiB of harvested rows held at once: the memory bound of the data")
+    g.add_argument("--store-dtype", choices=STORE_DTYPES, default="bfloat16",
+                   help="how the harvested rows are held (bfloat16: half the memory)")
+    g.add_argument("--eval-rows", type=positive_int, default=4096, help="held-out rows for the periodic FVE")
     g = train.add_argument_group("training")
-    g.add_argument("--max-steps", type=positive_int, default=1000)
-    g.add_argument("--batch-size", type=positive_int, default=1024, help="rows per step and rank (default 1024)")
-    g.add_argument("--lr", type=positive_float, default=4e-3)
-    g.add_argument("--warmup", type=non_negative_int, default=50)
-    g.add_argument("--min-lr-ratio", type=probability, default=0.0)
+    g.add_argument("--max-steps", type=positive_int, default=1000, help="optimizer steps (each trains every layer)")
+    g.add_argument("--batch-size", type=positive_int, default=1024, help="rows per step and rank")
+    g.add_argument("--lr", type=positive_float, default=4e-3,
+                   help="Adam's peak learning rate, reached after --warmup, then a cosine down to lr x --min-lr-ratio")
+    g.add_argument("--warmup", type=non_negative_int, default=50, help="steps of linear warm-up to --lr")
+    g.add_argument("--min-lr-ratio", type=probability, default=0.0, help="the cosine ends at lr x this")
     g.add_argument("--aux-k", type=positive_int, help="dead features per row in AuxK (default: half the width)")
-    g.add_argument("--aux-coefficient", type=probability, default=1 / 32)
+    g.add_argument("--aux-coefficient", type=probability, default=1 / 32,
+                   help="batchtopk: weight of AuxK, the loss by which dead features learn the error")
     g.add_argument("--dead-tokens", type=positive_int, default=250_000, help="tokens without firing = dead")
-    g.add_argument("--seed", type=non_negative_int, default=0)
-    g.add_argument("--log-every", type=positive_int, default=10)
-    g.add_argument("--eval-every", type=non_negative_int, default=100)
-    g.add_argument("--save-every", type=non_negative_int, default=250)
+    g.add_argument("--seed", type=non_negative_int, default=0,
+                   help="seed of the first weights (layer L's: seed + L) and of the order the activations are read in")
+    g.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
+    g.add_argument("--eval-every", type=non_negative_int, default=100,
+                   help="steps between held-out evaluations (0: only at the end)")
+    g.add_argument("--save-every", type=non_negative_int, default=250,
+                   help="steps between checkpoints (0: only at the end)")
     g.add_argument("--ce-contexts", type=non_negative_int, default=32,
                    help="held-out contexts for the CE loss recovered, five passes each (0: skip it)")
     g.add_argument("--eval-tokens", type=positive_int, help="held-out tokens the final evaluation reads (default: all)")
@@ -80,11 +86,11 @@ def add_arguments(commands, add_model_argument, add_run_arguments) -> None:
                                    help="per layer FVE, L0, dead; CE loss recovered with every MLP replaced at once")
     evaluate.add_argument("transcoders", metavar="RUN_OR_FOLDER", help="a run folder, a circuit-tracer or Gemma Scope 2 folder")
     add_model_argument(evaluate, default=None, required=False, help="the model (default: the one the set names)")
-    evaluate.add_argument("--data", required=True, nargs="+", help="held-out UTF-8 text files")
-    evaluate.add_argument("--context", type=positive_int, default=128, help="tokens per context (default 128)")
+    evaluate.add_argument("--data", required=True, nargs="+", type=input_file, help="held-out UTF-8 text files")
+    evaluate.add_argument("--context", type=positive_int, default=128, help="tokens per context")
     evaluate.add_argument("--skip", type=non_negative_int, default=1, help="leading positions of each context left out")
     evaluate.add_argument("--ce-contexts", type=non_negative_int, default=32,
-                          help="contexts for the CE loss recovered, five passes each (default 32; 0: skip it)")
+                          help="contexts for the CE loss recovered, five passes each (0: skip it)")
     evaluate.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     evaluate.add_argument("--variant", type=text, help="Gemma Scope 2: which width_W_l0_S[_affine] folder")
     add_run_arguments(evaluate)
@@ -113,6 +119,8 @@ def memory_plan(model, n_layers: int, d_in: int, d_out: int, features: int, skip
 
 def run_train_transcoders(args) -> int:
     """Harvest, train every layer, save transcoders/ and eval.json, draw transcoders.png (module docstring)."""
+    import torch
+
     from ..checkpoints.memory import available_memory
     from .cli import load_model, train_config, training_run
     from .evaluate import evaluate_transcoders
@@ -133,7 +141,7 @@ def run_train_transcoders(args) -> int:
         probe.check_fits(model)  # the points exist in every block, at d_model: refused before any pass
         train_tokens, held_tokens = corpus_tokens(args.data, model.tokenizer, args.eval_fraction)
         widths = [v.flatten(2).size(-1) for v in harvest(model, torch.as_tensor(train_tokens[None, :8]), points[:2])]
-        store_dtype = STORE_DTYPES[args.store_dtype]
+        store_dtype = getattr(torch, args.store_dtype)
         row_width = n_layers * sum(widths)
         fill_rows = max(args.batch_size, int(args.buffer_memory * GiB) // (row_width * store_dtype.itemsize))
         store = ActivationStore(model, points, train_tokens, context=args.context, batch_size=args.batch_size,
@@ -226,9 +234,6 @@ def run_eval_transcoders(args) -> int:
     from .store import corpus_tokens
     from .transcoder_files import load_transcoders
 
-    for path in args.data:
-        if not Path(path).is_file():
-            raise FileNotFoundError(2, "no such file", path)
     transcoders = load_transcoders(args.transcoders, variant=args.variant)
     name = args.model or transcoders.metadata.get("model_name")
     if not name:
