@@ -159,3 +159,20 @@ def test_hook_mlp_out_of_a_model_that_normalises_its_mlp_output_is_refused_until
     resolved = load_transcoders(tmp_path / "set", mlp_out_norm=True)
     resolved.check_fits(model)
     assert resolved.output_point(1) == "blocks.1.mlp_out_norm.out"
+
+
+def test_a_clt_is_evaluated_and_its_error_terms_restore_the_model():
+    """circuit-tracer's cross-layer fixture (3 layers of 16, read at resid_mid) on a model of that shape."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from anatomy.sae import load_transcoders
+    from anatomy.sae.evaluate import evaluate_transcoders
+
+    transcoders = load_transcoders(Path(__file__).parent / "fixtures" / "circuit_tracer" / "clt_jumprelu")
+    model = tiny(arch="decoder", n_layers=3, d_model=16, n_heads=4, d_ff=32)
+    tokens = np.random.default_rng(1).integers(0, 99, 16 * 4)
+    result = evaluate_transcoders(model, transcoders, tokens, context=16, ce_contexts=2)
+    assert len(result["layers"]) == 3 and abs(result["ce_with_errors"] - result["ce_clean"]) < 1e-5
+    assert result["ce_replaced"] != result["ce_clean"]
