@@ -28,6 +28,7 @@ from ..terminal import one_line
 KINDS = ("batchtopk", "jumprelu", "relu")  # what circuit-tracer reads (BatchTopK is a JumpReLU in use)
 STORE_DTYPES = ("bfloat16", "float32")  # torch's names
 GiB = 2**30
+RUNTIME_BYTES = 300 * 2**20  # the interpreter, torch and the tokenizer before any tensor: measured ~0.3 GB
 
 
 def add_arguments(commands, add_model_argument, add_run_arguments) -> None:
@@ -105,12 +106,13 @@ def memory_plan(model, n_layers: int, d_in: int, d_out: int, features: int, skip
                 row_width: int, store_dtype: torch.dtype, batch_size: int, eval_rows: int, harvest_rows: int
                 ) -> dict[str, int]:
     """Bytes held at once, by what holds them, from the sizes alone (before anything is allocated): the
-    model; one fill of harvested rows and a batch drawn from it, and one harvest pass's values in float32
+    runtime; the model; one fill of harvested rows and a batch drawn from it, and one harvest pass's values in float32
     three times over (the points recorded, their positions kept, side by side) before they are stored; the
     transcoders with their gradients, Adam's two moments and the copy a checkpoint writes; the held-out
     rows; one transcoder's step (its pre-activations and their copies)."""
     parameters = n_layers * (d_in * features + 2 * features + features * d_out + d_out + (d_out * d_in if skip else 0))
-    return {"model": sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())),
+    return {"python and torch": RUNTIME_BYTES,
+            "model": sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())),
             "activations": (fill_rows + batch_size) * row_width * store_dtype.itemsize + 3 * harvest_rows * row_width * 4,
             "transcoders": 5 * parameters * 4,
             "held-out rows": eval_rows * row_width * store_dtype.itemsize,
