@@ -6,8 +6,9 @@
 # Adam (0.9, 0.999), lr 4e-3, 50 warmup steps, cosine decay to 0; batches of 1024 tokens, 1000 steps
 # (1.02M tokens, about 1.3 epochs); AuxK on features silent for 250k tokens.
 # Why these: an hour of 2 idle cores trains about 1M tokens through all 30 layers (harvest and training cost
-# about the same: 265 tokens/s and 265 rows/s with one thread on the shared machine, `anatomy bench --only sae`); measured on layers 2, 14, 26 (150 and 300 steps of 1024; FVE of the MLP output on
-# held-out Shakespeare): the linear path alone explains 0.36 / 0.62 / 0.49; features started at full strength added
+# about the same: 265 tokens/s and 265 rows/s with one thread on the shared machine, `anatomy bench --only
+# sae`). Measured on layers 2, 14, 26 (150 and 300 steps of 1024; FVE of the MLP output on held-out
+# Shakespeare): the linear path alone explains 0.36 / 0.62 / 0.49; features started at full strength added
 # nothing in 150 steps, started small 0.05-0.10; lr 4e-3 gave 0.67 / 0.76 / 0.70 after 300 steps (7e-4:
 # far less, 8e-3: the same with more dead features); k = 64 gained 0.01; no skip path: 0.18 / 0.30 / 0.29.
 # Text: tinyshakespeare and the English side of Multi30k (../shared/data, about 0.83M tokens); the last 5%

@@ -62,7 +62,7 @@ def test_a_run_holds_a_set_for_every_layer_in_circuit_tracers_layout(run):
 def test_the_start_says_the_memory_it_will_hold(text, tmp_path, capsys):
     assert main(TRAIN + ["--data", str(text), "--out", str(tmp_path / "tc"), "--max-steps", "1"]) == 0
     out = capsys.readouterr().out
-    assert " at most: model " in out and "activations" in out and "transcoders" in out
+    assert " at most: python and torch " in out and "model" in out and "activations" in out and "transcoders" in out
     assert max(len(line) for line in out.splitlines()[1:8]) <= 80  # the rows under the title, folded
 
 
