@@ -184,7 +184,8 @@ def run_train_transcoders(args) -> int:
                                            skip=args.skip, ce_contexts=args.ce_contexts)
             (run_dir / "eval.json").write_text(json.dumps(results, indent=1) + "\n")
             trainer.log_record({"step": trainer.step, **{f"heldout_{k}": v for k, v in results.items() if k != "layers"}})
-            plot_training(run_dir, trainer.history, name="transcoders.png")
+            plot_training(run_dir, trainer.history, name="transcoders.png",
+                          title=f"{printable(args.model)}: a transcoder on each of {n_layers} layers, means over the layers")
             if not args.quiet:
                 print(describe(results, "held out") + f"\ntranscoders in {printable(str(run_dir / 'transcoders'))}")
         return 0
