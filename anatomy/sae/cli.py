@@ -55,25 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="leading positions of each context left out (1: the first token's outlier)")
     g.add_argument("--fill-tokens", type=positive_int, default=2**18, help="rows harvested per fill: the memory bound")
     g.add_argument("--shards", help="keep the harvested activations in this folder (safetensors), for later epochs and runs")
-    g = train.add_argument_group("training")
-    g.add_argument("--max-steps", type=positive_int, default=2000, help="optimizer steps")
-    g.add_argument("--batch-size", type=positive_int, default=4096, help="rows per step and rank")
-    g.add_argument("--lr", type=positive_float, default=4e-4,
-                   help="Adam's peak learning rate, reached after --warmup, then a cosine down to lr x --min-lr-ratio")
-    g.add_argument("--warmup", type=non_negative_int, default=100, help="steps of linear warm-up to --lr")
-    g.add_argument("--min-lr-ratio", type=probability, default=0.0, help="the cosine ends at lr x this")
-    g.add_argument("--aux-k", type=positive_int, help="dead features per row in AuxK (default: half the width)")
-    g.add_argument("--aux-coefficient", type=probability, default=1 / 32,
-                   help="topk, batchtopk: weight of AuxK, the loss by which dead features learn the error")
-    g.add_argument("--dead-tokens", type=positive_int, default=500_000, help="tokens without firing = dead")
-    g.add_argument("--seed", type=non_negative_int, default=0,
-                   help="seed of the SAE's first weights and of the order the activations are read in")
-    g.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
-    g.add_argument("--eval-every", type=non_negative_int, default=100,
-                   help="steps between held-out evaluations (0: only at the end)")
-    g.add_argument("--save-every", type=non_negative_int, default=500, help="steps between checkpoints (0: only at the end)")
-    g.add_argument("--ce-contexts", type=non_negative_int, default=64,
-                   help="held-out contexts for the cross-entropy loss recovered (0: skip it)")
+    add_training_arguments(train.add_argument_group("training"), max_steps=2000, batch_size=4096, lr=4e-4, warmup=100,
+                           dead_tokens=500_000, save_every=500, ce_contexts=64)
     add_run_arguments(train)
 
     evaluate = commands.add_parser("eval", help="L0, variance explained, CE loss recovered, dead and dense features")
@@ -107,7 +90,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     from .transcoders_cli import add_arguments as add_transcoder_commands
 
-    add_transcoder_commands(commands, add_model_argument, add_run_arguments)
+    add_transcoder_commands(commands)
+
+
+def add_training_arguments(g, *, max_steps: int, batch_size: int, lr: float, warmup: int, dead_tokens: int,
+                           save_every: int, ce_contexts: int) -> None:
+    """The optimisation options of a training command (sae train, train-transcoders), with its defaults."""
+    g.add_argument("--max-steps", type=positive_int, default=max_steps, help="optimizer steps")
+    g.add_argument("--batch-size", type=positive_int, default=batch_size, help="rows per step and rank")
+    g.add_argument("--lr", type=positive_float, default=lr,
+                   help="Adam's peak learning rate, reached after --warmup, then a cosine down to lr x --min-lr-ratio")
+    g.add_argument("--warmup", type=non_negative_int, default=warmup, help="steps of linear warm-up to --lr")
+    g.add_argument("--min-lr-ratio", type=probability, default=0.0, help="the cosine ends at lr x this")
+    g.add_argument("--aux-k", type=positive_int, help="dead features per row in AuxK (default: half the width)")
+    g.add_argument("--aux-coefficient", type=probability, default=1 / 32,
+                   help="topk, batchtopk: weight of AuxK, the loss by which dead features learn the error")
+    g.add_argument("--dead-tokens", type=positive_int, default=dead_tokens, help="tokens without firing = dead")
+    g.add_argument("--seed", type=non_negative_int, default=0,
+                   help="seed of the first weights (a set's layer L: seed + L) and of the order the activations are read in")
+    g.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
+    g.add_argument("--eval-every", type=non_negative_int, default=100,
+                   help="steps between held-out evaluations (0: only at the end)")
+    g.add_argument("--save-every", type=non_negative_int, default=save_every,
+                   help="steps between checkpoints (0: only at the end)")
+    g.add_argument("--ce-contexts", type=non_negative_int, default=ce_contexts,
+                   help="held-out contexts for the cross-entropy loss recovered (0: skip it)")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:

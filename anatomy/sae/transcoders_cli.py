@@ -31,8 +31,11 @@ GiB = 2**30
 RUNTIME_BYTES = 300 * 2**20  # the interpreter, torch and the tokenizer before any tensor: measured ~0.3 GB
 
 
-def add_arguments(commands, add_model_argument, add_run_arguments) -> None:
-    """The two commands, added to `anatomy sae`'s sub-commands."""
+def add_arguments(commands) -> None:
+    """The two commands, added to `anatomy sae`'s sub-commands (with the option groups of sae's cli.py)."""
+    from ..cli import add_model_argument
+    from .cli import add_run_arguments, add_training_arguments
+
     train = commands.add_parser("train-transcoders", help="train a transcoder on every layer, from one harvest")
     add_model_argument(train, default="smollm2", help="the model whose MLPs the transcoders replace")
     train.add_argument("--data", required=True, nargs="+", type=input_file, help="UTF-8 text files")
@@ -61,25 +64,8 @@ def add_arguments(commands, add_model_argument, add_run_arguments) -> None:
                    help="how the harvested rows are held (bfloat16: half the memory)")
     g.add_argument("--eval-rows", type=positive_int, default=4096, help="held-out rows for the periodic FVE")
     g = train.add_argument_group("training")
-    g.add_argument("--max-steps", type=positive_int, default=1000, help="optimizer steps (each trains every layer)")
-    g.add_argument("--batch-size", type=positive_int, default=1024, help="rows per step and rank")
-    g.add_argument("--lr", type=positive_float, default=4e-3,
-                   help="Adam's peak learning rate, reached after --warmup, then a cosine down to lr x --min-lr-ratio")
-    g.add_argument("--warmup", type=non_negative_int, default=50, help="steps of linear warm-up to --lr")
-    g.add_argument("--min-lr-ratio", type=probability, default=0.0, help="the cosine ends at lr x this")
-    g.add_argument("--aux-k", type=positive_int, help="dead features per row in AuxK (default: half the width)")
-    g.add_argument("--aux-coefficient", type=probability, default=1 / 32,
-                   help="batchtopk: weight of AuxK, the loss by which dead features learn the error")
-    g.add_argument("--dead-tokens", type=positive_int, default=250_000, help="tokens without firing = dead")
-    g.add_argument("--seed", type=non_negative_int, default=0,
-                   help="seed of the first weights (layer L's: seed + L) and of the order the activations are read in")
-    g.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
-    g.add_argument("--eval-every", type=non_negative_int, default=100,
-                   help="steps between held-out evaluations (0: only at the end)")
-    g.add_argument("--save-every", type=non_negative_int, default=250,
-                   help="steps between checkpoints (0: only at the end)")
-    g.add_argument("--ce-contexts", type=non_negative_int, default=32,
-                   help="held-out contexts for the CE loss recovered, five passes each (0: skip it)")
+    add_training_arguments(g, max_steps=1000, batch_size=1024, lr=4e-3, warmup=50, dead_tokens=250_000, save_every=250,
+                           ce_contexts=32)
     g.add_argument("--eval-tokens", type=positive_int, help="held-out tokens the final evaluation reads (default: all)")
     add_run_arguments(train)
 
