@@ -31,7 +31,7 @@ __all__ = lazy_names(__name__, {
     **{name: ".viz" for name in ("head_view", "model_view", "neuron_view", "generation_view", "AttentionMap")},
     "attention_from_model": ".viz.adapters",
     "walkthrough": ".walk",
-    "SAE": ".sae", "load_sae": ".sae",
+    "SAE": ".sae", "load_sae": ".sae", "TranscoderSet": ".sae", "load_transcoders": ".sae",
     **{name: ".analysis" for name in (
         "run_with_cache", "logit_lens", "decompose", "direct_logit_attribution", "patch", "integrated_gradients",
         "gradient_x_input", "attention_rollout", "detect_heads", "process_weights")},
