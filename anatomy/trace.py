@@ -274,9 +274,10 @@ def trace(
     `finally`, even if the pass raises.
 
     `derive(name, x)`, asked as each recorded point is reached with its tensor x, may return a recipe
-    (fn, args): x equals fn(*args), where a str argument names a point recorded earlier in the pass
-    (itself perhaps a recipe). The trace then keeps the recipe, not x, and computes the value when it
-    is first read.
+    (fn, args) of the value to record: x equals fn(*args), where a str argument names a point recorded
+    earlier in the pass (itself perhaps a recipe); or, for a pass that continues an earlier one from a
+    KV cache (analysis/prefix.py), fn(*args) is the earlier positions' value followed by x's. The
+    trace then keeps the recipe, not x, and computes the value when it is first read.
     Never for a point with an intervention, nor with grad=True (the graph's own tensors are kept).
 
     `saes` maps a point to a sparse autoencoder (anatomy.SAE) spliced in there: the point's value x
