@@ -26,6 +26,8 @@ expert only the tokens routed to it (a pass over the new positions alone records
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -117,6 +119,29 @@ def _position_axis(name: str, axes: tuple[str, ...]) -> int:
     return found[0]
 
 
+class _Plan:
+    """What extend() reads of a model's structure, found once per model and thread (walking SmolLM2's
+    modules costs 25 ms): its recipes, each point's axes, its attention layers."""
+
+    def __init__(self, model: nn.Module):
+        self.derivations = Derivations(model)
+        self.axes = {name: point.axes for name, point in trace_points(model).items()}
+        self.attention = [(name, module) for name, module in model.named_modules()
+                          if isinstance(module, MultiHeadAttention)]
+
+
+_plans = threading.local()
+
+
+def _plan(model: nn.Module) -> _Plan:
+    known = getattr(_plans, "by_model", None)
+    if known is None:
+        known = _plans.by_model = weakref.WeakKeyDictionary()
+    if model not in known:
+        known[model] = _Plan(model)
+    return known[model]
+
+
 def _full_pass_inputs(model: nn.Module, derivations: Derivations, total: int, dtype: torch.dtype) -> None:
     """Give `derivations` the attention inputs a full pass of `total` positions reads (its masks, its
     position bias, positions 0..total-1), so that its recipes compute the full pass's values."""
@@ -127,16 +152,15 @@ def _full_pass_inputs(model: nn.Module, derivations: Derivations, total: int, dt
         derivations.calls[block.attn] = {"mask": layer_masks[kind][0], "bias": bias, "position_ids": position_ids}
 
 
-def _kept_cache(model: nn.Module, previous: PrefixPass, keep: int, total: int):
+def _kept_cache(model: nn.Module, plan: _Plan, previous: PrefixPass, keep: int, total: int):
     """A KV cache for `total` positions holding the first `keep` positions' keys (after rotary, as the
     cache stores them) and values, read from the previous pass's trace."""
     cache = model.new_cache(total)
-    for name, attention in model.named_modules():
-        if isinstance(attention, MultiHeadAttention):
-            rotated = f"{name}.k_rot" if attention.rotary is not None else f"{name}.k"
-            keys = previous.trace[rotated].narrow(2, 0, keep)  # (B, K, keep, D)
-            values = previous.trace[f"{name}.v"].narrow(2, 0, keep)  # (B, K, keep, D)
-            cache.append(attention.layer_index, keys, values)
+    for name, attention in plan.attention:
+        rotated = f"{name}.k_rot" if attention.rotary is not None else f"{name}.k"
+        keys = previous.trace[rotated].narrow(2, 0, keep)  # (B, K, keep, D)
+        values = previous.trace[f"{name}.v"].narrow(2, 0, keep)  # (B, K, keep, D)
+        cache.append(attention.layer_index, keys, values)
     cache.advance()
     return cache
 
@@ -160,10 +184,10 @@ def extend(model: nn.Module, ids: Sequence[int], previous: PrefixPass | None = N
         return previous
     total = len(ids)
     keep = 0 if previous is None else min(common_prefix(previous.ids, ids), total - 1)
-    cache = _kept_cache(model, previous, keep, total) if keep else model.new_cache(total)
-    derivations = Derivations(model)
+    plan = _plan(model)
+    cache = _kept_cache(model, plan, previous, keep, total) if keep else model.new_cache(total)
+    derivations = plan.derivations
     _full_pass_inputs(model, derivations, total, model.token_embedding.weight.dtype)
-    points = trace_points(model)
     stored: dict[str, Positions] = {}
 
     def derive(name: str, x: torch.Tensor) -> tuple:
@@ -176,12 +200,15 @@ def extend(model: nn.Module, ids: Sequence[int], previous: PrefixPass | None = N
             if name not in previous.stored:
                 raise RuntimeError(f"the previous pass derived {name!r}, which this one stores: it cannot be continued")
             kept = previous.stored[name].first(keep)
-        pieces = stored[name] = Positions(_position_axis(name, points[name].axes), [*kept, x])
+        pieces = stored[name] = Positions(_position_axis(name, plan.axes[name]), [*kept, x])
         return pieces.join, tuple(pieces.parts)
 
     device = model.token_embedding.weight.device
-    with torch.no_grad(), trace(model, None, derive=derive) as recorded:
-        model(torch.tensor([ids[keep:]], device=device), cache=cache)
+    try:
+        with torch.no_grad(), trace(model, None, derive=derive) as recorded:
+            model(torch.tensor([ids[keep:]], device=device), cache=cache)
+    finally:
+        derivations.seen.clear()  # this pass's tensors: the plan outlives them
     tokenizer = getattr(model, "tokenizer", None)
     recorded.tokens = [list(tokens) if tokens is not None else
                        tokenizer.labels(ids) if tokenizer is not None else [str(i) for i in ids]]
