@@ -89,7 +89,7 @@ def head_count(model: nn.Module) -> int:
 def default_position(model: nn.Module, p: Pass) -> int | None:
     """Where the next-token panel reads: the last position of a decoder (or a decoder's target), an
     encoder's first mask token (None: no mask, or no head that predicts tokens)."""
-    if p.logits.numel() == 0:
+    if not p.predicts:
         return None
     if model.config.arch != "encoder":
         return len(p.ids) - 1
@@ -112,7 +112,7 @@ def distribution(model: nn.Module, p: Pass, position: int, settings: dict) -> di
     top_k = settings.get("top_k")
     top_k = None if top_k in (None, 0) else int_setting(settings, "top_k", 0, 1, model.config.vocab_size)
     top_p = float_setting(settings, "top_p", None, 1e-9, 1.0)
-    logits = p.logits[position]  # (V,)
+    logits = p.logits_at(position)  # (V,)
     probs = torch.softmax(logits, dim=-1)
     sampled = sampling_distribution(logits[None], temperature, top_k, top_p)[0]  # (V,)
     top_probs, top_ids = probs.topk(min(TOP, probs.numel()))
@@ -152,12 +152,20 @@ def run(slot: ModelSlot, p: Pass, settings: dict) -> dict:
         out["next"] = [{k: row[k] for k in ("token", "id", "prob")} for row in out["distribution"]["next"]]
     elif model.config.arch == "encoder":
         out["note"] = (f"type {model.tokenizer.mask_token} where a word should be guessed"
-                       if model.tokenizer.mask_id is not None and p.logits.numel()
+                       if model.tokenizer.mask_id is not None and p.predicts
                        else "this encoder has no masked-language head: it writes vectors, not words")
     return out
 
 
 # ---- the walk -------------------------------------------------------------------------------------
+
+
+def vocabulary(slot: ModelSlot) -> list[str]:
+    """Every token of the model's vocabulary as text (Tokenizer.labels), made once per model: the walk
+    labels the one-hot columns and the logits with them."""
+    if "vocabulary" not in slot.cache:
+        slot.cache["vocabulary"] = slot.get().tokenizer.labels(list(range(slot.get().config.vocab_size)))
+    return slot.cache["vocabulary"]
 
 
 def walk(slot: ModelSlot, p: Pass, settings: dict) -> dict:
@@ -168,14 +176,13 @@ def walk(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     head = int_setting(settings, "head", 0, 0, head_count(model) - 1)
     read = default_position(model, p)  # an encoder's mask, else the last row
     focus = int_setting(settings, "row", len(p.ids) - 1 if read is None else read, 0, len(p.ids) - 1)
-    tokenizer = model.tokenizer
-    options = dict(layer=layer, head=head, focus=focus, model_name=slot.name, vocab=lambda i: tokenizer.labels([i])[0])
+    options = dict(layer=layer, head=head, focus=focus, model_name=slot.name, vocab=vocabulary(slot))
     if p.source_ids is not None:
         result = walkthrough(model, p.source_ids, tokens=p.source_tokens, target_ids=p.ids, target_tokens=p.tokens,
                              **options)
     else:
-        mask = tokenizer.mask_token if model.config.arch == "encoder" else None
-        result = walkthrough(model, p.ids, tokens=p.tokens, mask_token=mask, **options)
+        mask = model.tokenizer.mask_token if model.config.arch == "encoder" else None
+        result = walkthrough(model, p.ids, tokens=p.tokens, mask_token=mask, cache=p.trace, **options)
     return {"layer": layer, "head": head, "row": focus, "ok": result.ok, "checks": len(result.checks),
             "worst": max((c.max_diff for c in result.checks), default=0.0),
             "steps": [{"number": s.number, "section": s.section, "title": s.title, "ok": s.ok, "html": section(s)}
@@ -248,7 +255,7 @@ def target_id(model: nn.Module, p: Pass, settings: dict, position: int) -> int:
     """The token whose logit is explained: an id, a token's text, or (default) the top prediction."""
     target = settings.get("target")
     if target is None or target == "":
-        return int(p.logits[position].argmax())
+        return int(p.logits_at(position).argmax())
     if isinstance(target, int) and not isinstance(target, bool):
         if not 0 <= target < model.config.vocab_size:
             raise ExploreError(f"'target' must be an id in [0, {model.config.vocab_size})")
@@ -324,7 +331,7 @@ def intervene(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     with torch.no_grad(), trace(model, [], interventions={point: edit}):
         after_logits = model(*inputs).logits[0, position].float()
     return {"kind": kind, "layer": layer, "index": index, "scale": scale, "point": point, "position": position,
-            **before_after(model, p.logits[position], after_logits)}
+            **before_after(model, p.logits_at(position), after_logits)}
 
 
 # ---- heads, computed once per model ---------------------------------------------------------------

@@ -201,10 +201,10 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
 
             # patch's default metric: the log-prob of the clean run's top token at the last position;
             # its value on the clean and on the corrupted run bound what patching can recover.
-            clean_log_probs = torch.log_softmax(pass_.logits[-1], dim=-1)
+            clean_log_probs = torch.log_softmax(pass_.logits_at(len(pass_.ids) - 1), dim=-1)
             top = int(clean_log_probs.argmax())
             bounds = {"clean": float(clean_log_probs[top]),
-                      "corrupt": float(torch.log_softmax(corrupt.logits[-1], dim=-1)[top])}
+                      "corrupt": float(torch.log_softmax(corrupt.logits_at(len(corrupt.ids) - 1), dim=-1)[top])}
 
             def work(progress):
                 result = patch(model, inputs, corrupt_inputs, point=point, progress=progress)

@@ -28,10 +28,10 @@ def fmt(x: float) -> str:
 
 def vec(values: torch.Tensor, keep: int = 3, limit: int = 8) -> str:
     """A vector as text, cut to its ends when long: [0.1, 0.2, ⋯, 0.9]."""
-    items = [float(v) for v in values]
-    if len(items) > limit:
-        return "[" + ", ".join(map(fmt, items[:keep])) + ", ⋯, " + ", ".join(map(fmt, items[-keep:])) + "]"
-    return "[" + ", ".join(map(fmt, items)) + "]"
+    if len(values) > limit:  # only the ends become Python floats (a row of logits has 49,152)
+        ends = [float(v) for v in values[:keep]], [float(v) for v in values[len(values) - keep:]]
+        return "[" + ", ".join(map(fmt, ends[0])) + ", ⋯, " + ", ".join(map(fmt, ends[1])) + "]"
+    return "[" + ", ".join(fmt(float(v)) for v in values) + "]"
 
 
 def signed(x: float) -> str:
@@ -49,10 +49,11 @@ def sum_text(values, limit: int = 8) -> str:
 def products(a: torch.Tensor, b: torch.Tensor, limit: int = 8) -> str:
     """Σ a_d b_d written out: '0.1000×0.2000 + 0.3000×(−0.4000) …' (cut to its ends when long)."""
     factor = lambda v: f"({fmt(float(v))})" if float(v) < 0 else fmt(float(v))  # noqa: E731
-    terms = [f"{factor(x)}×{factor(y)}" for x, y in zip(a, b)]
-    if len(terms) > limit:
-        terms = terms[:3] + [f"⋯ ({len(terms) - 6} more)"] + terms[-3:]
-    return " + ".join(terms)
+    term = lambda d: f"{factor(a[d])}×{factor(b[d])}"  # noqa: E731
+    n = min(len(a), len(b))
+    if n > limit:  # only the terms shown are formatted (a feed-forward row has thousands)
+        return " + ".join([term(d) for d in range(3)] + [f"⋯ ({n - 6} more)"] + [term(d) for d in range(n - 3, n)])
+    return " + ".join(term(d) for d in range(n))
 
 
 class Builder:
@@ -67,6 +68,13 @@ class Builder:
         self.focus = focus  # the row worked through by hand (None: each section picks its own)
         self.steps: list[Step] = []
         self.param_names = {id(param): name for name, param in model.named_parameters()}
+        self._vocabulary: list[str] = []
+
+    def vocabulary(self, size: int) -> list[str]:
+        """The labels of ids 0 … size − 1 (the one-hot columns, the logits' columns), made once."""
+        if len(self._vocabulary) < size:
+            self._vocabulary += [self.label(i) for i in range(len(self._vocabulary), size)]
+        return self._vocabulary[:size]
 
     @property
     def small(self) -> bool:
@@ -79,7 +87,7 @@ class Builder:
     def param(self, name: str, latex: str, param: torch.Tensor, rows: slice | list[int] | None = None,
               transpose: bool = True, labels=None, note: str = "") -> Matrix:
         """A weight as the equations use it: W (in × out), i.e. the module's weight transposed."""
-        values = f64(param)
+        values = param.detach()
         where = self.param_names.get(id(param), "parameter")
         if isinstance(rows, slice):
             values = values[rows]
@@ -87,6 +95,7 @@ class Builder:
         elif rows is not None:
             values = values[rows]
             where += note
+        values = f64(values)  # the rows shown, not all 49,152 of an embedding
         if transpose and values.dim() == 2:
             values, where = values.T, where + "ᵀ"
         if values.dim() == 1:

@@ -20,7 +20,7 @@ def input_steps(b: Builder, stack: nn.Module, p: str, ids: list[int], tokens: li
     config = b.config
     T, V, E = len(ids), config.vocab_size, config.d_model
     ids_t = torch.tensor(ids)
-    vocab = [b.label(i) for i in range(V)]
+    vocab = b.vocabulary(V)
     b.add(
         section, "Tokens and ids", say("tokens", T=T, V=V),
         "ids = [stoi[token] for token in tokens]",
@@ -29,12 +29,14 @@ def input_steps(b: Builder, stack: nn.Module, p: str, ids: list[int], tokens: li
                 note="the input")],
     )
     scale = stack.embed_scale
-    table = f64(stack.token_embedding.weight)  # (V, E)
     embed = b.get(f"{p}embed", 0)  # (T, E)
-    lookup = table[ids_t] * scale
+    lookup = f64(stack.token_embedding.weight[ids_t]) * scale  # (T, E): rows ids of W_E
     scale_text = f" × √d_model (= {scale:.4f}, the paper §3.4)" if scale != 1.0 else ""
     scale_latex = r" \sqrt{d_{model}}" if scale != 1.0 else ""
     shown_ids = list(range(V)) if V <= FULL_VOCAB else sorted(set(ids))
+    # O · W_E over the columns of O that hold a 1: every other term of the sum is 0 · w, the same sum
+    # without reading (or converting to float64) the rest of a 49,152-row table
+    table = f64(stack.token_embedding.weight[shown_ids])  # (shown, E)
     shown_labels = vocab if V <= FULL_VOCAB else [f"{vocab[i]} ({i})" for i in shown_ids]
     subset = "" if V <= FULL_VOCAB else f"; only the {len(shown_ids)} of {V} entries this sentence uses"
     if one_hot:
@@ -47,7 +49,7 @@ def input_steps(b: Builder, stack: nn.Module, p: str, ids: list[int], tokens: li
             [Matrix("O", "O", onehot[:, shown_ids], rows=list(tokens), cols=shown_labels, kind="int",
                     note="built from the ids" + subset + (" (every other column is 0)" if subset else ""))],
             b.check("O · W_E" + (" · √d_model" if scale != 1.0 else ""), f"the model's {p}embed",
-                    onehot @ table * scale, embed),
+                    onehot[:, shown_ids] @ table * scale, embed),
         )
     b.add(
         section, "Embedding lookup", say("lookup", V=V, E=E),

@@ -71,7 +71,7 @@ def lm_steps(b: Builder, lm_head, hidden_point: str, tokens, section: str, *, ma
     cap = getattr(b.config, "final_logit_softcap", None)
     mine = softcap(linear(x, lm_head.proj), cap)
     tied = b.config.tie_embeddings
-    vocab = [b.label(i) for i in range(V)]
+    vocab = b.vocabulary(V)
     bias = " + b" if lm_head.proj.bias is not None else ""
     b.add(
         section, "Output projection: logits", say("logits") + (say("tied") if tied else "."),

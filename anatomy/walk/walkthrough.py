@@ -93,6 +93,7 @@ def walkthrough(
     task: str | None = None,
     mask_token: str | None = None,
     focus: int | None = None,
+    cache=None,
 ) -> Walkthrough:
     """Run `model` once on `ids` under a full trace and narrate the pass.
 
@@ -101,7 +102,10 @@ def walkthrough(
     `vocab`: id -> token string (a sequence or a function). `layer` and `head`: the block and head
     narrated in full. `task`: what the model learned, in words (the toys). `mask_token`: a
     masked-language model's mask, whose position the output step reads. `focus`: the row worked
-    through by hand (default 4, or the last row of a shorter text).
+    through by hand (default 4, or the last row of a shorter text). `cache`: a Trace of every point
+    of this very pass (anatomy.run_with_cache's, or anatomy.analysis.prefix's) to read instead of
+    running the model again; an encoder-decoder runs its pass anyway (its step compares the memory
+    with the forward pass's own output).
 
     Raises ValueError for a layer or head out of range (naming the range), a batch, or a missing
     target for an encoder-decoder.
@@ -120,17 +124,20 @@ def walkthrough(
         target_ids = _as_ids(target_ids)
         target_tokens = list(target_tokens) if target_tokens is not None else [label(i) for i in target_ids]
 
-    was_training = model.training
-    model.eval()
-    try:
-        device = next(model.parameters()).device  # the reference math runs on the CPU, in float64
-        with torch.no_grad(), trace(model) as t:
-            if seq2seq:
-                output = model(torch.tensor([ids], device=device), torch.tensor([target_ids], device=device))
-            else:
-                output = model(torch.tensor([ids], device=device))
-    finally:
-        model.train(was_training)
+    if cache is not None and not seq2seq:
+        t = cache
+    else:
+        was_training = model.training
+        model.eval()
+        try:
+            device = next(model.parameters()).device  # the reference math runs on the CPU, in float64
+            with torch.no_grad(), trace(model) as t:
+                if seq2seq:
+                    output = model(torch.tensor([ids], device=device), torch.tensor([target_ids], device=device))
+                else:
+                    output = model(torch.tensor([ids], device=device))
+        finally:
+            model.train(was_training)
 
     b = Builder(model, t, label, head, focus)
     trained = task is not None or config.vocab_size > 64
