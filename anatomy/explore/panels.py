@@ -18,7 +18,7 @@ import math
 import torch
 from torch import nn
 
-from ..analysis import attention_rollout, detect_heads, direct_logit_attribution, gradient_x_input, logit_lens
+from ..analysis import attention_rollout, detect_heads, direct_logit_attribution, gradient_x_input
 from ..analysis.heads import KINDS
 from ..analysis.lens import stack_of, stack_prefix
 from ..generation.sampling import sampling_distribution
@@ -169,24 +169,37 @@ def vocabulary(slot: ModelSlot) -> list[str]:
 
 
 def walk(slot: ModelSlot, p: Pass, settings: dict) -> dict:
-    """The walk's steps (anatomy.walk's builders, rendered as its HTML page renders them: MathML,
-    shaded matrices, the worked row, the float64 checks) for a layer, a head and a row."""
+    """The walk's steps (anatomy.walk's builders) for a layer, a head and a row: each step's title and
+    check, and, for the steps `open` names (numbers), the HTML the walk's page renders (MathML, shaded
+    matrices, the worked row, the float64 checks). The steps that cost as much as a pass (the float64
+    logits over the vocabulary) are built only when opened; the walk of a pass is kept for the next
+    step opened."""
     model = slot.get()
     layer = int_setting(settings, "layer", 0, 0, layer_count(model) - 1)
     head = int_setting(settings, "head", 0, 0, head_count(model) - 1)
     read = default_position(model, p)  # an encoder's mask, else the last row
     focus = int_setting(settings, "row", len(p.ids) - 1 if read is None else read, 0, len(p.ids) - 1)
-    options = dict(layer=layer, head=head, focus=focus, model_name=slot.name, vocab=vocabulary(slot))
-    if p.source_ids is not None:
-        result = walkthrough(model, p.source_ids, tokens=p.source_tokens, target_ids=p.ids, target_tokens=p.tokens,
-                             **options)
-    else:
-        mask = model.tokenizer.mask_token if model.config.arch == "encoder" else None
-        result = walkthrough(model, p.ids, tokens=p.tokens, mask_token=mask, cache=p.trace, **options)
-    return {"layer": layer, "head": head, "row": focus, "ok": result.ok, "checks": len(result.checks),
-            "worst": max((c.max_diff for c in result.checks), default=0.0),
-            "steps": [{"number": s.number, "section": s.section, "title": s.title, "ok": s.ok, "html": section(s)}
-                      for s in result.steps]}
+    opened = settings.get("open", [])
+    if not isinstance(opened, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in opened):
+        raise ExploreError("'open' must be a list of step numbers")
+    key = (layer, head, focus)
+    if p.memo.get("walk", (None,))[0] != key:
+        options = dict(layer=layer, head=head, focus=focus, model_name=slot.name, vocab=vocabulary(slot), lazy=True)
+        if p.source_ids is not None:
+            result = walkthrough(model, p.source_ids, tokens=p.source_tokens, target_ids=p.ids,
+                                 target_tokens=p.tokens, **options)
+        else:
+            mask = model.tokenizer.mask_token if model.config.arch == "encoder" else None
+            result = walkthrough(model, p.ids, tokens=p.tokens, mask_token=mask, cache=p.trace, **options)
+        p.memo["walk"] = (key, result)
+    result = p.memo["walk"][1]
+    html = {s.number: section(s) for s in result.steps if s.number in opened}  # builds the opened ones
+    checks = [c for s in result.steps if s.built for c in s.checks]
+    return {"layer": layer, "head": head, "row": focus, "ok": all(c.ok for c in checks), "checks": len(checks),
+            "worst": max((c.max_diff for c in checks), default=0.0),
+            "later": sum(not s.built for s in result.steps),
+            "steps": [{"number": s.number, "section": s.section, "title": s.title, "built": s.built,
+                       "ok": s.ok if s.built else None, "html": html.get(s.number)} for s in result.steps]}
 
 
 # ---- attention ------------------------------------------------------------------------------------
@@ -237,18 +250,6 @@ def attention(slot: ModelSlot, p: Pass, settings: dict) -> dict:
 def result_json(result, **extra) -> dict:
     return {"kind": result.kind, "check": result.check, "error": None if math.isnan(result.error) else result.error,
             "converged": result.extra.get("converged"), **extra}
-
-
-def lens(slot: ModelSlot, p: Pass, settings: dict) -> dict:
-    """The logit lens of the pass (anatomy.logit_lens, reading the pass's residual stream): for each
-    layer and position, the top tokens and their probabilities."""
-    model = slot.get()
-    top = int_setting(settings, "top", 3, 1, 10)
-    inputs = torch.tensor([p.ids]) if p.source_ids is None else (torch.tensor([p.source_ids]), torch.tensor([p.ids]))
-    result = logit_lens(model, inputs, top=top, cache=p.trace)
-    return result_json(result, rows=result.labels["layer"], cols=p.tokens,
-                        tokens=[[cell for cell in layer[0]] for layer in result.extra["top_tokens"]],
-                        probs=rounded(result.extra["top_probs"][:, 0], 4))
 
 
 def target_id(model: nn.Module, p: Pass, settings: dict, position: int) -> int:
@@ -375,4 +376,4 @@ def before_after(model: nn.Module, before_logits: torch.Tensor, after_logits: to
                                for t, i in zip(model.tokenizer.labels(ids), ids)]}
 
 
-__all__ = ["attention", "attribution", "heads", "intervene", "lens", "run", "walk"]
+__all__ = ["attention", "attribution", "heads", "intervene", "run", "walk"]

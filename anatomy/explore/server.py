@@ -31,6 +31,7 @@ from ..viz.html import page as page_shell
 from ..walk.render_html import STEP_CSS
 from . import compare as comparing
 from . import features as sae_panels
+from . import lens as lens_panel
 from . import panels
 from .exports import export_file
 from .guard import HEADERS, Access, Guard, refuse, reply
@@ -299,7 +300,7 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         Route("/api/run", panel_route(explorer, panels.run), methods=["POST"]),
         Route("/api/walk", panel_route(explorer, panels.walk), methods=["POST"]),
         Route("/api/attention", panel_route(explorer, panels.attention), methods=["POST"]),
-        Route("/api/lens", panel_route(explorer, panels.lens), methods=["POST"]),
+        Route("/api/lens", panel_route(explorer, lens_panel.lens), methods=["POST"]),
         Route("/api/attribution", panel_route(explorer, panels.attribution), methods=["POST"]),
         Route("/api/intervene", panel_route(explorer, panels.intervene), methods=["POST"]),
         Route("/api/features", panel_route(explorer, sae_panels.features), methods=["POST"]),

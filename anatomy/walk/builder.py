@@ -118,6 +118,14 @@ class Builder:
         theirs = torch.as_tensor(theirs, dtype=torch.float64)
         return Worked(text, latex, compare("this line", against, mine, theirs))
 
+    def add_later(self, section: str, title: str, text: str, equation: str, latex: str,
+                  build: Callable[[], tuple[list[Matrix], Check | None, list[Worked]]]) -> Step:
+        """A step whose numbers are computed when it is first read (Step.build): those that cost as much
+        as a pass, such as the float64 logits over the whole vocabulary."""
+        step = self.add(section, title, text, equation, latex)
+        step.pending = build
+        return step
+
     def add(self, section: str, title: str, text: str, equation: str, latex: str,
             matrices: list[Matrix] | None = None, check: Check | None = None,
             worked: list[Worked] | None = None) -> Step:

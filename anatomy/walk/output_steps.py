@@ -69,18 +69,23 @@ def lm_steps(b: Builder, lm_head, hidden_point: str, tokens, section: str, *, ma
     if lm_head.rescale != 1.0:
         x = x * lm_head.rescale  # T5's tied head reads H / √d_model
     cap = getattr(b.config, "final_logit_softcap", None)
-    mine = softcap(linear(x, lm_head.proj), cap)
+    recomputed: list[torch.Tensor] = []
+
+    def mine() -> torch.Tensor:  # the float64 logits: T × V × E multiply-adds, done once, when first read
+        if not recomputed:
+            recomputed.append(softcap(linear(x, lm_head.proj), cap))
+        return recomputed[0]
+
     tied = b.config.tie_embeddings
     vocab = b.vocabulary(V)
     bias = " + b" if lm_head.proj.bias is not None else ""
-    b.add(
+    b.add_later(
         section, "Output projection: logits", say("logits") + (say("tied") if tied else "."),
         ("logits = H·W_Eᵀ" if tied else "logits = H·W_out") + bias + (f",  then {cap:g}·tanh(· / {cap:g})" if cap else ""),
         (r"\text{logits} = H\, W_E^\top" if tied else r"\text{logits} = H\, W_{out}") + bias,
-        [Matrix("logits", r"\text{logits}", logits, rows=tokens, cols=vocab, point="logits", index=(0,))],
-        b.check("H·W" + ("_Eᵀ" if tied else "_out") + bias, "the model's logits", mine, logits),
+        lambda: ([Matrix("logits", r"\text{logits}", logits, rows=tokens, cols=vocab, point="logits", index=(0,))],
+                 b.check("H·W" + ("_Eᵀ" if tied else "_out") + bias, "the model's logits", mine(), logits), []),
     )
-    probs = softmax(logits)
     if masked is not None:  # a masked-language model: each row guesses the word at its own position
         fi = tokens.index(masked) if masked in tokens else b.row(len(tokens))
         rows = [f"at '{t}'" for t in tokens]
@@ -93,32 +98,36 @@ def lm_steps(b: Builder, lm_head, hidden_point: str, tokens, section: str, *, ma
         text = say("next_token")
         equation, latex = "p(next | prefix) = softmax(logits)", r"p(\cdot \mid \text{prefix}) = \mathrm{softmax}(\text{logits})"
         what = f"after '{tokens[fi]}'"
-    row = probs[fi]
+    row = softmax(logits[fi:fi + 1])[0]  # (V,): the row worked by hand
     top = torch.topk(row, min(TOP_K, V))
     best = b.label(int(top.indices[0]))
     text += f" {what[0].upper() + what[1:]} the most likely word is '{best}' (p = {float(top.values[0]):.4f})."
     if not trained:
         text += say("untrained")
-    exps = torch.exp(logits[fi] - logits[fi].max())
-    total = float(exps.sum())
-    shown_terms = ", ".join(f"{vocab[i]}: {fmt(float(exps[i]))}" for i in range(V)) if V <= 16 else \
-        ", ".join(f"{b.label(int(i))}: {fmt(float(exps[i]))}" for i in top.indices)
-    b.add(
+
+    def probabilities() -> tuple:
+        exps = torch.exp(logits[fi] - logits[fi].max())
+        total = float(exps.sum())
+        shown_terms = ", ".join(f"{vocab[i]}: {fmt(float(exps[i]))}" for i in range(V)) if V <= 16 else \
+            ", ".join(f"{b.label(int(i))}: {fmt(float(exps[i]))}" for i in top.indices)
+        return (
+            [Matrix("p", "p", softmax(logits), rows=rows, cols=vocab, highlight=fi),
+             Matrix(f"top {len(top.values)} {what}", r"\text{top-" + str(len(top.values)) + "}", top.values[:, None],
+                    rows=[f"{b.label(int(i))} (id {int(i)})" for i in top.indices], cols=["p"])],
+            b.check("softmax of the recomputed logits", "torch.softmax of the model's logits",
+                    softmax(mine()), torch.softmax(b.t["logits"][0].double(), dim=-1)),
+            [b.worked(f"row {what}: exp(logit − max) = {shown_terms}" + (" ⋯" if V > 16 else "") + f"; sum = {fmt(total)}",
+                      r"\sum_v e^{z_v - \max} = " + fmt(total), total, float(torch.exp(logits[fi] - logits[fi].max()).sum()),
+                      "the exponentials of the model's logits"),
+             b.worked(f"{what} → {best}: {fmt(float(exps[int(top.indices[0])]))} / {fmt(total)} = {float(top.values[0]):.4f}",
+                      f"p = {fmt(float(exps[int(top.indices[0])]))} / {fmt(total)} = {float(top.values[0]):.4f}",
+                      exps[int(top.indices[0])] / total, torch.softmax(b.t["logits"][0, fi].double(), -1)[int(top.indices[0])],
+                      "torch.softmax of the model's logits")])
+
+    b.add_later(
         section, "Next-token probabilities" if masked is None else
         "The masked word's probabilities" if masked in tokens else "Each word's probabilities", text,
-        equation, latex,
-        [Matrix("p", "p", probs, rows=rows, cols=vocab, highlight=fi),
-         Matrix(f"top {len(top.values)} {what}", r"\text{top-" + str(len(top.values)) + "}", top.values[:, None],
-                rows=[f"{b.label(int(i))} (id {int(i)})" for i in top.indices], cols=["p"])],
-        b.check("softmax of the recomputed logits", "torch.softmax of the model's logits",
-                softmax(mine), torch.softmax(b.t["logits"][0].double(), dim=-1)),
-        [b.worked(f"row {what}: exp(logit − max) = {shown_terms}" + (" ⋯" if V > 16 else "") + f"; sum = {fmt(total)}",
-                  r"\sum_v e^{z_v - \max} = " + fmt(total), total, float(torch.exp(logits[fi] - logits[fi].max()).sum()),
-                  "the exponentials of the model's logits"),
-         b.worked(f"{what} → {best}: {fmt(float(exps[int(top.indices[0])]))} / {fmt(total)} = {float(top.values[0]):.4f}",
-                  f"p = {fmt(float(exps[int(top.indices[0])]))} / {fmt(total)} = {float(top.values[0]):.4f}",
-                  exps[int(top.indices[0])] / total, torch.softmax(b.t["logits"][0, fi].double(), -1)[int(top.indices[0])],
-                  "torch.softmax of the model's logits")],
+        equation, latex, probabilities,
     )
 
 

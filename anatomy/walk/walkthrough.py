@@ -94,6 +94,7 @@ def walkthrough(
     mask_token: str | None = None,
     focus: int | None = None,
     cache=None,
+    lazy: bool = False,
 ) -> Walkthrough:
     """Run `model` once on `ids` under a full trace and narrate the pass.
 
@@ -105,7 +106,9 @@ def walkthrough(
     through by hand (default 4, or the last row of a shorter text). `cache`: a Trace of every point
     of this very pass (anatomy.run_with_cache's, or anatomy.analysis.prefix's) to read instead of
     running the model again; an encoder-decoder runs its pass anyway (its step compares the memory
-    with the forward pass's own output).
+    with the forward pass's own output). `lazy`: leave the steps that cost as much as a pass (the
+    float64 logits over the whole vocabulary) unbuilt until read (Step.build; a renderer builds
+    each step it shows, and walk.ok builds them all); the live explorer builds them when opened.
 
     Raises ValueError for a layer or head out of range (naming the range), a batch, or a missing
     target for an encoder-decoder.
@@ -177,6 +180,9 @@ def walkthrough(
                      masked=mask_token if config.arch == "encoder" else None)
         elif config.arch == "encoder":
             pooled_step(b, hidden, tokens, "Output")
+    if not lazy:
+        for step in b.steps:
+            step.build()
     walk = Walkthrough(b.steps, t, config, layer, head, tokens, target_tokens, model_name, task)
     legend = legend_for([*tokens, *(target_tokens or [])])
     if legend is not None:  # the convention for tokens with a space or a new line, said once
