@@ -21,7 +21,7 @@ from ..analysis.lens import lens_probabilities, lens_top, stack_of, stack_prefix
 from ..analysis.views import identity_line, lens_candidates, lens_panel
 from ..checkpoints.token_text import legend_for
 from .panels import int_setting, rounded, vocabulary
-from .state import ModelSlot, Pass
+from .state import MAX_TOKENS, ModelSlot, Pass
 
 TOP = 10  # tokens kept per cell; a request shows up to `top` of them
 
@@ -88,8 +88,8 @@ def lens(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     model = slot.get()
     total = len(p.ids)
     top = int_setting(settings, "top", 3, 1, TOP)
-    count = int_setting(settings, "count", total, 1, total)
-    start = int_setting(settings, "start", total - count, 0, total - 1)
+    count = int_setting(settings, "count", total, 1, MAX_TOKENS)
+    start = int_setting(settings, "start", max(0, total - count), 0, total - 1)
     stop = min(total, start + count)
     rows = lens_rows(slot, p)
     vocab = vocabulary(slot)

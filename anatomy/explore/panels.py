@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..analysis import attention_rollout, detect_heads, direct_logit_attribution, gradient_x_input
@@ -26,7 +27,7 @@ from ..trace import trace
 from ..viz.adapters import from_trace
 from ..walk import walkthrough
 from ..walk.render_html import section
-from .state import ExploreError, ModelSlot, Pass
+from .state import MAX_TOKENS, ExploreError, ModelSlot, Pass
 
 TOP = 10  # tokens listed in a distribution
 MAX_BARS = 12  # components drawn in the attribution bars; the rest are summed into one
@@ -144,7 +145,7 @@ def run(slot: ModelSlot, p: Pass, settings: dict) -> dict:
         "source": None if p.source_ids is None else {"tokens": p.source_tokens, "ids": p.source_ids},
         "target": model.tokenizer.decode(p.ids) if p.source_ids is not None else None,
         "translated": p.translated, "n_layers": layer_count(model), "n_heads": head_count(model),
-        "mask_token": model.tokenizer.mask_token, "ms": round(1000 * p.seconds, 1),
+        "mask_token": model.tokenizer.mask_token, "ms": round(1000 * p.seconds, 1), "computed": len(p.ids) - p.kept,
         "next": [], "distribution": None,
     }
     if position is not None:
@@ -221,26 +222,43 @@ def attention_maps(model: nn.Module, p: Pass) -> list[dict]:
 
 
 def attention(slot: ModelSlot, p: Pass, settings: dict) -> dict:
-    """One layer of one map: weights [H, T, S] (anatomy.viz's AttentionMap of the pass's trace),
-    and with `head` and `query`, the neuron view's q, k, q ∘ k, scores and softmax for that query."""
+    """One layer of one map (anatomy.viz's AttentionMap of that layer of the pass's trace): weights
+    [H, T, S]; with `heads` "one", only head `head`'s, [1, T, S] (a long text's head view); with
+    `thumbnail` n, instead each head's weights averaged over at most n × n blocks, thumbnails
+    [H, ≤n, ≤n] (the model view); with `head` and `query`, the neuron view's q, k, q ∘ k, scores
+    and softmax for that query."""
     model = slot.get()
     maps = attention_maps(model, p)
     which = int_setting(settings, "map", 0, 0, len(maps) - 1)
     spec = maps[which]
+    stack = getattr(model, spec["stack"][:-1]) if spec["stack"] else model
+    n_layers = len(stack.blocks)
+    layer = int_setting(settings, "layer", 0, 0, n_layers - 1)
     found = from_trace(p.trace, spec["queries"], spec["keys"], stack=spec["stack"], attention=spec["attention"],
-                       name=spec["name"])
-    layer = int_setting(settings, "layer", 0, 0, found.n_layers - 1)
+                       name=spec["name"], layers=[layer])
+    weights = torch.from_numpy(found.weights[0])  # (H, T, S)
     out = {"maps": [{k: m[k] for k in ("name", "queries", "keys")} for m in maps], "map": which, "layer": layer,
-           "n_layers": found.n_layers, "n_heads": found.n_heads,
-           "weights": rounded(torch.from_numpy(found.weights[layer]), 4)}
+           "n_layers": n_layers, "n_heads": found.n_heads}
+    shown = settings.get("heads", "all")
+    if shown not in ("all", "one"):
+        raise ExploreError(f"'heads' must be 'all' or 'one', got {str(shown)[:50]!r}")
+    if settings.get("thumbnail") is not None:
+        n = int_setting(settings, "thumbnail", 54, 1, MAX_TOKENS)
+        size = (min(n, weights.size(1)), min(n, weights.size(2)))
+        out["thumbnails"] = rounded(F.adaptive_avg_pool2d(weights, size), 3)  # (H, ≤n, ≤n): block means
+    elif shown == "one":
+        head = int_setting(settings, "head", 0, 0, found.n_heads - 1)
+        out["weights"], out["heads_shown"] = rounded(weights[head:head + 1], 4), [head]
+    else:
+        out["weights"] = rounded(weights, 4)
     if settings.get("head") is not None and found.has_vectors:
         head = int_setting(settings, "head", 0, 0, found.n_heads - 1)
         query = int_setting(settings, "query", len(spec["queries"]) - 1, 0, len(spec["queries"]) - 1)
-        q = torch.from_numpy(found.q[layer, head, query])  # (D,)
-        k = torch.from_numpy(found.k[layer, head])  # (S, D)
+        q = torch.from_numpy(found.q[0, head, query])  # (D,)
+        k = torch.from_numpy(found.k[0, head])  # (S, D)
         out["neuron"] = {"head": head, "query": query, "q": rounded(q, 4), "k": rounded(k, 4),
                          "q_times_k": rounded(q[None] * k, 4), "scores": rounded(k @ q / math.sqrt(q.numel()), 5),
-                         "weights": rounded(torch.from_numpy(found.weights[layer, head, query]), 5)}
+                         "weights": rounded(weights[head, query], 5)}
     return out
 
 

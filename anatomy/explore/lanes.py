@@ -1,0 +1,89 @@
+"""Where the panels' computations wait and run: two lanes per model, the newest request first.
+
+A keystroke asks for its tokens and next token (one pass, continued from the last text's), then for
+the open panel. Cheap panels (the pass, tokens, next token, lens, attention) run in the `quick` lane;
+the expensive ones (the walk, attribution, interventions, features, head scores, comparisons,
+exports) in the `slow` lane, so that a walk never holds up a next token. Each lane runs one
+computation at a time in a worker thread, and the two lanes of a model run at once (a forward pass
+only reads the weights, and a trace belongs to its thread: anatomy/trace.py).
+
+Within a lane the newest request goes first (a stack, not a queue): the page asks for the text it
+shows now, and the requests of the texts typed on the way are superseded. A request whose browser
+went away while it waited (the page cancels a superseded request) is dropped before it computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+
+QUICK = "quick"
+SLOW = "slow"
+POLL_SECONDS = 0.02  # how often a waiting request checks that its browser is still there
+
+
+class Gone(Exception):
+    """The browser went away (a newer keystroke cancelled the request) before the work began."""
+
+
+class Lane:
+    """One computation at a time, the most recent waiting request next."""
+
+    def __init__(self):
+        self.busy = False
+        self.waiting: list[asyncio.Future] = []
+
+    def _next(self) -> None:
+        while not self.busy and self.waiting:
+            turn = self.waiting.pop()  # the newest
+            if not turn.done():
+                self.busy = True
+                turn.set_result(None)
+
+    async def run(self, request: Request | None, work: Callable):
+        """work() in a worker thread once this request's turn comes; Gone if its browser left first."""
+        turn = asyncio.get_running_loop().create_future()
+        self.waiting.append(turn)
+        self._next()
+        try:
+            while not turn.done():
+                try:
+                    await asyncio.wait_for(asyncio.shield(turn), POLL_SECONDS)
+                except asyncio.TimeoutError:
+                    if request is not None and await request.is_disconnected():
+                        raise Gone from None
+        except BaseException:  # Gone, or the server cancelling the request
+            if turn.done():  # the turn came as it left: hand it on
+                self.busy = False
+                self._next()
+            else:
+                turn.cancel()
+                self.waiting.remove(turn)
+            raise
+        try:
+            return await run_in_threadpool(work)
+        finally:
+            self.busy = False
+            self._next()
+
+
+class Lanes:
+    """The quick and the slow lane of every model, made when first used."""
+
+    def __init__(self):
+        self._lanes: dict[tuple[str, str], Lane] = {}
+
+    def lane(self, model: str, kind: str) -> Lane:
+        if kind not in (QUICK, SLOW):
+            raise ValueError(f"a lane is {QUICK!r} or {SLOW!r}, not {kind!r}")
+        return self._lanes.setdefault((model, kind), Lane())
+
+    def waiting(self) -> int:
+        """Requests waiting for their turn, in every lane."""
+        return sum(len(lane.waiting) for lane in self._lanes.values())
+
+
+__all__ = ["Gone", "Lane", "Lanes", "QUICK", "SLOW"]
