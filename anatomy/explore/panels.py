@@ -22,6 +22,7 @@ from torch import nn
 from ..analysis import attention_rollout, detect_heads, direct_logit_attribution, gradient_x_input
 from ..analysis.heads import KINDS
 from ..analysis.lens import stack_of, stack_prefix
+from ..analysis.views import panels as analysis_view
 from ..generation.sampling import sampling_distribution
 from ..trace import trace
 from ..viz.adapters import from_trace
@@ -266,8 +267,10 @@ def attention(slot: ModelSlot, p: Pass, settings: dict) -> dict:
 
 
 def result_json(result, **extra) -> dict:
+    """An analysis's Result as JSON: its kind, its identity and the measured difference, `extra`, and
+    `view`, the payload the analysis pages draw (views.panels), which the page draws the same way."""
     return {"kind": result.kind, "check": result.check, "error": None if math.isnan(result.error) else result.error,
-            "converged": result.extra.get("converged"), **extra}
+            "converged": result.extra.get("converged"), "view": analysis_view(result), **extra}
 
 
 def target_id(model: nn.Module, p: Pass, settings: dict, position: int) -> int:
@@ -366,12 +369,18 @@ def head_scores(slot: ModelSlot, kind: str):
 
 def heads(slot: ModelSlot, settings: dict, progress=None) -> dict:
     """Previous-token, induction and duplicate-token scores of every head (anatomy.detect_heads on
-    repeated random tokens), computed once per model and kept."""
+    repeated random tokens), computed once per model and kept; `view`: the scores of `kind` (default
+    induction) as the analysis pages draw them."""
     model = slot.get()
+    shown = settings.get("kind", "induction")
+    if shown not in KINDS:
+        raise ExploreError(f"'kind' must be one of {', '.join(KINDS)}, got {str(shown)[:50]!r}")
     out = {"kinds": list(KINDS), "n_layers": layer_count(model), "n_heads": head_count(model), "scores": {}}
     for done, kind in enumerate(KINDS):
         result = head_scores(slot, kind)
         out["scores"][kind] = {"values": rounded(result.values, 4), "check": result.check}
+        if kind == shown:
+            out["view"] = analysis_view(result)  # the `kind` asked for, as the analysis pages draw it
         if progress is not None:
             progress(done + 1, len(KINDS))
     return out

@@ -176,7 +176,7 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         kind = settings.get("kind")
         slot = explorer.models.slot(settings.get("model"))
         if kind == "heads":
-            job = explorer.jobs.start("heads", lambda progress: panels.heads(slot, settings, progress))
+            job = explorer.jobs.start("heads", lambda progress: panels.heads(slot, {}, progress))
             return reply(job.status(), 202)
         text, target = text_settings(settings)
         pass_ = await with_model(request, explorer, settings, lambda s: explorer.passes.get(s, text, target))

@@ -217,29 +217,10 @@ export function currentRow() {
   return state.row !== null && state.row >= 0 && state.row < n ? state.row : n - 1;
 }
 
-// An analysis panel shows the very page `anatomy analyze` writes for its result (its grid, colour
-// bar, check line and controls), in a frame of its own: the page's script and style stay apart
-// from this one's, and the numbers on it are the library's.
-export function pageFrame(title) {
-  const frame = el("iframe", {class: "analysis-frame", title, sandbox: "allow-scripts"});
-  frame.load = (src) => {
-    if (frame.dataset.src === src) return Promise.resolve();
-    frame.dataset.src = src;
-    return new Promise((resolve) => {
-      frame.addEventListener("load", () => resolve(), {once: true});
-      frame.src = src;
-    });
-  };
-  return frame;
-}
-
-export function jobPageUrl(job) {
-  return `/api/jobs/${encodeURIComponent(job.id)}/page?token=${encodeURIComponent(TOKEN)}`;
-}
-
 // A long analysis as a job (POST /api/jobs with `body`): its progress and a cancel button in `box`,
-// then its result's page in `frame`. A newer job in the same box cancels this one (cancelJobIn).
-export async function runJob(box, frame, body, what, unit, {bar = true} = {}) {
+// then its result drawn in `box` as the analysis pages draw it (its payload, result.view). A newer
+// job in the same box cancels this one (cancelJobIn).
+export async function runJob(box, body, what, unit, {bar = true} = {}) {
   cancelJobIn(box);
   const progress = el("div", {}, "starting…");
   clear(box, el("div", {class: "job"}, progress,
@@ -247,10 +228,9 @@ export async function runJob(box, frame, body, what, unit, {bar = true} = {}) {
   let job = null;
   try {
     job = box.job = await api("/api/jobs", body);
-    await followJob(job, (s) => clear(progress, `${what}: `, bar ? progressBar(s.done, s.total) : String(s.done), ` ${unit}`));
+    const done = await followJob(job, (s) => clear(progress, `${what}: `, bar ? progressBar(s.done, s.total) : String(s.done), ` ${unit}`));
     if (box.job !== job) return;
-    clear(box, frame);
-    await frame.load(jobPageUrl(job));
+    drawPayload(box, done.result.view);
   } catch (error) {
     if (!isAbort(error) && box.job === job) clear(box, errorBox(error));
   } finally {

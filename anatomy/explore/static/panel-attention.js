@@ -8,6 +8,9 @@ import {api, clear, currentRow, el, errorBox, fmt, isAbort, numberSelect, regist
 // CSS grid as the data, so that every cell sits under its header.
 const {heatmap, colorBar, scaleRgb} = window;
 const WEIGHTS = {kind: "sequential", lo: 0, hi: 1};
+// A long text spreads its attention thin: its canvas is shaded by weight^0.4, so that a weight of 0.05
+// shows as clearly as 0.3 does on a linear scale.
+const SPREAD = {kind: "sequential", lo: 0, hi: 1, gamma: 0.4};
 const LONG = 64;  // tokens: above this a head is drawn on a canvas (a grid of T × S cells would freeze the page)
 const THUMB = 54;  // px: a model-view thumbnail, and the blocks its weights are averaged over
 const NEURON_KEYS = 32;  // keys the neuron view lists for a long text: those with the largest weights
@@ -100,7 +103,7 @@ function canvasGrid(queries, keys, weights, onRow) {
   const ctx = canvas.getContext("2d");
   const image = ctx.createImageData(keys.length, queries.length);
   weights.forEach((row, r) => row.forEach((w, c) => {
-    const [red, green, blue] = scaleRgb(w, WEIGHTS);
+    const [red, green, blue] = scaleRgb(w, SPREAD);
     const i = 4 * (r * keys.length + c);
     image.data[i] = red; image.data[i + 1] = green; image.data[i + 2] = blue; image.data[i + 3] = 255;
   }));
@@ -130,7 +133,7 @@ function canvasGrid(queries, keys, weights, onRow) {
   });
   canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
   canvas.addEventListener("click", (event) => { const found = at(event); if (found) onRow(found[0]); });
-  return el("div", {class: "long-grid-wrap"}, canvas);
+  return el("div", {class: "long-grid-wrap viz"}, colorBar(SPREAD, "attention weight (shaded by weight^0.4)"), canvas);
 }
 
 const SVG = "http://www.w3.org/2000/svg";
