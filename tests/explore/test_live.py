@@ -24,17 +24,6 @@ SESSION = ["Hello World,", "Hello World, this", "Hello World, this is", "Hello W
 
 
 @pytest.fixture(scope="module")
-def long_toy(tmp_path_factory) -> str:
-    """The toy with a position table of 600: a text of 512 tokens fits."""
-    from anatomy.checkpoints.toys import build_toy, toy_tokenizer
-
-    folder = tmp_path_factory.mktemp("long-toy")
-    build_toy("toy", max_seq_len=600).save_pretrained(folder)
-    toy_tokenizer("toy").save(folder)
-    return str(folder)
-
-
-@pytest.fixture(scope="module")
 def client(long_toy):
     app = create_app(["toy", "toy-encoder", long_toy], token=TOKEN, hosts=["testserver"])
     with TestClient(app, base_url="http://testserver") as test_client:

@@ -19,17 +19,6 @@ LONG_TEXT = " ".join(["Hello World, this is Alejandro!"] * 60)  # 301 tokens of 
 
 
 @pytest.fixture(scope="module")
-def long_toy(tmp_path_factory) -> str:
-    """The toy with a position table of 600: a text of 512 tokens fits."""
-    from anatomy.checkpoints.toys import build_toy, toy_tokenizer
-
-    folder = tmp_path_factory.mktemp("long-toy")
-    build_toy("toy", max_seq_len=600).save_pretrained(folder)
-    toy_tokenizer("toy").save(folder)
-    return str(folder)
-
-
-@pytest.fixture(scope="module")
 def live(long_toy):
     server = Served(["toy", long_toy] + (["smollm2"] if HAS_SMOLLM2 else []))
     yield server
