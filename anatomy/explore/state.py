@@ -243,7 +243,7 @@ class Passes:
         self.budget = budget
         self._passes: OrderedDict[tuple, Pass] = OrderedDict()
         self._lock = threading.Lock()
-        self._making: dict[str, threading.Lock] = {}  # one pass at a time per model
+        self._making: dict[tuple, threading.Lock] = {}  # a pass being made, by key: its requests share it
 
     def cached(self, slot: ModelSlot, text: str, target: str | None = None) -> Pass | None:
         """The pass of `text` if the cache holds it (marked as just used), else None."""
@@ -263,16 +263,21 @@ class Passes:
         found = self.cached(slot, text, target)
         if found is not None:
             return found
-        with self._lock:
-            making = self._making.setdefault(slot.name, threading.Lock())
+        key = (slot.name, text, target)
+        with self._lock:  # one pass per text, whoever asks: other texts (another client's) are made at once
+            making = self._making.setdefault(key, threading.Lock())
         with making:
             found = self.cached(slot, text, target)  # made while this request waited
             if found is None:
-                found = self._run(slot, text, target)
-                with self._lock:
-                    self._passes[(slot.name, text, target)] = found
-                    while len(self._passes) > 1 and self.held() > self.budget:
-                        self._passes.popitem(last=False)
+                try:
+                    found = self._run(slot, text, target)
+                    with self._lock:
+                        self._passes[key] = found
+                        while len(self._passes) > 1 and self.held() > self.budget:
+                            self._passes.popitem(last=False)
+                finally:
+                    with self._lock:
+                        self._making.pop(key, None)
         return found
 
     def _run(self, slot: ModelSlot, text: str, target: str | None) -> Pass:

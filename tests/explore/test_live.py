@@ -182,3 +182,31 @@ def test_a_quick_request_never_waits_behind_the_slow_lane():
     assert asyncio.run(main()) == ("next token", True)
     with pytest.raises(ValueError, match="'quick' or 'slow'"):
         Lanes().lane("toy", "fast")
+
+
+def test_passes_of_different_texts_are_made_at_once_and_one_text_is_made_once():
+    from anatomy.explore.state import Models, Passes
+
+    class Blocking(Passes):
+        """Its pass of "slow" waits until released: another client's long pass."""
+
+        def __init__(self):
+            super().__init__()
+            self.release, self.made = threading.Event(), []
+
+        def _run(self, slot, text, target):
+            if text == "slow":
+                self.release.wait(10)
+            self.made.append(text)
+            return super()._run(slot, text, target)
+
+    passes, slot = Blocking(), Models(["toy"]).slot("toy")
+    slow = [threading.Thread(target=lambda: passes.get(slot, "slow")) for _ in range(2)]
+    for thread in slow:
+        thread.start()
+    quick = passes.get(slot, "Hello World,")  # not held up by the other text's pass
+    assert quick.tokens == ["<SOS>", "Hello", "World,"] and passes.made == ["Hello World,"]
+    passes.release.set()
+    for thread in slow:
+        thread.join(10)
+    assert passes.made == ["Hello World,", "slow"]  # both requests for "slow" shared one pass
