@@ -89,7 +89,8 @@ def lens(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     total = len(p.ids)
     top = int_setting(settings, "top", 3, 1, TOP)
     count = int_setting(settings, "count", total, 1, MAX_TOKENS)
-    start = int_setting(settings, "start", max(0, total - count), 0, total - 1)
+    # a page a reader chose stays put as the text grows; past a shortened text's end, its last page
+    start = min(int_setting(settings, "start", max(0, total - count), 0, MAX_TOKENS - 1), max(0, total - count))
     stop = min(total, start + count)
     rows = lens_rows(slot, p)
     vocab = vocabulary(slot)
