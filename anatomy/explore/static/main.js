@@ -14,8 +14,6 @@ import "./panel-compare.js";
 
 const TABS = [["walk", "Walk"], ["attention", "Attention"], ["lens", "Lens"], ["attribution", "Attribution"],
               ["intervene", "Intervene"], ["heads", "Heads"], ["features", "Features"], ["compare", "Compare"]];
-// Every keystroke asks for its text at once: the server runs the newest request first and drops the
-// ones a later keystroke cancelled before they start (explore/lanes.py), so no pause is waited for.
 const DEFAULT_TEXT = {
   decoder: "The capital of France is",
   encoder: "The capital of France is [MASK].",
@@ -37,7 +35,8 @@ function samplingSettings() {
 
 // The text, the model or a sampling setting changed: whatever was asked for the last text is
 // cancelled, every panel says it is updating (or, with no text, shows the empty state), and the
-// new text is asked for.
+// new text is asked for at once, no pause waited for: the server runs the newest request first and
+// drops the ones a later keystroke cancelled before they start (explore/lanes.py).
 function changed() {
   state.text = textBox.value;
   state.target = targetBox.value;
