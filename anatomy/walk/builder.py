@@ -59,7 +59,8 @@ def products(a: torch.Tensor, b: torch.Tensor, limit: int = 8) -> str:
 class Builder:
     """Reads the trace, recomputes, and appends steps; one per walkthrough."""
 
-    def __init__(self, model: nn.Module, t, label: Callable[[int], str], head: int, focus: int | None = None):
+    def __init__(self, model: nn.Module, t, label: Callable[[int], str], head: int, focus: int | None = None,
+                 vocabulary: list[str] | None = None):
         self.model = model
         self.config = model.config
         self.t = t
@@ -68,7 +69,7 @@ class Builder:
         self.focus = focus  # the row worked through by hand (None: each section picks its own)
         self.steps: list[Step] = []
         self.param_names = {id(param): name for name, param in model.named_parameters()}
-        self._vocabulary: list[str] = []
+        self._vocabulary: list[str] = list(vocabulary or [])  # every id's label, when the caller has them
 
     def vocabulary(self, size: int) -> list[str]:
         """The labels of ids 0 … size − 1 (the one-hot columns, the logits' columns), made once."""

@@ -40,16 +40,16 @@ def input_steps(b: Builder, stack: nn.Module, p: str, ids: list[int], tokens: li
     shown_labels = vocab if V <= FULL_VOCAB else [f"{vocab[i]} ({i})" for i in shown_ids]
     subset = "" if V <= FULL_VOCAB else f"; only the {len(shown_ids)} of {V} entries this sentence uses"
     if one_hot:
-        onehot = torch.zeros(T, V, dtype=torch.float64)
-        onehot[torch.arange(T), ids_t] = 1.0
+        # O's columns of the shown entries (every column of a small vocabulary): the others are all 0
+        onehot = (ids_t[:, None] == torch.tensor(shown_ids)[None, :]).to(torch.float64)  # (T, shown)
         b.add(
             section, "One-hot vectors", say("one_hot", V=V),
             "O[t, v] = 1 if v = ids[t] else 0,   O ∈ {0,1}^(T×V)",
             r"O_{t,v} = [v = \text{ids}_t], \quad O \in \{0,1\}^{" + f"{T} \\times {V}" + "}",
-            [Matrix("O", "O", onehot[:, shown_ids], rows=list(tokens), cols=shown_labels, kind="int",
+            [Matrix("O", "O", onehot, rows=list(tokens), cols=shown_labels, kind="int",
                     note="built from the ids" + subset + (" (every other column is 0)" if subset else ""))],
             b.check("O · W_E" + (" · √d_model" if scale != 1.0 else ""), f"the model's {p}embed",
-                    onehot[:, shown_ids] @ table * scale, embed),
+                    onehot @ table * scale, embed),
         )
     b.add(
         section, "Embedding lookup", say("lookup", V=V, E=E),

@@ -142,7 +142,8 @@ def walkthrough(
         finally:
             model.train(was_training)
 
-    b = Builder(model, t, label, head, focus)
+    labels = [str(v) for v in vocab] if vocab is not None and not callable(vocab) else None
+    b = Builder(model, t, label, head, focus, vocabulary=labels)
     trained = task is not None or config.vocab_size > 64
     if seq2seq:
         enc, dec = model.encoder, model.decoder
