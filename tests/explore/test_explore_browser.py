@@ -128,12 +128,10 @@ def test_every_panel_draws_for_every_family(page, served, model):
         section = f"[data-panel='{panel}']"
         page.wait_for_function(f"""() => {{
           const s = document.querySelector("{section}");
-          return !s.hidden && (s.querySelector('.heatmap, .bar-row, .pair-row, .walk section, .sides, canvas, .error, iframe[src]'));
+          return !s.hidden && (s.querySelector('.heatmap, .bar-row, .pair-row, .walk section, .sides, canvas, .error, .analysis-view'));
         }}""", timeout=60000)
         errors = [e.text_content() for e in page.query_selector_all(f"{section} .error")]
         assert not errors, (model, panel, errors)
-        if page.query_selector(f"{section} iframe[src]") and panel != "attribution":
-            wait_for_grid(page)
         cells_sit_under_their_headers(page)
     assert all(url.startswith(f"http://127.0.0.1:{served.port}/") for url in page.requests), page.requests
 
@@ -220,14 +218,9 @@ def test_integrated_gradients_run_as_a_job_and_show_their_page(page, served):
     open_page(page, served, "#model=toy&text=Hello%20World,%20this%20is&panel=attribution")
     page.click("#attribution-controls button:text-is('integrated gradients')")
     page.click("#attribution-body button.run")  # hundreds of passes: they run when asked
-    page.wait_for_function("() => document.querySelector('#attribution-body iframe[src*=\"/api/jobs/\"]')",
-                           timeout=60000)
-    for _ in range(300):
-        frame = next((f for f in page.frames if "/api/jobs/" in f.url and f.query_selector(".check")), None)
-        if frame is not None:
-            break
-        page.wait_for_timeout(100)
-    assert "completeness" in frame.inner_text(".check") and frame.query_selector(".check.holds")
+    page.wait_for_selector("#attribution-body .analysis-view .check", timeout=60000)  # drawn in the page
+    assert "completeness" in page.inner_text("#attribution-body .check")
+    assert page.query_selector("#attribution-body .check.holds")
 
 
 def test_the_features_panel_lists_opens_and_steers(page, served, prenorm, sae_folder):

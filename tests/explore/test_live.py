@@ -124,6 +124,25 @@ def test_an_encoder_recomputes_in_full(client):
 # ---- the lanes ----------------------------------------------------------------------------------
 
 
+def run(main):
+    """asyncio.run(main()) in a thread of its own: a browser test of this session (Playwright's sync
+    API) may have left an event loop running in this one."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = asyncio.run(main())
+        except BaseException as error:  # noqa: BLE001 - raised again in the test's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(30)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 class Browser:
     """A request's side of the connection, for Lane.run: gone or still there."""
 
@@ -145,7 +164,7 @@ def test_the_newest_waiting_request_goes_first():
         await asyncio.gather(first, *waiting)
         return order
 
-    assert asyncio.run(main()) == ["first", "newer", "older"]
+    assert run(main) == ["first", "newer", "older"]
 
 
 def test_a_request_whose_browser_left_is_dropped_before_it_computes():
@@ -164,7 +183,7 @@ def test_a_request_whose_browser_left_is_dropped_before_it_computes():
         await lane.run(Browser(), lambda: ran.append("next"))
         return ran, lane
 
-    ran, lane = asyncio.run(main())
+    ran, lane = run(main)
     assert ran == ["next"] and not lane.waiting and not lane.busy
 
 
@@ -179,7 +198,7 @@ def test_a_quick_request_never_waits_behind_the_slow_lane():
         await walk
         return answer, still_walking
 
-    assert asyncio.run(main()) == ("next token", True)
+    assert run(main) == ("next token", True)
     with pytest.raises(ValueError, match="'quick' or 'slow'"):
         Lanes().lane("toy", "fast")
 
