@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -166,11 +166,13 @@ def _kept_cache(model: nn.Module, plan: _Plan, previous: PrefixPass, keep: int, 
 
 
 def extend(model: nn.Module, ids: Sequence[int], previous: PrefixPass | None = None,
-           tokens: list[str] | None = None) -> PrefixPass:
+           tokens: list[str] | None = None, check: Callable[[], None] | None = None) -> PrefixPass:
     """The traced pass of `ids` [T], continuing `previous` (None: a pass from scratch): the longest
     common prefix of the two id sequences is kept (at most T - 1 positions, so that at least the
     last one runs), the other positions are computed with a KV cache of the kept ones. `tokens`:
     the trace's string tokens (default: model.tokenizer's labels of the ids, if it has one).
+    `check()`, called at every trace point, may raise to stop the pass (the explorer's, once a later
+    keystroke superseded the text); nothing is kept of a stopped pass, and `previous` is intact.
 
     Raises ValueError for a model extendable() refuses, or for no ids.
     """
@@ -192,6 +194,8 @@ def extend(model: nn.Module, ids: Sequence[int], previous: PrefixPass | None = N
 
     def derive(name: str, x: torch.Tensor) -> tuple:
         """A full pass's recipe where it has one; else the kept positions' pieces, then x's."""
+        if check is not None:
+            check()
         recipe = derivations(name, x)
         if recipe is not None:
             return recipe

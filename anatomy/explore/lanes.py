@@ -9,16 +9,19 @@ only reads the weights, and a trace belongs to its thread: anatomy/trace.py).
 
 Within a lane the newest request goes first (a stack, not a queue): the page asks for the text it
 shows now, and the requests of the texts typed on the way are superseded. A request whose browser
-went away while it waited (the page cancels a superseded request) is dropped before it computes.
+went away while it waited (the page cancels a superseded request) is dropped before it computes;
+one that is computing is told (raise_if_gone), and a pass stops at its next trace point.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+if TYPE_CHECKING:  # state.py imports this module, and the command's help needs no web server
+    from starlette.requests import Request
 
 QUICK = "quick"
 SLOW = "slow"
@@ -26,7 +29,19 @@ POLL_SECONDS = 0.02  # how often a waiting request checks that its browser is st
 
 
 class Gone(Exception):
-    """The browser went away (a newer keystroke cancelled the request) before the work began."""
+    """The browser went away (a newer keystroke cancelled the request) before the work began or
+    ended."""
+
+
+_work = threading.local()  # the worker thread's: whether the browser that asked for its work left
+
+
+def raise_if_gone() -> None:
+    """In a lane's worker thread, raise Gone once the browser that asked for the work has left (a
+    later keystroke superseded it): a computation calls it between its steps to stop early."""
+    gone = getattr(_work, "gone", None)
+    if gone is not None and gone.is_set():
+        raise Gone
 
 
 class Lane:
@@ -63,8 +78,24 @@ class Lane:
                 turn.cancel()
                 self.waiting.remove(turn)
             raise
+        from starlette.concurrency import run_in_threadpool
+
+        gone = threading.Event()
+
+        def job():
+            _work.gone = gone
+            try:
+                return work()
+            finally:
+                _work.gone = None
+
         try:
-            return await run_in_threadpool(work)
+            task = asyncio.ensure_future(run_in_threadpool(job))
+            while not task.done():  # the work runs; its browser is watched, to stop it early if it leaves
+                finished, _ = await asyncio.wait({task}, timeout=POLL_SECONDS)
+                if not finished and request is not None and not gone.is_set() and await request.is_disconnected():
+                    gone.set()
+            return task.result()
         finally:
             self.busy = False
             self._next()
@@ -86,4 +117,4 @@ class Lanes:
         return sum(len(lane.waiting) for lane in self._lanes.values())
 
 
-__all__ = ["Gone", "Lane", "Lanes", "QUICK", "SLOW"]
+__all__ = ["Gone", "Lane", "Lanes", "QUICK", "SLOW", "raise_if_gone"]

@@ -27,6 +27,7 @@ from ..checkpoints import from_pretrained
 from ..checkpoints.describe import config_of
 from ..config import ModelConfig
 from ..generation import generate
+from .lanes import raise_if_gone
 
 MAX_TEXT_CHARACTERS = 8000  # a text the page may send
 MAX_TOKENS = 512  # positions a pass may have (the panels page through longer axes)
@@ -296,7 +297,8 @@ class Passes:
         tokens = tokenizer.labels(ids)
         if source is None and extendable(model):
             base = self._base(slot.name, ids)
-            continued = extend(model, ids, base.prefix if base else None, tokens=tokens)
+            # a keystroke's pass stops at its next trace point once a later keystroke superseded it
+            continued = extend(model, ids, base.prefix if base else None, tokens=tokens, check=raise_if_gone)
             kept = len(ids) - continued.computed
             memo = {name: value.first(kept) for name, value in base.memo.items()
                     if kept and hasattr(value, "first")} if base else {}

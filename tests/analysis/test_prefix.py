@@ -125,3 +125,21 @@ def test_an_encoder_a_seq2seq_model_and_training_mode_are_refused():
             extend(model, [1, 2])
     with pytest.raises(ValueError, match="at least one id"):
         extend(tiny(arch="decoder"), [])
+
+
+def test_a_pass_stopped_by_its_check_leaves_nothing_behind():
+    model = tiny(arch="decoder", pos_encoding="rotary")
+    first = extend(model, [5, 6, 7, 8])
+    before = {name: first.trace[name].clone() for name in first.trace}
+    calls = []
+
+    def check():  # stop at the tenth trace point, as a superseded keystroke's pass does
+        calls.append(1)
+        if len(calls) == 10:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        extend(model, [5, 6, 7, 9, 9], first, check=check)
+    assert all(torch.equal(first.trace[name], value) for name, value in before.items())
+    assert not any(point.active for point in anatomy.trace_points(model).values())  # every trace point off
+    assert assert_continues_a_full_pass(model, [[5, 6, 7, 8], [5, 6, 7, 9, 9]]) == [4, 2]

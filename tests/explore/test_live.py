@@ -229,3 +229,27 @@ def test_passes_of_different_texts_are_made_at_once_and_one_text_is_made_once():
     for thread in slow:
         thread.join(10)
     assert passes.made == ["Hello World,", "slow"]  # both requests for "slow" shared one pass
+
+
+def test_work_whose_browser_left_while_it_computes_is_told_to_stop():
+    from anatomy.explore.lanes import raise_if_gone
+
+    async def main():
+        lane, browser, steps = Lane(), Browser(), []
+
+        def work():  # a computation that asks between its steps, as a pass does at its trace points
+            for _ in range(1000):
+                raise_if_gone()
+                steps.append(1)
+                threading.Event().wait(0.005)
+            return "done"
+
+        running = asyncio.create_task(lane.run(browser, work))
+        await asyncio.sleep(0.05)
+        browser.gone = True
+        with pytest.raises(Gone):
+            await running
+        return len(steps), lane
+
+    steps, lane = run(main)
+    assert 0 < steps < 1000 and not lane.busy
