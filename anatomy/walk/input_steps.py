@@ -24,7 +24,8 @@ def input_steps(b: Builder, stack: nn.Module, p: str, ids: list[int], tokens: li
     b.add(
         section, "Tokens and ids", say("tokens", T=T, V=V),
         "ids = [stoi[token] for token in tokens]",
-        r"\text{ids} = (" + ", ".join(map(str, ids)) + ")",
+        r"\text{ids} = (" + (", ".join(map(str, ids)) if T <= 16 else  # a long text's ids: its ends (all in the matrix)
+                             ", ".join(map(str, ids[:6])) + r", \ldots, " + ", ".join(map(str, ids[-3:]))) + ")",
         [Matrix("ids", r"\text{ids}", ids_t[None, :].to(torch.float64), rows=["id"], cols=list(tokens), kind="int",
                 note="the input")],
     )

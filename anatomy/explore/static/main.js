@@ -97,19 +97,34 @@ function showEmpty() {
 }
 
 function chip(token, id, position, onclick) {
-  const node = el("button", {class: "chip", type: "button", title: `position ${position}, id ${id}`, onclick},
-                  el("span", {class: "tok", text: token}), el("span", {class: "id", text: String(id)}));
-  if (state.row === position) node.classList.add("selected");
-  return node;
+  return el("button", {class: "chip", type: "button", title: `position ${position}, id ${id}`, onclick},
+            el("span", {class: "tok", text: token}), el("span", {class: "id", text: String(id)}));
 }
 
+// The chip of the row the walk and the attention follow (state.row), outlined.
+function markRow(box) {
+  [...box.children].forEach((node, i) => node.classList.toggle("selected", i === state.row));
+}
+
+// The chips of a text; a keystroke's text shares all but its last tokens with the one before, and
+// their chips stay (a 500-token text redraws a few chips, not 500).
 function drawTokens(data) {
-  clear(document.getElementById("tokens"), data.tokens.map((token, i) => chip(token, data.ids[i], i, () => {
-    state.row = i;
-    saveState();
-    drawTokens(data);
-    updatePanel();
-  })));
+  const box = document.getElementById("tokens");
+  const kept = [...box.children].findIndex((node, i) => node.dataset.token !== `${data.ids[i]} ${data.tokens[i]}`);
+  const keep = kept === -1 ? Math.min(box.children.length, data.tokens.length) : kept;
+  while (box.children.length > keep) box.lastChild.remove();
+  box.append(...data.tokens.slice(keep).map((token, j) => {
+    const i = keep + j;
+    const node = chip(token, data.ids[i], i, () => {
+      state.row = i;
+      saveState();
+      markRow(box);
+      updatePanel();
+    });
+    node.dataset.token = `${data.ids[i]} ${token}`;
+    return node;
+  }));
+  markRow(box);
   document.getElementById("token-count").textContent = `(${data.tokens.length}${data.source ? " in the target" : ""})`;
   const source = document.getElementById("source-tokens");
   source.hidden = !data.source;
