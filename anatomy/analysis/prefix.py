@@ -212,7 +212,8 @@ def extend(model: nn.Module, ids: Sequence[int], previous: PrefixPass | None = N
         with torch.no_grad(), trace(model, None, derive=derive) as recorded:
             model(torch.tensor([ids[keep:]], device=device), cache=cache)
     finally:
-        derivations.seen.clear()  # this pass's tensors: the plan outlives them
+        derivations.seen.clear()  # this pass's tensors and inputs: the plan outlives them
+        derivations.calls.clear()
     tokenizer = getattr(model, "tokenizer", None)
     recorded.tokens = [list(tokens) if tokens is not None else
                        tokenizer.labels(ids) if tokenizer is not None else [str(i) for i in ids]]

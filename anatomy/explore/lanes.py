@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # state.py imports this module, and the command's help needs no web server
+if TYPE_CHECKING:  # state.py imports this module: no web server needed to import it
     from starlette.requests import Request
 
 QUICK = "quick"
@@ -45,11 +46,14 @@ def raise_if_gone() -> None:
 
 
 class Lane:
-    """One computation at a time, the most recent waiting request next."""
+    """One computation at a time, in a thread of the lane's own, the most recent waiting request next.
+    (A thread of its own, not a pool's: what a computation keeps per thread, a malloc arena or
+    analysis/prefix.py's plan of the model, is kept once per lane.)"""
 
-    def __init__(self):
+    def __init__(self, name: str = "lane"):
         self.busy = False
         self.waiting: list[asyncio.Future] = []
+        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"anatomy-{name}")
 
     def _next(self) -> None:
         while not self.busy and self.waiting:
@@ -78,8 +82,6 @@ class Lane:
                 turn.cancel()
                 self.waiting.remove(turn)
             raise
-        from starlette.concurrency import run_in_threadpool
-
         gone = threading.Event()
 
         def job():
@@ -90,7 +92,7 @@ class Lane:
                 _work.gone = None
 
         try:
-            task = asyncio.ensure_future(run_in_threadpool(job))
+            task = asyncio.get_running_loop().run_in_executor(self.thread, job)
             while not task.done():  # the work runs; its browser is watched, to stop it early if it leaves
                 finished, _ = await asyncio.wait({task}, timeout=POLL_SECONDS)
                 if not finished and request is not None and not gone.is_set() and await request.is_disconnected():
@@ -110,7 +112,9 @@ class Lanes:
     def lane(self, model: str, kind: str) -> Lane:
         if kind not in (QUICK, SLOW):
             raise ValueError(f"a lane is {QUICK!r} or {SLOW!r}, not {kind!r}")
-        return self._lanes.setdefault((model, kind), Lane())
+        if (model, kind) not in self._lanes:
+            self._lanes[(model, kind)] = Lane(f"{kind}-{model}"[:40])
+        return self._lanes[(model, kind)]
 
     def waiting(self) -> int:
         """Requests waiting for their turn, in every lane."""
