@@ -38,7 +38,7 @@ def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, st
         if fmt != "html":
             raise ExploreError("the walk exports as html or json")
         panels.walk(slot, p, settings)  # the panel's walk of this pass, every step built by the page
-        return p.memo["walk"][1].to_html().encode(), "text/html", f"{stem}.html"
+        return p.memo["walk"].walk.to_html().encode(), "text/html", f"{stem}.html"
     if what == "attention":
         maps = [from_trace(p.trace, m["queries"], m["keys"], stack=m["stack"], attention=m["attention"], name=m["name"])
                 for m in panels.attention_maps(model, p)]

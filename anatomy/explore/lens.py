@@ -42,6 +42,9 @@ class LensRows:
     def length(self) -> int:
         return self.probs.size(1)
 
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.probs, self.ids, self.log_norm, self.error, self.size]
+
     def first(self, n: int) -> "LensRows":
         """The rows of positions 0 … n−1 (what a continued pass keeps)."""
         return LensRows(self.probs[:, :n], self.ids[:, :n], self.log_norm[:, :n], self.error[:n], self.size[:n])

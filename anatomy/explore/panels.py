@@ -14,6 +14,7 @@ anatomy.generation.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -170,6 +171,18 @@ def vocabulary(slot: ModelSlot) -> list[str]:
     return slot.cache["vocabulary"]
 
 
+@dataclass
+class BuiltWalk:
+    """The walk built on a pass for one (layer, head, row), kept for the next step opened."""
+
+    key: tuple
+    walk: object  # a Walkthrough
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The matrices of the steps built so far (the memory the pass's budget counts)."""
+        return [m.values for step in self.walk.steps if step.built for m in step.matrices]
+
+
 def walk(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     """The walk's steps (anatomy.walk's builders) for a layer, a head and a row: each step's title and
     check, and, for the steps `open` names (numbers), the HTML the walk's page renders (MathML, shaded
@@ -185,7 +198,7 @@ def walk(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     if not isinstance(opened, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in opened):
         raise ExploreError("'open' must be a list of step numbers")
     key = (layer, head, focus)
-    if p.memo.get("walk", (None,))[0] != key:
+    if "walk" not in p.memo or p.memo["walk"].key != key:
         options = dict(layer=layer, head=head, focus=focus, model_name=slot.name, vocab=vocabulary(slot), lazy=True)
         if p.source_ids is not None:
             result = walkthrough(model, p.source_ids, tokens=p.source_tokens, target_ids=p.ids,
@@ -193,8 +206,8 @@ def walk(slot: ModelSlot, p: Pass, settings: dict) -> dict:
         else:
             mask = model.tokenizer.mask_token if model.config.arch == "encoder" else None
             result = walkthrough(model, p.ids, tokens=p.tokens, mask_token=mask, cache=p.trace, **options)
-        p.memo["walk"] = (key, result)
-    result = p.memo["walk"][1]
+        p.memo["walk"] = BuiltWalk(key, result)
+    result = p.memo["walk"].walk
     html = {s.number: section(s) for s in result.steps if s.number in opened}  # builds the opened ones
     checks = [c for s in result.steps if s.built for c in s.checks]
     return {"layer": layer, "head": head, "row": focus, "ok": all(c.ok for c in checks), "checks": len(checks),

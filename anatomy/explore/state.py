@@ -160,7 +160,9 @@ class Pass:
     prefix: PrefixPass | None = None  # a decoder's pass, which the next text's continues (analysis/prefix.py)
     kept: int = 0  # the positions this pass kept from the one it continued; the others it computed
     shared: set = field(default_factory=set, repr=False)  # the model's own storages (ModelSlot.shared)
-    memo: dict = field(default_factory=dict, repr=False)  # what panels computed on this pass, by name
+    # what panels computed on this pass, by name: each value has tensors() (what it keeps) and may have
+    # first(n) (itself for the first n positions, carried over to the pass that continues this one)
+    memo: dict = field(default_factory=dict, repr=False)
 
     @property
     def predicts(self) -> bool:
@@ -187,13 +189,18 @@ class Pass:
         refers to but never copies: rotary's cos/sin tables)."""
         return sum(storages([self], self.shared).values())
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the pass keeps: its trace's, and those of what panels computed on it (each
+        memo value's tensors(): the lens's rows, the walk's matrices)."""
+        return [*self.trace.stored(), *(t for value in self.memo.values() for t in value.tensors())]
+
 
 def storages(passes, shared: set) -> dict[int, int]:
-    """{storage address: bytes} of every tensor the passes' traces hold, but the `shared` ones: a
-    storage that continued passes share (the pieces of their common prefix) counts once."""
+    """{storage address: bytes} of every tensor the passes keep (Pass.tensors), but the `shared` ones:
+    a storage that continued passes share (the pieces of their common prefix) counts once."""
     held = {}
     for p in passes:
-        for tensor in p.trace.stored():
+        for tensor in p.tensors():
             storage = tensor.untyped_storage()
             if storage.data_ptr() not in shared:
                 held[storage.data_ptr()] = storage.nbytes()
