@@ -338,6 +338,23 @@ def _attributions(result: Result) -> tuple[str, list[dict], list[str]]:
     return "tokens", parts, shown
 
 
+def _grid(result: Result) -> tuple[str, list[dict], list[str]]:
+    """Any result of one or two axes with labels (extra["view"] = "grid"; circuit discovery's): one heatmap,
+    rows = the first axis (one row for a single axis), a scale centred on zero."""
+    values = result.values.detach().float()
+    if values.dim() == 1:
+        values = values[None]  # (1, N)
+        rows, cols = [result.kind], result.labels.get(result.axes[0], [str(i) for i in range(values.size(1))])
+    else:
+        rows = result.labels.get(result.axes[0], [str(i) for i in range(values.size(0))])
+        cols = result.labels.get(result.axes[1], [str(i) for i in range(values.size(1))])
+    legend = result.extra.get("legend", "value")
+    frame = ("value", values, diverging(values), legend)
+    corner = " \\ ".join(result.axes) if values.dim() == 2 and len(result.axes) == 2 else result.axes[0]
+    return "heatmap", [_heatmap(result.about or result.kind, rows, cols, [frame], corner=corner,
+                                caption=result.extra.get("caption", ""), row_layers=result.extra.get("row_layers"))], []
+
+
 BUILDERS = {"logit lens": _lens, "attention rollout": _rollout, "decomposition": _decomposition,
             "direct logit attribution": _dla, "integrated gradients": _attributions, "gradient x input": _attributions}
 
@@ -354,6 +371,8 @@ def panels(result: Result) -> dict:
         builder = _heads
     elif kind in BUILDERS:
         builder = BUILDERS[kind]
+    elif result.extra.get("view") == "grid":
+        builder = _grid
     else:
         raise ValueError(f"no view for {kind!r}")
     layout, parts, shown = builder(result)

@@ -29,6 +29,7 @@ from ..viz.html import asset, content_security_policy
 from ..viz.html import page as page_shell
 from ..walk.render_html import STEP_CSS
 from . import compare as comparing
+from .discover import discover_work
 from . import features as sae_panels
 from . import lens as lens_panel
 from . import panels
@@ -178,6 +179,9 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         if kind == "heads":
             job = explorer.jobs.start("heads", lambda progress: panels.heads(slot, {}, progress))
             return reply(job.status(), 202)
+        if kind == "discover":  # a circuit over a dataset: the text box plays no part
+            job = explorer.jobs.start("discover", await run_in_threadpool(discover_work, slot, settings))
+            return reply(job.status(), 202)
         text, target = text_settings(settings)
         pass_ = await with_model(request, explorer, settings, lambda s: explorer.passes.get(s, text, target))
         model = slot.get()
@@ -221,7 +225,7 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
                                            point=point, top=model.tokenizer.labels([top])[0], **bounds,
                                            page=result.view(title="Activation patching").html)
         else:
-            raise ExploreError(f"'kind' must be one of patch, ig, heads, got {kind!r}")
+            raise ExploreError(f"'kind' must be one of patch, ig, heads, discover, got {kind!r}")
         job = explorer.jobs.start(kind, work)
         return reply(job.status(), 202)
 

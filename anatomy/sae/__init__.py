@@ -5,8 +5,10 @@
         model(ids)                                     # the outputs unchanged: x = reconstruction + error
     t["blocks.6.resid_post.sae.features"]              # [batch, pos, feature]
 
-    modules.py     SAE: relu, topk, batchtopk, jumprelu; transcoders; encode, decode, splice
+    modules.py     SAE: relu, topk, batchtopk, jumprelu; transcoders (and skip transcoders); encode, decode, splice
     formats.py     load_sae / save_sae: SAELens's folder, Gemma Scope's params.npz, Hub ids
+    transcoders.py TranscoderSet: transcoders on every layer, per-layer or cross-layer
+    transcoder_files.py  load_transcoders / save_transcoders: circuit-tracer's sets, Gemma Scope 2's
     attach.py      interventions on features: zero, clamp, scale, steer, no_error
     analysis.py    features as components: feature_lens, feature_logit_attribution, patch_features,
                    feature_integrated_gradients
@@ -19,8 +21,12 @@
     cli.py         `anatomy sae train | eval | features`
 """
 
-from .attach import clamp, no_error, scale, steer, zero
-from .formats import load_sae, save_sae
-from .modules import KINDS, SAE
+from ..lazy import lazy_names
 
-__all__ = ["KINDS", "SAE", "clamp", "load_sae", "no_error", "save_sae", "scale", "steer", "zero"]
+__all__ = lazy_names(__name__, {
+    **{name: ".attach" for name in ("clamp", "no_error", "scale", "steer", "zero")},
+    "load_sae": ".formats", "save_sae": ".formats",
+    "KINDS": ".modules", "SAE": ".modules",
+    "load_transcoders": ".transcoder_files", "save_transcoders": ".transcoder_files",
+    "TranscoderSet": ".transcoders",
+})

@@ -60,7 +60,7 @@ def reconstruction_stats(model: nn.Module, sae: SAE, ids: torch.Tensor, skip: in
         outliers += int((~kept[:, skip:]).sum())
         x, y = values[0][kept], values[-1][kept]  # (R, ...)
         f = sae.encode(x)
-        y_hat = sae.decode(f)
+        y_hat = sae.decode(f, x)
         y, y_hat = y.flatten(1).double(), y_hat.flatten(1).double()  # (R, O)
         squared_error += (y - y_hat).pow(2).sum().item()
         sum_y = sum_y + y.sum(0)

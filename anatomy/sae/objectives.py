@@ -7,6 +7,8 @@ Every kind reconstructs its target y (x itself for an SAE, the MLP's output for 
 
     L = ||y - y^||^2  (summed over O, averaged over the batch)  + the kind's sparsity term
 
+(y^ includes a skip transcoder's x W_skip^T, a dense product trained with the rest.)
+
     relu       + lambda sum_i f_i                     the L1 penalty (decoder rows kept at unit norm,
                                                       so that it cannot be dodged by growing them)
     jumprelu   + lambda sum_i H(pre_i - theta_i)      the L0 itself, through a straight-through estimator
@@ -87,6 +89,11 @@ def _pre_activations(sae: SAE, x: torch.Tensor) -> torch.Tensor:
     return (x - sae.b_dec if sae.apply_b_dec_to_input else x) @ sae.W_enc + sae.b_enc
 
 
+def skip_path(sae: SAE, x: torch.Tensor) -> torch.Tensor | float:
+    """[B, O] = x W_skip^T for a skip transcoder; 0 otherwise."""
+    return x @ sae.W_skip.T if sae.W_skip is not None else 0.0
+
+
 def mse(y_hat: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """||y - y^||^2 summed over the vector, averaged over the batch (SAELens's mse_loss)."""
     return (y_hat - y).pow(2).sum(-1).mean()
@@ -100,7 +107,7 @@ def topk_step(sae: SAE, x: torch.Tensor, y: torch.Tensor, dead: torch.Tensor | N
         values, idx = pre.topk(sae.k, dim=-1, sorted=False)  # (B, K)
     z = _chosen(sae, x, idx, values)
     acts = F.relu(z)
-    recon = sparse_decode(idx, acts, sae.W_dec) + sae.b_dec  # (B, O)
+    recon = sparse_decode(idx, acts, sae.W_dec) + sae.b_dec + skip_path(sae, x)  # (B, O)
     loss = reconstruction = mse(recon, y)
     fired = torch.zeros(sae.d_sae, dtype=torch.bool, device=x.device)
     fired[idx[acts > 0]] = True
@@ -141,7 +148,7 @@ def dense_step(sae: SAE, x: torch.Tensor, y: torch.Tensor, dead: torch.Tensor | 
     else:
         acts = F.relu(pre)
         sparsity = l1 * acts.sum(-1).mean()
-    recon = acts @ sae.W_dec + sae.b_dec
+    recon = acts @ sae.W_dec + sae.b_dec + skip_path(sae, x)
     loss = reconstruction = mse(recon, y)
     if sparsity is not None:
         loss = loss + sparsity

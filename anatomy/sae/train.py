@@ -215,7 +215,7 @@ class SAETrainer:
         typical = y.pow(2).sum(-1) <= OUTLIER**2 * y.size(-1)
         x, y = x[typical], y[typical]
         f = self.sae.encode(x)
-        error = (y - self.sae.decode(f)).pow(2).sum()
+        error = (y - self.sae.decode(f, x)).pow(2).sum()
         self.sae.train()
         return {"val_fve": 1.0 - (error / (y - y.mean(0)).pow(2).sum()).item(),
                 "val_l0": (f > 0).sum(-1).float().mean().item()}
@@ -280,11 +280,13 @@ def fold_scales(sae: SAE, scale_in: float, scale_out: float) -> SAE:
     """The SAE trained on (c_in x -> c_out y), rewritten to read x and write y, its decoder rows still unit:
 
         f / c_out = sigma((c_in / c_out) (x - b_dec / c_in) W_enc + b_enc / c_out)    (sigma positively homogeneous)
-        y = (f / c_out) W_dec + b_dec / c_out
+        y = (f / c_out) W_dec + b_dec / c_out  (+ (c_in / c_out) x W_skip^T, a skip transcoder)
 
-    so W_enc *= c_in / c_out, b_enc /= c_out, b_dec /= c_out (= c_in for an SAE), thresholds /= c_out, and the
-    activations are those of the unscaled model. Returns `sae`, changed in place."""
+    so W_enc *= c_in / c_out, b_enc /= c_out, b_dec /= c_out (= c_in for an SAE), thresholds /= c_out, W_skip
+    *= c_in / c_out, and the activations are those of the unscaled model. Returns `sae`, changed in place."""
     sae.W_enc.mul_(scale_in / scale_out)
+    if sae.W_skip is not None:
+        sae.W_skip.mul_(scale_in / scale_out)
     sae.b_enc.div_(scale_out)
     sae.b_dec.div_(scale_out)
     if sae.kind in WITH_THRESHOLD:

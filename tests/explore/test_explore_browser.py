@@ -237,3 +237,23 @@ def test_the_features_panel_lists_opens_and_steers(page, served, prenorm, sae_fo
     page.dispatch_event("input[aria-label='steering strength']", "change")
     page.wait_for_function("() => document.querySelector('#feature-detail').textContent.includes('adding 5 ×')")
     assert "KL =" in page.text_content("#feature-detail")
+
+
+def test_the_discover_panel_runs_a_circuit_and_shows_the_librarys_edges(page, served, prenorm, tmp_path):
+    from anatomy.circuits.discovery import attribute_edges, make_task, top_edges
+
+    pairs = [{"clean": "Hello World, this is", "corrupt": "Hello World, is this", "answer": " Alejandro!", "wrong": " is"},
+             {"clean": "Hello World, this", "corrupt": "Hello World, is", "answer": " is", "wrong": " this"}]
+    open_page(page, served, f"#model={quote(prenorm)}&panel=discover")
+    page.select_option("select[aria-label='task']", "custom")
+    page.fill("textarea.discover-custom", "\n".join(__import__("json").dumps(pair) for pair in pairs))
+    page.click("#discover-controls button:text-is('Discover')")
+    page.wait_for_selector("table.discover-top tbody tr", timeout=60000)
+    model = anatomy.from_pretrained(prenorm)
+    edges = attribute_edges(model, make_task(model, "custom", pairs), method="eap-ig", steps=5)
+    graph = edges.extra["graph"]
+    shown = [row.query_selector("td").text_content() for row in page.query_selector_all("table.discover-top tbody tr")]
+    assert shown == [graph.edge_name(u, v) for u, v, _ in top_edges(edges, len(shown))]
+    page.wait_for_function("() => [...document.querySelectorAll('iframe')].some(f => f.src.includes('/api/jobs/'))")
+    assert page.query_selector(".discover-curve circle.chosen") is not None
+    page.screenshot(path=str(tmp_path / "discover.png"), full_page=True)

@@ -217,6 +217,25 @@ export function currentRow() {
   return state.row !== null && state.row >= 0 && state.row < n ? state.row : n - 1;
 }
 
+// A page of its own in a frame (the circuits floor's graph page): its script and style stay apart
+// from this one's. The analysis panels are drawn in the page itself instead (drawPayload).
+export function pageFrame(title) {
+  const frame = el("iframe", {class: "analysis-frame", title, sandbox: "allow-scripts"});
+  frame.load = (src) => {
+    if (frame.dataset.src === src) return Promise.resolve();
+    frame.dataset.src = src;
+    return new Promise((resolve) => {
+      frame.addEventListener("load", () => resolve(), {once: true});
+      frame.src = src;
+    });
+  };
+  return frame;
+}
+
+export function jobPageUrl(job) {
+  return `/api/jobs/${encodeURIComponent(job.id)}/page?token=${encodeURIComponent(TOKEN)}`;
+}
+
 // A long analysis as a job (POST /api/jobs with `body`): its progress and a cancel button in `box`,
 // then its result drawn in `box` as the analysis pages draw it (its payload, result.view). A newer
 // job in the same box cancels this one (cancelJobIn).
