@@ -153,22 +153,7 @@ class Stack(nn.Module):
             x = self.embed_norm(x)
         x = self.embed_dropout(x)
 
-        # One (mask, is_causal) per kind of layer: "full" sees every earlier key, "sliding" the last few.
-        layer_masks = {
-            kind: masks.self_attention_mask(
-                padding_mask, n_new, causal=self.causal, past_length=past, device=input_ids.device,
-                window=config.sliding_window if kind == "sliding" else None,
-            )
-            for kind in set(config.layer_types)
-        }
-        bias = None
-        if config.pos_encoding == "alibi":
-            # Distances between slots in the sequence: unchanged by left padding, so no position_ids.
-            key_positions = torch.arange(past + n_new, device=input_ids.device)
-            bias = alibi_bias(self.alibi_slopes, key_positions[past:], key_positions).to(x.dtype)  # (H, T, S)
-        if config.pos_encoding == "relative":  # between slots too, as T5 measures them
-            key_positions = torch.arange(past + n_new, device=input_ids.device)
-            bias = self.position_bias(self.relative_position_bias(key_positions[past:], key_positions).to(x.dtype))
+        layer_masks, bias = self.attention_inputs(padding_mask, n_new, past=past, device=input_ids.device, dtype=x.dtype)
         memory_mask = masks.cross_attention_mask(memory_padding_mask)
         for block, kind in zip(self.blocks, config.layer_types):
             mask, is_causal = layer_masks[kind]
@@ -183,6 +168,30 @@ class Stack(nn.Module):
         if hasattr(self, "project_out"):
             x = self.project_out(x)  # (B, T, E) -> (B, T, d_embed), the width of the LM head
         return x
+
+    def attention_inputs(self, padding_mask: torch.Tensor | None, n_new: int, *, past: int = 0, device=None,
+                         dtype: torch.dtype = torch.float32) -> tuple[dict, torch.Tensor | None]:
+        """What every block's self-attention reads besides x, built once per pass for n_new queries
+        after `past` cached keys: ({layer kind: (mask, is_causal)}, the position bias [H, T, S] of
+        ALiBi or T5, else None). padding_mask [B, past + T]."""
+        config = self.config
+        # One (mask, is_causal) per kind of layer: "full" sees every earlier key, "sliding" the last few.
+        layer_masks = {
+            kind: masks.self_attention_mask(
+                padding_mask, n_new, causal=self.causal, past_length=past, device=device,
+                window=config.sliding_window if kind == "sliding" else None,
+            )
+            for kind in set(config.layer_types)
+        }
+        bias = None
+        if config.pos_encoding == "alibi":
+            # Distances between slots in the sequence: unchanged by left padding, so no position_ids.
+            key_positions = torch.arange(past + n_new, device=device)
+            bias = alibi_bias(self.alibi_slopes, key_positions[past:], key_positions).to(dtype)  # (H, T, S)
+        if config.pos_encoding == "relative":  # between slots too, as T5 measures them
+            key_positions = torch.arange(past + n_new, device=device)
+            bias = self.position_bias(self.relative_position_bias(key_positions[past:], key_positions).to(dtype))
+        return layer_masks, bias
 
     def check_inputs(self, name: str, ids, mask, mask_name: str, cache: KVCache | None = None) -> None:
         past = cache.length if cache is not None else 0
