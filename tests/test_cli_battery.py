@@ -75,6 +75,10 @@ BATTERY = [
     (["sae", "nosuch"], "invalid choice"),
     # explore
     (["explore", "--port", "99999"], "--port"),
+    # circuits
+    (["circuits"], "TEXT"),
+    (["circuits", "discover", "--task", "nosuch"], "--task"),
+    (["circuits", "discover", "--steps", "0"], "--steps"),
     # train
     (["train"], "TASK"),
     (["train", "lm", "--data", "{data}", "--out", "{tmp}/r", "--log-every", "0"], "--log-every"),
