@@ -198,7 +198,7 @@ def _size(count: int) -> str:
 
 def describe(results: dict, title: str, text: str | None = None) -> str:
     """A set's evaluation in 80 columns: one row per layer (FVE, L0, dead), then the means and the CE loss."""
-    lines = [title] + ([f"  text      {one_line(text)}"] if text else [])
+    lines = [summary_block(title, [("text", one_line(text))] if text else [])]  # a long path folds to 80 columns
     lines.append(f"  {'layer':>5}  {'FVE':>6}  {'L0':>7}  {'dead':>6}")
     for layer, r in enumerate(results["layers"]):
         lines.append(f"  {layer:>5}  {r['fve']:>6.3f}  {r['l0']:>7.1f}  {r['dead']:>6.1%}")
