@@ -111,7 +111,7 @@ def active_features(rep: Replacement) -> Active:
 def logit_targets(logits: torch.Tensor, max_logits: int, probability: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, probabilities) of the most likely next tokens until their cumulative probability reaches
     `probability`, at most max_logits of them (circuit-tracer's salient logits)."""
-    probs = torch.softmax(logits.double(), dim=-1).float()
+    probs = torch.softmax(logits, dim=-1)
     top, ids = probs.topk(min(max_logits, probs.numel()))
     cutoff = int(torch.searchsorted(top.cumsum(0), torch.tensor(probability))) + 1
     return ids[:cutoff], top[:cutoff]
@@ -123,35 +123,43 @@ class Layout:
     (one per position, the first one included, as circuit-tracer numbers them), then the logits."""
 
     n_tokens: int
-    feature_start: list[int]  # per layer: the first feature's node index
-    error_start: list[int]  # per layer: the error of position 0's node index
-    feature_offsets: list[torch.Tensor]  # per layer [T + 1]: where each position's features begin, from feature_start
+    feature_start: list[int]  # per layer: the node index of its first feature
+    error_start: list[int]  # per layer: the node index of position 0's error
+    active_start: list[int]  # per layer: the index of its first feature in Active's arrays
+    feature_offsets: list[torch.Tensor]  # per layer [T + 1]: where each position's features begin, from its first
     logit_start: int
     total: int
 
+    def features(self, layer: int, position: int) -> tuple[slice, slice]:
+        """(node indices, indices into Active's arrays) of layer's features at position."""
+        lo, hi = int(self.feature_offsets[layer][position]), int(self.feature_offsets[layer][position + 1])
+        return (slice(self.feature_start[layer] + lo, self.feature_start[layer] + hi),
+                slice(self.active_start[layer] + lo, self.active_start[layer] + hi))
+
 
 def layout(active: Active, n_layers: int, T: int, n_logits: int) -> Layout:
-    feature_start, error_start, offsets = [], [], []
-    index = T
+    feature_start, error_start, active_start, offsets = [], [], [], []
+    index, count = T, 0
     for layer in range(n_layers):
-        positions = active.position[active.layer == layer]
-        counts = torch.bincount(positions, minlength=T)
+        counts = torch.bincount(active.position[active.layer == layer], minlength=T)
         feature_start.append(index)
+        active_start.append(count)
         offsets.append(torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]))
         index += int(counts.sum())
+        count += int(counts.sum())
         error_start.append(index)
         index += T
-    return Layout(T, feature_start, error_start, offsets, index, index + n_logits)
+    return Layout(T, feature_start, error_start, active_start, offsets, index, index + n_logits)
 
 
 def build_nodes(rep: Replacement, active: Active, where: Layout, logit_ids: torch.Tensor, probs: torch.Tensor,
                 labels: list[str], logit_labels: list[str]) -> list[Node]:
     """Nodes in graph order (Layout): every one named by what it is."""
     nodes = [Node("token", -1, q, int(rep.ids[q]), label=labels[q]) for q in range(where.n_tokens)]
-    values = active.activation.tolist()
+    positions, features, values = active.position.tolist(), active.feature.tolist(), active.activation.tolist()
     for layer in range(rep.n_layers):
-        chosen = (active.layer == layer).nonzero().flatten().tolist()
-        nodes += [Node("feature", layer, int(active.position[i]), int(active.feature[i]), value=values[i]) for i in chosen]
+        chosen = range(where.active_start[layer], where.active_start[layer] + int(where.feature_offsets[layer][-1]))
+        nodes += [Node("feature", layer, positions[i], features[i], value=values[i]) for i in chosen]
         nodes += [Node("error", layer, q) for q in range(where.n_tokens)]
     last = where.n_tokens - 1
     nodes += [Node("logit", rep.n_layers, last, int(i), label=text, value=float(p))
@@ -160,25 +168,22 @@ def build_nodes(rep: Replacement, active: Active, where: Layout, logit_ids: torc
 
 
 class Sources:
-    """The vectors written at one layer's MLP output, by position: the activation-scaled decoder rows of the
+    """The vectors written at each layer's MLP output, by position: the activation-scaled decoder rows of the
     features that write there (a CLT's earlier layers too) and the error, with their node columns."""
 
     def __init__(self, rep: Replacement, active: Active, where: Layout, errors: torch.Tensor):
         self.by_layer: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-        T, transcoders = where.n_tokens, rep.transcoders
-        decoders = [transcoders.decoder_vectors(layer).detach().float() for layer in range(rep.n_layers)]
+        transcoders = rep.transcoders
         for layer in range(rep.n_layers):
             at_layer = []
-            for q in range(T):
+            for q in range(where.n_tokens):
                 vectors, columns = [], []
                 for source in transcoders.writers(layer):
-                    mask = (active.layer == source) & (active.position == q)
-                    if mask.any():
-                        chosen = mask.nonzero().flatten()
-                        rows = decoders[source][active.feature[chosen], layer - source]  # (n, E)
-                        vectors.append(rows * active.activation[chosen, None])
-                        start = where.feature_start[source] + int(where.feature_offsets[source][q])
-                        columns.append(torch.arange(start, start + len(chosen)))
+                    nodes, chosen = where.features(source, q)
+                    if nodes.stop > nodes.start:
+                        rows = transcoders.decoder_vectors(source)[active.feature[chosen], layer - source]  # (n, E)
+                        vectors.append(rows.detach().float() * active.activation[chosen, None])
+                        columns.append(torch.arange(nodes.start, nodes.stop))
                 vectors.append(errors[layer, q][None])
                 columns.append(torch.tensor([where.error_start[layer] + q]))
                 at_layer.append((torch.cat(vectors), torch.cat(columns)))
@@ -200,59 +205,77 @@ def errors_of(rep: Replacement, active: Active, T: int) -> torch.Tensor:
     return errors
 
 
-def encoder_rows(rep: Replacement, active: Active, layer: int, position: int) -> torch.Tensor:
-    """[k, E]: the encoder vectors of layer's features active at position (their pre-activation reads x_in . row)."""
-    chosen = (active.layer == layer) & (active.position == position)
-    W_enc = rep.transcoders.layers[layer].W_enc.detach().float()  # (E, F)
-    return W_enc[:, active.feature[chosen]].T
+ROW_CHUNK = 512  # rows carried back through one attention at a time: bounds the temporaries (512 x P x E floats)
 
 
 def sweep(rep: Replacement, active: Active, where: Layout, sources: Sources, logit_vectors: torch.Tensor,
           adjacency: torch.Tensor, progress=None) -> None:
     """Fill adjacency's target rows (features, logits) with every direct effect, in one sweep down the layers
-    (module docstring). Rows at position p carry gradients [R_p, p + 1, E]; they join at their own layer."""
+    (module docstring).
+
+    The rows at position p carry their gradients at positions 1 .. p: grads[p] [R_p, p, E], joining at their
+    own layer (in order: logits, then the features of layer L-1, ..., 0, so that the rows joined so far are
+    the first ones). Position 0 is not carried: only the first token's node writes there, so what attention
+    sends back to it at layer l meets that token's image at resid_pre(l) (its embedding carried up the first
+    position), and the product is that edge's share, added up over the layers."""
     T, L, E = where.n_tokens, rep.n_layers, rep.embed.size(1)
     n_logits = logit_vectors.size(0)
-    row_nodes = []  # per position: the rows' node indices, in joining order (logits, then layer L-1 ... 0)
-    for p in range(T):
+    row_nodes = [torch.zeros(0, dtype=torch.long)]  # per position: the rows' node indices, in joining order
+    for p in range(1, T):
         nodes = [torch.arange(where.logit_start, where.logit_start + n_logits)] if p == T - 1 else []
-        for layer in reversed(range(L)):
-            start = where.feature_start[layer] + int(where.feature_offsets[layer][p])
-            nodes.append(torch.arange(start, where.feature_start[layer] + int(where.feature_offsets[layer][p + 1])))
-        row_nodes.append(torch.cat(nodes) if nodes else torch.zeros(0, dtype=torch.long))
-    grads = [torch.zeros(len(row_nodes[p]), p + 1, E) for p in range(T)]  # (R_p, P, E)
+        nodes += [torch.arange(where.features(layer, p)[0].start, where.features(layer, p)[0].stop)
+                  for layer in reversed(range(L))]
+        row_nodes.append(torch.cat(nodes))
+    grads = [torch.zeros(0)] + [torch.zeros(len(row_nodes[p]), p, E) for p in range(1, T)]  # (R_p, p, E)
     joined = [0] * T
-    grads[T - 1][:n_logits, T - 1] = rep.final_norm.transpose_at(logit_vectors, T - 1)
+    grads[T - 1][:n_logits, T - 2] = rep.final_norm.transpose_at(logit_vectors, T - 1)
     joined[T - 1] = n_logits
+    first_images = rep.first_position_images()
+    to_first_token = torch.zeros(where.total)  # each row's edge from the first token, summed over layers
+    encoders = [rep.transcoders.layers[layer].W_enc.detach().float() for layer in range(L)]  # (E, F) each
 
     for layer in reversed(range(L)):
-        for p in range(1, T):
-            a = joined[p]
-            if a == 0:
+        for q in range(1, T):  # every row that reaches position q, against what is written there
+            vectors, columns = sources.by_layer[layer][q]
+            groups = [p for p in range(q, T) if joined[p]]
+            if not groups:
                 continue
-            rows, g = row_nodes[p][:a], grads[p][:a]
-            for q in range(1, p + 1):  # position 0 writes through no node
-                vectors, columns = sources.by_layer[layer][q]
-                adjacency.index_put_((rows[:, None], columns[None, :]), g[:, q] @ vectors.T, accumulate=True)
-            through_skip = rep.skip_transpose(layer, g)
-            if through_skip is not None:
-                g += through_skip
-        for p in range(1, T):  # the features of this layer join, read at the MLP's input
-            encoders = encoder_rows(rep, active, layer, p)
-            if len(encoders):
-                grads[p][joined[p]:joined[p] + len(encoders), p] = rep.input_transpose_at(layer, encoders, p)
-                joined[p] += len(encoders)
-        attention, norm = rep.attentions[layer], rep.attn_norms[layer]
-        for p in range(T):
+            edges = torch.empty(sum(joined[p] for p in groups), len(columns))
+            start = 0
+            for p in groups:
+                torch.mm(grads[p][:joined[p], q - 1], vectors.T, out=edges[start:start + joined[p]])
+                start += joined[p]
+            rows = torch.cat([row_nodes[p][:joined[p]] for p in groups])
+            adjacency.index_put_((rows[:, None], columns[None, :]), edges, accumulate=True)
+        before = list(joined)  # the rows that have crossed an attention already; the others join now
+        for p in range(1, T):
             if joined[p]:
-                g = grads[p][:joined[p]]
-                g += norm.transpose(attention.transpose(g))
+                rep.add_skip_transpose(layer, grads[p][:joined[p]])
+            chosen = where.features(layer, p)[1]  # the features of this layer join, read at the MLP's input
+            k = chosen.stop - chosen.start
+            if k:
+                reading = encoders[layer][:, active.feature[chosen]].T  # (k, E)
+                grads[p][joined[p]:joined[p] + k, p - 1] = rep.input_transpose_at(layer, reading, p)
+                joined[p] += k
+        sublayer = rep.sublayers[layer]
+        for p in range(1, T):
+            for start in range(0, joined[p], ROW_CHUNK):
+                stop = min(joined[p], start + ROW_CHUNK)
+                split = min(max(before[p], start), stop)  # rows before it crossed an attention; from it, joined now
+                if split > start:
+                    to_first_token[row_nodes[p][start:split]] += sublayer.add_transpose(grads[p][start:split],
+                                                                                        first_images[layer])
+                if stop > split:
+                    to_first_token[row_nodes[p][split:stop]] += sublayer.add_transpose_at(grads[p][split:stop],
+                                                                                          first_images[layer])
         if progress is not None:
             progress(L - layer, L + 1)
-    for p in range(T):
+    for p in range(1, T):
         if joined[p]:
             rows = row_nodes[p][:joined[p]]
-            adjacency[rows[:, None], torch.arange(p + 1)[None, :]] = (grads[p][:joined[p]] * rep.embed[:p + 1]).sum(-1)
+            at_embeddings = (grads[p][:joined[p]] * rep.embed[1:p + 1]).sum(-1)  # (R, p)
+            adjacency[rows[:, None], torch.arange(1, p + 1)[None, :]] = at_embeddings
+            adjacency[rows, 0] = to_first_token[rows]
 
 
 def unexplained(rep: Replacement, active: Active, where: Layout, logit_ids: torch.Tensor,
@@ -264,7 +287,7 @@ def unexplained(rep: Replacement, active: Active, where: Layout, logit_ids: torc
     x = rep.trace["pos_embed"][0].float() if "pos_embed" in rep.trace else torch.zeros_like(rep.embed)  # (T, E)
     result = torch.zeros(where.total)
     for layer in range(rep.n_layers):
-        x = x + rep.attentions[layer].forward(rep.attn_norms[layer].forward(x))
+        x = x + rep.sublayers[layer].forward(x)
         read = rep.input_forward(layer, x)  # (T, E)
         chosen = (active.layer == layer).nonzero().flatten()
         if len(chosen):
@@ -272,18 +295,32 @@ def unexplained(rep: Replacement, active: Active, where: Layout, logit_ids: torc
             start = where.feature_start[layer]
             result[start:start + len(chosen)] = pre[active.position[chosen], active.feature[chosen]]
         out = rep.transcoders.output_bias(layer).detach().float().expand(T, -1).clone()  # (T, E)
-        skip = rep.transcoders.skip(layer)
+        skip = rep.skips[layer]
         if skip is not None:
-            out += read @ skip.detach().float()
+            out += read @ skip
         # the first position's whole output, but for the part its skip passes on (a linear path, counted above)
         first = rep.outputs[layer][0] - rep.transcoders.output_bias(layer).detach().float()
         if skip is not None:
-            first = first - rep.inputs[layer][0] @ skip.detach().float()
+            first = first - rep.inputs[layer][0] @ skip
         out[0] += first
         x = x + out
     h = rep.final_norm.forward(x)[-1]  # (E,)
     result[where.logit_start:] = logit_vectors @ h + demeaned(rep.unembed_bias, logit_ids)
     return result
+
+
+def identity_gaps(adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tensor,
+                  block: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """(|value - row sum - rest|, sum of the |terms| added up) for every target (values not NaN), in float64,
+    a block of rows at a time."""
+    differences, terms = [], []
+    for start in range(0, adjacency.size(0), block):
+        rows = adjacency[start:start + block]  # (b, N)
+        value, other = values[start:start + block].double(), rest[start:start + block].double()
+        differences.append((value - rows.sum(1, dtype=torch.float64) - other).abs())
+        terms.append(rows.abs().sum(1, dtype=torch.float64) + other.abs())
+    targets = ~values.isnan()
+    return torch.cat(differences)[targets], torch.cat(terms)[targets]
 
 
 def demeaned(bias: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | float:
@@ -337,10 +374,8 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
         values[start:start + len(chosen)] = active.pre[layer][active.position[chosen], active.feature[chosen]]
     values[where.logit_start:] = rep.logits[logit_ids] - rep.logits.mean()
     rest = unexplained(rep, active, where, logit_ids, logit_vectors)
-    targets = ~values.isnan()
-    rest[~targets] = 0.0
-    differences = (values[targets].double() - adjacency[targets].double().sum(1) - rest[targets].double()).abs()
-    terms = adjacency[targets].double().abs().sum(1) + rest[targets].double().abs()  # what each sum adds up
+    rest[values.isnan()] = 0.0
+    differences, terms = identity_gaps(adjacency, values, rest)
     error = float((differences / terms.clamp(min=1e-30)).max())
     weights = torch.zeros(where.total)
     weights[where.logit_start:] = probs
