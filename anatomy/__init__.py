@@ -50,6 +50,8 @@ _LAZY = {
     "walkthrough": ("anatomy.walk", "walkthrough"),
     "SAE": ("anatomy.sae", "SAE"),
     "load_sae": ("anatomy.sae", "load_sae"),
+    "TranscoderSet": ("anatomy.sae", "TranscoderSet"),
+    "load_transcoders": ("anatomy.sae", "load_transcoders"),
     **{name: ("anatomy.analysis", name) for name in (
         "run_with_cache", "logit_lens", "decompose", "direct_logit_attribution", "patch", "integrated_gradients",
         "gradient_x_input", "attention_rollout", "detect_heads", "process_weights")},

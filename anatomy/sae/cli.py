@@ -1,8 +1,10 @@
-"""`anatomy sae train|eval|features`: train an SAE or a transcoder, measure it, show its features.
+"""`anatomy sae train|eval|features|train-transcoders|eval-transcoders`: train an SAE or a transcoder, measure
+it, show its features; a transcoder on every layer (transcoders_cli.py).
 
     anatomy sae train --model smollm2 --point blocks.15.resid_post --data input.txt --features 4608 --k 32 --out runs/sae
     anatomy sae eval runs/sae --data heldout.txt                  # L0, FVE, CE loss recovered, dead, dense
     anatomy sae features runs/sae --data text.txt --out features.html
+    anatomy sae train-transcoders --model smollm2 --data input.txt --out runs/tc   # every layer, one harvest
 
 A run folder holds sae_train_config.json, metrics.jsonl, sae.png, checkpoints/, and at the end sae/
 (SAELens's format) and eval.json. `--resume` continues a killed run; under torchrun the run trains with
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -64,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--save-every", type=non_negative_int, default=500)
     g.add_argument("--ce-contexts", type=non_negative_int, default=64,
                    help="held-out contexts for the cross-entropy loss recovered (0: skip it)")
-    _run_arguments(train)
+    add_run_arguments(train)
 
     evaluate = commands.add_parser("eval", help="L0, variance explained, CE loss recovered, dead and dense features")
     evaluate.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
@@ -77,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="contexts for the cross-entropy loss recovered, three passes each (default 64; 0: skip it)")
     evaluate.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     evaluate.add_argument("--point", type=text, help="the point it reads, when its files do not say")
-    _run_arguments(evaluate)
+    evaluate.add_argument("--layer", type=non_negative_int, help="a transcoder set: the layer whose transcoder to read")
+    add_run_arguments(evaluate)
 
     features = commands.add_parser("features", help="one offline page: every feature's top contexts, density, logits")
     features.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
@@ -90,10 +94,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="leading positions of each context left out (default 1)")
     features.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     features.add_argument("--point", type=text, help="the point it reads, when its files do not say")
-    _run_arguments(features)
+    features.add_argument("--layer", type=non_negative_int, help="a transcoder set: the layer whose features to show")
+    add_run_arguments(features)
+
+    from .transcoders_cli import add_arguments as add_transcoder_commands
+
+    add_transcoder_commands(commands, add_model_argument, add_run_arguments)
 
 
-def _run_arguments(parser: argparse.ArgumentParser) -> None:
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """--device, --threads, --no-progress and --quiet: what every sae command takes."""
     add_device_argument(parser, default="cpu")
     add_threads_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
@@ -102,10 +112,13 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the sae command named on the command line; 0 on success."""
-    return {"train": run_train, "eval": run_eval, "features": run_features}[args.sae_command](args)
+    from .transcoders_cli import run_eval_transcoders, run_train_transcoders
+
+    return {"train": run_train, "eval": run_eval, "features": run_features, "train-transcoders": run_train_transcoders,
+            "eval-transcoders": run_eval_transcoders}[args.sae_command](args)
 
 
-def _model(name: str, device: str, points=()):
+def load_model(name: str, device: str, points=()):
     """The model, in evaluation mode, after checking it has a tokenizer and the trace points `points`."""
     from ..checkpoints import from_pretrained
     from ..trace import anatomy_name, trace_points
@@ -122,18 +135,15 @@ def _model(name: str, device: str, points=()):
     return model
 
 
-def run_train(args) -> int:
-    """Harvest, train, save sae/ and eval.json, draw sae.png (module docstring); under torchrun, one rank each."""
+@contextmanager
+def training_run(args):
+    """(distributed info, run folder) for a training command, in a block: torchrun's process group set up,
+    the run folder locked (rank 0), its temporaries from a killed run removed, and a run that already holds
+    checkpoints refused unless --resume; the lock released and the group left at the end, however it ends."""
     from ..training import distributed
     from ..training.checkpoint import checkpoint_candidates, remove_temporaries
     from ..training.metrics import METRICS
     from ..training.rundir import RunLock
-    from .evaluate import evaluate
-    from .formats import save_sae
-    from .modules import SAE
-    from .store import ActivationStore, corpus_tokens, harvest, rows_of
-    from .train import SAETrainConfig, SAETrainer, write_summary
-    from ..trace import anatomy_name, trace
 
     info = distributed.setup(args.device)
     run_dir = Path(args.out)
@@ -145,8 +155,36 @@ def run_train(args) -> int:
             raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another --out")
         if info.is_main and not args.resume:
             (run_dir / METRICS).unlink(missing_ok=True)
+        yield info, run_dir
+    finally:
+        if lock is not None:
+            lock.release()
+        distributed.cleanup()
+
+
+def train_config(args, k):
+    """The SAETrainConfig of a training command's options (`k` as the kind takes it)."""
+    from .train import SAETrainConfig
+
+    return SAETrainConfig(kind=args.kind, features=args.features, k=k, l1=args.l1, l0=args.l0, max_steps=args.max_steps,
+                          batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, min_lr_ratio=args.min_lr_ratio,
+                          aux_k=args.aux_k, aux_coefficient=args.aux_coefficient, dead_tokens=args.dead_tokens,
+                          seed=args.seed, log_every=args.log_every, eval_every=args.eval_every,
+                          save_every=args.save_every, progress=not args.no_progress, quiet=args.quiet)
+
+
+def run_train(args) -> int:
+    """Harvest, train, save sae/ and eval.json, draw sae.png (module docstring); under torchrun, one rank each."""
+    from .evaluate import evaluate
+    from .formats import save_sae
+    from .modules import SAE
+    from .store import ActivationStore, corpus_tokens, harvest, rows_of
+    from .train import SAETrainer, write_summary
+    from ..trace import anatomy_name, trace
+
+    with training_run(args) as (info, run_dir):
         points = [args.point] + ([args.point_out] if args.point_out else [])
-        model = _model(args.model, str(info.device), points)
+        model = load_model(args.model, str(info.device), points)
         train_tokens, held_tokens = corpus_tokens(args.data, model.tokenizer, args.eval_fraction)
         shards = Path(args.shards) / _shard_key(args, points) if args.shards else None
         store = ActivationStore(model, points, train_tokens, context=args.context, batch_size=args.batch_size,
@@ -164,12 +202,7 @@ def run_train(args) -> int:
         sae = SAE(widths[0], args.features, kind=args.kind, k=int(k) if args.kind == "topk" else k,
                   d_out=widths[-1], point=args.point, point_out=args.point_out, seed=args.seed,
                   metadata={"model_name": args.model, "context_size": args.context, "dataset_path": " ".join(args.data)})
-        config = SAETrainConfig(kind=args.kind, features=args.features, k=k, l1=args.l1, l0=args.l0,
-                                max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                                min_lr_ratio=args.min_lr_ratio, aux_k=args.aux_k, aux_coefficient=args.aux_coefficient,
-                                dead_tokens=args.dead_tokens, seed=args.seed, log_every=args.log_every,
-                                eval_every=args.eval_every, save_every=args.save_every,
-                                progress=not args.no_progress, quiet=args.quiet)
+        config = train_config(args, k)
         eval_rows = rows_of(model, points, held_tokens, context=args.context, skip=args.skip, limit=16384)
         if info.is_main:
             write_summary(run_dir, config, {"model": args.model, "point": args.point, "point_out": args.point_out,
@@ -193,17 +226,13 @@ def run_train(args) -> int:
             results = evaluate(model, final, held_tokens, context=args.context, skip=args.skip,
                                ce_contexts=args.ce_contexts)
             (run_dir / "eval.json").write_text(json.dumps(results, indent=1) + "\n")
-            trainer._log({"step": trainer.step, **{f"heldout_{k}": v for k, v in results.items()}})
+            trainer.log_record({"step": trainer.step, **{f"heldout_{k}": v for k, v in results.items()}})
             from .plots import plot_training
 
             plot_training(run_dir, trainer.history)
             if not args.quiet:
                 print(_describe(results, "held out") + f"\nSAE in {printable(str(run_dir / 'sae'))}")
         return 0
-    finally:
-        if lock is not None:
-            lock.release()
-        distributed.cleanup()
 
 
 def _shard_key(args, points) -> str:
@@ -228,7 +257,7 @@ def _describe(results: dict, title: str, text: str | None = None) -> str:
     return summary_block(f"{title}:", rows)
 
 
-def _bar(label: str, args):
+def progress_bar(label: str, args):
     """A progress callback (done, total) drawing a transient rich bar on a terminal's stderr, unless
     --quiet or --no-progress; and the bar itself, to use as a context manager."""
     from contextlib import nullcontext
@@ -254,15 +283,49 @@ def _sae_model_tokens(args):
     for path in args.data:
         if not Path(path).is_file():
             raise FileNotFoundError(2, "no such file", path)
-    sae = load_sae(args.sae, point=args.point)
+    sae = _layer_of_set(args) if _is_set(args.sae) or args.layer is not None else load_sae(args.sae, point=args.point)
     name = args.model or sae.metadata.get("model_name")
     if not name:
         raise ValueError(f"{args.sae} does not name its model: pass --model")
     if sae.point is None:
         raise ValueError(f"{args.sae} does not say which point it reads: pass --point")
-    model = _model(name, args.device, [p for p in (sae.point, sae.point_out) if p])
+    model = load_model(name, args.device, [p for p in (sae.point, sae.point_out) if p])
     tokens = corpus_tokens(args.data, model.tokenizer, eval_fraction=None)[0]
     return sae.to(args.device), model, tokens[:args.max_tokens] if args.max_tokens else tokens
+
+
+def _is_set(source: str) -> bool:
+    """Whether `source` is a transcoder set's folder (circuit-tracer's config.yaml) or a run holding one."""
+    from .transcoder_files import CONFIG, RUN_FOLDER
+
+    return (Path(source) / CONFIG).is_file() or (Path(source) / RUN_FOLDER / CONFIG).is_file()
+
+
+def _layer_of_set(args):
+    """The transcoder of layer --layer of the set at args.sae (a per-layer set's), named by the set's model."""
+    from .transcoder_files import load_transcoders
+
+    transcoders = load_transcoders(args.sae)
+    if args.layer is None or args.layer >= transcoders.n_layers:
+        raise ValueError(f"{args.sae} holds a transcoder for each of {transcoders.n_layers} layers: choose one with "
+                         f"--layer 0 .. {transcoders.n_layers - 1}")
+    if transcoders.cross_layer:
+        raise ValueError(f"{args.sae} is a cross-layer transcoder: its features write to every later layer, not one "
+                         "point; allowed here: a per-layer set")
+    sae = transcoders.layers[args.layer]
+    sae.metadata = {**transcoders.metadata, **sae.metadata}
+    return sae
+
+
+def _stats(args) -> dict | None:
+    """The run's eval.json for the page's header: the layer's own numbers when a set's layer is shown."""
+    from .features import stats_of
+
+    stats = stats_of(args.sae) if Path(args.sae).is_dir() else None
+    if stats and "layers" in stats:
+        layers = stats["layers"]
+        return layers[args.layer] if args.layer is not None and args.layer < len(layers) else None
+    return stats
 
 
 def run_eval(args) -> int:
@@ -270,7 +333,7 @@ def run_eval(args) -> int:
     from .evaluate import evaluate
 
     sae, model, tokens = _sae_model_tokens(args)
-    progress, bar = _bar("eval", args)
+    progress, bar = progress_bar("eval", args)
     with bar:
         results = evaluate(model, sae, tokens, context=args.context, skip=args.skip, ce_contexts=args.ce_contexts,
                            progress=progress)
@@ -284,7 +347,7 @@ def run_features(args) -> int:
     """Write the feature page of an SAE over the text of --data."""
     import time
 
-    from .features import feature_page, stats_of
+    from .features import feature_page
 
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out {args.out!r} must be an .html file")
@@ -292,10 +355,10 @@ def run_features(args) -> int:
         raise FileNotFoundError(2, "no such folder", str(Path(args.out).parent))
     started = time.time()
     sae, model, tokens = _sae_model_tokens(args)
-    progress, bar = _bar("features", args)
+    progress, bar = progress_bar("features", args)
     with bar:
         view = feature_page(model, sae, tokens, context=args.context, skip=args.skip, top=args.top,
-                            stats=stats_of(args.sae) if Path(args.sae).is_dir() else None, progress=progress)
+                            stats=_stats(args), progress=progress)
     out = view.save(args.out)
     if not args.quiet:
         print(f"{printable(str(out))}: {sae.d_sae:,} features, {len(view.html) / 1e6:.1f} MB, "

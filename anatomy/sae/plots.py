@@ -33,8 +33,9 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def plot_training(run_dir: str | os.PathLike, history: list[dict]) -> Path | None:
-    """run_dir/sae.png from the records of metrics.jsonl; None (nothing written) without matplotlib."""
+def plot_training(run_dir: str | os.PathLike, history: list[dict], name: str = "sae.png") -> Path | None:
+    """run_dir/`name` from the records of metrics.jsonl (a set's: the means over its layers); None (nothing
+    written) without matplotlib."""
     plt = _pyplot()
     if plt is None:
         return None
@@ -54,7 +55,7 @@ def plot_training(run_dir: str | os.PathLike, history: list[dict]) -> Path | Non
     middle.legend()
     right.set_ylim(bottom=0.0, top=max(0.05, max([v for _, v in series["dead"]] or [0.0]) * 1.1))
     left.set_ylim(max(0.0, min([v for _, v in series["fve"][len(series["fve"]) // 10:]] or [0.0]) - 0.05), 1.0)
-    result = _save(fig, Path(run_dir) / "sae.png")
+    result = _save(fig, Path(run_dir) / name)
     plt.close(fig)
     return result
 

@@ -127,6 +127,12 @@ class ActivationStore:
         order = self._shuffled[1][within * self.batch_size:(within + 1) * self.batch_size]
         return rows[order]
 
+    def first_rows(self, count: int) -> torch.Tensor:
+        """[<= count, E]: rows of the fill that step 0 reads, in its epoch-0 order (no other fill harvested)."""
+        fill = int(np.random.default_rng([self.seed, 1, 0]).permutation(len(self.fills))[0])
+        self.batch(0)  # loads that fill and its order
+        return self.fill(fill)[self._shuffled[1][:count]]
+
     def fill(self, index: int) -> torch.Tensor:
         """[R, E]: the rows of fill `index`, from memory, its shard, or passes of the model (then kept)."""
         if self._loaded is not None and self._loaded[0] == index:

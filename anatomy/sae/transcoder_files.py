@@ -118,8 +118,7 @@ def _load_circuit_tracer(folder: Path, dtype: torch.dtype, mlp_out_norm: bool) -
                   for key in ("feature_input_hook", "feature_output_hook")]
     except ValueError as error:
         raise CheckpointError(f"transcoder config {where!r}: {error}") from None
-    metadata = {k: v for k, v in config.items() if isinstance(v, (str, int, float, bool)) and k not in
-                ("model_kind", "feature_input_hook", "feature_output_hook")}
+    metadata = {k: v for k, v in config.items() if isinstance(v, (str, int, float, bool)) and k != "model_kind"}
     cross_layer = KINDS[config["model_kind"]]
     if cross_layer:
         layers = _clt_layers(folder, dtype)

@@ -161,6 +161,11 @@ class TranscoderSet(nn.Module):
                 block = sorted({n.split(".", 2)[2] for n in points if n.startswith("blocks.0.")})
                 raise ValueError(f"transcoder set {field} {pattern!r} is not in block {missing[0]} of this model; allowed: "
                                  f"blocks.L.{{{', '.join(block)}}}")
+            if field == "output point" and self.metadata.get("feature_output_hook") == "hook_mlp_out" and \
+                    pattern == OUTPUT_POINT and "blocks.0.mlp_out_norm.out" in points:
+                raise ValueError("transcoder set output point: circuit-tracer's hook_mlp_out is, in this model, the output "
+                                 "of the MLP's own norm; allowed: blocks.L.mlp_out_norm.out (load_transcoders(..., "
+                                 "mlp_out_norm=True))")
             width = _width(points[pattern.replace("L", "0", 1)], model.config)
             if width is not None and width != self.d_model:
                 raise ValueError(f"transcoder set d_model={self.d_model} does not fit the {field} {pattern!r} of this model, "
@@ -175,14 +180,16 @@ class TranscoderSet(nn.Module):
                              "TranscoderSet.replacement(), not one SAE per point")
         return {self.output_point(layer): sae for layer, sae in enumerate(self.layers)}
 
-    def replacement(self, where: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, Callable]:
+    def replacement(self, where: Callable[[torch.Tensor], torch.Tensor] | None = None, errors: bool = False
+                    ) -> dict[str, Callable]:
         """Interventions for anatomy.trace(model, interventions=...) that run the replacement model: each
-        layer's input is encoded as it is reached, and each MLP output is replaced by reconstruct(l, ...),
-        the features of every layer that writes to it (a CLT's earlier layers included), no error term.
+        layer's input is encoded as it is reached, and each MLP output y_l is replaced by y^_l =
+        reconstruct(l, ...), the features of every layer that writes to it (a CLT's earlier layers included);
+        with `errors`, by y^_l + (y_l - y^_l), the error term added back (the model's own value, to rounding).
 
         where(x [B, T, E]) -> [B, T] bool: the positions replaced, from the model's own output there
-        (default all); elsewhere the model's value goes on. Each call makes fresh state: use one dict for one
-        pass. Raises ValueError (from the pass) when a layer's output is reached before its input."""
+        (default all); elsewhere the model's value goes on. The dict keeps the features of the pass it is
+        used in. Raises ValueError (from the pass) when a layer's output is reached before its input."""
         features: list[torch.Tensor | None] = [None] * self.n_layers
         inputs: list[torch.Tensor | None] = [None] * self.n_layers
 
@@ -197,6 +204,8 @@ class TranscoderSet(nn.Module):
                 if inputs[layer] is None:
                     raise ValueError(f"layer {layer}'s output {self.output_point(layer)!r} was reached before its input")
                 recon = self.reconstruct(layer, features, inputs).to(x.dtype)
+                if errors:
+                    recon = recon + (x - recon)  # y^ + e
                 return recon if where is None else torch.where(where(x)[..., None], recon, x)
             return fn
 
@@ -215,6 +224,20 @@ class TranscoderSet(nn.Module):
         skip = ", skip" if self.layers[0].W_skip is not None else ""
         return (f"{'CLT' if self.cross_layer else 'PLT'}, kind={self.kind!r}, n_layers={self.n_layers}, d_model={self.d_model}, "
                 f"d_transcoder={self.d_transcoder}{skip}, {self.input_pattern} -> {self.output_pattern}")
+
+
+def mlp_points(model: nn.Module) -> tuple[str, str]:
+    """(the point each block's MLP reads, the point it writes), with L for the layer, from the block's layout:
+    the MLP's own norm (pre-norm and sandwich blocks: blocks.L.mlp_norm.out), the attention's norm (a parallel
+    block that shares it, GPT-J), or the residual stream itself (post-norm blocks: blocks.L.resid_mid)."""
+    config = model.config
+    if config.parallel_residual:
+        reads = "blocks.L.attn_norm.out" if config.parallel_shared_norm else "blocks.L.mlp_norm.out"
+    elif config.norm_position in ("post", "post_sublayer"):
+        reads = "blocks.L.resid_mid"
+    else:
+        reads = "blocks.L.mlp_norm.out"
+    return reads, OUTPUT_POINT
 
 
 def _layer_pattern(point: str) -> str:

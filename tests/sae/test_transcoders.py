@@ -127,3 +127,35 @@ def test_a_clt_replacement_writes_each_output_from_every_earlier_layer():
     assert torch.allclose(t["blocks.0.mlp.out"], f0 @ W0[:, 0], atol=1e-5)
     assert torch.allclose(t["blocks.1.mlp.out"], f0 @ W0[:, 1] + f1 @ layers[1].W_dec + layers[1].b_dec, atol=1e-5)
     assert (f0 @ W0[:, 1]).abs().max() > 1e-3  # layer 0's features do reach layer 1
+
+
+def test_a_sets_evaluation_is_each_layers_own_and_its_errors_restore_the_model():
+    import numpy as np
+
+    from anatomy.sae.evaluate import evaluate_transcoders, reconstruction_stats
+
+    model, transcoders = tiny(arch="decoder"), plt(skip=True)
+    tokens = np.random.default_rng(0).integers(0, 99, 16 * 6)
+    result = evaluate_transcoders(model, transcoders, tokens, context=16, skip=1, ce_contexts=4)
+    ids = torch.from_numpy(tokens.reshape(6, 16))
+    for layer, sae in enumerate(transcoders.layers):
+        alone = reconstruction_stats(model, sae, ids, skip=1)
+        ours = result["layers"][layer]
+        assert abs(ours["fve"] - alone["fve"]) < 1e-9 and ours["l0"] == alone["l0"] and ours["dead"] == alone["dead"]
+    assert abs(result["ce_with_errors"] - result["ce_clean"]) < 1e-5
+    assert abs(result["loss_recovered_with_errors"] - 1) < 1e-4
+    assert result["ce_zero"] != result["ce_clean"] and result["ce_replaced"] != result["ce_clean"]
+    assert result["fve"] == sum(r["fve"] for r in result["layers"]) / 2
+
+
+def test_hook_mlp_out_of_a_model_that_normalises_its_mlp_output_is_refused_until_resolved(tmp_path):
+    """Gemma's sandwich block: TransformerLens's (and circuit-tracer's) hook_mlp_out is after the MLP's own norm."""
+    from anatomy.sae import load_transcoders, save_transcoders
+
+    model = tiny(arch="decoder", norm_position="sandwich")
+    save_transcoders(TranscoderSet(plt().layers, output_point="blocks.L.mlp_out_norm.out"), tmp_path / "set")
+    with pytest.raises(ValueError, match="hook_mlp_out is, in this model, the output of the MLP's own norm"):
+        load_transcoders(tmp_path / "set").check_fits(model)
+    resolved = load_transcoders(tmp_path / "set", mlp_out_norm=True)
+    resolved.check_fits(model)
+    assert resolved.output_point(1) == "blocks.1.mlp_out_norm.out"
