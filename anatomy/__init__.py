@@ -50,6 +50,7 @@ _LAZY = {
     "walkthrough": ("anatomy.walk", "walkthrough"),
     "SAE": ("anatomy.sae", "SAE"),
     "load_sae": ("anatomy.sae", "load_sae"),
+    "attribution_graph": ("anatomy.circuits", "attribution_graph"),
     "TranscoderSet": ("anatomy.sae", "TranscoderSet"),
     "load_transcoders": ("anatomy.sae", "load_transcoders"),
     **{name: ("anatomy.analysis", name) for name in (

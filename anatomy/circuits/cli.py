@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     """Load, build, check, prune, describe, write (module docstring)."""
     from ..checkpoints import from_pretrained
-    from ..sae.transcoders import load_transcoders
+    from ..sae import load_transcoders
     from .attribute import attribution_graph, check_fits
     from .features import promoted_tokens, top_contexts
     from .prune import pruned, scores
@@ -100,9 +100,10 @@ def run(args) -> int:
             out = shown.view(details=details, scores=(replacement, completeness)).save(args.out)
     if not args.quiet:
         counts = {kind: sum(node.kind == kind for node in graph.nodes) for kind in ("feature", "error", "token", "logit")}
-        logits = ", ".join(f"{node.label} {node.value:.3f}" for node in graph.nodes if node.kind == "logit")
+        # a token and its probability kept on one line (a no-break space, which the folding never breaks at)
+        logits = ", ".join(f"{printable(node.label)}\u00a0{node.value:.3f}" for node in graph.nodes if node.kind == "logit")
         rows = [("model", printable(str(args.model))), ("prompt", printable(repr(args.prompt))),
-                ("outputs", printable(logits)),
+                ("outputs", logits),
                 ("graph", f"{counts['feature']:,} features, {counts['error']} errors, {counts['token']} tokens, "
                           f"{counts['logit']} logits"),
                 ("check", graph.check),

@@ -79,7 +79,10 @@ class Node:
 
     @property
     def name(self) -> str:
-        """What a reader calls it: 'L12 #345 @3', 'error L12 @3', '␣Paris', 'L4 H2 (q)'."""
+        """What a reader calls it: 'L12 #345 @3', 'error L12 @3', '␣the @3' (a token at position 3), '␣Paris',
+        'L4 H2 (q)'."""
+        if self.kind == "token":
+            return f"{self.label or self.index} @{self.column}"
         if self.kind == "feature":
             return f"L{self.layer} #{self.index} @{self.column}"
         if self.kind == "error":

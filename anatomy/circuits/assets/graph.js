@@ -44,6 +44,12 @@ const layerName = (layer) => (layer < 0 ? "input" : layer >= DATA.nLayers ? "out
 
 function boxKey(node) { return `${node.kind}|${node.layer}|${node.column}|${node.index}`; }
 
+function boxLabel(node) {
+  if (node.kind === "head") return `H${node.index}`;
+  if (node.kind === "mlp") return "MLP";
+  return node.label || node.name;
+}
+
 function boxSize(box) {
   const kind = box.kind;
   if (kind === "feature") return [12, 12];
@@ -67,7 +73,7 @@ function layout(indices, groups = []) {
       const layer = g === undefined ? node.layer : Math.round(members.reduce((a, m) => a + nodes[m].layer, 0) / members.length);
       const column = g === undefined ? node.column : Math.round(members.reduce((a, m) => a + nodes[m].column, 0) / members.length);
       boxes.set(key, { key, members: [], layer, column, kind: g === undefined ? node.kind : "supernode",
-                       label: g === undefined ? (node.kind === "head" ? `H${node.index}` : node.kind === "mlp" ? "MLP" : node.label || node.name) : groups[g].name,
+                       label: g === undefined ? boxLabel(node) : groups[g].name,
                        influence: 0 });
     }
     const box = boxes.get(key);
@@ -148,6 +154,10 @@ function draw(container, indices, groups, { main }) {
   });
   const baseline = TOP + plan.layers.length * ROW_HEIGHT + 16;
   plan.widths.forEach((w, c) => {
+    if (c > 0) {  // a faint line between columns: which position (or slot) a node belongs to
+      const x = plan.starts[c] - 5;
+      axis.append(svg("line", { x1: x, x2: x, y1: TOP, y2: baseline + 6, stroke: "#f0f1f4" }));
+    }
     const label = svg("text", { x: plan.starts[c] + w / 2, y: baseline, "text-anchor": "middle", class: "column-label",
                                 fill: "#1f2430", "font-size": 12, "data-column": c });
     label.textContent = shownText(DATA.columns[c] ?? "");
