@@ -54,6 +54,11 @@ class FeatureChange:
         if (self.value is None) == (self.add is None):
             raise ValueError("a feature change sets a value (ablate: 0, clamp) or adds one (steer): give one of the two")
 
+    def __str__(self) -> str:
+        """'L3 #12 @4 = 0' (ablated there), 'L3 #12 += 2.5' (steered at every position)."""
+        where = f"L{self.layer} #{self.feature}" + ("" if self.position is None else f" @{self.position}")
+        return f"{where} += {self.add:g}" if self.add is not None else f"{where} = {self.value:g}"
+
 
 @dataclass
 class InterventionResult:

@@ -73,7 +73,8 @@ def shown_graph(graph: Graph, prune: bool | None = None, node_threshold: float =
     return pruned(graph, node_threshold, edge_threshold) if prune else graph
 
 
-def graph_payload(graph: Graph, details: FeatureDetails | None = None, scores: tuple[float, float] | None = None) -> dict:
+def graph_payload(graph: Graph, details: FeatureDetails | None = None, scores: tuple[float, float] | None = None,
+                  intervention=None) -> dict:
     """The page's data: nodes, edges [target, source, weight] (indices into nodes), the columns' labels,
     the identity line and the scores; every number rounded to 6 significant digits."""
     from .neuronpedia import neuronpedia_json
@@ -97,7 +98,12 @@ def graph_payload(graph: Graph, details: FeatureDetails | None = None, scores: t
         "neuronpedia": neuronpedia,
         "thresholds": {k: graph.meta[k] for k in ("node_threshold", "edge_threshold") if k in graph.meta},
         "counts": {k: graph.meta[k] for k in ("nodes_before", "edges_before") if k in graph.meta},
+        "intervention": None if intervention is None else {
+            "freeze": intervention.freeze, "changes": [str(c) for c in intervention.changes],
+            "unseen": [str(c) for c in intervention.unseen],
+            "rows": [{k: (rounded(v, 4) if isinstance(v, float) else v) for k, v in row.items()} for row in intervention.rows()]},
     }
+
 
 
 def render(payload: dict, title: str, subtitle: str) -> str:
@@ -111,12 +117,13 @@ def render(payload: dict, title: str, subtitle: str) -> str:
 
 def graph_view(graph: Graph, *, prune: bool | None = None, node_threshold: float = 0.8, edge_threshold: float = 0.98,
                details: FeatureDetails | None = None, scores: tuple[float, float] | None = None,
-               title: str | None = None) -> View:
+               intervention=None, title: str | None = None) -> View:
     """The page of `graph` as a viz View (`.save("graph.html")`, shown in Jupyter). details: what to show
     for its feature nodes (FeatureDetails, by node id);
-    scores: (replacement, completeness) to show (prune.scores of the unpruned graph)."""
+    scores: (replacement, completeness) to show (prune.scores of the unpruned graph); intervention: an
+    interventions.InterventionResult to show beside the graph's predictions."""
     shown = shown_graph(graph, prune, node_threshold, edge_threshold)
-    payload = graph_payload(shown, details, scores)
+    payload = graph_payload(shown, details, scores, intervention)
     title = title or ("Attribution graph" if graph.kind == "attribution graph" else "Circuit")
     counts = f"{len(shown)} nodes, {len(payload['edges']):,} edges"
     if "nodes_before" in shown.meta:

@@ -515,6 +515,31 @@ function drawCheck() {
   line.className = `note ${DATA.checkOk ? "check-ok" : "check-bad"}`;
 }
 
+// The model with features changed, beside what the graph predicts for each of its target logits.
+function drawIntervention() {
+  const box = document.getElementById("intervention");
+  const result = DATA.intervention;
+  if (!result) return;
+  box.hidden = false;
+  box.append(el("h2", "", `Intervention (${result.freeze} frozen): ${result.changes.join(", ")}`));
+  if (result.unseen.length) box.append(el("p", "note", `Not nodes of this graph, so no prediction for them: ${result.unseen.join(", ")}`));
+  const table = el("table", "intervention-table");
+  const head = el("tr");
+  for (const name of ["token", "p before", "p after", "logit change", "graph: direct", "through its features"]) head.append(el("th", "", name));
+  table.append(head);
+  for (const row of result.rows) {
+    const tr = el("tr");
+    tr.append(el("td", "who", shownText(row.token)));
+    for (const key of ["before", "after"]) tr.append(el("td", "num", fmt(row[key])));
+    for (const key of ["change", "direct", "through"]) {
+      const value = row[key];
+      tr.append(el("td", `num ${value > 0 ? "pos" : value < 0 ? "neg" : ""}`, value === undefined ? "–" : fmt(value)));
+    }
+    table.append(tr);
+  }
+  box.append(table);
+}
+
 function drawAll() {
   draw(document.getElementById("graph-scroll"), nodes.map((_, i) => i), [], { main: true });
   drawSubgraphTools();
@@ -531,4 +556,5 @@ function drawAll() {
 
 drawCheck();
 drawControls();
+drawIntervention();
 drawAll();
