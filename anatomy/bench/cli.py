@@ -34,6 +34,7 @@ from ..checkpoints.parity import quiet_progress_bars
 from ..cli import add_threads_argument, non_negative_int
 from .common import Row, Settings, cpu_model, fmt, load_average, matmul_peak, read_bandwidth
 from .analysis import bench_analysis
+from .circuits import bench_circuits
 from .decoding import bench_generate
 from .encoder import bench_encoder
 from .explore import bench_explore
@@ -55,6 +56,7 @@ GROUPS = {
     "analysis": bench_analysis,
     "sae": bench_sae,
     "explore": bench_explore,
+    "circuits": bench_circuits,
 }
 
 
