@@ -2,6 +2,7 @@
 
     anatomy circuits "The capital of Germany is" --model smollm2 --transcoders runs/transcoders --out graph.html
     anatomy circuits "..." --model smollm2 --transcoders runs/transcoders --out graph.json   # Neuronpedia's format
+    anatomy circuits "..." --model smollm2 --transcoders runs/transcoders --out g.html g.json g.safetensors  # all three
     anatomy circuits discover ...                    # circuits over a dataset (anatomy.circuits.discovery.cli)
 
 The graph explains the most likely next tokens (until --logit-probability, at most --max-logits) through
@@ -58,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_argument(parser, default="smollm2", help="the model")
     parser.add_argument("--transcoders", required=True, metavar="RUN",
                         help="a transcoder set: a run folder, or circuit-tracer's folder (config.yaml + safetensors)")
-    parser.add_argument("--out", required=True, type=output_file(".html", ".htm", ".json", ".safetensors"),
-                        help=".html (the page), .json (Neuronpedia's format) or .safetensors (the whole graph)")
+    parser.add_argument("--out", required=True, nargs="+", type=output_file(".html", ".htm", ".json", ".safetensors"),
+                        help="one or more of .html (the page), .json (Neuronpedia's format), .safetensors (the whole "
+                             "graph): one graph, written to each")
     parser.add_argument("--max-logits", type=positive_int, default=10, metavar="N", help="at most this many output tokens (default 10)")
     parser.add_argument("--logit-probability", type=probability, default=0.95, metavar="P",
                         help="output tokens until their probability adds up to this (default 0.95)")
@@ -116,22 +118,23 @@ def run(args) -> int:
     tested = intervene(model, args.prompt, transcoders, changes, freeze=args.freeze, graph=graph) if changes else None
     replacement, completeness = scores(graph)
     graph.meta.update(replacement=replacement, completeness=completeness)
-    suffix = Path(args.out).suffix.lower()
-    if suffix == ".safetensors":
-        out = graph.save(args.out)
-        shown = None
-    else:
-        shown = pruned(graph, args.node_threshold, args.edge_threshold)
+    written, shown = [], None
+    for path in args.out:
+        suffix = Path(path).suffix.lower()
+        if suffix == ".safetensors":
+            written.append(graph.save(path))
+            continue
+        shown = shown or pruned(graph, args.node_threshold, args.edge_threshold)
         if suffix == ".json":
-            out = shown.save(args.out)
-        else:
-            details = promoted_tokens(model, transcoders, shown)
-            if args.contexts:
-                from ..sae.store import corpus_tokens
+            written.append(shown.save(path))
+            continue
+        details = promoted_tokens(model, transcoders, shown)
+        if args.contexts:
+            from ..sae.store import corpus_tokens
 
-                tokens = corpus_tokens(args.contexts, model.tokenizer, eval_fraction=None)[0][:args.max_context_tokens]
-                details = top_contexts(model, transcoders, shown, tokens, details)
-            out = shown.view(details=details, scores=(replacement, completeness), intervention=tested).save(args.out)
+            tokens = corpus_tokens(args.contexts, model.tokenizer, eval_fraction=None)[0][:args.max_context_tokens]
+            details = top_contexts(model, transcoders, shown, tokens, details)
+        written.append(shown.view(details=details, scores=(replacement, completeness), intervention=tested).save(path))
     if not args.quiet:
         counts = {kind: sum(node.kind == kind for node in graph.nodes) for kind in ("feature", "error", "token", "logit")}
         # a token and its probability kept on one line (a no-break space, which the folding never breaks at)
@@ -147,7 +150,7 @@ def run(args) -> int:
                                    f"{args.node_threshold}, edge threshold {args.edge_threshold})"))
         rows.append(("time", f"loading {loaded - started:.1f} s, graph {built - loaded:.1f} s, "
                              f"the rest {time.time() - built:.1f} s"))
-        rows.append(("written", printable(str(out))))
+        rows += [("written", printable(str(path))) for path in written]
         print(summary_block("anatomy circuits", rows))
         if tested is not None:
             print(intervention_table(tested))

@@ -24,6 +24,13 @@ def status(arguments: list[str]) -> int:
         return stop.code
 
 
+def test_one_graph_written_to_several_files(tmp_path, capsys):
+    assert main(BASE + ["--out", str(tmp_path / "a.html"), str(tmp_path / "a.json"), str(tmp_path / "a.safetensors")]) == 0
+    printed = capsys.readouterr().out
+    assert all((tmp_path / name).is_file() for name in ("a.html", "a.json", "a.safetensors"))
+    assert sum(line.startswith("  written") for line in printed.splitlines()) == 3
+
+
 def test_the_three_outputs(tmp_path, capsys):
     assert main(BASE + ["--out", str(tmp_path / "g.safetensors"), "--quiet"]) == 0
     graph = load_graph(tmp_path / "g.safetensors")
