@@ -1,7 +1,8 @@
 """Attribution graphs: anatomy against circuit-tracer 0.5.0, on the same model, transcoders and prompt.
 
 One row: SmolLM2-135M with 30 per-layer JumpReLU transcoders of 2,304 features (random, calibrated to fire 42
-features per token and layer, circuit_sets.py, until trained ones exist; --transcoders-free), a 16-token prompt,
+features per token and layer, circuit_sets.py, until trained ones exist), a 16-token prompt it gets right
+(" Berlin", p 0.78; the README's example),
 2 threads: the pruned graph a user asks for (every direct effect, pruning at 0.8 / 0.98, the two scores), in
 seconds and peak resident memory, each side in a process of its own, one after the other. The two adjacencies
 are compared node by node (features by layer, position and index; errors; tokens; logits): max |diff|.
@@ -27,7 +28,7 @@ import torch
 from ..checkpoints.files import cache_root
 from .common import Row, Settings, load_average
 
-PROMPT = "Fact: the capital of the state containing Dallas is Austin. The capital of Germany is"
+PROMPT = "The capital of the state containing Dallas is Austin. The capital of Germany is"  # the README's example
 WORKER = Path(__file__).with_name("circuit_tracer_worker.py")
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "circuits" / "fixtures" / "graphs"
 PACKAGES = ["circuit-tracer==0.5.0", "nnsight==0.6.1", "transformer-lens==3.2.1", "transformers==4.57.3"]
@@ -69,9 +70,8 @@ def prepare(settings: Settings, folder: Path) -> tuple[Path, Path, str]:
     from .circuit_sets import calibrated_random_transcoders
 
     model = from_pretrained("smollm2").eval()
-    ids = prompt_ids(model, PROMPT)
-    ids = torch.cat([ids[:1], ids[-15:]])  # 16 tokens: the BOS circuit-tracer puts in front, and 15 of the text
-    prompt = model.tokenizer.decode(ids[1:].tolist())
+    ids = prompt_ids(model, PROMPT)  # 16 tokens: the BOS circuit-tracer puts in front, and 15 of the text
+    prompt = PROMPT
     model_folder = folder / "smollm2"
     model.save_pretrained(model_folder)
     config_path = model_folder / "config.json"
