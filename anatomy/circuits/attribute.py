@@ -328,10 +328,30 @@ def demeaned(bias: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | flo
     return 0.0 if bias is None else bias[ids] - bias.mean()
 
 
+def graph_bytes(where: Layout, d_model: int) -> int:
+    """What a graph of this layout holds at its peak: the adjacency [N, N] and the rows' gradients."""
+    rows_at = [int(where.feature_offsets[layer].diff().sum()) for layer in range(len(where.feature_offsets))]
+    gradients = sum(rows_at) * where.n_tokens * d_model * 4 // 2 + (where.total - where.logit_start) * where.n_tokens * d_model * 4
+    return where.total * where.total * 4 + gradients
+
+
+def check_room(where: Layout, d_model: int, max_bytes: int | None) -> None:
+    """ValueError, in words, when the graph would not fit in the memory available (or in max_bytes)."""
+    from ..checkpoints.memory import available_memory
+
+    needed = graph_bytes(where, d_model)
+    room = available_memory() if max_bytes is None else min(max_bytes, available_memory())
+    if needed > room:
+        raise ValueError(f"this prompt makes a graph of {where.total:,} nodes ({where.total - where.n_tokens:,} features "
+                         f"and errors on {where.n_tokens} positions): it needs {needed / 2**30:.1f} GiB, and "
+                         f"{room / 2**30:.1f} GiB {'are' if max_bytes is None else 'is the budget'} available; a "
+                         f"shorter prompt has fewer (the nodes grow with the positions, the memory with their square)")
+
+
 @torch.no_grad()
 def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int = 10, logit_probability: float = 0.95,
                       max_feature_nodes: int | None = None, batch_size: int = 512, update_interval: int = 4,
-                      progress=None) -> Graph:
+                      max_bytes: int | None = None, progress=None) -> Graph:
     """The attribution graph of `prompt` (a text, or ids) through `model` with `transcoders` (a TranscoderSet).
 
     Targets: the most likely next tokens until their probability reaches logit_probability (at most
@@ -340,7 +360,8 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     update_interval batches; prune.capped_features). progress(done, total) after each layer. The graph
     checks its identity (graph.check, graph.error). Raises ValueError, before any computation, for an
     empty prompt, one past the context, a model the replacement cannot be built for, or a transcoder set
-    that does not fit the model."""
+    that does not fit the model; and, after one forward pass and before anything large is allocated, for a
+    graph that needs more memory than is available (or than max_bytes)."""
     from .prune import capped_features
 
     if isinstance(max_logits, bool) or not isinstance(max_logits, int) or max_logits < 1:
@@ -358,6 +379,7 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     logit_ids, probs = logit_targets(rep.logits, max_logits, logit_probability)
     logit_vectors = rep.unembed[logit_ids] - rep.unembed.mean(dim=0)  # (k, E): demeaned, as circuit-tracer's
     where = layout(active, rep.n_layers, T, len(logit_ids))
+    check_room(where, rep.embed.size(1), max_bytes)
     tokenizer = getattr(model, "tokenizer", None)
     labels = tokenizer.labels(ids.tolist()) if tokenizer else [str(i) for i in ids.tolist()]
     logit_labels = tokenizer.labels(logit_ids.tolist()) if tokenizer else [str(i) for i in logit_ids.tolist()]

@@ -282,3 +282,9 @@ def test_bad_options_are_refused(option, value):
     model, transcoders = tiny()
     with pytest.raises(ValueError, match=option):
         attribution_graph(model, torch.tensor(PROMPT), transcoders, **{option: value})
+
+
+def test_a_graph_too_large_for_the_memory_is_refused_before_it_is_made():
+    model, transcoders = tiny()
+    with pytest.raises(ValueError, match="needs .* GiB, and .* GiB is the budget"):
+        attribution_graph(model, torch.tensor(PROMPT), transcoders, max_bytes=10_000)
