@@ -25,8 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoints.files import cache_root
-from .common import Row, Settings, load_average
+from .common import Row, Settings, load_average, peer_python
 
 PROMPT = "The capital of the state containing Dallas is Austin. The capital of Germany is"  # the README's example
 WORKER = Path(__file__).with_name("circuit_tracer_worker.py")
@@ -36,27 +35,7 @@ PACKAGES = ["circuit-tracer==0.5.0", "nnsight==0.6.1", "transformer-lens==3.2.1"
 
 def circuit_tracer_python(install: bool) -> tuple[str | None, str]:
     """(the python of an environment with circuit-tracer, or None; what was done or why not)."""
-    given = os.environ.get("ANATOMY_CIRCUIT_TRACER_PYTHON")
-    if given:
-        return (given, f"circuit-tracer from $ANATOMY_CIRCUIT_TRACER_PYTHON={given}") if Path(given).is_file() else \
-            (None, f"$ANATOMY_CIRCUIT_TRACER_PYTHON={given} is not a file")
-    venv = cache_root() / "venv-circuit-tracer"
-    python = venv / "bin" / "python"
-    if not python.is_file() and not install:
-        return None, f"no circuit-tracer environment ($ANATOMY_CIRCUIT_TRACER_PYTHON unset, {venv} absent; --quick installs none)"
-    if not python.is_file():
-        torch_version = torch.__version__.split("+")[0]
-        print(f"  circuits: installing circuit-tracer into {venv} (torch=={torch_version} first, then "
-              f"{' '.join(PACKAGES)}): a few minutes, once", flush=True)
-        try:
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-            for packages in ([f"torch=={torch_version}"], PACKAGES):
-                subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], check=True, capture_output=True,
-                               timeout=1800)
-        except (subprocess.SubprocessError, OSError) as error:
-            detail = getattr(error, "stderr", b"") or b""
-            return None, f"could not install circuit-tracer into {venv}: {type(error).__name__} {detail.decode()[-200:]}"
-    return str(python), f"circuit-tracer from {venv}"
+    return peer_python("circuit-tracer", "ANATOMY_CIRCUIT_TRACER_PYTHON", "venv-circuit-tracer", PACKAGES, install)
 
 
 def prepare(settings: Settings, folder: Path) -> tuple[Path, Path, str]:

@@ -29,8 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checkpoints.files import cache_root
-from .common import Row, Settings, alternate, load_average
+from .common import Row, Settings, alternate, load_average, peer_python
 
 POINT = "blocks.15.resid_post"
 WORKER = Path(__file__).with_name("saelens_worker.py")
@@ -121,29 +120,8 @@ def anatomy_worker(rows_path: str, out_path: str, options: str) -> None:
 
 
 def saelens_python(install: bool = True) -> tuple[str | None, str]:
-    """(the python of an environment with sae-lens, or None; what was done or why not). install: make the
-    cached environment when it is absent (never in --quick: CI has neither the time nor the network)."""
-    given = os.environ.get("ANATOMY_SAELENS_PYTHON")
-    if given:
-        return (given, f"SAELens from $ANATOMY_SAELENS_PYTHON={given}") if Path(given).is_file() else \
-            (None, f"$ANATOMY_SAELENS_PYTHON={given} is not a file")
-    venv = cache_root() / "venv-saelens"
-    python = venv / "bin" / "python"
-    if not python.is_file() and not install:
-        return None, f"no SAELens environment ($ANATOMY_SAELENS_PYTHON unset, {venv} absent; --quick installs none)"
-    if not python.is_file():
-        torch_version = torch.__version__.split("+")[0]
-        print(f"  sae: installing SAELens into {venv} (python -m venv; pip install torch=={torch_version} sae-lens): "
-              "SAELens pins transformer-lens < 4, so it gets an environment of its own; a few minutes, once",
-              flush=True)
-        try:
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-            subprocess.run([str(python), "-m", "pip", "install", "-q", f"torch=={torch_version}", "sae-lens"],
-                           check=True, capture_output=True, timeout=1800)
-        except (subprocess.SubprocessError, OSError) as error:
-            detail = getattr(error, "stderr", b"") or b""
-            return None, f"could not install SAELens into {venv}: {type(error).__name__} {detail.decode()[-200:]}"
-    return str(python), f"SAELens from {venv}"
+    """(the python of an environment with sae-lens, or None; what was done or why not)."""
+    return peer_python("SAELens", "ANATOMY_SAELENS_PYTHON", "venv-saelens", ["sae-lens"], install)
 
 
 def run_worker(command: list[str]) -> dict:
