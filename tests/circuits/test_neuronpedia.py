@@ -107,3 +107,57 @@ def test_a_circuit_has_no_place_in_neuronpedias_format():
                   kind="circuit")
     with pytest.raises(ValueError, match="attribution graphs"):
         neuronpedia_json(graph)
+
+
+def test_the_json_is_listed_for_circuit_tracers_local_server(model, tmp_path):
+    graph = attribution_graph(model, PROMPT, load_transcoders(FIXTURES / "graphs" / "plt_jumprelu"))
+    graph.save(tmp_path / "first.json")
+    graph.save(tmp_path / "second.json")
+    graph.save(tmp_path / "first.json")  # written again: one entry per slug
+    listing = json.loads((tmp_path / "graph-metadata.json").read_text())
+    assert [entry["slug"] for entry in listing["graphs"]] == ["second", "first"]
+
+
+SERVER = """
+import json, sys, time, urllib.request
+from circuit_tracer.frontend.local_server import serve
+folder, port, slug = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+server = serve(folder, port=port)
+try:
+    base = f"http://127.0.0.1:{port}"
+    listing = json.load(urllib.request.urlopen(f"{base}/data/graph-metadata.json"))
+    graph = json.load(urllib.request.urlopen(f"{base}/graph_data/{slug}.json"))
+    page = urllib.request.urlopen(f"{base}/index.html").read()
+    body = json.dumps({"qParams": {"pinnedIds": [graph["nodes"][0]["node_id"]], "supernodes": [], "linkType": "both",
+                                   "clickedId": "", "sg_pos": ""}}).encode()
+    request = urllib.request.Request(f"{base}/save_graph/{slug}", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    saved = urllib.request.urlopen(request).status
+    print(json.dumps({"listed": [g["slug"] for g in listing["graphs"]], "nodes": len(graph["nodes"]),
+                      "page": len(page), "saved": saved}))
+finally:
+    server.stop()
+"""
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("ANATOMY_CIRCUIT_TRACER_PYTHON"),
+                    reason="$ANATOMY_CIRCUIT_TRACER_PYTHON names no circuit-tracer environment")
+def test_circuit_tracers_local_server_serves_and_saves_the_graph(model, tmp_path):
+    import os
+    import socket
+    import subprocess
+
+    graph = attribution_graph(model, PROMPT, load_transcoders(FIXTURES / "graphs" / "plt_jumprelu"))
+    graph.save(tmp_path / "cat.json")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = subprocess.run([os.environ["ANATOMY_CIRCUIT_TRACER_PYTHON"], "-c", SERVER, str(tmp_path), str(port), "cat"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    ours = json.loads((tmp_path / "cat.json").read_text())
+    assert result["listed"] == ["cat"] and result["nodes"] == len(ours["nodes"]) and result["page"] > 0
+    assert result["saved"] == 200
+    assert ours["qParams"]["pinnedIds"] == [ours["nodes"][0]["node_id"]]  # its save wrote into our file
+    jsonschema.validate(ours, SCHEMA)
