@@ -44,6 +44,7 @@ def main() -> None:
     model = ReplacementModel.from_pretrained_and_transcoders(model_folder, transcoders, backend="nnsight",
                                                              device=torch.device("cpu"), dtype=torch.float32)
     loaded = time.perf_counter() - loaded
+    cpu = time.process_time()
     start = time.perf_counter()
     graph = attribute(options["prompt"], model, batch_size=options["batch_size"])
     attributed = time.perf_counter() - start
@@ -51,6 +52,7 @@ def main() -> None:
     pruned = time.perf_counter() - start - attributed
     replacement, completeness = compute_graph_scores(graph)
     total = time.perf_counter() - start
+    cpu = time.process_time() - cpu
     save_file({"adjacency": graph.adjacency_matrix.float().contiguous(),
                "active_features": graph.active_features.long().contiguous(),
                "input_tokens": graph.input_tokens.long().contiguous(),
@@ -58,7 +60,7 @@ def main() -> None:
     import circuit_tracer
     out.write_text(json.dumps({
         "version": getattr(circuit_tracer, "__version__", "0.5.0"), "load_seconds": loaded,
-        "attribute_seconds": attributed, "prune_seconds": pruned, "seconds": total, "peak_gb": peak_gb(),
+        "attribute_seconds": attributed, "prune_seconds": pruned, "seconds": total, "cpu_seconds": cpu, "peak_gb": peak_gb(),
         "scores": [replacement, completeness], "features": len(graph.active_features),
         "kept_nodes": int(node_mask.sum()), "kept_edges": int(edge_mask.sum()),
     }))

@@ -84,6 +84,7 @@ def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: s
     torch.set_num_threads(settings["threads"])
     model = from_pretrained(model_folder).eval()
     transcoders = load_transcoders(transcoder_folder)
+    cpu = time.process_time()
     start = time.perf_counter()
     graph = attribution_graph(model, settings["prompt"], transcoders)
     attributed = time.perf_counter() - start
@@ -91,11 +92,12 @@ def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: s
     small = pruned(graph, decision=decision)
     replacement, completeness = scores(graph, decision.influence)
     total = time.perf_counter() - start
+    cpu = time.process_time() - cpu
     peak = next(int(line.split()[1]) / 1e6 for line in open("/proc/self/status") if line.startswith("VmHWM"))
     save_file({"adjacency": graph.adjacency}, str(Path(out).with_suffix(".safetensors")),
               metadata={"ids": json.dumps([node.id for node in graph.nodes])})
     Path(out).write_text(json.dumps({
-        "attribute_seconds": attributed, "seconds": total, "peak_gb": peak, "scores": [replacement, completeness],
+        "attribute_seconds": attributed, "seconds": total, "cpu_seconds": cpu, "peak_gb": peak, "scores": [replacement, completeness],
         "features": sum(node.kind == "feature" for node in graph.nodes), "check": graph.check, "error": graph.error,
         "kept_nodes": len(small), "kept_edges": int(torch.count_nonzero(small.adjacency)),
     }))
@@ -145,13 +147,13 @@ def bench_circuits(settings: Settings) -> list[Row]:
     model = "tiny Llama (the tests')" if settings.quick else "SmolLM2-135M"
     case = f"pruned attribution graph, {model}, {ours['features']:,} features, {threads} threads"
     row = Row("circuits", case, "s", ours["seconds"], theirs["seconds"] if theirs else None, False)
-    row.notes = [how, f"anatomy: graph {ours['attribute_seconds']:.1f} s, pruned and scored {ours['seconds']:.1f} s, "
-                      f"peak {ours['peak_gb']:.2f} GB; replacement {ours['scores'][0]:.3f}, completeness "
+    row.notes = [how, f"anatomy: graph {ours['attribute_seconds']:.1f} s, pruned and scored {ours['seconds']:.1f} s "
+                      f"({ours['cpu_seconds']:.0f} s of CPU), peak {ours['peak_gb']:.2f} GB; replacement {ours['scores'][0]:.3f}, completeness "
                       f"{ours['scores'][1]:.3f}; {ours['check']}"]
     if theirs:
         row.notes.append(f"circuit-tracer {theirs['version']} (nnsight, batch {json.loads(options)['batch_size']}): "
-                         f"attribute {theirs['attribute_seconds']:.1f} s, prune_graph {theirs['prune_seconds']:.1f} s, "
-                         f"peak {theirs['peak_gb']:.2f} GB; replacement {theirs['scores'][0]:.3f}, completeness "
+                         f"attribute {theirs['attribute_seconds']:.1f} s, prune_graph {theirs['prune_seconds']:.1f} s "
+                         f"({theirs['cpu_seconds']:.0f} s of CPU), peak {theirs['peak_gb']:.2f} GB; replacement {theirs['scores'][0]:.3f}, completeness "
                          f"{theirs['scores'][1]:.3f}")
         row.notes.append(f"same adjacency: max |diff| {difference:.2g} over {theirs['features']:,} features; pruned "
                          f"{ours['kept_nodes']} vs {theirs['kept_nodes']} nodes")
