@@ -144,3 +144,14 @@ def test_a_circuits_heads_and_ports_are_drawn_with_hostile_labels_as_text(browse
     tab.locator('#graph-scroll g.node.head').click()
     assert "L0 H1" in tab.locator("#detail h2").inner_text()
     tab.close()
+
+
+def test_a_page_draws_the_strongest_edges_and_says_how_many_there_are(made):
+    from anatomy.circuits.page import graph_payload
+
+    _, small, _, _ = made
+    limit = 40
+    payload = graph_payload(small, max_edges=limit)
+    weights = sorted((abs(w) for *_, w in small.edges()), reverse=True)
+    assert len(payload["edges"]) == limit and payload["edgesInGraph"] == len(small.edges())
+    assert min(abs(w) for *_, w in payload["edges"]) >= weights[limit - 1] * (1 - 1e-5)
