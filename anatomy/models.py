@@ -14,7 +14,9 @@ The heads (LMHead, Pooler, pool) are in heads.py.
 
 from __future__ import annotations
 
+import importlib
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from .blocks import Block
 from .cache import KVCache
 from .config import ModelConfig
 from .heads import LMHead, Pooler, pool
+from .initialization import drawing_from, init_weights
 from .inputs import InputError, check_ids, check_mask, check_token_types
 from .layers import Dropout, Projection, make_norm
 from .positional import (
@@ -191,8 +194,9 @@ class Stack(nn.Module):
 
 
 # Writing checkpoints is the job of the checkpoints floor, which registers its writer here when it
-# is imported (`import anatomy` imports it): model.save_pretrained works, and the core imports no floor.
+# is imported (on first use, below, if nothing imported it yet): the core imports no floor by name.
 _SAVERS: list = []
+SAVING_FLOOR = "anatomy.checkpoints.save"
 
 
 def register_saver(save) -> None:
@@ -204,7 +208,7 @@ class _Saveable:
     def save_pretrained(self, directory: str | Path, **kwargs) -> Path:
         """Write the model to `directory`: anatomy.save_pretrained(model, directory, **kwargs)."""
         if not _SAVERS:
-            raise RuntimeError("saving needs anatomy.checkpoints, which registers itself on `import anatomy`")
+            importlib.import_module(SAVING_FLOOR)  # registers its writer
         return _SAVERS[0](self, directory, **kwargs)
 
 
@@ -369,20 +373,13 @@ FAMILIES = {"encoder": EncoderModel, "decoder": DecoderModel, "encoder-decoder":
 
 
 def build_model(config: ModelConfig, *, seed: int | None = None) -> nn.Module:
-    """A randomly initialised model of the family config.arch names (seeded when `seed` is given)."""
+    """A randomly initialised model of the family config.arch names (initialization.py). With `seed`,
+    every draw comes from a generator of the build's own: the same seed gives the same weights in
+    any thread, and torch's global generator is left as it was; without it, from torch's global one."""
     if not isinstance(config, ModelConfig):
         raise TypeError(f"build_model takes a ModelConfig, got {type(config).__name__}")
-    if seed is not None:
-        torch.manual_seed(seed)
-    model = FAMILIES[config.arch](config)
-    _init_weights(model)
+    own = nullcontext() if seed is None else drawing_from(torch.Generator().manual_seed(seed))
+    with own:
+        model = FAMILIES[config.arch](config)
+        init_weights(model)
     return model
-
-
-def _init_weights(model: nn.Module) -> None:
-    """Normal(0, 0.02) for matrices and embeddings, zero biases, unit norms (GPT-2, BERT)."""
-    for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)

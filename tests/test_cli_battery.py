@@ -16,8 +16,8 @@ LONG_TEXT = " ".join(["word"] * 30)
 # (argv, a word the error line must contain); {tmp} is a fresh folder, {data} a small text file there.
 BATTERY = [
     # the dispatcher
-    (["no-such-command"], "invalid choice"),
-    (["--bogus"], "unrecognized arguments"),
+    (["no-such-command"], "is not a command (commands: walk"),
+    (["--bogus"], "takes no option --bogus before a command"),
     # generate
     (["generate", "--max-new-tokens", "0"], "--max-new-tokens"),
     (["generate", "--max-new-tokens", "-5"], "--max-new-tokens"),

@@ -20,11 +20,10 @@ import torch
 from torch import nn
 
 from ..trace import trace
+from .choices import KINDS
 from .inputs import Batch, Text
 from .lens import stack_of
 from .result import Result
-
-KINDS = ("previous_token", "induction", "duplicate")
 
 
 def repeated_tokens(vocab_size: int, length: int, batch: int, seed: int, avoid: set[int] = frozenset()) -> torch.Tensor:

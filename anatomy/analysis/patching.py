@@ -28,11 +28,11 @@ import torch
 from torch import nn
 
 from ..trace import trace, trace_points
+from .choices import BY
 from .inputs import Batch, as_batch
 from .lens import stack_of, stack_prefix
 from .result import Result
 
-BY = ("position", "head", "layer")
 METHODS = ("activation", "attribution")
 # TransformerLens's short activation names -> anatomy's point inside a block
 SHORT_NAMES = {"attn_out": "attn.out", "mlp_out": "mlp.out", "z": "attn.z", "pattern": "attn.pattern",

@@ -41,6 +41,7 @@ from .explore import bench_explore
 from .gemv import bench_gemv
 from .load import bench_load
 from .overhead import bench_overhead
+from .refusals import bench_refusals
 from .sae import bench_sae
 from .trace import bench_trace
 from .train import bench_train
@@ -57,6 +58,7 @@ GROUPS = {
     "sae": bench_sae,
     "explore": bench_explore,
     "circuits": bench_circuits,
+    "refusals": bench_refusals,
 }
 
 

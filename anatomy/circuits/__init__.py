@@ -19,14 +19,14 @@ circuits found over datasets.
     cli.py            `anatomy circuits TEXT ...` (and `anatomy circuits discover ...`, handed to discovery/)
 """
 
-from .attribute import attribution_graph
-from .graph import Graph, Node, load_graph
-from .heads import HeadSplit, split_by_head
-from .interventions import FeatureChange, InterventionResult, intervene
-from .neuronpedia import neuronpedia_json
-from .page import FeatureDetails, graph_view
-from .prune import Pruning, find_threshold, influence, prune, pruned, scores
+from ..lazy import lazy_names
 
-__all__ = ["FeatureChange", "FeatureDetails", "Graph", "HeadSplit", "InterventionResult", "Node", "Pruning",
-           "attribution_graph", "find_threshold", "graph_view", "influence", "intervene", "load_graph",
-           "neuronpedia_json", "prune", "pruned", "scores", "split_by_head"]
+__all__ = lazy_names(__name__, {
+    "attribution_graph": ".attribute",
+    "Graph": ".graph", "Node": ".graph", "load_graph": ".graph",
+    "HeadSplit": ".heads", "split_by_head": ".heads",
+    "FeatureChange": ".interventions", "InterventionResult": ".interventions", "intervene": ".interventions",
+    "neuronpedia_json": ".neuronpedia",
+    "FeatureDetails": ".page", "graph_view": ".page",
+    **{name: ".prune" for name in ("Pruning", "find_threshold", "influence", "prune", "pruned", "scores")},
+})

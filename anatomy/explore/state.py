@@ -26,6 +26,7 @@ from ..checkpoints import from_pretrained
 from ..checkpoints.describe import config_of
 from ..config import ModelConfig
 from ..generation import generate
+from ..text import check_text as check_readable
 
 MAX_TEXT_CHARACTERS = 2000  # a text the page may send
 MAX_TOKENS = 256  # positions a pass may have (each panel draws [T, T] grids)
@@ -194,7 +195,7 @@ def check_text(text, name: str = "text") -> str:
     if len(text) > MAX_TEXT_CHARACTERS:
         raise ExploreError(f"'{name}' has {len(text)} characters; the explorer takes at most {MAX_TEXT_CHARACTERS}",
                            status=413)
-    return text
+    return check_readable(text, f"'{name}'")  # not empty, valid Unicode: anatomy's one check (InputError, 400)
 
 
 # The traced passes' memory budget: four SmolLM2 passes of 16 tokens (about 15 MB each), so the panels

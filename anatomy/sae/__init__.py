@@ -22,11 +22,12 @@
     transcoders_cli.py  `anatomy sae train-transcoders | eval-transcoders`: every layer from one harvest
 """
 
-from .attach import clamp, no_error, scale, steer, zero
-from .formats import load_sae, save_sae
-from .modules import KINDS, SAE
-from .transcoder_files import load_transcoders, save_transcoders
-from .transcoders import TranscoderSet
+from ..lazy import lazy_names
 
-__all__ = ["KINDS", "SAE", "TranscoderSet", "clamp", "load_sae", "load_transcoders", "no_error", "save_sae",
-           "save_transcoders", "scale", "steer", "zero"]
+__all__ = lazy_names(__name__, {
+    **{name: ".attach" for name in ("clamp", "no_error", "scale", "steer", "zero")},
+    "load_sae": ".formats", "save_sae": ".formats",
+    "KINDS": ".modules", "SAE": ".modules",
+    "load_transcoders": ".transcoder_files", "save_transcoders": ".transcoder_files",
+    "TranscoderSet": ".transcoders",
+})

@@ -18,11 +18,12 @@ import json
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
+from ..cli import (add_device_argument, add_model_argument, add_threads_argument, input_file, non_negative_int, output_file,
+                   output_folder, positive_float, positive_int, printable, probability, summary_block, text)
+from .choices import KINDS
 
-from ..cli import (add_device_argument, add_model_argument, add_threads_argument, non_negative_int, positive_float, positive_int,
-                   printable, probability, summary_block, text)
-from .modules import KINDS
+# The model, the trainer and torch are imported by the functions that use them, once the arguments
+# have been checked (anatomy.lazy): a mistake is refused in milliseconds.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,36 +36,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the trace point it reads (blocks.12.resid_post; TransformerLens names too)")
     train.add_argument("--point-out", type=text,
                        help="a transcoder: the point it predicts (e.g. --point blocks.3.mlp_norm.out --point-out blocks.3.mlp.out)")
-    train.add_argument("--data", required=True, nargs="+", help="UTF-8 text files")
+    train.add_argument("--data", required=True, nargs="+", type=input_file, help="UTF-8 text files")
     train.add_argument("--eval-fraction", type=probability, default=0.05,
-                       help="the last share of each file held out for evaluation (default 0.05)")
-    train.add_argument("--out", required=True, help="run folder")
+                       help="the last share of each file held out for evaluation")
+    train.add_argument("--out", required=True, type=output_folder, help="run folder")
     train.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
     g = train.add_argument_group("the SAE")
-    g.add_argument("--kind", choices=KINDS, default="topk")
-    g.add_argument("--features", type=positive_int, default=4608, help="d_sae (default 4608)")
+    g.add_argument("--kind", choices=KINDS, default="topk",
+                   help="relu (an L1 penalty), topk (k features per token), batchtopk (k per token on average over "
+                   "the batch), jumprelu (a threshold per feature, an L0 penalty)")
+    g.add_argument("--features", type=positive_int, default=4608, help="d_sae")
     g.add_argument("--k", type=positive_float, default=32, help="active features per token (topk, batchtopk; default 32)")
     g.add_argument("--l1", type=positive_float, default=5e-3, help="relu: the L1 coefficient")
     g.add_argument("--l0", type=positive_float, default=1e-3, help="jumprelu: the L0 coefficient")
     g = train.add_argument_group("activations")
-    g.add_argument("--context", type=positive_int, default=128, help="tokens per context (default 128)")
+    g.add_argument("--context", type=positive_int, default=128, help="tokens per context")
     g.add_argument("--skip", type=non_negative_int, default=1,
-                   help="leading positions of each context left out (default 1: the first token's outlier)")
+                   help="leading positions of each context left out (1: the first token's outlier)")
     g.add_argument("--fill-tokens", type=positive_int, default=2**18, help="rows harvested per fill: the memory bound")
     g.add_argument("--shards", help="keep the harvested activations in this folder (safetensors), for later epochs and runs")
     g = train.add_argument_group("training")
-    g.add_argument("--max-steps", type=positive_int, default=2000)
-    g.add_argument("--batch-size", type=positive_int, default=4096, help="rows per step and rank (default 4096)")
-    g.add_argument("--lr", type=positive_float, default=4e-4)
-    g.add_argument("--warmup", type=non_negative_int, default=100)
-    g.add_argument("--min-lr-ratio", type=probability, default=0.0)
+    g.add_argument("--max-steps", type=positive_int, default=2000, help="optimizer steps")
+    g.add_argument("--batch-size", type=positive_int, default=4096, help="rows per step and rank")
+    g.add_argument("--lr", type=positive_float, default=4e-4,
+                   help="Adam's peak learning rate, reached after --warmup, then a cosine down to lr x --min-lr-ratio")
+    g.add_argument("--warmup", type=non_negative_int, default=100, help="steps of linear warm-up to --lr")
+    g.add_argument("--min-lr-ratio", type=probability, default=0.0, help="the cosine ends at lr x this")
     g.add_argument("--aux-k", type=positive_int, help="dead features per row in AuxK (default: half the width)")
-    g.add_argument("--aux-coefficient", type=probability, default=1 / 32)
+    g.add_argument("--aux-coefficient", type=probability, default=1 / 32,
+                   help="topk, batchtopk: weight of AuxK, the loss by which dead features learn the error")
     g.add_argument("--dead-tokens", type=positive_int, default=500_000, help="tokens without firing = dead")
-    g.add_argument("--seed", type=non_negative_int, default=0)
-    g.add_argument("--log-every", type=positive_int, default=10)
-    g.add_argument("--eval-every", type=non_negative_int, default=100)
-    g.add_argument("--save-every", type=non_negative_int, default=500)
+    g.add_argument("--seed", type=non_negative_int, default=0,
+                   help="seed of the SAE's first weights and of the order the activations are read in")
+    g.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
+    g.add_argument("--eval-every", type=non_negative_int, default=100,
+                   help="steps between held-out evaluations (0: only at the end)")
+    g.add_argument("--save-every", type=non_negative_int, default=500, help="steps between checkpoints (0: only at the end)")
     g.add_argument("--ce-contexts", type=non_negative_int, default=64,
                    help="held-out contexts for the cross-entropy loss recovered (0: skip it)")
     add_run_arguments(train)
@@ -72,12 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     evaluate = commands.add_parser("eval", help="L0, variance explained, CE loss recovered, dead and dense features")
     evaluate.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
     add_model_argument(evaluate, default=None, required=False, help="the model (default: the one the SAE names)")
-    evaluate.add_argument("--data", required=True, nargs="+", help="held-out UTF-8 text files")
-    evaluate.add_argument("--context", type=positive_int, default=128, help="tokens per context (default 128)")
+    evaluate.add_argument("--data", required=True, nargs="+", type=input_file, help="held-out UTF-8 text files")
+    evaluate.add_argument("--context", type=positive_int, default=128, help="tokens per context")
     evaluate.add_argument("--skip", type=non_negative_int, default=1,
-                          help="leading positions of each context left out (default 1)")
+                          help="leading positions of each context left out")
     evaluate.add_argument("--ce-contexts", type=non_negative_int, default=64,
-                          help="contexts for the cross-entropy loss recovered, three passes each (default 64; 0: skip it)")
+                          help="contexts for the cross-entropy loss recovered, three passes each (0: skip it)")
     evaluate.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     evaluate.add_argument("--point", type=text, help="the point it reads, when its files do not say")
     evaluate.add_argument("--layer", type=non_negative_int, help="a transcoder set: the layer whose transcoder to read")
@@ -86,12 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     features = commands.add_parser("features", help="one offline page: every feature's top contexts, density, logits")
     features.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
     add_model_argument(features, default=None, required=False, help="the model (default: the one the SAE names)")
-    features.add_argument("--data", required=True, nargs="+", help="UTF-8 text files to find the top contexts in")
-    features.add_argument("--out", required=True, help="the HTML file to write")
-    features.add_argument("--top", type=positive_int, default=12, help="top contexts per feature (default 12)")
-    features.add_argument("--context", type=positive_int, default=128, help="tokens per context (default 128)")
+    features.add_argument("--data", required=True, nargs="+", type=input_file,
+                          help="UTF-8 text files to find the top contexts in")
+    features.add_argument("--out", required=True, type=output_file(".html", ".htm"), help="the HTML file to write")
+    features.add_argument("--top", type=positive_int, default=12, help="top contexts per feature")
+    features.add_argument("--context", type=positive_int, default=128, help="tokens per context")
     features.add_argument("--skip", type=non_negative_int, default=1,
-                          help="leading positions of each context left out (default 1)")
+                          help="leading positions of each context left out")
     features.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     features.add_argument("--point", type=text, help="the point it reads, when its files do not say")
     features.add_argument("--layer", type=non_negative_int, help="a transcoder set: the layer whose features to show")
@@ -175,6 +183,8 @@ def train_config(args, k):
 
 def run_train(args) -> int:
     """Harvest, train, save sae/ and eval.json, draw sae.png (module docstring); under torchrun, one rank each."""
+    import torch
+
     from .evaluate import evaluate
     from .formats import save_sae
     from .modules import SAE
@@ -349,10 +359,6 @@ def run_features(args) -> int:
 
     from .features import feature_page
 
-    if Path(args.out).suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"--out {args.out!r} must be an .html file")
-    if not Path(args.out).resolve().parent.is_dir():
-        raise FileNotFoundError(2, "no such folder", str(Path(args.out).parent))
     started = time.time()
     sae, model, tokens = _sae_model_tokens(args)
     progress, bar = progress_bar("features", args)

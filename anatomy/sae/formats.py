@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from ..checkpoints.files import SAFETENSORS_DTYPES, CheckpointError, read_json
+from ..checkpoints.files import SAFETENSORS_DTYPES, CheckpointError, read_json, shorten
 from ..checkpoints.memory import available_memory
 from ..hook_names import anatomy_name, transformer_lens_name
 from .modules import SAE
@@ -98,22 +98,23 @@ def _load_saelens(folder: Path, point: str | None, dtype: torch.dtype | None) ->
     metadata = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
     architecture = cfg.get("architecture") or _pre_6_architecture(cfg)
     if architecture not in ARCHITECTURES:
-        raise CheckpointError(f"{where!r}: architecture {architecture!r} is not one anatomy computes; allowed: "
-                              f"{', '.join(ARCHITECTURES)}")
+        raise CheckpointError(f"{where!r}: architecture {shorten(repr(architecture), 80)} is not one anatomy computes; "
+                              f"allowed: {', '.join(ARCHITECTURES)}")
     kind, transcoder = ARCHITECTURES[architecture]
     d_in, d_sae = _int(cfg, "d_in", where), _int(cfg, "d_sae", where)
     d_out = _int(cfg, "d_out", where) if transcoder else d_in
     k = _k(cfg, where) if kind == "topk" else None
     normalize = cfg.get("normalize_activations") or "none"
     if normalize != "none":
-        raise CheckpointError(f"{where!r}: normalize_activations={normalize!r} rescales inputs with statistics the "
-                              "files do not hold; anatomy reads SAEs with 'none' (fold the scaling into the weights)")
+        raise CheckpointError(f"{where!r}: normalize_activations={shorten(repr(normalize), 80)} rescales inputs with "
+                              "statistics the files do not hold; anatomy reads SAEs with 'none' "
+                              "(fold the scaling into the weights)")
     for key in ("hook_head_index", "hook_head_index_out"):
         if metadata.get(key, cfg.get(key)) is not None:
             raise CheckpointError(f"{where!r}: {key} reads one head of a point; anatomy's SAEs read whole points")
     reshape = cfg.get("reshape_activations") or "none"
     if reshape not in ("none", "hook_z"):
-        raise CheckpointError(f"{where!r}: reshape_activations={reshape!r}; allowed: 'none', 'hook_z'")
+        raise CheckpointError(f"{where!r}: reshape_activations={shorten(repr(reshape), 80)}; allowed: 'none', 'hook_z'")
     hook = metadata.get("hook_name") or cfg.get("hook_name") or cfg.get("hook_point")
     hook_out = metadata.get("hook_name_out") or cfg.get("hook_name_out")
     expected = {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_out), "b_dec": (d_out,)}
@@ -145,14 +146,14 @@ def _k(cfg: dict, where: str) -> int:
     if k is None and isinstance(cfg.get("activation_fn_kwargs"), dict):
         k = cfg["activation_fn_kwargs"].get("k")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= cfg["d_sae"]:
-        raise CheckpointError(f"{where!r}: a TopK SAE needs k, an integer in [1, d_sae], got {k!r}")
+        raise CheckpointError(f"{where!r}: a TopK SAE needs k, an integer in [1, d_sae], got {shorten(repr(k), 80)}")
     return k
 
 
 def _int(cfg: dict, key: str, where: str) -> int:
     value = cfg.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CheckpointError(f"{where!r}: {key} must be a positive integer, got {value!r}")
+        raise CheckpointError(f"{where!r}: {key} must be a positive integer, got {shorten(repr(value), 80)}")
     return value
 
 
@@ -162,7 +163,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 def _dtype(name, where: str) -> torch.dtype:
     name = (name or "float32").removeprefix("torch.")
     if name not in DTYPES:
-        raise CheckpointError(f"{where!r}: dtype {name!r}; allowed: {', '.join(DTYPES)}")
+        raise CheckpointError(f"{where!r}: dtype {shorten(repr(name), 80)}; allowed: {', '.join(DTYPES)}")
     return DTYPES[name]
 
 
@@ -290,12 +291,14 @@ def _npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
                     shape, _, dtype = read_header(member)  # the header only, no data
                     header = member.tell()
             except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
-                raise CheckpointError(f"{str(path)!r}: the header of {name!r} is malformed: {error}") from None
+                raise CheckpointError(f"{str(path)!r}: the header of {shorten(repr(name), 80)} is malformed: "
+                                      f"{error}") from None
             if dtype.hasobject or dtype.kind not in "fiu":
-                raise CheckpointError(f"{str(path)!r}: {name!r} holds {dtype}, not numbers (nothing is unpickled)")
+                raise CheckpointError(f"{str(path)!r}: {shorten(repr(name), 80)} holds {dtype}, not numbers "
+                                      "(nothing is unpickled)")
             if header + int(np.prod(shape, dtype=np.float64)) * dtype.itemsize != info.file_size:
-                raise CheckpointError(f"{str(path)!r}: {name!r} declares shape {shape} of {dtype}, which its "
-                                      f"{info.file_size} stored bytes do not hold")
+                raise CheckpointError(f"{str(path)!r}: {shorten(repr(name), 80)} declares shape {shape} of {dtype}, "
+                                      f"which its {info.file_size} stored bytes do not hold")
             shapes[name] = tuple(shape)
     return shapes
 

@@ -42,10 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..trace import TracePoint, anatomy_name
-
-KINDS = ("relu", "topk", "batchtopk", "jumprelu")
-WITH_K = ("topk", "batchtopk")
-WITH_THRESHOLD = ("batchtopk", "jumprelu")
+from .choices import KINDS, WITH_K, WITH_THRESHOLD
 
 
 class SAE(nn.Module):

@@ -61,7 +61,7 @@ def test_interventions_print_the_model_beside_the_graph(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("arguments, words", [
-    (["circuits", "", "--transcoders", "x", "--out", "g.html"], "the prompt is empty"),
+    (["circuits", "", "--transcoders", "x", "--out", "g.html"], "empty"),
     (BASE + ["--out", "g.png"], "--out"),
     (BASE + ["--out", "g.html", "--node-threshold", "2"], "--node-threshold"),
     (BASE + ["--out", "g.html", "--clamp", "1:2"], "LAYER:FEATURE[@POSITION]=VALUE"),
