@@ -11,9 +11,11 @@ import "./panel-intervene.js";
 import "./panel-heads.js";
 import "./panel-features.js";
 import "./panel-compare.js";
+import "./panel-circuit.js";
 
 const TABS = [["walk", "Walk"], ["attention", "Attention"], ["lens", "Lens"], ["attribution", "Attribution"],
-              ["intervene", "Intervene"], ["heads", "Heads"], ["features", "Features"], ["compare", "Compare"]];
+              ["intervene", "Intervene"], ["heads", "Heads"], ["features", "Features"], ["compare", "Compare"],
+              ["circuit", "Circuit"]];
 // Keystrokes wait for a pause before the model runs, in proportion to what a pass costs: none for a
 // toy (a pass takes a millisecond), up to MAX_DEBOUNCE_MS for a real model, so that typing fast
 // runs the last text, not every text on the way. A newer request always cancels an older one.

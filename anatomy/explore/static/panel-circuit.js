@@ -46,8 +46,9 @@ async function update() {
                  builtFor ? "The text changed since the last graph. " : "",
                  `Every direct effect between the tokens, the ${model.transcoders.d_transcoder.toLocaleString()}-feature ` +
                  `transcoders' active features, their errors and the likely next tokens, through the local replacement ` +
-                 `model (attention and norms frozen); then pruned. Seconds for a small model, up to a minute for ` +
-                 `SmolLM2 on a short text. `, run));
+                 `model (attention and norms frozen); then pruned. The graph reads the text after a BOS token, as ` +
+                 `circuit-tracer does (the first position explains nothing), so its probabilities may differ from the ` +
+                 `next-token panel's. Seconds for a small model, up to a minute for SmolLM2 on a short text. `, run));
 }
 
 register("circuit", {update});
