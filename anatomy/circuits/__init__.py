@@ -10,12 +10,13 @@ circuits found over datasets.
     graph.py          Node, Graph: the graph as plain data (a node list, one adjacency; rows = targets)
     prune.py          influence (the Neumann series), find_threshold, prune, pruned, scores, the feature cap
     replacement.py    the local replacement model: frozen patterns and norm scales, its transposes
-    attribute.py      attribution_graph: every direct effect in one sweep down the layers, checked
+    attribute.py      attribution_graph: the nodes, their edges, the identity checked
+    sweep.py          every direct effect in one sweep down the layers (no autograd, every row at once)
     heads.py          split_by_head: an edge as the sum of the heads its paths first cross
     interventions.py  intervene: ablate, clamp or steer features in the real model, beside the graph's prediction
     neuronpedia.py    Neuronpedia's graph JSON (circuit-tracer's local server opens it)
     features.py       what a graph's features promote, and their top contexts, for the page
-    page.py           graph_view: the offline page of any graph (assets/graph.js)
+    page.py           graph_view: the offline page of any graph (assets/graph-draw.js, graph.js)
     cli.py            `anatomy circuits TEXT ...` (and `anatomy circuits discover ...`, handed to discovery/)
 """
 

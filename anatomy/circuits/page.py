@@ -124,7 +124,8 @@ def render(payload: dict, title: str, subtitle: str) -> str:
     """The whole HTML document for a graph payload."""
     body = Template((ASSETS / "graph.html").read_text(encoding="utf-8")).substitute(
         title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
-    script = asset("common.js") + "\n" + (ASSETS / "graph.js").read_text(encoding="utf-8")
+    script = "\n".join([asset("common.js")] + [(ASSETS / name).read_text(encoding="utf-8")
+                                                 for name in ("graph-draw.js", "graph.js")])
     style = asset("view.css") + "\n" + (ASSETS / "graph.css").read_text(encoding="utf-8")
     return page(title, body, style=style, script=script, body_class="view-graph")
 
