@@ -32,6 +32,7 @@ __all__ = lazy_names(__name__, {
     "attention_from_model": ".viz.adapters",
     "walkthrough": ".walk",
     "SAE": ".sae", "load_sae": ".sae", "TranscoderSet": ".sae", "load_transcoders": ".sae",
+    "attribution_graph": ".circuits",
     **{name: ".analysis" for name in (
         "run_with_cache", "logit_lens", "decompose", "direct_logit_attribution", "patch", "integrated_gradients",
         "gradient_x_input", "attention_rollout", "detect_heads", "process_weights")},

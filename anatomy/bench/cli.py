@@ -34,6 +34,7 @@ from ..checkpoints.parity import quiet_progress_bars
 from ..cli import add_threads_argument, non_negative_int
 from .common import Row, Settings, cpu_model, fmt, load_average, matmul_peak, read_bandwidth
 from .analysis import bench_analysis
+from .circuits import bench_circuits
 from .decoding import bench_generate
 from .discovery import bench_discovery
 from .encoder import bench_encoder
@@ -57,6 +58,7 @@ GROUPS = {
     "analysis": bench_analysis,
     "sae": bench_sae,
     "explore": bench_explore,
+    "circuits": bench_circuits,
     "refusals": bench_refusals,
     "discovery": bench_discovery,
 }

@@ -1,1 +1,33 @@
-"""Circuits: attribution graphs over transcoder features, and the one page that draws any graph."""
+"""Circuits: attribution graphs over transcoder features, the one page that draws any graph, and (in discovery/)
+circuits found over datasets.
+
+    graph = anatomy.attribution_graph(model, "The capital of Germany is", transcoders)
+    graph.check                                      # every target = its edges + what no node carries: max |diff| ...
+    graph.save("graph.html")                         # the page, pruned; .json: Neuronpedia's format; .safetensors: all
+    small = pruned(graph)                            # node threshold 0.8, edge threshold 0.98
+    replacement, completeness = scores(graph)
+
+    graph.py          Node, Graph: the graph as plain data (a node list, one adjacency; rows = targets)
+    prune.py          influence (the Neumann series), find_threshold, prune, pruned, scores, the feature cap
+    replacement.py    the local replacement model: frozen patterns and norm scales, its transposes
+    attribute.py      attribution_graph: the nodes, their edges, the identity checked
+    sweep.py          every direct effect in one sweep down the layers (no autograd, every row at once)
+    heads.py          split_by_head: an edge as the sum of the heads its paths first cross
+    interventions.py  intervene: ablate, clamp or steer features in the real model, beside the graph's prediction
+    neuronpedia.py    Neuronpedia's graph JSON (circuit-tracer's local server opens it)
+    features.py       what a graph's features promote, and their top contexts, for the page
+    page.py           graph_view: the offline page of any graph (assets/graph-draw.js, graph.js)
+    cli.py            `anatomy circuits TEXT ...` (and `anatomy circuits discover ...`, handed to discovery/)
+"""
+
+from ..lazy import lazy_names
+
+__all__ = lazy_names(__name__, {
+    "attribution_graph": ".attribute",
+    "Graph": ".graph", "Node": ".graph", "load_graph": ".graph",
+    "HeadSplit": ".heads", "split_by_head": ".heads",
+    "FeatureChange": ".interventions", "InterventionResult": ".interventions", "intervene": ".interventions",
+    "neuronpedia_json": ".neuronpedia",
+    "FeatureDetails": ".page", "graph_view": ".page",
+    **{name: ".prune" for name in ("Pruning", "find_threshold", "influence", "prune", "pruned", "scores")},
+})

@@ -12,17 +12,7 @@ transcoder's skip), is
                                               w_s: s's output vector (a decoder row; an error; an embedding)
     t's reading = enc_t . x_in  (a feature's pre-activation), or (u_tok - mean_v u_v) . h (a logit, demeaned)
 
-circuit-tracer computes the rows by batched backward passes of the whole model through autograd, one
-batch of rows at a time, each from its row's layer. Here the map is written out (replacement.py's
-transposes) and all rows travel down the layers together in one sweep, each carrying only the positions
-it can reach (its own and earlier ones: the mask is causal), rows joining at their own layer:
-
-    for layer L = n-1 ... 0:
-        project every row's gradient at L's MLP output on the vectors written there   -> A[rows, sources at L]
-        back through the transcoder's skip (if it has one)
-        rows of the features at layer L join, their encoder vectors at the MLP's input
-        back through L's attention, patterns and norm scales frozen
-    project on the token embeddings                                                    -> A[rows, tokens]
+The rows are computed in one sweep down the layers (sweep.py).
 
 The first position is left out as circuit-tracer leaves it out (its features and errors are not nodes):
 what it writes, with the biases and the positional embeddings, is what no node carries, computed by the
@@ -40,6 +30,7 @@ from torch import nn
 
 from .graph import Graph, Node
 from .replacement import INPUT_POINTS, OUTPUT_POINTS, Replacement, unsupported
+from .sweep import Sources, errors_of, sweep
 
 
 @dataclass
@@ -111,7 +102,7 @@ def active_features(rep: Replacement) -> Active:
 def logit_targets(logits: torch.Tensor, max_logits: int, probability: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, probabilities) of the most likely next tokens until their cumulative probability reaches
     `probability`, at most max_logits of them (circuit-tracer's salient logits)."""
-    probs = torch.softmax(logits.double(), dim=-1).float()
+    probs = torch.softmax(logits, dim=-1)
     top, ids = probs.topk(min(max_logits, probs.numel()))
     cutoff = int(torch.searchsorted(top.cumsum(0), torch.tensor(probability))) + 1
     return ids[:cutoff], top[:cutoff]
@@ -123,136 +114,48 @@ class Layout:
     (one per position, the first one included, as circuit-tracer numbers them), then the logits."""
 
     n_tokens: int
-    feature_start: list[int]  # per layer: the first feature's node index
-    error_start: list[int]  # per layer: the error of position 0's node index
-    feature_offsets: list[torch.Tensor]  # per layer [T + 1]: where each position's features begin, from feature_start
+    feature_start: list[int]  # per layer: the node index of its first feature
+    error_start: list[int]  # per layer: the node index of position 0's error
+    active_start: list[int]  # per layer: the index of its first feature in Active's arrays
+    feature_offsets: list[torch.Tensor]  # per layer [T + 1]: where each position's features begin, from its first
     logit_start: int
     total: int
 
+    def features(self, layer: int, position: int) -> tuple[slice, slice]:
+        """(node indices, indices into Active's arrays) of layer's features at position."""
+        lo, hi = int(self.feature_offsets[layer][position]), int(self.feature_offsets[layer][position + 1])
+        return (slice(self.feature_start[layer] + lo, self.feature_start[layer] + hi),
+                slice(self.active_start[layer] + lo, self.active_start[layer] + hi))
+
 
 def layout(active: Active, n_layers: int, T: int, n_logits: int) -> Layout:
-    feature_start, error_start, offsets = [], [], []
-    index = T
+    feature_start, error_start, active_start, offsets = [], [], [], []
+    index, count = T, 0
     for layer in range(n_layers):
-        positions = active.position[active.layer == layer]
-        counts = torch.bincount(positions, minlength=T)
+        counts = torch.bincount(active.position[active.layer == layer], minlength=T)
         feature_start.append(index)
+        active_start.append(count)
         offsets.append(torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]))
         index += int(counts.sum())
+        count += int(counts.sum())
         error_start.append(index)
         index += T
-    return Layout(T, feature_start, error_start, offsets, index, index + n_logits)
+    return Layout(T, feature_start, error_start, active_start, offsets, index, index + n_logits)
 
 
 def build_nodes(rep: Replacement, active: Active, where: Layout, logit_ids: torch.Tensor, probs: torch.Tensor,
                 labels: list[str], logit_labels: list[str]) -> list[Node]:
     """Nodes in graph order (Layout): every one named by what it is."""
     nodes = [Node("token", -1, q, int(rep.ids[q]), label=labels[q]) for q in range(where.n_tokens)]
-    values = active.activation.tolist()
+    positions, features, values = active.position.tolist(), active.feature.tolist(), active.activation.tolist()
     for layer in range(rep.n_layers):
-        chosen = (active.layer == layer).nonzero().flatten().tolist()
-        nodes += [Node("feature", layer, int(active.position[i]), int(active.feature[i]), value=values[i]) for i in chosen]
+        chosen = range(where.active_start[layer], where.active_start[layer] + int(where.feature_offsets[layer][-1]))
+        nodes += [Node("feature", layer, positions[i], features[i], value=values[i]) for i in chosen]
         nodes += [Node("error", layer, q) for q in range(where.n_tokens)]
     last = where.n_tokens - 1
     nodes += [Node("logit", rep.n_layers, last, int(i), label=text, value=float(p))
               for i, text, p in zip(logit_ids.tolist(), logit_labels, probs.tolist())]
     return nodes
-
-
-class Sources:
-    """The vectors written at one layer's MLP output, by position: the activation-scaled decoder rows of the
-    features that write there (a CLT's earlier layers too) and the error, with their node columns."""
-
-    def __init__(self, rep: Replacement, active: Active, where: Layout, errors: torch.Tensor):
-        self.by_layer: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-        T, transcoders = where.n_tokens, rep.transcoders
-        decoders = [transcoders.decoder_vectors(layer).detach().float() for layer in range(rep.n_layers)]
-        for layer in range(rep.n_layers):
-            at_layer = []
-            for q in range(T):
-                vectors, columns = [], []
-                for source in transcoders.writers(layer):
-                    mask = (active.layer == source) & (active.position == q)
-                    if mask.any():
-                        chosen = mask.nonzero().flatten()
-                        rows = decoders[source][active.feature[chosen], layer - source]  # (n, E)
-                        vectors.append(rows * active.activation[chosen, None])
-                        start = where.feature_start[source] + int(where.feature_offsets[source][q])
-                        columns.append(torch.arange(start, start + len(chosen)))
-                vectors.append(errors[layer, q][None])
-                columns.append(torch.tensor([where.error_start[layer] + q]))
-                at_layer.append((torch.cat(vectors), torch.cat(columns)))
-            self.by_layer.append(at_layer)
-
-
-def errors_of(rep: Replacement, active: Active, T: int) -> torch.Tensor:
-    """[L, T, E]: each MLP's output minus what the transcoders write there (position 0's left at 0: no node)."""
-    transcoders = rep.transcoders
-    features = []
-    for layer in range(rep.n_layers):
-        f = torch.zeros(T, transcoders.d_transcoder)
-        chosen = active.layer == layer
-        f[active.position[chosen], active.feature[chosen]] = active.activation[chosen]
-        features.append(f)
-    errors = torch.stack([rep.outputs[layer] - transcoders.reconstruct(layer, features, rep.inputs).detach().float()
-                          for layer in range(rep.n_layers)])  # (L, T, E)
-    errors[:, 0] = 0
-    return errors
-
-
-def encoder_rows(rep: Replacement, active: Active, layer: int, position: int) -> torch.Tensor:
-    """[k, E]: the encoder vectors of layer's features active at position (their pre-activation reads x_in . row)."""
-    chosen = (active.layer == layer) & (active.position == position)
-    W_enc = rep.transcoders.layers[layer].W_enc.detach().float()  # (E, F)
-    return W_enc[:, active.feature[chosen]].T
-
-
-def sweep(rep: Replacement, active: Active, where: Layout, sources: Sources, logit_vectors: torch.Tensor,
-          adjacency: torch.Tensor, progress=None) -> None:
-    """Fill adjacency's target rows (features, logits) with every direct effect, in one sweep down the layers
-    (module docstring). Rows at position p carry gradients [R_p, p + 1, E]; they join at their own layer."""
-    T, L, E = where.n_tokens, rep.n_layers, rep.embed.size(1)
-    n_logits = logit_vectors.size(0)
-    row_nodes = []  # per position: the rows' node indices, in joining order (logits, then layer L-1 ... 0)
-    for p in range(T):
-        nodes = [torch.arange(where.logit_start, where.logit_start + n_logits)] if p == T - 1 else []
-        for layer in reversed(range(L)):
-            start = where.feature_start[layer] + int(where.feature_offsets[layer][p])
-            nodes.append(torch.arange(start, where.feature_start[layer] + int(where.feature_offsets[layer][p + 1])))
-        row_nodes.append(torch.cat(nodes) if nodes else torch.zeros(0, dtype=torch.long))
-    grads = [torch.zeros(len(row_nodes[p]), p + 1, E) for p in range(T)]  # (R_p, P, E)
-    joined = [0] * T
-    grads[T - 1][:n_logits, T - 1] = rep.final_norm.transpose_at(logit_vectors, T - 1)
-    joined[T - 1] = n_logits
-
-    for layer in reversed(range(L)):
-        for p in range(1, T):
-            a = joined[p]
-            if a == 0:
-                continue
-            rows, g = row_nodes[p][:a], grads[p][:a]
-            for q in range(1, p + 1):  # position 0 writes through no node
-                vectors, columns = sources.by_layer[layer][q]
-                adjacency.index_put_((rows[:, None], columns[None, :]), g[:, q] @ vectors.T, accumulate=True)
-            through_skip = rep.skip_transpose(layer, g)
-            if through_skip is not None:
-                g += through_skip
-        for p in range(1, T):  # the features of this layer join, read at the MLP's input
-            encoders = encoder_rows(rep, active, layer, p)
-            if len(encoders):
-                grads[p][joined[p]:joined[p] + len(encoders), p] = rep.input_transpose_at(layer, encoders, p)
-                joined[p] += len(encoders)
-        attention, norm = rep.attentions[layer], rep.attn_norms[layer]
-        for p in range(T):
-            if joined[p]:
-                g = grads[p][:joined[p]]
-                g += norm.transpose(attention.transpose(g))
-        if progress is not None:
-            progress(L - layer, L + 1)
-    for p in range(T):
-        if joined[p]:
-            rows = row_nodes[p][:joined[p]]
-            adjacency[rows[:, None], torch.arange(p + 1)[None, :]] = (grads[p][:joined[p]] * rep.embed[:p + 1]).sum(-1)
 
 
 def unexplained(rep: Replacement, active: Active, where: Layout, logit_ids: torch.Tensor,
@@ -264,7 +167,7 @@ def unexplained(rep: Replacement, active: Active, where: Layout, logit_ids: torc
     x = rep.trace["pos_embed"][0].float() if "pos_embed" in rep.trace else torch.zeros_like(rep.embed)  # (T, E)
     result = torch.zeros(where.total)
     for layer in range(rep.n_layers):
-        x = x + rep.attentions[layer].forward(rep.attn_norms[layer].forward(x))
+        x = x + rep.sublayers[layer].forward(x)
         read = rep.input_forward(layer, x)  # (T, E)
         chosen = (active.layer == layer).nonzero().flatten()
         if len(chosen):
@@ -272,13 +175,13 @@ def unexplained(rep: Replacement, active: Active, where: Layout, logit_ids: torc
             start = where.feature_start[layer]
             result[start:start + len(chosen)] = pre[active.position[chosen], active.feature[chosen]]
         out = rep.transcoders.output_bias(layer).detach().float().expand(T, -1).clone()  # (T, E)
-        skip = rep.transcoders.skip(layer)
+        skip = rep.skips[layer]
         if skip is not None:
-            out += read @ skip.detach().float()
+            out += read @ skip
         # the first position's whole output, but for the part its skip passes on (a linear path, counted above)
         first = rep.outputs[layer][0] - rep.transcoders.output_bias(layer).detach().float()
         if skip is not None:
-            first = first - rep.inputs[layer][0] @ skip.detach().float()
+            first = first - rep.inputs[layer][0] @ skip
         out[0] += first
         x = x + out
     h = rep.final_norm.forward(x)[-1]  # (E,)
@@ -286,15 +189,49 @@ def unexplained(rep: Replacement, active: Active, where: Layout, logit_ids: torc
     return result
 
 
+def identity_gaps(adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tensor,
+                  block: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """(|value - row sum - rest|, sum of the |terms| added up) for every target (values not NaN), a block of
+    rows at a time (torch's float32 sums are cascaded: about 1e-7 of the terms, far below the check's 1e-4)."""
+    differences, terms = [], []
+    for start in range(0, adjacency.size(0), block):
+        rows = adjacency[start:start + block]  # (b, N)
+        value, other = values[start:start + block].double(), rest[start:start + block].double()
+        differences.append((value - rows.sum(1).double() - other).abs())
+        terms.append(rows.abs().sum(1).double() + other.abs())
+    targets = ~values.isnan()
+    return torch.cat(differences)[targets], torch.cat(terms)[targets]
+
+
 def demeaned(bias: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | float:
     """b[ids] - mean(b): the LM head's bias as a demeaned logit sees it (0 without a bias)."""
     return 0.0 if bias is None else bias[ids] - bias.mean()
 
 
+def graph_bytes(where: Layout, d_model: int) -> int:
+    """What a graph of this layout holds at its peak: the adjacency [N, N] and the rows' gradients."""
+    rows_at = [int(where.feature_offsets[layer].diff().sum()) for layer in range(len(where.feature_offsets))]
+    gradients = sum(rows_at) * where.n_tokens * d_model * 4 // 2 + (where.total - where.logit_start) * where.n_tokens * d_model * 4
+    return where.total * where.total * 4 + gradients
+
+
+def check_room(where: Layout, d_model: int, max_bytes: int | None) -> None:
+    """ValueError, in words, when the graph would not fit in the memory available (or in max_bytes)."""
+    from ..checkpoints.memory import available_memory
+
+    needed = graph_bytes(where, d_model)
+    room = available_memory() if max_bytes is None else min(max_bytes, available_memory())
+    if needed > room:
+        raise ValueError(f"this prompt makes a graph of {where.total:,} nodes ({where.total - where.n_tokens:,} features "
+                         f"and errors on {where.n_tokens} positions): it needs {needed / 2**30:.1f} GiB, and "
+                         f"{room / 2**30:.1f} GiB {'are' if max_bytes is None else 'is the budget'} available; a "
+                         f"shorter prompt has fewer (the nodes grow with the positions, the memory with their square)")
+
+
 @torch.no_grad()
 def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int = 10, logit_probability: float = 0.95,
                       max_feature_nodes: int | None = None, batch_size: int = 512, update_interval: int = 4,
-                      progress=None) -> Graph:
+                      max_bytes: int | None = None, progress=None) -> Graph:
     """The attribution graph of `prompt` (a text, or ids) through `model` with `transcoders` (a TranscoderSet).
 
     Targets: the most likely next tokens until their probability reaches logit_probability (at most
@@ -303,7 +240,8 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     update_interval batches; prune.capped_features). progress(done, total) after each layer. The graph
     checks its identity (graph.check, graph.error). Raises ValueError, before any computation, for an
     empty prompt, one past the context, a model the replacement cannot be built for, or a transcoder set
-    that does not fit the model."""
+    that does not fit the model; and, after one forward pass and before anything large is allocated, for a
+    graph that needs more memory than is available (or than max_bytes)."""
     from .prune import capped_features
 
     if isinstance(max_logits, bool) or not isinstance(max_logits, int) or max_logits < 1:
@@ -321,6 +259,7 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     logit_ids, probs = logit_targets(rep.logits, max_logits, logit_probability)
     logit_vectors = rep.unembed[logit_ids] - rep.unembed.mean(dim=0)  # (k, E): demeaned, as circuit-tracer's
     where = layout(active, rep.n_layers, T, len(logit_ids))
+    check_room(where, rep.embed.size(1), max_bytes)
     tokenizer = getattr(model, "tokenizer", None)
     labels = tokenizer.labels(ids.tolist()) if tokenizer else [str(i) for i in ids.tolist()]
     logit_labels = tokenizer.labels(logit_ids.tolist()) if tokenizer else [str(i) for i in logit_ids.tolist()]
@@ -337,10 +276,8 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
         values[start:start + len(chosen)] = active.pre[layer][active.position[chosen], active.feature[chosen]]
     values[where.logit_start:] = rep.logits[logit_ids] - rep.logits.mean()
     rest = unexplained(rep, active, where, logit_ids, logit_vectors)
-    targets = ~values.isnan()
-    rest[~targets] = 0.0
-    differences = (values[targets].double() - adjacency[targets].double().sum(1) - rest[targets].double()).abs()
-    terms = adjacency[targets].double().abs().sum(1) + rest[targets].double().abs()  # what each sum adds up
+    rest[values.isnan()] = 0.0
+    differences, terms = identity_gaps(adjacency, values, rest)
     error = float((differences / terms.clamp(min=1e-30)).max())
     weights = torch.zeros(where.total)
     weights[where.logit_start:] = probs

@@ -2,6 +2,7 @@
 
     anatomy circuits "The capital of Germany is" --model smollm2 --transcoders runs/transcoders --out graph.html
     anatomy circuits "..." --model smollm2 --transcoders runs/transcoders --out graph.json   # Neuronpedia's format
+    anatomy circuits "..." --model smollm2 --transcoders runs/transcoders --out g.html g.json g.safetensors  # all three
     anatomy circuits discover ...                    # circuits over a dataset (anatomy.circuits.discovery.cli)
 
 The graph explains the most likely next tokens (until --logit-probability, at most --max-logits) through
@@ -12,6 +13,8 @@ and written whole to a .safetensors file. Every argument is checked before the m
 from __future__ import annotations
 
 import argparse
+import re
+import textwrap
 import time
 from pathlib import Path
 
@@ -19,6 +22,25 @@ from ..cli import (add_device_argument, add_model_argument, add_threads_argument
                    printable, probability, summary_block, text)
 
 HANDED_ON = {"discover": "anatomy.circuits.discovery.cli"}  # `anatomy circuits discover ...`, before parsing
+CHANGE = re.compile(r"^(\d+):(\d+)(?:@(\d+))?(?:=(-?[0-9.]+(?:e-?\d+)?))?$")
+
+
+def feature_change(kind: str):
+    """An argparse type for --ablate L:F[@P], --clamp L:F[@P]=V, --steer L:F[@P]=A (layer, feature, position)."""
+    def parse(text: str):
+        from .interventions import FeatureChange
+
+        match = CHANGE.match(text.strip())
+        if not match or (kind != "ablate") != (match.group(4) is not None):
+            form = "LAYER:FEATURE[@POSITION]" + ("" if kind == "ablate" else "=VALUE")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {form} (e.g. 12:345@4{'' if kind == 'ablate' else '=2.5'})")
+        layer, feature = int(match.group(1)), int(match.group(2))
+        position = None if match.group(3) is None else int(match.group(3))
+        amount = None if match.group(4) is None else float(match.group(4))
+        if kind == "steer":
+            return FeatureChange(layer, feature, position, add=amount)
+        return FeatureChange(layer, feature, position, value=0.0 if kind == "ablate" else amount)
+    return parse
 
 
 def nonempty_text(value: str) -> str:
@@ -37,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_argument(parser, default="smollm2", help="the model")
     parser.add_argument("--transcoders", required=True, metavar="RUN",
                         help="a transcoder set: a run folder, or circuit-tracer's folder (config.yaml + safetensors)")
-    parser.add_argument("--out", required=True, type=output_file(".html", ".htm", ".json", ".safetensors"),
-                        help=".html (the page), .json (Neuronpedia's format) or .safetensors (the whole graph)")
+    parser.add_argument("--out", required=True, nargs="+", type=output_file(".html", ".htm", ".json", ".safetensors"),
+                        help="one or more of .html (the page), .json (Neuronpedia's format), .safetensors (the whole "
+                             "graph): one graph, written to each")
     parser.add_argument("--max-logits", type=positive_int, default=10, metavar="N", help="at most this many output tokens (default 10)")
     parser.add_argument("--logit-probability", type=probability, default=0.95, metavar="P",
                         help="output tokens until their probability adds up to this (default 0.95)")
@@ -52,6 +75,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="text files to find each feature's top contexts in, for the page")
     parser.add_argument("--max-context-tokens", type=positive_int, default=20_000, metavar="N",
                         help="read at most this many tokens of --contexts (default 20000)")
+    g = parser.add_argument_group("interventions: test the graph on the model")
+    g.add_argument("--ablate", nargs="+", default=[], type=feature_change("ablate"), metavar="L:F[@P]",
+                   help="set a feature to 0 (at position P, else everywhere)")
+    g.add_argument("--clamp", nargs="+", default=[], type=feature_change("clamp"), metavar="L:F[@P]=V",
+                   help="set a feature to V")
+    g.add_argument("--steer", nargs="+", default=[], type=feature_change("steer"), metavar="L:F[@P]=A",
+                   help="add A to a feature (its decoder vector, A times)")
+    g.add_argument("--freeze", choices=("none", "attention", "all"), default="attention",
+                   help="what the intervened model holds at the prompt's values: nothing, the attention patterns, "
+                        "or everything but the change (direct effects, which the graph predicts exactly)")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
     add_threads_argument(parser)
     add_device_argument(parser)
@@ -60,9 +93,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     """Load, build, check, prune, describe, write (module docstring)."""
     from ..checkpoints import from_pretrained
-    from ..sae.transcoders import load_transcoders
+    from ..sae import load_transcoders
     from .attribute import attribution_graph, check_fits
     from .features import promoted_tokens, top_contexts
+    from .interventions import intervene
     from .prune import pruned, scores
 
     started = time.time()
@@ -80,29 +114,33 @@ def run(args) -> int:
     graph.about = f"{args.model} on {args.prompt!r}"
     graph.meta["model"] = str(args.model)
     built = time.time()
+    changes = args.ablate + args.clamp + args.steer
+    tested = intervene(model, args.prompt, transcoders, changes, freeze=args.freeze, graph=graph) if changes else None
     replacement, completeness = scores(graph)
     graph.meta.update(replacement=replacement, completeness=completeness)
-    suffix = Path(args.out).suffix.lower()
-    if suffix == ".safetensors":
-        out = graph.save(args.out)
-        shown = None
-    else:
-        shown = pruned(graph, args.node_threshold, args.edge_threshold)
+    written, shown = [], None
+    for path in args.out:
+        suffix = Path(path).suffix.lower()
+        if suffix == ".safetensors":
+            written.append(graph.save(path))
+            continue
+        shown = shown or pruned(graph, args.node_threshold, args.edge_threshold)
         if suffix == ".json":
-            out = shown.save(args.out)
-        else:
-            details = promoted_tokens(model, transcoders, shown)
-            if args.contexts:
-                from ..sae.store import corpus_tokens
+            written.append(shown.save(path))
+            continue
+        details = promoted_tokens(model, transcoders, shown)
+        if args.contexts:
+            from ..sae.store import corpus_tokens
 
-                tokens = corpus_tokens(args.contexts, model.tokenizer, eval_fraction=None)[0][:args.max_context_tokens]
-                details = top_contexts(model, transcoders, shown, tokens, details)
-            out = shown.view(details=details, scores=(replacement, completeness)).save(args.out)
+            tokens = corpus_tokens(args.contexts, model.tokenizer, eval_fraction=None)[0][:args.max_context_tokens]
+            details = top_contexts(model, transcoders, shown, tokens, details)
+        written.append(shown.view(details=details, scores=(replacement, completeness), intervention=tested).save(path))
     if not args.quiet:
         counts = {kind: sum(node.kind == kind for node in graph.nodes) for kind in ("feature", "error", "token", "logit")}
-        logits = ", ".join(f"{node.label} {node.value:.3f}" for node in graph.nodes if node.kind == "logit")
+        # a token and its probability kept on one line (a no-break space, which the folding never breaks at)
+        logits = ", ".join(f"{printable(node.label)}\u00a0{node.value:.3f}" for node in graph.nodes if node.kind == "logit")
         rows = [("model", printable(str(args.model))), ("prompt", printable(repr(args.prompt))),
-                ("outputs", printable(logits)),
+                ("outputs", logits),
                 ("graph", f"{counts['feature']:,} features, {counts['error']} errors, {counts['token']} tokens, "
                           f"{counts['logit']} logits"),
                 ("check", graph.check),
@@ -112,8 +150,28 @@ def run(args) -> int:
                                    f"{args.node_threshold}, edge threshold {args.edge_threshold})"))
         rows.append(("time", f"loading {loaded - started:.1f} s, graph {built - loaded:.1f} s, "
                              f"the rest {time.time() - built:.1f} s"))
-        print(summary_block(f"anatomy circuits -> {printable(str(out))}", rows))
+        rows += [("written", printable(str(path))) for path in written]
+        print(summary_block("anatomy circuits", rows))
+        if tested is not None:
+            print(intervention_table(tested))
     return 0
+
+
+def intervention_table(result) -> str:
+    """The target tokens' probabilities before and after, the model's change of each demeaned logit and the
+    graph's two predictions, as fixed-width columns within 80."""
+    lines = textwrap.wrap(f"interventions ({result.freeze} frozen): " + ", ".join(str(c) for c in result.changes), 80,
+                          subsequent_indent="  ")
+    if result.unseen:
+        lines += textwrap.wrap("not nodes of the graph (no prediction for them): " + ", ".join(str(c) for c in result.unseen),
+                               80, initial_indent="  ", subsequent_indent="  ")
+    lines.append(f"  {'token':<16}{'p before':>9}{'p after':>9}{'logit change':>14}{'graph: direct':>15}{'through':>10}")
+    for row in result.rows():
+        token = printable(row["token"])[:15]
+        lines.append(f"  {token:<16}{row['before']:>9.3f}{row['after']:>9.3f}{row['change']:>+14.3f}"
+                     f"{row.get('direct', float('nan')):>+15.3f}{row.get('through', float('nan')):>+10.3f}")
+    return "\n".join(lines)
+
 
 
 def progress_bar(args):

@@ -79,7 +79,10 @@ class Node:
 
     @property
     def name(self) -> str:
-        """What a reader calls it: 'L12 #345 @3', 'error L12 @3', '␣Paris', 'L4 H2 (q)'."""
+        """What a reader calls it: 'L12 #345 @3', 'error L12 @3', '␣the @3' (a token at position 3), '␣Paris',
+        'L4 H2 (q)'."""
+        if self.kind == "token":
+            return f"{self.label or self.index} @{self.column}"
         if self.kind == "feature":
             return f"L{self.layer} #{self.index} @{self.column}"
         if self.kind == "error":
@@ -176,7 +179,7 @@ class Graph:
     def __repr__(self) -> str:
         counts = {kind: sum(node.kind == kind for node in self.nodes) for kind in KINDS}
         shown = ", ".join(f"{count} {kind}{'s' if count != 1 else ''}" for kind, count in counts.items() if count)
-        n_edges = int((self.adjacency != 0).sum())
+        n_edges = int(torch.count_nonzero(self.adjacency))
         return f"<{self.kind}: {shown}; {n_edges:,} edges" + (f"; {self.check}" if self.check else "") + ">"
 
     # ---- writing -------------------------------------------------------------------------------
@@ -207,12 +210,10 @@ def first_backward_edge(adjacency: torch.Tensor, block: int = 2048) -> tuple[int
     triangular; read in blocks of rows, so that no [N, N] temporary is made."""
     n = adjacency.size(0)
     for start in range(0, n, block):
-        rows = adjacency[start:start + block]  # (b, N)
-        upper = torch.ones_like(rows, dtype=torch.bool).triu(start)  # column >= row: not allowed
-        bad = (rows != 0) & upper
-        if bad.any():
-            t, s = bad.nonzero()[0].tolist()
-            return start + t, s
+        upper = adjacency[start:start + block, start:].triu()  # (b, N - start): column >= row, not allowed
+        if upper.any():
+            t, s = upper.nonzero()[0].tolist()
+            return start + t, start + s
     return None
 
 

@@ -92,9 +92,21 @@ def neuronpedia_json(graph: Graph, *, slug: str = "anatomy-graph", scan: str | N
 
 
 def save_neuronpedia(graph: Graph, path: str | Path, **options) -> Path:
-    """Write neuronpedia_json(graph, **options) to path (atomically), slug from the file's name unless given."""
+    """Write neuronpedia_json(graph, **options) to path (atomically), slug from the file's name unless given,
+    and list it in graph-metadata.json beside it (kept, one entry per slug), as circuit-tracer's
+    create_graph_files does: that folder is what its local server shows (`circuit_tracer start-server
+    --graph_file_dir FOLDER`)."""
     from ..viz.html import write_atomically
 
     path = Path(path)
     options.setdefault("slug", path.stem or "anatomy-graph")
-    return write_atomically(path, json.dumps(neuronpedia_json(graph, **options), ensure_ascii=False))
+    data = neuronpedia_json(graph, **options)
+    written = write_atomically(path, json.dumps(data, ensure_ascii=False))
+    listing = path.parent / "graph-metadata.json"
+    try:
+        graphs = json.loads(listing.read_text(encoding="utf-8")).get("graphs", []) if listing.is_file() else []
+    except (ValueError, AttributeError):
+        graphs = []  # not a listing this writer can keep: it starts a new one
+    graphs = [entry for entry in graphs if isinstance(entry, dict) and entry.get("slug") != data["metadata"]["slug"]]
+    write_atomically(listing, json.dumps({"graphs": graphs + [data["metadata"]]}, ensure_ascii=False, indent=1))
+    return written

@@ -27,12 +27,15 @@ from dataclasses import dataclass, field
 from importlib import resources
 from string import Template
 
+import torch
+
 from ..checkpoints.token_text import legend_for
 from ..viz.html import View, asset, page, script_json
 from .graph import Graph
 
 ASSETS = resources.files("anatomy.circuits") / "assets"
 RELATIVE_TOLERANCE = 1e-4  # the graph's identity holds when its difference is within this share of its terms
+MAX_EDGES = 10_000  # edges a page draws at most, the strongest: a browser draws that many curves in about a second
 
 
 def rounded(x: float | None, digits: int = 6) -> float | None:
@@ -73,16 +76,27 @@ def shown_graph(graph: Graph, prune: bool | None = None, node_threshold: float =
     return pruned(graph, node_threshold, edge_threshold) if prune else graph
 
 
-def graph_payload(graph: Graph, details: FeatureDetails | None = None, scores: tuple[float, float] | None = None) -> dict:
-    """The page's data: nodes, edges [target, source, weight] (indices into nodes), the columns' labels,
-    the identity line and the scores; every number rounded to 6 significant digits."""
+def strongest_edges(graph: Graph, limit: int) -> list[tuple[int, int, float]]:
+    """(target, source, weight) of the `limit` edges of largest |weight|, in row order."""
+    targets, sources = graph.adjacency.nonzero(as_tuple=True)
+    weights = graph.adjacency[targets, sources]
+    if len(weights) > limit:
+        kept = weights.abs().topk(limit).indices.sort().values
+        targets, sources, weights = targets[kept], sources[kept], weights[kept]
+    return list(zip(targets.tolist(), sources.tolist(), weights.tolist()))
+
+
+def graph_payload(graph: Graph, details: FeatureDetails | None = None, scores: tuple[float, float] | None = None,
+                  intervention=None, max_edges: int = MAX_EDGES) -> dict:
+    """The page's data: nodes, edges [target, source, weight] (indices into nodes; the max_edges strongest),
+    the columns' labels, the identity line and the scores; every number rounded to 6 significant digits."""
     from .neuronpedia import neuronpedia_json
 
     influence = graph.meta.get("influence") or [None] * len(graph)
     nodes = [{"id": node.id, "kind": node.kind, "layer": node.layer, "column": node.column, "index": node.index,
               "port": node.port, "label": node.label, "name": node.name, "value": rounded(node.value),
               "influence": rounded(influence[i])} for i, node in enumerate(graph.nodes)]
-    edges = [[t, s, rounded(w)] for t, s, w in graph.edges()]
+    edges = [[t, s, rounded(w)] for t, s, w in strongest_edges(graph, max_edges)]
     neuronpedia = None
     if graph.kind == "attribution graph":
         neuronpedia = neuronpedia_json(graph, slug=graph.meta.get("slug", "anatomy-graph"))
@@ -97,28 +111,38 @@ def graph_payload(graph: Graph, details: FeatureDetails | None = None, scores: t
         "neuronpedia": neuronpedia,
         "thresholds": {k: graph.meta[k] for k in ("node_threshold", "edge_threshold") if k in graph.meta},
         "counts": {k: graph.meta[k] for k in ("nodes_before", "edges_before") if k in graph.meta},
+        "edgesInGraph": int(torch.count_nonzero(graph.adjacency)),
+        "intervention": None if intervention is None else {
+            "freeze": intervention.freeze, "changes": [str(c) for c in intervention.changes],
+            "unseen": [str(c) for c in intervention.unseen],
+            "rows": [{k: (rounded(v, 4) if isinstance(v, float) else v) for k, v in row.items()} for row in intervention.rows()]},
     }
+
 
 
 def render(payload: dict, title: str, subtitle: str) -> str:
     """The whole HTML document for a graph payload."""
     body = Template((ASSETS / "graph.html").read_text(encoding="utf-8")).substitute(
         title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
-    script = asset("common.js") + "\n" + (ASSETS / "graph.js").read_text(encoding="utf-8")
+    script = "\n".join([asset("common.js")] + [(ASSETS / name).read_text(encoding="utf-8")
+                                                 for name in ("graph-draw.js", "graph.js")])
     style = asset("view.css") + "\n" + (ASSETS / "graph.css").read_text(encoding="utf-8")
     return page(title, body, style=style, script=script, body_class="view-graph")
 
 
 def graph_view(graph: Graph, *, prune: bool | None = None, node_threshold: float = 0.8, edge_threshold: float = 0.98,
                details: FeatureDetails | None = None, scores: tuple[float, float] | None = None,
-               title: str | None = None) -> View:
+               intervention=None, title: str | None = None) -> View:
     """The page of `graph` as a viz View (`.save("graph.html")`, shown in Jupyter). details: what to show
     for its feature nodes (FeatureDetails, by node id);
-    scores: (replacement, completeness) to show (prune.scores of the unpruned graph)."""
+    scores: (replacement, completeness) to show (prune.scores of the unpruned graph); intervention: an
+    interventions.InterventionResult to show beside the graph's predictions."""
     shown = shown_graph(graph, prune, node_threshold, edge_threshold)
-    payload = graph_payload(shown, details, scores)
+    payload = graph_payload(shown, details, scores, intervention)
     title = title or ("Attribution graph" if graph.kind == "attribution graph" else "Circuit")
-    counts = f"{len(shown)} nodes, {len(payload['edges']):,} edges"
+    in_graph = payload["edgesInGraph"]
+    counts = f"{len(shown)} nodes, {in_graph:,} edges" + (
+        f" (the {len(payload['edges']):,} strongest drawn)" if len(payload["edges"]) < in_graph else "")
     if "nodes_before" in shown.meta:
         counts += f" (pruned from {shown.meta['nodes_before']:,} nodes and {shown.meta['edges_before']:,} edges)"
     subtitle = f"{graph.about}: {counts}" if graph.about else counts

@@ -41,7 +41,7 @@ BLOCK = 1024  # rows of the adjacency read at a time: no [N, N] temporary is eve
 def normalized(rows: torch.Tensor) -> torch.Tensor:
     """[B, N] -> [B, N]: |A[t, s]| / sum_s |A[t, s]|, each row's inputs as shares (a row without input stays 0)."""
     absolute = rows.abs()
-    return absolute / absolute.sum(dim=1, keepdim=True).clamp(min=1e-10)
+    return absolute.div_(absolute.sum(dim=1, keepdim=True).clamp(min=1e-10))
 
 
 def neumann_influence(adjacency: torch.Tensor, weights: torch.Tensor, max_terms: int = 1000) -> torch.Tensor:
@@ -162,29 +162,32 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
     return Pruning(node_mask, edge_mask, node_influence, cumulative, node_threshold, edge_threshold)
 
 
-def pruned(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Graph:
+def pruned(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98,
+           decision: Pruning | None = None) -> Graph:
     """The pruned graph itself: the kept nodes and edges, with meta["influence"] (each kept node's
-    cumulative influence share, in node order) and the thresholds."""
-    decision = prune(graph, node_threshold, edge_threshold)
+    cumulative influence share, in node order) and the thresholds. decision: prune(graph, ...) if already made."""
+    decision = decision or prune(graph, node_threshold, edge_threshold)
     meta = dict(graph.meta, node_threshold=node_threshold, edge_threshold=edge_threshold, pruned=True,
                 influence=[round(float(x), 6) for x in decision.cumulative[decision.node_mask]],
                 nodes_before=len(graph), edges_before=int(count_edges(graph.adjacency)))
     return graph.subgraph(decision.node_mask, decision.edge_mask, meta=meta)
 
 
-def count_edges(adjacency: torch.Tensor, block: int = BLOCK) -> int:
-    """How many entries are non-zero, in blocks of rows."""
-    return sum(int((adjacency[start:start + block] != 0).sum()) for start in range(0, adjacency.size(0), block))
+def count_edges(adjacency: torch.Tensor) -> int:
+    """How many entries are non-zero (count_nonzero: no [N, N] temporary)."""
+    return int(torch.count_nonzero(adjacency))
 
 
-def scores(graph: Graph) -> tuple[float, float]:
-    """(replacement, completeness) of the graph (module docstring). Raises ValueError for a graph without
-    token and error nodes, for which neither is defined."""
+def scores(graph: Graph, node_influence: torch.Tensor | None = None) -> tuple[float, float]:
+    """(replacement, completeness) of the graph (module docstring); node_influence: influence(graph's adjacency,
+    its output weights) if already computed (Pruning.influence). Raises ValueError for a graph without token
+    and error nodes, for which neither is defined."""
     is_error, is_token = graph.mask("error"), graph.mask("token")
     if not is_error.any() or not is_token.any():
         raise ValueError("replacement and completeness need token and error nodes (an attribution graph)")
     weights = graph.output_weights.float()
-    node_influence = influence(graph.adjacency, weights)
+    if node_influence is None:
+        node_influence = influence(graph.adjacency, weights)
     token, error = node_influence[is_token].sum(), node_influence[is_error].sum()
     replacement = float(token / (token + error))
     output_influence = node_influence + weights

@@ -84,20 +84,15 @@ class FrozenNorm:
         self.scale = norm_scale(x, self.centred, eps)  # (T,)
 
     def forward(self, x: torch.Tensor, constant: bool = True) -> torch.Tensor:
-        """[.., T, E] -> [.., T, E]; constant=False leaves beta out (the linear part alone)."""
+        """[T, E] (positions 0 ..) -> [T, E]; constant=False leaves beta out (the linear part alone)."""
         if self.centred:
             x = x - x.mean(dim=-1, keepdim=True)
-        y = x * (self.scale[: x.size(-2), None] * self.gain)
+        y = x * (self.scale[: x.size(0), None] * self.gain)
         return y + self.bias if constant and self.bias is not None else y
 
-    def transpose(self, g: torch.Tensor) -> torch.Tensor:
-        """[.., P, E] -> [.., P, E]: the gradient through the frozen norm (its linear part is symmetric
-        in E but for the centring, which is its own transpose)."""
-        g = g * (self.scale[: g.size(-2), None] * self.gain)
-        return g - g.mean(dim=-1, keepdim=True) if self.centred else g
-
     def transpose_at(self, g: torch.Tensor, position: int) -> torch.Tensor:
-        """[k, E] reading vectors at one position -> their gradients there."""
+        """[k, E] reading vectors at one position -> their gradients there, g s[q] gain, centred for a LayerNorm
+        (the centring is its own transpose)."""
         g = g * (self.scale[position] * self.gain)
         return g - g.mean(dim=-1, keepdim=True) if self.centred else g
 
@@ -117,7 +112,7 @@ class FrozenAttention:
         self.group = self.n_heads // self.n_kv
 
     def forward(self, x: torch.Tensor, constant: bool = True) -> torch.Tensor:
-        """[T, E] (normed) -> [T, E]; constant=False leaves the biases out."""
+        """[T, E] (normed, positions 0 ..) -> [T, E]; constant=False leaves the biases out."""
         T = x.size(0)
         v = x @ self.w_v.T  # (T, K*D)
         if constant and self.b_v is not None:
@@ -127,20 +122,74 @@ class FrozenAttention:
         out = z.reshape(T, -1) @ self.w_o.T  # (T, E)
         return out + self.b_o if constant and self.b_o is not None else out
 
-    def transpose(self, g: torch.Tensor) -> torch.Tensor:
-        """[R, P, E] -> [R, P, E]: rows' gradients at the sublayer's output carried to its (normed) input.
 
-            u = g W_o                     per head, [R, P, H, D]
-            dv[q] = sum_p A_h[p, q] u[p]   mixed back over positions, summed over each key/value group
-            dx = dv W_v                    [R, P, E]
-        """
-        R, P, E = g.shape
-        u = (g.reshape(R * P, E) @ self.w_o).view(R, P, self.n_heads, self.d_head)  # (R, P, H, D)
-        u = u.permute(2, 1, 0, 3).reshape(self.n_heads, P, R * self.d_head)  # (H, P, R*D)
-        mixed = torch.bmm(self.pattern[:, :P, :P].transpose(1, 2), u)  # (H, P_q, R*D): sum_p A[p, q] u[p]
-        mixed = mixed.view(self.n_kv, self.group, P, R, self.d_head).sum(dim=1)  # (K, P, R, D)
-        dv = mixed.permute(2, 1, 0, 3).reshape(R * P, self.n_kv * self.d_head)  # (R*P, K*D)
-        return (dv @ self.w_v).view(R, P, E)
+
+class FrozenSublayer:
+    """One attention sublayer of the replacement, norm and attention together: x -> attn(norm(x)), with the
+    patterns and the norm's scale frozen, and its transpose for rows of gradients.
+
+    Carried back, a row's gradient g at query positions p goes to key positions q as
+
+        u = g W_o                                  per head                     [r, P, H, D]
+        dv[q] = s[q] sum_h sum_p A_h[p, q] u_h[p]   its heads' share of each key/value group
+        dx[q] = dv[q] (W_v gain C)                 gain: the norm's gain, C its centring (a LayerNorm)
+
+    with the gain and the centring folded into W_v once (w_back), so that the norm costs a scale on the
+    narrow side (K D) only, and dx is added to g in place (the residual: x + attn(norm(x)))."""
+
+    def __init__(self, norm: nn.Module, attention: nn.Module, pattern: torch.Tensor, x: torch.Tensor):
+        self.norm = FrozenNorm(norm, x)
+        self.attention = FrozenAttention(attention, pattern)
+        w_back = self.attention.w_v * self.norm.gain  # (K*D, E)
+        self.w_back = w_back - w_back.mean(dim=1, keepdim=True) if self.norm.centred else w_back
+        self._mixing: dict[int, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor, constant: bool = True) -> torch.Tensor:
+        """[T, E] (positions 0 ..) -> [T, E]: attn(norm(x)); constant=False leaves every bias out."""
+        return self.attention.forward(self.norm.forward(x, constant), constant)
+
+    def add_transpose(self, g: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        """g [r, P, E] (contiguous) rows' gradients at query positions 1 .. P: add what this sublayer carries
+        back to positions 1 .. P in place, and return [r] what it carries to position 0, dotted with
+        `image` [E] (the first token's image there)."""
+        a = self.attention
+        r, P, E = g.shape
+        H, K, D, keys = a.n_heads, a.n_kv, a.d_head, P + 1
+        u = (g.view(r * P, E) @ a.w_o).view(r, P, H, D).permute(2, 1, 0, 3).reshape(K, a.group * P, r * D)
+        # sum over a group's heads and its queries at once: one contraction over (head, query) per group
+        mixed = torch.bmm(self.mixing(P), u).view(K, keys, r, D)  # (K, keys, r, D)
+        return self.add_keys(g, mixed, image)
+
+    def mixing(self, P: int) -> torch.Tensor:
+        """[K, keys, group P]: A_h[p, q] for key q, laid out so that one product sums a group's heads and
+        queries 1 .. P (kept per P: the prompt's positions are few)."""
+        if P not in self._mixing:
+            a = self.attention
+            pattern = a.pattern[:, 1:P + 1, :P + 1].transpose(1, 2)  # (H, keys, P)
+            self._mixing[P] = pattern.reshape(a.n_kv, a.group, P + 1, P).permute(0, 2, 1, 3).reshape(a.n_kv, P + 1, a.group * P)
+        return self._mixing[P]
+
+    def add_transpose_at(self, g: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        """add_transpose for rows whose gradient is still at their own position P alone (they joined at
+        this layer): W_o is applied there only."""
+        a = self.attention
+        r, P, E = g.shape
+        H, K, D, keys = a.n_heads, a.n_kv, a.d_head, P + 1
+        u = (g[:, P - 1] @ a.w_o).view(r, H, D)  # (r, H, D)
+        mixed = torch.einsum("hq,rhd->hqrd", a.pattern[:, P, :keys], u)  # (H, keys, r, D)
+        mixed = mixed.reshape(K, a.group, keys, r, D).sum(dim=1)  # (K, keys, r, D)
+        return self.add_keys(g, mixed, image)
+
+    def add_keys(self, g: torch.Tensor, mixed: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        """g += s[q] dv[q] w_back at keys 1 .. P; returns s[0] dv[0] w_back . image (mixed [K, keys, r, D])."""
+        r, P, E = g.shape
+        K, _, _, D = mixed.shape
+        scale = self.norm.scale
+        dv = torch.empty(r, P, K, D)
+        torch.mul(mixed[:, 1:].permute(2, 1, 0, 3), scale[1:P + 1].view(1, P, 1, 1), out=dv)  # (r, P, K, D)
+        g.view(r * P, E).addmm_(dv.view(r * P, K * D), self.w_back)
+        first = mixed[:, 0].permute(1, 0, 2).reshape(r, K * D) * scale[0]  # (r, K*D)
+        return first @ (self.w_back @ image)
 
 
 class Replacement:
@@ -150,7 +199,7 @@ class Replacement:
         embed [T, E]            each token's embedding vector (what a token node writes)
         inputs[l] [T, E]        what layer l's transcoder reads (its input point)
         outputs[l] [T, E]       the MLP's output at layer l (its output point)
-        attn_norms[l], mlp_norms[l], final_norm: FrozenNorm; attentions[l]: FrozenAttention
+        sublayers[l]: FrozenSublayer (attention, its norm); mlp_norms[l], final_norm: FrozenNorm
         logits [V]              the model's logits at the last position
     """
 
@@ -168,15 +217,18 @@ class Replacement:
         self.trace = t
         blocks = model.blocks
         self.embed = t["embed"][0].float()  # (T, E)
-        self.attn_norms = [FrozenNorm(blocks[l].attn_norm, t[f"blocks.{l}.resid_pre"][0]) for l in range(self.n_layers)]
+        self.sublayers = [FrozenSublayer(blocks[l].attn_norm, blocks[l].attn, t[f"blocks.{l}.attn.pattern"][0],
+                                         t[f"blocks.{l}.resid_pre"][0]) for l in range(self.n_layers)]
         self.mlp_norms = [FrozenNorm(blocks[l].mlp_norm, t[f"blocks.{l}.resid_mid"][0]) for l in range(self.n_layers)]
-        self.attentions = [FrozenAttention(blocks[l].attn, t[f"blocks.{l}.attn.pattern"][0]) for l in range(self.n_layers)]
         last = t[f"blocks.{self.n_layers - 1}.resid_post"][0]
         self.final_norm = FrozenNorm(model.final_norm, last)
         self.inputs = [t[point][0].float() for point in self.input_points]  # (T, E) each
         self.outputs = [t[f"blocks.{l}.mlp.out"][0].float() for l in range(self.n_layers)]
         self.logits = t["logits"][0, -1].float()  # (V,)
         self.unembed = model.lm_head.proj.weight.detach().float()  # (V, E)
+        self.skips = [None if transcoders.skip(l) is None else transcoders.skip(l).detach().float() for l in range(self.n_layers)]
+        # a skip's transpose with the MLP norm's gain and centring folded in, as the sublayers fold theirs
+        self.skips_back = [None if skip is None else self.folded_input_transpose(l, skip.T) for l, skip in enumerate(self.skips)]
         bias = model.lm_head.proj.bias
         self.unembed_bias = None if bias is None else bias.detach().float()
 
@@ -184,10 +236,6 @@ class Replacement:
     def reads_normed(self, layer: int) -> bool:
         """Whether layer's transcoder reads the MLP's normed input (else resid_mid itself)."""
         return self.input_points[layer].endswith("mlp_norm.out")
-
-    def input_transpose(self, layer: int, g: torch.Tensor) -> torch.Tensor:
-        """[.., P, E] reading vectors at the transcoder's input -> gradients at resid_mid."""
-        return self.mlp_norms[layer].transpose(g) if self.reads_normed(layer) else g
 
     def input_transpose_at(self, layer: int, g: torch.Tensor, position: int) -> torch.Tensor:
         """[k, E] reading vectors at the transcoder's input, at one position -> gradients at resid_mid."""
@@ -197,10 +245,34 @@ class Replacement:
         """[T, E] resid_mid -> what layer's transcoder reads, through the frozen norm if it reads the norm's output."""
         return self.mlp_norms[layer].forward(resid_mid, constant) if self.reads_normed(layer) else resid_mid
 
-    def skip_transpose(self, layer: int, g: torch.Tensor) -> torch.Tensor | None:
-        """[R, P, E] gradients at the MLP's output -> their part at resid_mid through a skip transcoder's
-        x_in skip(l) (None without one)."""
-        skip = self.transcoders.skip(layer)
-        if skip is None:
-            return None
-        return self.input_transpose(layer, g @ skip.detach().float().T)  # x_in S: d/dx_in = g S^T
+    def folded_input_transpose(self, layer: int, w: torch.Tensor) -> torch.Tensor:
+        """w [., E] (a map onto the transcoder's input) with the MLP norm's gain and centring folded in."""
+        if not self.reads_normed(layer):
+            return w
+        norm = self.mlp_norms[layer]
+        w = w * norm.gain
+        return w - w.mean(dim=-1, keepdim=True) if norm.centred else w
+
+    def add_skip_transpose(self, layer: int, g: torch.Tensor) -> None:
+        """g [r, P, E] gradients at the MLP's output, positions 1 .. P: add in place their part at resid_mid through
+        a skip transcoder's x_in skip(l), s[q] (g S^T gain C) (nothing without one)."""
+        back = self.skips_back[layer]
+        if back is None:
+            return
+        r, P, E = g.shape
+        through = (g.view(r * P, E) @ back).view(r, P, E)
+        if self.reads_normed(layer):
+            through *= self.mlp_norms[layer].scale[1:P + 1].view(1, P, 1)
+        g += through
+
+    def first_position_images(self) -> list[torch.Tensor]:
+        """[E] per layer: what the first token's embedding has become at resid_pre(l), at the first position,
+        through the replacement's linear paths (it attends to itself alone; a skip passes it on)."""
+        z = self.embed[0][None]  # (1, E)
+        images = []
+        for layer in range(self.n_layers):
+            images.append(z[0])
+            z = z + self.sublayers[layer].forward(z, constant=False)
+            if self.skips[layer] is not None:
+                z = z + self.input_forward(layer, z, constant=False) @ self.skips[layer]
+        return images

@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sae", action="append", default=[], metavar="MODEL=PATH",
                         help="a sparse autoencoder for the features panel (an `anatomy sae train` run, SAELens's or "
                              "Gemma Scope's files), on MODEL (default: the first); give it several times")
+    parser.add_argument("--transcoders", action="append", default=[], metavar="MODEL=RUN",
+                        help="a transcoder set for the circuit panel's attribution graphs (an `anatomy sae "
+                             "train-transcoders` run, circuit-tracer's or Gemma Scope 2's files), on MODEL (default: "
+                             "the first); give it once per model")
     parser.add_argument("--host", default="127.0.0.1",
                         help="the address to listen on (default: 127.0.0.1, this machine only); any other prints a "
                              "warning")
@@ -82,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     sock.listen()  # from here a connection waits in the backlog: the URL printed below answers at once
     bound = sock.getsockname()[1]
     hosts = [] if args.host in LOCAL else [args.host, socket.gethostname()]
-    app = create_app(models, hosts=hosts, allow_open=args.allow_open, cache_bytes=args.cache_mb * 2**20, saes=args.sae)
+    app = create_app(models, hosts=hosts, allow_open=args.allow_open, cache_bytes=args.cache_mb * 2**20, saes=args.sae,
+                     transcoders=args.transcoders)
     shown = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else shown}:{bound}/?token={app.state.explorer.token}"
     if args.host not in LOCAL:

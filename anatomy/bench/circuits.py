@@ -1,0 +1,165 @@
+"""Attribution graphs: anatomy against circuit-tracer 0.5.0, on the same model, transcoders and prompt.
+
+One row: SmolLM2-135M with 30 per-layer JumpReLU transcoders of 2,304 features (random, calibrated to fire 42
+features per token and layer, circuit_sets.py, until trained ones exist), a 16-token prompt it gets right
+(" Berlin", p 0.78; the README's example),
+2 threads: the pruned graph a user asks for (every direct effect, pruning at 0.8 / 0.98, the two scores), in
+seconds and peak resident memory, each side in a process of its own, one after the other. The two adjacencies
+are compared node by node (features by layer, position and index; errors; tokens; logits): max |diff|.
+
+circuit-tracer runs from its own environment ($ANATOMY_CIRCUIT_TRACER_PYTHON, else the cached
+~/.cache/anatomy/venv-circuit-tracer, made when absent: torch first, then circuit-tracer 0.5.0, nnsight 0.6.1,
+transformer-lens 3.2.1, transformers 4.57.3), with its nnsight backend (it takes a local folder) at batch 128,
+its fastest setting here (shared/notes/circuit-tracer-on-a-cpu.md). --quick: the tests' tiny Llama and set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from .common import Row, Settings, load_average, peer_python
+
+PROMPT = "The capital of the state containing Dallas is Austin. The capital of Germany is"  # the README's example
+WORKER = Path(__file__).with_name("circuit_tracer_worker.py")
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "circuits" / "fixtures" / "graphs"
+PACKAGES = ["circuit-tracer==0.5.0", "nnsight==0.6.1", "transformer-lens==3.2.1", "transformers==4.57.3"]
+
+
+def circuit_tracer_python(install: bool) -> tuple[str | None, str]:
+    """(the python of an environment with circuit-tracer, or None; what was done or why not)."""
+    return peer_python("circuit-tracer", "ANATOMY_CIRCUIT_TRACER_PYTHON", "venv-circuit-tracer", PACKAGES, install)
+
+
+def prepare(settings: Settings, folder: Path) -> tuple[Path, Path, str]:
+    """(a Hugging Face folder of the model, the transcoder set in circuit-tracer's format, the prompt)."""
+    if settings.quick:
+        prompt = json.loads((FIXTURES / "README.json").read_text())["prompt"]
+        return FIXTURES / "llama", FIXTURES / "plt_jumprelu", prompt
+    from ..checkpoints import from_pretrained
+    from ..circuits.attribute import prompt_ids
+    from ..sae import save_transcoders
+    from .circuit_sets import calibrated_random_transcoders
+
+    model = from_pretrained("smollm2").eval()
+    ids = prompt_ids(model, PROMPT)  # 16 tokens: the BOS circuit-tracer puts in front, and 15 of the text
+    prompt = PROMPT
+    model_folder = folder / "smollm2"
+    model.save_pretrained(model_folder)
+    config_path = model_folder / "config.json"
+    config = json.loads(config_path.read_text())
+    theta = (config.get("rope_parameters") or {}).get("rope_theta")
+    if theta is not None and "rope_theta" not in config:  # transformers 4.57 reads a top-level rope_theta only
+        config["rope_theta"] = theta
+        config_path.write_text(json.dumps(config))
+    transcoders = calibrated_random_transcoders(model, ids[None])
+    save_transcoders(transcoders, folder / "transcoders", scan="anatomy-bench/random-calibrated")
+    return model_folder, folder / "transcoders", prompt
+
+
+def run(command: list[str], out: Path, threads: int) -> dict:
+    """The JSON a worker wrote to `out` (its command names it), or RuntimeError with its stderr's end."""
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600,
+                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if done.returncode != 0:
+        raise RuntimeError(f"{Path(command[1]).name} failed: {done.stderr[-800:]}")
+    return json.loads(out.read_text())
+
+
+def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: str) -> None:
+    """The worker anatomy's side runs in (python -m anatomy.bench.circuits ...): load, then time the pruned graph."""
+    from ..checkpoints import from_pretrained
+    from ..circuits import attribution_graph, prune, pruned, scores
+    from ..sae import load_transcoders
+    from safetensors.torch import save_file
+
+    settings = json.loads(options)
+    torch.set_num_threads(settings["threads"])
+    model = from_pretrained(model_folder).eval()
+    transcoders = load_transcoders(transcoder_folder)
+    cpu = time.process_time()
+    start = time.perf_counter()
+    graph = attribution_graph(model, settings["prompt"], transcoders)
+    attributed = time.perf_counter() - start
+    decision = prune(graph, 0.8, 0.98)
+    small = pruned(graph, decision=decision)
+    replacement, completeness = scores(graph, decision.influence)
+    total = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    peak = next(int(line.split()[1]) / 1e6 for line in open("/proc/self/status") if line.startswith("VmHWM"))
+    save_file({"adjacency": graph.adjacency}, str(Path(out).with_suffix(".safetensors")),
+              metadata={"ids": json.dumps([node.id for node in graph.nodes])})
+    Path(out).write_text(json.dumps({
+        "attribute_seconds": attributed, "seconds": total, "cpu_seconds": cpu, "peak_gb": peak, "scores": [replacement, completeness],
+        "features": sum(node.kind == "feature" for node in graph.nodes), "check": graph.check, "error": graph.error,
+        "kept_nodes": len(small), "kept_edges": int(torch.count_nonzero(small.adjacency)),
+    }))
+
+
+def compare(ours: Path, theirs: Path) -> float:
+    """max |diff| between the two adjacencies, nodes matched by what they are (circuit-tracer's order:
+    features, errors layer by layer, tokens, logits)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from ..circuits.graph import Node
+
+    with safe_open(str(ours), "pt") as handle:
+        ids = json.loads(handle.metadata()["ids"])
+        adjacency = handle.get_tensor("adjacency")
+    index = {node_id: i for i, node_id in enumerate(ids)}
+    their = load_file(str(theirs))
+    tokens, T = their["input_tokens"].tolist(), len(their["input_tokens"])
+    n_layers = int(next(node_id for node_id in ids if node_id.startswith("logit:")).split(":")[1])
+    order = [Node("feature", l, p, f).id for l, p, f in their["active_features"].tolist()]
+    order += [Node("error", l, p).id for l in range(n_layers) for p in range(T)]
+    order += [Node("token", -1, p, t).id for p, t in enumerate(tokens)]
+    order += [Node("logit", n_layers, T - 1, t).id for t in their["logit_ids"].tolist()]
+    mapped = torch.tensor([index[node_id] for node_id in order])
+    worst = 0.0
+    for start in range(0, len(order), 1024):
+        rows = adjacency[mapped[start:start + 1024]][:, mapped]
+        worst = max(worst, float((rows - their["adjacency"][start:start + 1024]).abs().max()))
+    return worst
+
+
+def bench_circuits(settings: Settings) -> list[Row]:
+    threads = 1 if settings.quick else 2
+    python, how = circuit_tracer_python(install=not settings.quick)
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = Path(temporary)
+        model_folder, transcoder_folder, prompt = prepare(settings, folder)
+        options = json.dumps({"prompt": prompt, "threads": threads, "batch_size": 8 if settings.quick else 128})
+        ours = run([sys.executable, "-m", "anatomy.bench.circuits", str(model_folder), str(transcoder_folder),
+                    str(folder / "anatomy.json"), options], folder / "anatomy.json", threads)
+        theirs = None
+        if python:
+            theirs = run([python, str(WORKER), str(model_folder), str(transcoder_folder), str(folder / "circuit-tracer.json"),
+                          options], folder / "circuit-tracer.json", threads)
+            difference = compare(folder / "anatomy.safetensors", folder / "circuit-tracer.safetensors")
+    model = "tiny Llama (the tests')" if settings.quick else "SmolLM2-135M"
+    case = f"pruned attribution graph, {model}, {ours['features']:,} features, {threads} threads"
+    row = Row("circuits", case, "s", ours["seconds"], theirs["seconds"] if theirs else None, False)
+    row.notes = [how, f"anatomy: graph {ours['attribute_seconds']:.1f} s, pruned and scored {ours['seconds']:.1f} s "
+                      f"({ours['cpu_seconds']:.0f} s of CPU), peak {ours['peak_gb']:.2f} GB; replacement {ours['scores'][0]:.3f}, completeness "
+                      f"{ours['scores'][1]:.3f}; {ours['check']}"]
+    if theirs:
+        row.notes.append(f"circuit-tracer {theirs['version']} (nnsight, batch {json.loads(options)['batch_size']}): "
+                         f"attribute {theirs['attribute_seconds']:.1f} s, prune_graph {theirs['prune_seconds']:.1f} s "
+                         f"({theirs['cpu_seconds']:.0f} s of CPU), peak {theirs['peak_gb']:.2f} GB; replacement {theirs['scores'][0]:.3f}, completeness "
+                         f"{theirs['scores'][1]:.3f}")
+        row.notes.append(f"same adjacency: max |diff| {difference:.2g} over {theirs['features']:,} features; pruned "
+                         f"{ours['kept_nodes']} vs {theirs['kept_nodes']} nodes")
+    row.notes.append(f"one process a side, one after the other; load {load_average()}")
+    return [row]
+
+
+if __name__ == "__main__":
+    anatomy_side(*sys.argv[1:5])
