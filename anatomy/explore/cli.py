@@ -63,8 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from .connections import serve
     from .server import create_app
 
     models = args.model or default_models()
@@ -91,6 +90,5 @@ def run(args: argparse.Namespace) -> int:
     print(url, flush=True)
     if not args.no_browser:
         threading.Timer(0.5, webbrowser.open, args=(url,)).start()
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-    uvicorn.Server(config).run(sockets=[sock])
+    serve(app, sock)  # connections.py: a deadline on each phase of a request, a bound on connections
     return 0

@@ -1,0 +1,299 @@
+"""The explorer's server under hostile connections, served by uvicorn on a loopback port with the
+settings `anatomy explore` uses (connections.py), the deadlines shortened: idle, trickled-header and
+trickled-body connections are closed, connections past the bound are answered 503, a client that
+leaves mid-body costs no traceback, and a job's followers hold no worker thread and are bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import select
+import socket
+import threading
+import time
+
+import anyio
+import pytest
+from explore_servers import TOKEN, Served
+
+from anatomy.explore.connections import Limits
+from anatomy.explore.guard import MAX_HEAD
+from anatomy.explore.jobs import MAX_FOLLOWERS_PER_CLIENT, MAX_FOLLOWERS_PER_JOB, Job, Jobs, Refused
+
+LIVENESS = 30.0  # seconds a test waits for something that must happen (a bound on a hang, not a timing check)
+SHORT = Limits(header_seconds=0.5, body_seconds=0.5, idle_seconds=1, shutdown_seconds=1)
+
+
+class Log(logging.Handler):
+    """Every record the server's loggers emit while installed (uvicorn's, starlette's, anatomy's, asyncio's)."""
+
+    NAMES = ("", "uvicorn", "uvicorn.error", "anatomy", "asyncio")
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def __enter__(self):
+        self.levels = {}
+        for name in self.NAMES:
+            logger = logging.getLogger(name)
+            self.levels[name] = logger.level
+            logger.addHandler(self)
+        logging.getLogger("anatomy").setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc):
+        for name in self.NAMES:
+            logging.getLogger(name).removeHandler(self)
+            logging.getLogger(name).setLevel(self.levels[name])
+
+    def emit(self, record):
+        if not any(seen is record for seen in self.records):  # a record reaches each logger it propagates to
+            self.records.append(record)
+
+    def shown(self) -> list[str]:
+        """What a terminal shows of the server: warnings and worse, each with its traceback."""
+        return [self.format(r) + (f"\n{r.exc_info}" if r.exc_info else "") for r in self.records
+                if r.levelno >= logging.WARNING]
+
+
+@pytest.fixture(scope="module")
+def server():
+    served = Served(["toy"], limits=SHORT)
+    yield served
+    served.stop()
+
+
+def connect(served) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", served.port), timeout=LIVENESS)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def request_head(served, method: str, path: str, length: int | None = None, extra: str = "") -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{served.port}", f"Authorization: Bearer {TOKEN}"]
+    if length is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {length}"]
+    return ("\r\n".join(lines) + "\r\n" + extra + "\r\n").encode()
+
+
+def closed_while(sock: socket.socket, trickle: bytes = b"") -> bool:
+    """Whether the server closes `sock` within LIVENESS seconds while the client sends `trickle` a
+    byte every 50 ms (nothing, if empty) and reads whatever comes."""
+    end = time.monotonic() + LIVENESS
+    position = 0
+    while time.monotonic() < end:
+        readable, _, _ = select.select([sock], [], [], 0.05)
+        if readable:
+            try:
+                if sock.recv(65536) == b"":
+                    return True
+            except ConnectionError:
+                return True
+        if position < len(trickle):
+            try:
+                sock.sendall(trickle[position:position + 1])
+            except (BrokenPipeError, ConnectionError):
+                return True
+            position += 1
+    return False
+
+
+def test_a_connection_that_never_sends_a_byte_is_closed(server):
+    with connect(server) as sock:
+        assert closed_while(sock)
+
+
+def test_a_request_whose_headers_trickle_in_is_closed(server):
+    with connect(server) as sock:
+        assert closed_while(sock, request_head(server, "GET", "/api/models") * 50)
+
+
+def test_a_body_that_trickles_in_is_closed_without_a_traceback(server):
+    body = json.dumps({"model": "toy", "text": "Hello " * 40}).encode()
+    with Log() as log:
+        for _ in range(3):
+            with connect(server) as sock:
+                sock.sendall(request_head(server, "POST", "/api/run", len(body)))
+                assert closed_while(sock, body)
+    assert log.shown() == []
+
+
+def test_a_kept_alive_connection_that_idles_is_closed(server):
+    with connect(server) as sock:
+        sock.sendall(request_head(server, "GET", "/api/models"))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        assert closed_while(sock)
+
+
+def test_clients_that_leave_mid_body_cost_at_most_one_line_each_and_no_traceback(server):
+    with Log() as log:
+        for _ in range(30):
+            with connect(server) as sock:
+                sock.sendall(request_head(server, "POST", "/api/run", 1000) + b'{"model": "toy", "te')
+        with connect(server) as sock:  # the server answers on: its one thread never stopped
+            sock.sendall(request_head(server, "GET", "/api/models"))
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    assert log.shown() == []
+    assert sum("left" in r.getMessage() for r in log.records) <= 30
+
+
+@pytest.mark.parametrize("pieces", [1, 40])
+def test_headers_past_the_limit_are_refused_in_one_line(server, pieces):
+    head = request_head(server, "GET", "/api/models", extra=f"X-Big: {'a' * (MAX_HEAD + 100)}\r\n")
+    with Log() as log, connect(server) as sock:
+        size = len(head) // pieces + 1
+        try:
+            for start in range(0, len(head), size):  # at once, or as it would come over a slow link
+                sock.sendall(head[start:start + size])
+        except ConnectionError:
+            pass  # the server has answered and closed while the rest was on its way
+        answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 431") or answer.startswith(b"HTTP/1.1 400"), answer[:100]
+    assert len(log.shown()) <= 1 and all("Traceback" not in line for line in log.shown())
+
+
+def test_connections_past_the_bound_are_answered_503_and_the_server_stays_up():
+    served = Served(["toy"], limits=Limits(header_seconds=LIVENESS, max_connections=4))
+    held = [connect(served) for _ in range(4)]
+    try:
+        time.sleep(0.2)  # the server has accepted them (an ordering, not a timing check: it only delays)
+        with connect(served) as sock:
+            sock.sendall(request_head(served, "GET", "/api/models"))
+            assert sock.recv(65536).startswith(b"HTTP/1.1 503")
+        for sock in held:
+            sock.close()
+        held = []
+        for _ in range(int(LIVENESS / 0.05)):  # room again once the server has seen them close
+            with connect(served) as sock:
+                sock.sendall(request_head(served, "GET", "/api/models"))
+                if sock.recv(65536).startswith(b"HTTP/1.1 200"):
+                    break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the server never took a connection again")
+    finally:
+        for sock in held:
+            sock.close()
+        served.stop()
+
+
+# ---- a job's followers --------------------------------------------------------------------------
+
+def on_loop(served, coroutine_function):
+    """Run an async function on the server's own event loop; its result."""
+    loop = served.server.servers[0].get_loop()
+    return asyncio.run_coroutine_threadsafe(coroutine_function(), loop).result(LIVENESS)
+
+
+def follow(served, job_id: str) -> socket.socket:
+    """An open event stream on a job, its first event read."""
+    sock = connect(served)
+    sock.sendall(request_head(served, "GET", f"/api/jobs/{job_id}/events"))
+    head = sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 200"), head[:200]
+    return sock
+
+
+def status_of(served, path: str, method: str = "GET", body: dict | None = None) -> int:
+    data = b"" if body is None else json.dumps(body).encode()
+    with connect(served) as sock:
+        sock.sendall(request_head(served, method, path, len(data) if body is not None else None) + data)
+        return int(sock.recv(65536).split(b" ", 2)[1])
+
+
+@pytest.fixture()
+def blocked_job(server):
+    """A job that runs until the test ends (its thread waits on a gate), started on the server."""
+    gate = threading.Event()
+
+    def work(progress):
+        while not gate.wait(0.05):
+            progress(0, 1)
+        return {}
+
+    job = server.app.state.explorer.jobs.start("patch", work)
+    yield job
+    gate.set()
+
+
+def test_followers_hold_no_worker_thread_and_panels_answer_while_they_stream(server, blocked_job):
+    limiter = on_loop(server, _limiter)
+    before = limiter.total_tokens
+    limiter.total_tokens = 2  # fewer worker threads than followers
+    streams = [follow(server, blocked_job.id) for _ in range(MAX_FOLLOWERS_PER_JOB)]
+    try:
+        assert limiter.borrowed_tokens == 0
+        assert status_of(server, "/api/run", "POST", {"model": "toy", "text": "Hello"}) == 200
+    finally:
+        limiter.total_tokens = before
+        for sock in streams:
+            sock.close()
+
+
+async def _limiter():
+    return anyio.to_thread.current_default_thread_limiter()
+
+
+def test_followers_past_the_bound_get_429_and_a_follower_that_leaves_frees_its_place(server, blocked_job):
+    streams = [follow(server, blocked_job.id) for _ in range(MAX_FOLLOWERS_PER_JOB)]
+    try:
+        assert status_of(server, f"/api/jobs/{blocked_job.id}/events") == 429
+        streams.pop().close()
+        for _ in range(int(LIVENESS / 0.05)):
+            with connect(server) as sock:
+                sock.sendall(request_head(server, "GET", f"/api/jobs/{blocked_job.id}/events"))
+                if sock.recv(65536).startswith(b"HTTP/1.1 200"):
+                    break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("a follower that left never freed its place")
+    finally:
+        for sock in streams:
+            sock.close()
+
+
+def test_the_follower_bounds_count_per_job_and_per_client():
+    jobs = Jobs()
+    released = []
+    for index in range(MAX_FOLLOWERS_PER_CLIENT):
+        released.append(jobs.follow(Job(f"job-{index // MAX_FOLLOWERS_PER_JOB}", "patch"), "10.0.0.1"))
+    with pytest.raises(Refused, match="from this address") as refused:
+        jobs.follow(Job("another", "patch"), "10.0.0.1")
+    assert refused.value.status == 429
+    with pytest.raises(Refused, match="follow this job"):
+        jobs.follow(Job("job-0", "patch"), "10.0.0.2")
+    jobs.follow(Job("another", "patch"), "10.0.0.2")  # another address, another job: room
+    released.pop(0)()
+    jobs.follow(Job("job-0", "patch"), "10.0.0.1")
+
+
+def test_a_stream_ends_with_the_jobs_end_and_the_server_stops_with_streams_open():
+    served = Served(["toy"], limits=SHORT)
+    done, held = threading.Event(), threading.Event()
+
+    def work(gate, result):
+        def run(progress):
+            gate.wait(LIVENESS)
+            progress(1, 1)
+            return result
+        return run
+
+    jobs = served.app.state.explorer.jobs
+    ending, running = jobs.start("patch", work(done, {"answer": 42})), jobs.start("patch", work(held, {}))
+    streams = [follow(served, ending.id), follow(served, running.id)]
+    try:
+        done.set()
+        text = b""
+        while b"event: result" not in text:
+            chunk = streams[0].recv(65536)
+            assert chunk, text
+            text += chunk
+        assert b'"result": {"answer": 42}' in text
+        served.stop()  # Ctrl-C with a stream open on a running job: the server still stops
+        assert not served.thread.is_alive()
+    finally:
+        held.set()
+        for sock in streams:
+            sock.close()
