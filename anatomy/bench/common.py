@@ -158,6 +158,7 @@ class Settings:
     repeats: int
     peak_gflops: float = 0.0  # measured at the start of the run
     bandwidth_gbs: float = 0.0
+    soak_seconds: float = 0.0  # the explorer's soak (soak.py); 0: its default, 600 s (20 s with quick)
 
 
 # Same weights on both sides ------------------------------------------------------------------------

@@ -6,8 +6,9 @@
 The floor's files: state (the models and the traced passes, one per text, cached within a memory
 budget), panels (each panel's JSON, drawn from the floors below: walk, viz, analysis, generation),
 features and compare (those panels), exports (a panel's JSON, page or PNG), jobs (patching,
-integrated gradients and head scores off the request path, with progress and cancelling), guard (the
-checks of a local server: token, Host, Origin, size), server (the ASGI application: the page, its
+integrated gradients and head scores off the request path, with progress, cancelling and bounds), guard
+(the checks of a local server: token, Host, Origin, sizes, the JSON a body may hold), connections (the
+deadlines and the bound on connections uvicorn lacks), server (the ASGI application: the page, its
 assets, the JSON API of docs/explore.md), cli (the command), static/ (the page: one script per panel).
 """
 

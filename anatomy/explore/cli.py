@@ -90,5 +90,8 @@ def run(args: argparse.Namespace) -> int:
     print(url, flush=True)
     if not args.no_browser:
         threading.Timer(0.5, webbrowser.open, args=(url,)).start()
-    serve(app, sock)  # connections.py: a deadline on each phase of a request, a bound on connections
+    try:
+        serve(app, sock)  # connections.py: a deadline on each phase of a request, a bound on connections
+    finally:
+        app.state.explorer.jobs.close()  # no job thread left inside torch when the process exits
     return 0

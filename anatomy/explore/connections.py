@@ -102,6 +102,11 @@ def protocol_for(limits: Limits) -> type[H11Protocol]:
     return Deadlines
 
 
+# The protocol with the default limits, by name for uvicorn's own command line:
+#     uvicorn anatomy.explore:app --http anatomy.explore.connections:Deadlines
+Deadlines = protocol_for(Limits())
+
+
 def config(app, limits: Limits = Limits()):
     """uvicorn's settings for the explorer: the protocol with deadlines, the keep-alive and header
     limits, no WebSocket (the app has none: an upgrade request is answered as plain HTTP), a
@@ -121,5 +126,5 @@ def serve(app, sock: socket.socket, limits: Limits = Limits()) -> None:
     uvicorn.Server(config(app, limits)).run(sockets=[sock])
 
 
-__all__ = ["BODY_SECONDS", "HEADER_SECONDS", "IDLE_SECONDS", "MAX_CONNECTIONS", "MAX_HEADER_BYTES", "Limits",
+__all__ = ["BODY_SECONDS", "HEADER_SECONDS", "IDLE_SECONDS", "MAX_CONNECTIONS", "MAX_HEADER_BYTES", "Deadlines", "Limits",
            "SHUTDOWN_SECONDS", "config", "protocol_for", "serve"]

@@ -97,6 +97,8 @@ class Guard:
         self.app, self.explorer = app, explorer
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":  # the app has none: refused before any check could be skipped
+            return await send({"type": "websocket.close", "code": 1008})
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         request = Request(scope)

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .state import ExploreError
+from .state import ExploreError, give_back_memory
 
 MAX_JOBS = 2  # jobs running at once
 MAX_KEPT = 32  # finished jobs kept for the page to read
@@ -141,6 +141,7 @@ class Jobs:
         self.max_jobs = max_jobs
         self._jobs: dict[str, Job] = {}
         self._running: set[str] = set()  # jobs whose thread has not finished
+        self._threads: dict[str, threading.Thread] = {}  # their threads
         self._followers: Counter = Counter()  # job id -> event streams open on it
         self._clients: Counter = Counter()  # address -> event streams open from it
         self._lock = threading.Lock()
@@ -174,18 +175,35 @@ class Jobs:
             except Exception as error:  # noqa: BLE001 - reported to the page, never raised into the server
                 outcome = ("error", None, f"{type(error).__name__}: {str(error)[:500]}")
             finally:
+                give_back_memory()  # the analysis's passes freed in this thread's heap
                 # The slot is free before anyone can see the end: a page that reads "done" may start the next.
                 with self._lock:
                     self._running.discard(job.id)
+                    self._threads.pop(job.id, None)
                 job.finish(*outcome)
 
+        thread = threading.Thread(target=run, name=f"anatomy-job-{job.id}", daemon=True)
+        with self._lock:
+            self._threads[job.id] = thread
         try:
-            threading.Thread(target=run, name=f"anatomy-job-{job.id}", daemon=True).start()
+            thread.start()
         except RuntimeError as error:  # no thread to be had
             with self._lock:
                 self._running.discard(job.id)
+                self._threads.pop(job.id, None)
             job.finish("error", error=f"could not start: {error}")
         return job
+
+    def close(self, seconds: float = 30.0) -> None:
+        """Cancel every running job and wait (at most `seconds` in all) for their threads to end: a
+        process that exits while a thread is inside torch aborts ("terminate called ...")."""
+        with self._lock:
+            threads = list(self._threads.items())
+        for job_id, _ in threads:
+            self.cancel(job_id)
+        deadline = time.monotonic() + seconds
+        for _, thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def get(self, job_id: str) -> Job | None:
         with self._lock:

@@ -129,3 +129,41 @@ def test_the_opened_models_are_bounded_and_the_least_recently_used_is_closed(ope
     assert listed(opener) == ["toy", folders[0], *folders[3:]]  # copies 1 and 2 were the least recently used
     assert opener.post("/api/run", json={"model": folders[1], "text": "Hello"}).status_code == 404
     assert opener.post("/api/run", json={"model": "toy", "text": "Hello"}).status_code == 200  # given: never closed
+
+
+def test_every_limit_in_the_docs_is_the_codes():
+    """docs/explore.md's table of the server's limits: each value is its constant's."""
+    import importlib
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "explore.md").read_text(encoding="utf-8")
+    table = text.split("## The server's limits", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    checked = 0
+    for row in table.splitlines()[2:]:
+        _, limit, value, constant, _, _ = [cell.strip() for cell in row.split("|")]
+        if not constant:
+            continue
+        module, name = constant.strip("`").split(".")
+        actual = getattr(importlib.import_module(f"anatomy.explore.{module}"), name)
+        number, unit = re.match(r"([\d,]+) ?(KB|MB)?", value).groups()
+        documented = int(number.replace(",", "")) * {"KB": 2**10, "MB": 2**20, None: 1}[unit]
+        assert documented == actual, f"{limit}: the docs say {value}, {constant} is {actual}"
+        checked += 1
+    assert checked >= 20
+
+
+def test_a_websocket_is_refused_before_any_route(app):
+    import asyncio
+
+    sent = []
+
+    async def receive():
+        return {"type": "websocket.connect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "websocket", "path": "/api/models", "headers": [(b"host", b"evil.example")], "query_string": b""}
+    asyncio.run(app(scope, receive, send))
+    assert sent == [{"type": "websocket.close", "code": 1008}]

