@@ -340,14 +340,15 @@ def head_scores(slot: ModelSlot, kind: str, **options):
 
 def heads(slot: ModelSlot, settings: dict, progress=None, runs_per_pass: int | None = None) -> dict:
     """Previous-token, induction and duplicate-token scores of every head (anatomy.detect_heads on
-    repeated random tokens), computed once per model and kept. progress(done, total) counts the
-    sequences read, over the three kinds; runs_per_pass: sequences per forward pass."""
+    repeated random tokens), computed once per model and kept. progress(done, total): the kinds
+    scored, called after every forward pass (runs_per_pass sequences each), so that a caller may
+    stop it between any two."""
     model = slot.get()
     out = {"kinds": list(KINDS), "n_layers": layer_count(model), "n_heads": head_count(model), "scores": {}}
     for index, kind in enumerate(KINDS):
         def kind_progress(done, total, index=index):
             if progress is not None:
-                progress(index * total + done, len(KINDS) * total)
+                progress(index + (done == total), len(KINDS))
         result = head_scores(slot, kind, runs_per_pass=runs_per_pass, progress=kind_progress)
         out["scores"][kind] = {"values": rounded(result.values, 4), "check": result.check}
     return out

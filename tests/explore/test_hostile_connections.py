@@ -100,6 +100,17 @@ def closed_while(sock: socket.socket, trickle: bytes = b"") -> bool:
     return False
 
 
+def answers_200_again(served, path: str) -> bool:
+    """Whether GET `path` answers 200 within LIVENESS seconds of asking again and again."""
+    for _ in range(int(LIVENESS / 0.05)):
+        with connect(served) as sock:
+            sock.sendall(request_head(served, "GET", path))
+            if sock.recv(65536).startswith(b"HTTP/1.1 200"):
+                return True
+        time.sleep(0.05)
+    return False
+
+
 def test_a_connection_that_never_sends_a_byte_is_closed(server):
     with connect(server) as sock:
         assert closed_while(sock)
@@ -165,14 +176,7 @@ def test_connections_past_the_bound_are_answered_503_and_the_server_stays_up():
         for sock in held:
             sock.close()
         held = []
-        for _ in range(int(LIVENESS / 0.05)):  # room again once the server has seen them close
-            with connect(served) as sock:
-                sock.sendall(request_head(served, "GET", "/api/models"))
-                if sock.recv(65536).startswith(b"HTTP/1.1 200"):
-                    break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the server never took a connection again")
+        assert answers_200_again(served, "/api/models")  # room again once the server has seen them close
     finally:
         for sock in held:
             sock.close()
@@ -241,14 +245,7 @@ def test_followers_past_the_bound_get_429_and_a_follower_that_leaves_frees_its_p
     try:
         assert status_of(server, f"/api/jobs/{blocked_job.id}/events") == 429
         streams.pop().close()
-        for _ in range(int(LIVENESS / 0.05)):
-            with connect(server) as sock:
-                sock.sendall(request_head(server, "GET", f"/api/jobs/{blocked_job.id}/events"))
-                if sock.recv(65536).startswith(b"HTTP/1.1 200"):
-                    break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("a follower that left never freed its place")
+        assert answers_200_again(server, f"/api/jobs/{blocked_job.id}/events")  # its place is free
     finally:
         for sock in streams:
             sock.close()
