@@ -22,11 +22,11 @@ def test_two_ranks_match_each_other_and_one_process_with_the_same_global_batch(t
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(HERE / "ddp_worker.py"), str(tmp_path / "ddp"), "128"],
+                             str(HERE / "sae_ddp_worker.py"), str(tmp_path / "ddp"), "128"],
                             env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     sys.path.insert(0, str(HERE))
-    from ddp_worker import train
+    from sae_ddp_worker import train
 
     train(tmp_path / "single", 256, distributed.DistInfo(0, 1, 0, torch.device("cpu")))  # 1 rank x 256 = 2 x 128
     rank0, rank1 = (load_file(str(tmp_path / "ddp" / f"rank{r}.safetensors")) for r in (0, 1))

@@ -22,12 +22,12 @@ def test_two_ranks_match_each_other_and_one_process_with_the_same_global_batch(t
            "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(HERE / "ddp_worker.py"), str(tmp_path / "ddp"), "4"],
+         str(HERE / "lm_ddp_worker.py"), str(tmp_path / "ddp"), "4"],
         env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
 
     sys.path.insert(0, str(HERE))
-    from ddp_worker import train
+    from lm_ddp_worker import train
 
     train(tmp_path / "single", 8, distributed.DistInfo(0, 1, 0, torch.device("cpu")))  # 1 rank x 8 = 2 ranks x 4
 

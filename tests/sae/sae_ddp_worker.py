@@ -1,6 +1,6 @@
-"""One rank of tests/sae/test_distributed.py: train a TopK SAE on its slice of every global batch, save its weights.
+"""One rank of tests/sae/test_sae_distributed.py: train a TopK SAE on its slice of every global batch, save its weights.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 ddp_worker.py OUT ROWS_PER_RANK
+    python -m torch.distributed.run --standalone --nproc_per_node=2 sae_ddp_worker.py OUT ROWS_PER_RANK
 """
 
 from __future__ import annotations
