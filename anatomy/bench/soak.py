@@ -25,6 +25,7 @@ import json
 import random
 import socket
 import statistics
+import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -212,6 +213,10 @@ def bench_soak(settings: Settings) -> list[Row]:
         server.stop()
         drain.join(timeout=10)
     errors = [line for line in output if line.strip() and line.strip() != "anatomy explore: interrupted"]
+    if errors:  # kept whole for whoever reads the table: the notes show the first lines only
+        with tempfile.NamedTemporaryFile("w", prefix="anatomy-soak-", suffix=".log", delete=False) as log:
+            log.writelines(output)
+        errors.insert(0, f"the server's output: {log.name}")
     served = sum(tally.statuses.values())
     rows = [Row("explore", f"soak ({CLIENTS} clients, {ran:.0f} s): {name} p50", "ms",
                 1000 * statistics.median(values), None, higher_is_better=False,

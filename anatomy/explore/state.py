@@ -249,11 +249,14 @@ def check_text(text, name: str = "text") -> str:
 # The traced passes' memory budget: four SmolLM2 passes of 16 tokens (about 15 MB each), so the panels
 # of the text being typed and the last few read from memory. Every 64 MB more was 64-96 MB more resident.
 CACHE_BYTES = 64 * 2**20
+# ... and at most this many passes: a toy's pass holds 2.5 KB of tensors but 26 KB in all (Python's
+# objects around them), so a byte budget alone kept 25,000 of them (650 MB) after as many keystrokes.
+MAX_PASSES = 64
 
 
 class Passes:
     """Traced passes by (model, text, target), least recently used first out, within `budget` bytes
-    (the newest pass is kept whatever its size)."""
+    and MAX_PASSES passes (the newest pass is kept whatever its size)."""
 
     def __init__(self, budget: int = CACHE_BYTES):
         self.budget = budget
@@ -290,7 +293,7 @@ class Passes:
                      time.perf_counter() - began, slot.shared)
         with self._lock:
             self._passes[key] = found
-            while len(self._passes) > 1 and self.held() > self.budget:
+            while len(self._passes) > 1 and (self.held() > self.budget or len(self._passes) > MAX_PASSES):
                 self._passes.popitem(last=False)
         return found
 
@@ -302,4 +305,4 @@ class Passes:
         return len(self._passes)
 
 
-__all__ = ["CACHE_BYTES", "ExploreError", "MAX_OPENED", "MAX_TOKENS", "ModelSlot", "Models", "Pass", "Passes", "check_text"]
+__all__ = ["CACHE_BYTES", "ExploreError", "MAX_OPENED", "MAX_PASSES", "MAX_TOKENS", "ModelSlot", "Models", "Pass", "Passes", "check_text"]

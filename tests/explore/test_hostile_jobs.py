@@ -1,6 +1,7 @@
 """The explorer's jobs under hostile use: a cancel stops the analysis within one forward pass of at
 most TOKENS_PER_PASS tokens, a cancelled job counts against the cap until its thread has ended,
-start-then-cancel storms run at most MAX_JOBS threads, and finished jobs kept are bounded."""
+start-then-cancel storms run at most MAX_JOBS threads, and finished jobs (and traced passes) kept
+are bounded."""
 
 from __future__ import annotations
 
@@ -196,3 +197,12 @@ def test_cancel_and_status_of_any_job_id(fresh):
     for kind in (None, 1, ["patch"], {"a": 1}, "", "patch" * 100, "PATCH"):
         response = client.post("/api/jobs", json={"model": "toy", "text": "Hello", "kind": kind})
         assert response.status_code == 400 and "'kind' must be one of" in response.json()["error"]
+
+
+def test_the_passes_kept_are_bounded_in_number_as_well_as_in_bytes(fresh):
+    from anatomy.explore.state import MAX_PASSES
+
+    client, explorer = fresh
+    for index in range(MAX_PASSES + 40):  # a person typing: a new text at every keystroke
+        assert client.post("/api/run", json={"model": "toy", "text": f"Hello World {index}"}).status_code == 200
+    assert len(explorer.passes) == MAX_PASSES  # the toy's passes are tiny: bytes alone would keep them all
