@@ -10,7 +10,8 @@ type to SmolLM2, two to the toy.
 
 Reported: the p50 and p99 of each panel's answer as a client sees it (the server is shared, so
 these include waiting for the others), the server's resident memory once warm (every panel and
-job run once on each model) and at the end (once every job has ended),
+job run on each model, then the four clients typing for a minute) and at the end, each taken once
+every job has ended,
 its answers by status (5xx are errors; 429 a job refused at the cap), and the lines it wrote on
 its terminal besides its goodbye at Ctrl-C (none is the goal: a traceback or an error line is a
 defect).
@@ -38,7 +39,9 @@ CLIENTS = 4
 PANELS = ("walk", "attention", "lens", "attribution", "intervene", "heads", "compare", "export")
 JOB_KINDS = ("patch", "ig", "heads")
 TOY_WORDS = 12  # the toy reads 16 positions: its texts start over before that
-WARM_TEXTS = 8  # texts each model reads, every panel on each, before the memory to start from is taken
+SMOLLM2_WORDS = 24  # where SmolLM2's texts start over
+WARM_TEXTS = 5  # texts of the longest length each model reads, every panel on each, to start from
+WARM_SECONDS = 60.0  # the clients type this long (at most a fifth of the soak) before the memory to start from
 
 
 class Client(threading.Thread):
@@ -60,7 +63,7 @@ class Client(threading.Thread):
         panels = itertools.cycle(PANELS[self.index % len(PANELS):] + PANELS[:self.index % len(PANELS)])
         words, step = [], 0
         while time.monotonic() < self.until:
-            limit = TOY_WORDS if self.model == "toy" else 24
+            limit = TOY_WORDS if self.model == "toy" else SMOLLM2_WORDS
             words = words + [WORDS[(step + self.index) % len(WORDS)]] if len(words) < limit else []
             step += 1
             if not words:
@@ -150,6 +153,18 @@ class Tally:
             self.events[f"{name}: {what}"] += 1
 
 
+def type_for(url: str, models: list[str], seconds: float, tally: Tally) -> float:
+    """CLIENTS clients typing at once for `seconds` (each on a model in turn); the seconds they took."""
+    until = time.monotonic() + seconds
+    clients = [Client(i, url, models[i % len(models)], until, tally) for i in range(CLIENTS)]
+    began = time.perf_counter()
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join()
+    return time.perf_counter() - began
+
+
 def sample(server: Server, memory: list[tuple[float, float]], until: float, every: float = 10.0) -> None:
     """The server's resident memory every `every` seconds until `until`: (seconds in, MB)."""
     began = time.monotonic()
@@ -185,28 +200,26 @@ def bench_soak(settings: Settings) -> list[Row]:
     drain = threading.Thread(target=lambda: output.extend(server.process.stderr), daemon=True)
     drain.start()  # the server's terminal, read as it writes (a full pipe would stall it)
     try:
+        # The start: every model loaded, every panel and job run, then the same four clients for a
+        # while (their threads, the caches full), every job ended. The end is measured the same way.
         warm = Client(0, server.url, models[0], time.monotonic() + 3600, Tally())
-        for model in models:  # every model loaded, every panel and job run, the passes' cache full: the start
+        for model in models:
             warm.model = model
-            for count in range(WARM_TEXTS):
-                text = " ".join(WORDS[count:count + (TOY_WORDS if model == "toy" else 16)])
+            longest = TOY_WORDS if model == "toy" else SMOLLM2_WORDS
+            for start in range(WARM_TEXTS):  # the cache full of the longest texts the clients type
                 for name in PANELS:
-                    warm.panel(name, text)
+                    warm.panel(name, " ".join(WORDS[start:start + longest]))
             for kind in JOB_KINDS:
                 warm.job(kind, "The capital of France is", cancel=False)
+        warming = Tally()
+        type_for(server.url, models, min(WARM_SECONDS, seconds / 5), warming)
+        settle(warm, warming.jobs)
         start_mb = server.rss_mb()
         memory = [(0.0, start_mb)]
         sampling = threading.Thread(target=sample, args=(server, memory, time.monotonic() + seconds), daemon=True)
         sampling.start()
         tally = Tally()
-        until = time.monotonic() + seconds
-        clients = [Client(i, server.url, models[i % len(models)], until, tally) for i in range(CLIENTS)]
-        began = time.perf_counter()
-        for client in clients:
-            client.start()
-        for client in clients:
-            client.join()
-        ran = time.perf_counter() - began
+        ran = type_for(server.url, models, seconds, tally)
         settle(warm, tally.jobs)
         end_mb = server.rss_mb()
     finally:
