@@ -59,6 +59,9 @@ def runs_per_pass(tokens_per_run: int) -> int:
 
 @dataclass
 class Job:
+    """One analysis off the request path: its state and progress, its result once done, and the
+    event streams waiting for its next change."""
+
     id: str
     kind: str
     state: str = "running"  # running, cancelling (told to stop, its pass not over), done, error, cancelled
