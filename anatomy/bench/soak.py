@@ -11,7 +11,7 @@ type to SmolLM2, two to the toy.
 Reported: the p50 and p99 of each panel's answer as a client sees it (the server is shared, so
 these include waiting for the others), the server's resident memory once warm (every panel and
 job run on each model, then the four clients typing for a minute) and at the end, each taken once
-every job has ended,
+every job has ended and with the same texts in the passes' cache (fill_caches),
 its answers by status (5xx are errors; 429 a job refused at the cap), and the lines it wrote on
 its terminal besides its goodbye at Ctrl-C (none is the goal: a traceback or an error line is a
 defect).
@@ -153,6 +153,17 @@ class Tally:
             self.events[f"{name}: {what}"] += 1
 
 
+def fill_caches(client: Client, models: list[str]) -> None:
+    """Every panel on WARM_TEXTS texts of the longest length the clients type, on every model: the
+    passes' cache then holds these, whatever came before (the memory is compared in this state)."""
+    for model in models:
+        client.model = model
+        longest = TOY_WORDS if model == "toy" else SMOLLM2_WORDS
+        for start in range(WARM_TEXTS):
+            for name in PANELS:
+                client.panel(name, " ".join(WORDS[start:start + longest]))
+
+
 def type_for(url: str, models: list[str], seconds: float, tally: Tally) -> float:
     """CLIENTS clients typing at once for `seconds` (each on a model in turn); the seconds they took."""
     until = time.monotonic() + seconds
@@ -200,20 +211,17 @@ def bench_soak(settings: Settings) -> list[Row]:
     drain = threading.Thread(target=lambda: output.extend(server.process.stderr), daemon=True)
     drain.start()  # the server's terminal, read as it writes (a full pipe would stall it)
     try:
-        # The start: every model loaded, every panel and job run, then the same four clients for a
-        # while (their threads, the caches full), every job ended. The end is measured the same way.
+        # The start: every job run on every model, the four clients typing for a while (their threads,
+        # the caches full), every job ended, the same texts last read. The end is measured the same way.
         warm = Client(0, server.url, models[0], time.monotonic() + 3600, Tally())
         for model in models:
             warm.model = model
-            longest = TOY_WORDS if model == "toy" else SMOLLM2_WORDS
-            for start in range(WARM_TEXTS):  # the cache full of the longest texts the clients type
-                for name in PANELS:
-                    warm.panel(name, " ".join(WORDS[start:start + longest]))
             for kind in JOB_KINDS:
                 warm.job(kind, "The capital of France is", cancel=False)
         warming = Tally()
         type_for(server.url, models, min(WARM_SECONDS, seconds / 5), warming)
         settle(warm, warming.jobs)
+        fill_caches(warm, models)
         start_mb = server.rss_mb()
         memory = [(0.0, start_mb)]
         sampling = threading.Thread(target=sample, args=(server, memory, time.monotonic() + seconds), daemon=True)
@@ -221,6 +229,7 @@ def bench_soak(settings: Settings) -> list[Row]:
         tally = Tally()
         ran = type_for(server.url, models, seconds, tally)
         settle(warm, tally.jobs)
+        fill_caches(warm, models)  # the caches as they were at the start: what remains is growth
         end_mb = server.rss_mb()
     finally:
         server.stop()
