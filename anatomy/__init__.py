@@ -4,65 +4,35 @@
     model = anatomy.build_model(anatomy.preset("toy"))
     with anatomy.trace(model, "*attn.pattern") as t:
         out = model(ids)
+
+Every name below is imported when first used (anatomy.lazy): `import anatomy` imports no torch, so
+the command line refuses a bad argument in milliseconds.
 """
 
-import importlib
-
-from .attention import ATTENTION_KERNELS, MultiHeadAttention, eager_attention, scaled_dot_product_attention, sdpa_attention
-from .cache import CacheFullError, KVCache
-from .config import PRESETS, ConfigError, ModelConfig, preset
-from .inputs import InputError
-from .models import (
-    DecoderModel,
-    DecoderOutput,
-    EncoderDecoderModel,
-    EncoderModel,
-    EncoderOutput,
-    Seq2SeqOutput,
-    build_model,
-)
-from .trace import Trace, TracePoint, trace, trace_points
-
-# The lowest floor, imported eagerly: it registers the writer behind model.save_pretrained.
-from .checkpoints import (  # noqa: E402
-    BUILTIN_MODELS,
-    CheckpointError,
-    Tokenizer,
-    from_pretrained,
-    load_tokenizer,
-    save_pretrained,
-    sentence_embeddings,
-    supported_architectures,
-)
+from .lazy import lazy_names
 
 __version__ = "0.1.0"
 
-
-# Generation, views, analyses and the walkthrough import lazily: `import anatomy` stays light.
-_LAZY = {
-    "generate": ("anatomy.generation", "generate"),
-    "head_view": ("anatomy.viz", "head_view"),
-    "model_view": ("anatomy.viz", "model_view"),
-    "neuron_view": ("anatomy.viz", "neuron_view"),
-    "generation_view": ("anatomy.viz", "generation_view"),
-    "AttentionMap": ("anatomy.viz", "AttentionMap"),
-    "attention_from_model": ("anatomy.viz.adapters", "attention_from_model"),
-    "walkthrough": ("anatomy.walk", "walkthrough"),
-    "SAE": ("anatomy.sae", "SAE"),
-    "load_sae": ("anatomy.sae", "load_sae"),
-    **{name: ("anatomy.analysis", name) for name in (
+__all__ = lazy_names(__name__, {
+    **{name: ".attention" for name in (
+        "ATTENTION_KERNELS", "MultiHeadAttention", "eager_attention", "scaled_dot_product_attention", "sdpa_attention")},
+    "CacheFullError": ".cache", "KVCache": ".cache",
+    "PRESETS": ".config", "ConfigError": ".config", "ModelConfig": ".config", "preset": ".config",
+    "InputError": ".text", "check_text": ".text",
+    **{name: ".models" for name in (
+        "DecoderModel", "DecoderOutput", "EncoderDecoderModel", "EncoderModel", "EncoderOutput", "Seq2SeqOutput",
+        "build_model")},
+    "Trace": ".trace", "TracePoint": ".trace", "trace": ".trace", "trace_points": ".trace",
+    # the checkpoints floor: it registers the writer behind model.save_pretrained when imported
+    **{name: ".checkpoints" for name in (
+        "BUILTIN_MODELS", "CheckpointError", "Tokenizer", "from_pretrained", "load_tokenizer", "save_pretrained",
+        "sentence_embeddings", "supported_architectures")},
+    "generate": ".generation",
+    **{name: ".viz" for name in ("head_view", "model_view", "neuron_view", "generation_view", "AttentionMap")},
+    "attention_from_model": ".viz.adapters",
+    "walkthrough": ".walk",
+    "SAE": ".sae", "load_sae": ".sae", "TranscoderSet": ".sae", "load_transcoders": ".sae",
+    **{name: ".analysis" for name in (
         "run_with_cache", "logit_lens", "decompose", "direct_logit_attribution", "patch", "integrated_gradients",
         "gradient_x_input", "attention_rollout", "detect_heads", "process_weights")},
-}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        module_name, attribute = _LAZY[name]
-        return getattr(importlib.import_module(module_name), attribute)
-    raise AttributeError(f"module 'anatomy' has no attribute {name!r}")
-
-
-def __dir__():
-    # Tab completion offers the lazy names too (generate, head_view, logit_lens, ...).
-    return sorted(set(globals()) | set(_LAZY))
+})

@@ -225,6 +225,18 @@ class MultiHeadAttention(nn.Module):
             y = norm(y)
         return y
 
+    def project(self, x: torch.Tensor, which: str) -> torch.Tensor:
+        """x [B, L, E] (the sublayer's input, after its norm) -> the queries, keys or values of every head,
+        [B, H, L, D] for "q", [B, K, L, D] for "k" and "v": what the trace points q, k, v record (before
+        rotary positions). Circuit discovery computes one head's q, k or v from an input of its own."""
+        if which == "q":
+            return self._heads(x, self.q_proj, self.n_heads, getattr(self, "q_norm", None))
+        if which == "k":
+            return self._heads(x, self.k_proj, self.n_kv_heads, getattr(self, "k_norm", None))
+        if which == "v":
+            return self._heads(x, self.v_proj, self.n_kv_heads)
+        raise ValueError(f"which={which!r} is not supported; allowed values: 'q', 'k', 'v'")
+
     def _kernel(self):
         """The kernel for this pass: config.attn_impl's, unless only the explicit one computes what is asked."""
         if self.scores.active or self.pattern.active:

@@ -15,20 +15,23 @@ status 2, never a traceback (ANATOMY_DEBUG=1 shows the traceback):
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import math
 import os
 import sys
 import tempfile
+import textwrap
 import traceback
 import warnings
 from pathlib import Path
 
-import torch
-
+# Nothing here imports torch: every argument is parsed and checked first, and a mistake refused in
+# milliseconds; torch (a second or more) loads with the command that runs.
 from . import __version__
-from .checkpoints import BUILTIN_MODELS
+from .checkpoints.names import BUILTIN_MODELS, misspelt
 from .terminal import JOINERS, UNPRINTABLE, one_line, printable, summary_block  # noqa: F401 (commands import them from here)
+from .text import check_text
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
@@ -42,6 +45,7 @@ SUBCOMMANDS = {
     "bench": ("anatomy.bench.cli", "benchmark anatomy against Hugging Face transformers"),
     "sae": ("anatomy.sae.cli", "sparse autoencoders and transcoders: train, evaluate, show their features"),
     "explore": ("anatomy.explore.cli", "a live page in the browser: type, and watch every step of a model update"),
+    "circuits": ("anatomy.circuits.cli", "attribution graphs over transcoder features, and circuits found over data"),
 }
 
 # Typed, ranged argument values -------------------------------------------------------------------
@@ -107,14 +111,13 @@ def probability(text: str) -> float:
 
 
 def text(value: str) -> str:
-    """An argparse type: text that is valid UTF-8. A shell passes any bytes; Python keeps the invalid
-    ones as lone surrogates, which would fail later, halfway through writing a file."""
+    """An argparse type: a text to run a model on, as anatomy.text.check_text takes it (not empty nor
+    only white space; valid UTF-8: a shell passes any bytes, and Python keeps the invalid ones as
+    lone surrogates, which would fail later, halfway through writing a file)."""
     try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as error:
-        bad = value[error.start:error.end].encode("utf-8", "surrogateescape")
-        raise argparse.ArgumentTypeError(f"not valid UTF-8 (byte {bad.hex(' ')} at character {error.start})") from None
-    return value
+        return check_text(value, "the text")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _writable_folder(folder: Path, shown: str) -> None:
@@ -188,6 +191,16 @@ def default_threads() -> int:
     return max(1, cores // 2)
 
 
+def set_threads(count: int) -> None:
+    """torch's CPU threads for this command: set now if torch is loaded, else through OMP_NUM_THREADS,
+    which torch (its OpenMP runtime) reads when it loads, so that a command's own checks of its
+    arguments still come before the second that loading torch takes. Subprocesses inherit it."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(count)
+    else:
+        os.environ["OMP_NUM_THREADS"] = str(count)
+
+
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     """--threads N: torch CPU threads for this command (the dispatcher sets them before it runs)."""
     parser.add_argument("--threads", type=threads, default=None,
@@ -223,14 +236,34 @@ def add_model_argument(parser: argparse.ArgumentParser, default: str | None = "t
     where = f" (default: {default})" if default else ""
     parser.add_argument(
         flag, default=default, required=default is None if required is None else required, metavar="NAME_OR_PATH",
-        action="append" if several else "store",
+        action="append" if several else "store", type=model_name,
         help=(help + "; " if help else "") + f"a built-in model ({names}), a checkpoint folder, a .gguf file "
         f"or a Hugging Face Hub id org/name{where}; `anatomy models` lists them",
     )
 
 
+def model_name(value: str) -> str:
+    """An argparse type for --model: not empty, and not a built-in name misspelt ("did you mean
+    'smollm2'?", checkpoints.names.misspelt) unless a file or folder has that name; everything else
+    about it is the resolver's to check, when the command runs."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty name; give a built-in model, a folder, a .gguf file or a Hub id")
+    try:
+        exists = Path(value).expanduser().exists()
+    except (OSError, ValueError):  # a name no file system holds: the resolver says so
+        return value
+    problem = None if exists else misspelt(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
 def device(text: str) -> str:
     """An argparse type: a torch device that exists on this machine ('auto': cuda, then mps, then cpu)."""
+    if text == "cpu":
+        return text  # checked without torch (the default of every command)
+    import torch
+
     if text == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -322,21 +355,86 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# What `anatomy` alone prints: the first commands to try (80 columns), then where the rest is.
+FIRST_STEPS = """\
+anatomy {version}: the Transformer, taken apart so you can see what it computes.
+
+First commands to try:
+  anatomy walk                    narrate one forward pass, step by step
+  anatomy explore                 a live page: type, and watch every step update
+  anatomy models                  the built-in models and the architectures read
+  anatomy analyze lens "The capital of France is" --model smollm2
+  anatomy generate --model smollm2 --chat "What is the capital of France?"
+
+{commands}
+`anatomy COMMAND --help` says what each takes; `anatomy --help` lists them.
+"""
+
+
+def unknown_command(word: str) -> str | None:
+    """The refusal of a first argument that is no command ("did you mean 'walk'?"), or of an option
+    given before the command (`anatomy --threads 2 walk`), or None."""
+    if word.startswith("-"):
+        if word == "-h" or any(len(word) > 2 and option.startswith(word) for option in ("--help", "--version")):
+            return None
+        return (f"anatomy takes no option {one_line(word, 100)} before a command: options go after it, "
+                f"`anatomy COMMAND {one_line(word, 100)} ...` (commands: {', '.join(SUBCOMMANDS)})")
+    if word in SUBCOMMANDS:
+        return None
+    close = difflib.get_close_matches(word.lower(), SUBCOMMANDS, n=1, cutoff=0.6)
+    return (f"{one_line(repr(word), 100)} is not a command" + (f": did you mean {close[0]!r}?" if close else "")
+            + f" (commands: {', '.join(SUBCOMMANDS)})")
+
+
+def handed_on(command: str, argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]] | None:
+    """(the parser, the arguments it parses) when `command`'s floor hands the word after it to another
+    module before anything is parsed (its cli's HANDED_ON = {word: module}: `anatomy circuits discover`),
+    else None. A module that is not there is said in one line."""
+    target = SUBCOMMANDS[command][0]
+    if len(argv) < 2 or ":" in target:
+        return None
+    module_name = getattr(importlib.import_module(target), "HANDED_ON", {}).get(argv[1])
+    if module_name is None:
+        return None
+    prog = f"anatomy {command} {argv[1]}"
+    parser = Parser(prog=prog)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is None or not module_name.startswith(error.name):
+            raise
+        parser.exit(2, f"{prog}: unavailable: {module_name} is not part of this installation of anatomy\n")
+    module.add_arguments(parser)
+    parser.set_defaults(_run=module.run)
+    return parser, argv[2:]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        argv = ["walk"]  # the main job: narrate the toy model
+        commands = textwrap.fill("Commands: " + ", ".join(SUBCOMMANDS) + ".", 80, subsequent_indent="  ")
+        print(FIRST_STEPS.format(version=__version__, commands=commands), end="")
+        return 0
+    if unknown_command(argv[0]):
+        print(f"anatomy: error: {unknown_command(argv[0])}", file=sys.stderr)
+        return 2
     command = argv[0] if argv[0] in SUBCOMMANDS else None
     prog = f"anatomy {command}" if command else "anatomy"
     try:
-        parser = build_parser(command)
-        args = parser.parse_args(argv)
+        handed = handed_on(command, argv) if command else None
+        if handed:
+            prog = handed[0].prog
+        parser, rest = handed or (build_parser(command), argv)
+        args, unknown = parser.parse_known_args(rest)
+        if unknown:  # said by the command that got them, not by `anatomy`
+            parser.exit(2, f"{prog}: error: {one_line('unrecognized arguments: ' + ' '.join(unknown), MAX_MESSAGE)} "
+                           f"(see {prog} --help)\n")
         if getattr(args, "_missing", None):
             parser.exit(2, f"{prog}: unavailable, a dependency is missing ({args._missing})\n")
         if not hasattr(args, "_run"):
             parser.error("name a command")
         if hasattr(args, "threads"):  # every command that computes
-            torch.set_num_threads(args.threads or default_threads())
+            set_threads(args.threads or default_threads())
         shown, warnings.formatwarning = warnings.formatwarning, _warning_line(prog)
         try:
             return int(args._run(args) or 0)

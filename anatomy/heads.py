@@ -51,6 +51,15 @@ class LMHead(nn.Module):
             logits = self.softcap * torch.tanh(logits / self.softcap)
         return logits
 
+    def token_logits(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """[..., E] -> [..., n]: the logits of the tokens `ids` [n] only, the columns `ids` of
+        forward(x) without the other V − n (the logit lens's chosen targets)."""
+        bias = None if self.proj.bias is None else self.proj.bias[ids]
+        logits = F.linear(self.transform(x), self.proj.weight[ids], bias)  # (..., n)
+        if self.softcap is not None:
+            logits = self.softcap * torch.tanh(logits / self.softcap)
+        return logits
+
     def loss(self, x: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, *,
              label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
         """F.cross_entropy(self(x), targets, ignore_index=..., label_smoothing=..., reduction=...),

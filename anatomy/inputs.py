@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import torch
 
-
-class InputError(ValueError):
-    """An argument of a model's forward pass is not valid."""
+from .text import InputError  # one error for a bad tensor and a bad text
 
 
 # The dtypes torch's embedding lookup takes as indices. Ids of another dtype (uint8, int16, ...)

@@ -14,7 +14,9 @@ The heads (LMHead, Pooler, pool) are in heads.py.
 
 from __future__ import annotations
 
+import importlib
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from .blocks import Block
 from .cache import KVCache
 from .config import ModelConfig
 from .heads import LMHead, Pooler, pool
+from .initialization import drawing_from, init_weights
 from .inputs import InputError, check_ids, check_mask, check_token_types
 from .layers import Dropout, Projection, make_norm
 from .positional import (
@@ -150,22 +153,7 @@ class Stack(nn.Module):
             x = self.embed_norm(x)
         x = self.embed_dropout(x)
 
-        # One (mask, is_causal) per kind of layer: "full" sees every earlier key, "sliding" the last few.
-        layer_masks = {
-            kind: masks.self_attention_mask(
-                padding_mask, n_new, causal=self.causal, past_length=past, device=input_ids.device,
-                window=config.sliding_window if kind == "sliding" else None,
-            )
-            for kind in set(config.layer_types)
-        }
-        bias = None
-        if config.pos_encoding == "alibi":
-            # Distances between slots in the sequence: unchanged by left padding, so no position_ids.
-            key_positions = torch.arange(past + n_new, device=input_ids.device)
-            bias = alibi_bias(self.alibi_slopes, key_positions[past:], key_positions).to(x.dtype)  # (H, T, S)
-        if config.pos_encoding == "relative":  # between slots too, as T5 measures them
-            key_positions = torch.arange(past + n_new, device=input_ids.device)
-            bias = self.position_bias(self.relative_position_bias(key_positions[past:], key_positions).to(x.dtype))
+        layer_masks, bias = self.attention_inputs(padding_mask, n_new, past=past, device=input_ids.device, dtype=x.dtype)
         memory_mask = masks.cross_attention_mask(memory_padding_mask)
         for block, kind in zip(self.blocks, config.layer_types):
             mask, is_causal = layer_masks[kind]
@@ -181,6 +169,30 @@ class Stack(nn.Module):
             x = self.project_out(x)  # (B, T, E) -> (B, T, d_embed), the width of the LM head
         return x
 
+    def attention_inputs(self, padding_mask: torch.Tensor | None, n_new: int, *, past: int = 0, device=None,
+                         dtype: torch.dtype = torch.float32) -> tuple[dict, torch.Tensor | None]:
+        """What every block's self-attention reads besides x, built once per pass for n_new queries
+        after `past` cached keys: ({layer kind: (mask, is_causal)}, the position bias [H, T, S] of
+        ALiBi or T5, else None). padding_mask [B, past + T]."""
+        config = self.config
+        # One (mask, is_causal) per kind of layer: "full" sees every earlier key, "sliding" the last few.
+        layer_masks = {
+            kind: masks.self_attention_mask(
+                padding_mask, n_new, causal=self.causal, past_length=past, device=device,
+                window=config.sliding_window if kind == "sliding" else None,
+            )
+            for kind in set(config.layer_types)
+        }
+        bias = None
+        if config.pos_encoding == "alibi":
+            # Distances between slots in the sequence: unchanged by left padding, so no position_ids.
+            key_positions = torch.arange(past + n_new, device=device)
+            bias = alibi_bias(self.alibi_slopes, key_positions[past:], key_positions).to(dtype)  # (H, T, S)
+        if config.pos_encoding == "relative":  # between slots too, as T5 measures them
+            key_positions = torch.arange(past + n_new, device=device)
+            bias = self.position_bias(self.relative_position_bias(key_positions[past:], key_positions).to(dtype))
+        return layer_masks, bias
+
     def check_inputs(self, name: str, ids, mask, mask_name: str, cache: KVCache | None = None) -> None:
         past = cache.length if cache is not None else 0
         check_ids(name, ids, vocab_size=self.config.vocab_size, max_positions=self.max_positions, past_length=past)
@@ -191,8 +203,9 @@ class Stack(nn.Module):
 
 
 # Writing checkpoints is the job of the checkpoints floor, which registers its writer here when it
-# is imported (`import anatomy` imports it): model.save_pretrained works, and the core imports no floor.
+# is imported (on first use, below, if nothing imported it yet): the core imports no floor by name.
 _SAVERS: list = []
+SAVING_FLOOR = "anatomy.checkpoints.save"
 
 
 def register_saver(save) -> None:
@@ -204,7 +217,7 @@ class _Saveable:
     def save_pretrained(self, directory: str | Path, **kwargs) -> Path:
         """Write the model to `directory`: anatomy.save_pretrained(model, directory, **kwargs)."""
         if not _SAVERS:
-            raise RuntimeError("saving needs anatomy.checkpoints, which registers itself on `import anatomy`")
+            importlib.import_module(SAVING_FLOOR)  # registers its writer
         return _SAVERS[0](self, directory, **kwargs)
 
 
@@ -369,20 +382,13 @@ FAMILIES = {"encoder": EncoderModel, "decoder": DecoderModel, "encoder-decoder":
 
 
 def build_model(config: ModelConfig, *, seed: int | None = None) -> nn.Module:
-    """A randomly initialised model of the family config.arch names (seeded when `seed` is given)."""
+    """A randomly initialised model of the family config.arch names (initialization.py). With `seed`,
+    every draw comes from a generator of the build's own: the same seed gives the same weights in
+    any thread, and torch's global generator is left as it was; without it, from torch's global one."""
     if not isinstance(config, ModelConfig):
         raise TypeError(f"build_model takes a ModelConfig, got {type(config).__name__}")
-    if seed is not None:
-        torch.manual_seed(seed)
-    model = FAMILIES[config.arch](config)
-    _init_weights(model)
+    own = nullcontext() if seed is None else drawing_from(torch.Generator().manual_seed(seed))
+    with own:
+        model = FAMILIES[config.arch](config)
+        init_weights(model)
     return model
-
-
-def _init_weights(model: nn.Module) -> None:
-    """Normal(0, 0.02) for matrices and embeddings, zero biases, unit norms (GPT-2, BERT)."""
-    for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)

@@ -30,14 +30,7 @@ train() {  # train OUT K [extra arguments...]
 }
 [ -f "$OUT/eval.json" ] || train "$OUT" 32 "$@"
 # the held-out text: the last 5% of each file, as training held it out
-python - "$OUT/heldout.txt" "${TEXT[@]}" <<'PY'
-import sys
-parts = []
-for path in sys.argv[2:]:
-    text = open(path, encoding="utf-8").read()
-    parts.append(text[int(len(text) * 0.95):])
-open(sys.argv[1], "w", encoding="utf-8").write("\n".join(parts))
-PY
+python "$ROOT/recipes/heldout_text.py" "$OUT/heldout.txt" "${TEXT[@]}"
 python -m anatomy.cli sae features "$OUT" --data "$OUT/heldout.txt" --out "$OUT/features.html" --threads "${THREADS:-1}"
 if [ "${FRONTIER:-0}" = 1 ]; then
   for k in 8 16 64 128; do

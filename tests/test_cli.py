@@ -48,7 +48,7 @@ def test_typed_arguments_take_their_range_and_refuse_the_rest(kind, good, bad):
 
 def test_text_refuses_invalid_utf8_as_a_shell_passes_it():
     raw = b"caf\xff".decode("utf-8", "surrogateescape")  # what sys.argv holds for those bytes
-    with pytest.raises(argparse.ArgumentTypeError, match=r"not valid UTF-8 \(byte ff at character 3\)"):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"not valid UTF-8 \(byte ff at character 3,"):
         cli.text(raw)
     assert cli.text("café") == "café"
 
@@ -145,3 +145,51 @@ def test_parity_shows_no_third_party_progress_bar_and_leaves_them_as_they_were(t
     assert status == 0, out + err
     assert "Loading weights" not in out + err and "it/s" not in out + err
     assert transformers.utils.logging.is_progress_bar_enabled() and not hub_utils.are_progress_bars_disabled()
+
+
+def test_parity_says_each_stage_as_it_starts_on_stderr(tmp_path, capsys):
+    """SmolLM2's parity takes 20-30 s (transformers' GGUF reader, most of it): the wait is never silent."""
+    transformers = pytest.importorskip("transformers")
+    path = char_tokenizer_checkpoint(transformers, tmp_path, positions=64)
+    capsys.readouterr()
+    status, out, err = run(["parity", "--model", str(path)], capsys)
+    assert status == 0, out + err
+    stages = [line.split("] ", 1)[1] for line in err.splitlines()]
+    assert [stage.split(" ")[0] for stage in stages] == ["importing", "loading", "loading", "running", "running",
+                                                         "comparing"], err
+    assert "with transformers (GPT2LMHeadModel)" in stages[2] and "intermediates" in stages[-1]
+    assert "importing" not in out and "all within" in out  # the table alone on stdout
+    assert all(line.startswith("[") and line.endswith(" …") and len(line) <= 80 for line in err.splitlines())
+
+
+def test_threads_are_set_before_torch_loads_and_after(tmp_path):
+    """--threads reaches torch whether the command loaded it already or loads it after its checks."""
+    import subprocess
+    import sys
+
+    import os
+
+    script = ("from anatomy.cli import set_threads; set_threads(1); import torch; a = torch.get_num_threads(); "
+              "set_threads(2); print(a, torch.get_num_threads())")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env,
+                            timeout=120)
+    assert result.stdout.split() == ["1", "2"], result.stderr
+
+
+def _options_without_help(parser: argparse.ArgumentParser, path: str) -> list[str]:
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                missing += _options_without_help(sub, f"{path} {name}")
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)) and not action.help:
+            missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+    return missing
+
+
+@pytest.mark.parametrize("command", list(cli.SUBCOMMANDS))
+def test_every_option_of_every_command_says_what_it_does(command):
+    parser = cli.build_parser(command)
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert _options_without_help(subcommands.choices[command], f"anatomy {command}") == []

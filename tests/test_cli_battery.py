@@ -16,8 +16,8 @@ LONG_TEXT = " ".join(["word"] * 30)
 # (argv, a word the error line must contain); {tmp} is a fresh folder, {data} a small text file there.
 BATTERY = [
     # the dispatcher
-    (["no-such-command"], "invalid choice"),
-    (["--bogus"], "unrecognized arguments"),
+    (["no-such-command"], "is not a command (commands: walk"),
+    (["--bogus"], "takes no option --bogus before a command"),
     # generate
     (["generate", "--max-new-tokens", "0"], "--max-new-tokens"),
     (["generate", "--max-new-tokens", "-5"], "--max-new-tokens"),
@@ -75,6 +75,10 @@ BATTERY = [
     (["sae", "nosuch"], "invalid choice"),
     # explore
     (["explore", "--port", "99999"], "--port"),
+    # circuits
+    (["circuits"], "TEXT"),
+    (["circuits", "discover", "--task", "nosuch"], "--task"),
+    (["circuits", "discover", "--steps", "0"], "--steps"),
     # train
     (["train"], "TASK"),
     (["train", "lm", "--data", "{data}", "--out", "{tmp}/r", "--log-every", "0"], "--log-every"),

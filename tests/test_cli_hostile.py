@@ -108,8 +108,17 @@ def nothing_loads(monkeypatch):
 
     from anatomy.checkpoints import files, gguf
 
-    for target in cli.SUBCOMMANDS.values():  # the floors bind the loaders at import: import them first
+    import pkgutil
+
+    import anatomy.checkpoints
+
+    # The floors import the loaders when they run (anatomy.lazy): import every module that defines one
+    # first, so that each is replaced where it is defined and wherever it was bound.
+    for target in cli.SUBCOMMANDS.values():
         importlib.import_module(target[0].partition(":")[0])
+    for module in pkgutil.iter_modules(anatomy.checkpoints.__path__, "anatomy.checkpoints."):
+        if module.name != "anatomy.checkpoints.fit_toys":
+            importlib.import_module(module.name)
     importlib.import_module("anatomy.training.build")
 
     loads: list[str] = []
@@ -209,6 +218,17 @@ BEFORE_LOADING = [
      "--val-src"),
     (["bench", "--threads", "4096"], "--threads"),
     (["bench", "--repeats", "100000"], "--repeats"),
+    (["sae", "train", "--point", "blocks.0.resid_post", "--data", "{tmp}/no-such.txt", "--out", "{tmp}/run"],
+     "no-such.txt does not exist"),
+    (["sae", "train", "--point", "blocks.0.resid_post", "--data", "{tmp}", "--out", "{tmp}/run"], "is not a file"),
+    (["sae", "train", "--point", "blocks.0.resid_post", "--data", "{data}", "--out", "{data}"], "is a file; give a folder"),
+    (["sae", "features", "{tmp}", "--data", "{data}", "--out", "{tmp}/page.txt"], ".html or .htm"),
+    (["sae", "eval", "{tmp}", "--data", "{tmp}/no-such.txt"], "does not exist"),
+    (["walk", "--model", "/dev/zero"], "neither a folder nor a file"),
+    (["parity", "smollm2", "--text-b", "x"], "is a decoder, which reads one text"),
+    (["train", "lm", "--data", "{data}", "--out", "{tmp}/run", "--tokenizer", ""], "an empty name"),
+    (["train", "lm", "--data", "{data}", "--out", "{tmp}/run", "--tokenizer", "bpe2"], "no tokenizer kind"),
+    (["--threads", "2", "walk"], "options go after it, `anatomy COMMAND --threads"),
 ]
 
 

@@ -11,16 +11,15 @@
     anatomy.process_weights(model)                     # the same function, simpler weights
 """
 
-from .attribution import attention_rollout, gradient_x_input, integrated_gradients
-from .decompose import decompose, direct_logit_attribution
-from .heads import detect_heads
-from .inputs import as_batch, run_with_cache
-from .lens import logit_lens
-from .patching import patch
-from .result import Result
-from .weights import process_weights
+from ..lazy import lazy_names
 
-__all__ = [
-    "Result", "as_batch", "attention_rollout", "decompose", "detect_heads", "direct_logit_attribution",
-    "gradient_x_input", "integrated_gradients", "logit_lens", "patch", "process_weights", "run_with_cache",
-]
+__all__ = lazy_names(__name__, {
+    "attention_rollout": ".attribution", "gradient_x_input": ".attribution", "integrated_gradients": ".attribution",
+    "decompose": ".decompose", "direct_logit_attribution": ".decompose",
+    "detect_heads": ".heads",
+    "as_batch": ".inputs", "run_with_cache": ".inputs",
+    "logit_lens": ".lens",
+    "patch": ".patching",
+    "Result": ".result",
+    "process_weights": ".weights",
+})

@@ -14,17 +14,11 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-import torch
-
-from ..checkpoints import from_pretrained
-from ..checkpoints.describe import config_of
-from ..checkpoints.token_text import legend_for
 from ..cli import add_model_argument, add_threads_argument, one_line, output_file, positive_int, printable, text
-from .attribution import attention_rollout, gradient_x_input, integrated_gradients
-from .decompose import decompose, direct_logit_attribution
-from .heads import KINDS, detect_heads
-from .lens import logit_lens
-from .patching import BY, patch
+from .choices import BY, KINDS
+
+# The model, the analyses and torch are imported by the functions that use them, once the arguments
+# have been checked (anatomy.lazy): a mistake is refused in milliseconds.
 
 ANALYSES = ("lens", "decompose", "dla", "patch", "ig", "gxi", "rollout", "heads")
 # The options each analysis reads (None: the default below); any other given is refused, not ignored.
@@ -90,6 +84,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError("anatomy analyze patch needs --clean and --corrupt texts")
     if analysis not in ("heads", "patch") and args.text is None:
         raise ValueError(f"anatomy analyze {analysis} needs TEXT")
+    from ..checkpoints.describe import config_of
+
     config = config_of(args.model)
     if config is None:  # a Hub id not downloaded yet: the analysis checks the loaded model
         return
@@ -115,6 +111,8 @@ def _inputs(model, text: str | None, target_text: str | None, name: str = "TEXT"
 
 def _target_id(model, inputs, target: str | None) -> int:
     """The id of --target (one token), or the model's top prediction at the last position."""
+    from .lens import logit_lens
+
     if target is None:
         return int(logit_lens(model, inputs).extra["top_ids"][-1, 0, -1, 0])
     tokenizer = model.tokenizer
@@ -126,6 +124,15 @@ def _target_id(model, inputs, target: str | None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
+    import torch
+
+    from ..checkpoints import from_pretrained
+    from .attribution import attention_rollout, gradient_x_input, integrated_gradients
+    from .decompose import decompose, direct_logit_attribution
+    from .heads import detect_heads
+    from .lens import logit_lens
+    from .patching import patch
+
     for option, default in DEFAULTS.items():
         if getattr(args, option) is None:
             setattr(args, option, default)
@@ -186,6 +193,8 @@ def _about(args: argparse.Namespace, target: str | None, baseline: str | None = 
 def _summary(result) -> str:
     """The numbers a reader looks at first, folded to 80 columns, with the tokens' legend when a
     token shown has a space or a new line."""
+    from ..checkpoints.token_text import legend_for
+
     text = _first_numbers(result)
     legend = legend_for(result.tokens[0] if result.tokens else []) if "'" in text else None
     lines = textwrap.wrap(text, 80, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)

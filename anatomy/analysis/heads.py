@@ -20,11 +20,11 @@ import torch
 from torch import nn
 
 from ..trace import trace
+from .choices import KINDS
 from .inputs import Batch, Text
 from .lens import stack_of
 from .result import Result
 
-KINDS = ("previous_token", "induction", "duplicate")
 LENGTH = 24  # the random sequence's length n by default (the input is 2n), where the model allows it
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..inputs import InputError
+from ..text import check_text
 from ..trace import Trace, trace
 from .derived import Derivations
 
@@ -104,9 +105,15 @@ def as_text(model: nn.Module, inputs, tokenizer=None, side: str = "input") -> Te
     A text is encoded as the model reads it: a decoder's input as a prompt (its tokenizer's
     template, BOS where it adds one, never a closing EOS), an encoder's or a source with the whole
     template ([CLS] ... [SEP]), and an encoder-decoder's target as its decoder start token and the
-    text. Tokens are shown as text (Tokenizer.labels: "␣capital", not "Ġcapital")."""
+    text. Tokens are shown as text (Tokenizer.labels: "␣capital", not "Ġcapital").
+
+    Raises InputError for an empty text (a target may be empty: its start token is read) or one that
+    is not Unicode (anatomy.text.check_text)."""
     if isinstance(inputs, str) or (isinstance(inputs, Sequence) and inputs and all(isinstance(x, str) for x in inputs)):
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        named = "the text" if side == "input" else f"the {side} text"
+        texts = [check_text(text, named if len(texts) == 1 else f"{named} at index {i}", empty=side == "target")
+                 for i, text in enumerate(texts)]
         tok = _tokenizer(model, tokenizer)
         if side == "target":
             rows = [tok.encode_target(text, model.config.decoder_start_token_id) for text in texts]

@@ -39,6 +39,39 @@ def unembed(model: nn.Module, residual: torch.Tensor) -> torch.Tensor:
     return model.lm_head(residual)
 
 
+# Positions unembedded at once by lens_top: [L+1, 16, V] floats, 98 MB for SmolLM2's 31 × 49,152.
+LENS_BLOCK = 16
+
+
+def lens_top(model: nn.Module, residuals: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The logit lens's `top` tokens of residuals [L+1, T, E], a block of positions at a time, so that
+    the [L+1, T, V] log-probabilities are never held at once: (probs [L+1, T, top], ids [L+1, T, top],
+    log_norm [L+1, T] = logsumexp of each cell's logits, from which lens_probabilities reads any
+    token's probability)."""
+    probs, ids, norms = [], [], []
+    with torch.no_grad():
+        for start in range(0, residuals.size(1), LENS_BLOCK):
+            logits = unembed(model, residuals[:, start:start + LENS_BLOCK]).float()  # (L+1, block, V)
+            log_norm = torch.logsumexp(logits, dim=-1)  # (L+1, block)
+            best, where = logits.topk(top, dim=-1)  # (L+1, block, top)
+            probs.append((best - log_norm[..., None]).exp())
+            ids.append(where)
+            norms.append(log_norm)
+    return torch.cat(probs, dim=1), torch.cat(ids, dim=1), torch.cat(norms, dim=1)
+
+
+def lens_probabilities(model: nn.Module, residuals: torch.Tensor, log_norm: torch.Tensor,
+                       token_ids: torch.Tensor) -> torch.Tensor:
+    """[L+1, T, n]: the lens's probability of each token of `token_ids` [n] at every cell of residuals
+    [L+1, T, E], exp(logit − log_norm) with lens_top's log_norm [L+1, T], from those n rows of the
+    unembedding only."""
+    stack = stack_of(model)
+    with torch.no_grad():
+        normed = stack.final_norm(residuals) if hasattr(stack, "final_norm") else residuals
+        logits = model.lm_head.token_logits(normed, token_ids).float()  # (L+1, T, n)
+    return (logits - log_norm[..., None]).exp()
+
+
 def logit_lens(model: nn.Module, inputs, *, tokenizer=None, top: int = 5, cache=None) -> Result:
     """[layer+1, batch, pos, vocab] log-probabilities of the residual stream at resid_pre of every
     block and after the last one. extra["top_ids"] / ["top_tokens"] / ["top_probs"]: the `top`

@@ -28,11 +28,11 @@ import torch
 from torch import nn
 
 from ..trace import trace, trace_points
+from .choices import BY
 from .inputs import Batch, as_batch
 from .lens import stack_of, stack_prefix
 from .result import Result
 
-BY = ("position", "head", "layer")
 METHODS = ("activation", "attribution")
 # TransformerLens's short activation names -> anatomy's point inside a block
 SHORT_NAMES = {"attn_out": "attn.out", "mlp_out": "mlp.out", "z": "attn.z", "pattern": "attn.pattern",
@@ -230,3 +230,54 @@ def _attribution(model, corrupt, names, clean_acts, axis, cells, metric, logits_
     check = "first-order estimate of activation patching (no identity holds exactly)"
     progress(len(cells), len(cells))
     return torch.tensor(values), check, float("nan")
+
+
+Cell = tuple  # (point name, axis of its tensor or None for the whole point, index along that axis)
+
+
+def patch_cells(
+    model: nn.Module, clean, corrupt, cells: list[Cell], metric: Metric, *, logits_at: str = "last",
+    runs_per_pass: int | None = None, saes=None, progress: Progress | None = None,
+) -> torch.Tensor:
+    """[len(cells)]: metric of the corrupted run (averaged over its batch) with the clean run's value put
+    back at one cell at a time, the cells of any points (a head's z, a neuron, an SAE feature):
+
+        result[i] = mean_batch metric(model(corrupt | point_i[..., index_i along axis_i] := clean's))
+
+    Batched as patch() is: the runs of a chunk are copies of the corrupted batch in one pass.
+    clean, corrupt: inputs or Batches of the same shape; saes: SAEs spliced in (trace's saes), whose
+    points (`<point>.sae.features`) cells may name. Raises ValueError for an axis the point lacks.
+    """
+    model.eval()
+    clean_batch, corrupt_batch = as_batch(model, clean), as_batch(model, corrupt)
+    names = sorted({cell[0] for cell in cells})
+    with torch.no_grad(), trace(model, names, saes=saes) as t:
+        clean_batch.logits(model) if logits_at == "all" else clean_batch.last_logits(model)
+    clean_acts = {name: t[name] for name in names}
+    for name, axis, _ in cells:
+        if axis is not None and not 0 < axis < clean_acts[name].dim():
+            raise ValueError(f"{name} has axes {' '.join(t.axes(name))}; axis {axis} is not one of them (past the batch)")
+    logits_of = Batch.last_logits if logits_at == "last" else Batch.logits
+    tokens_per_run = corrupt_batch.target.ids.numel()
+    chunk = runs_per_pass or max(1, 4096 // tokens_per_run)
+    values = []
+    with torch.no_grad():
+        for start in range(0, len(cells), chunk):
+            part = cells[start:start + chunk]
+            by_point: dict[tuple, list[tuple[int, int]]] = {}
+            for copy, (name, axis, index) in enumerate(part):
+                by_point.setdefault((name, axis), []).append((copy, index))
+            interventions = {}
+            for (name, axis), point_cells in by_point.items():
+                patcher = _patcher(point_cells, clean_acts[name], axis, corrupt_batch.size)
+                previous = interventions.get(name)
+                interventions[name] = patcher if previous is None else (lambda x, p=previous, q=patcher: q(p(x)))
+            with trace(model, [], interventions=interventions, saes=saes):
+                scores = metric(logits_of(corrupt_batch.repeat(len(part)), model))
+            if scores.shape != (len(part) * corrupt_batch.size,):
+                raise ValueError(f"metric must return one value per sequence, shape ({len(part) * corrupt_batch.size},); "
+                                 f"got {tuple(scores.shape)}")
+            values.append(scores.view(len(part), corrupt_batch.size).mean(dim=1))
+            if progress is not None:
+                progress(min(start + chunk, len(cells)), len(cells))
+    return torch.cat(values)

@@ -73,8 +73,14 @@ def identity(result: Result) -> dict:
                 "rule": "completeness within the analysis's tolerance" if holds else "completeness not reached"}
     if not math.isfinite(result.error):
         return {"text": text, "status": "none", "rule": "this result has no identity to check"}
-    tolerance = RELATIVE_TOLERANCE * max(1.0, _identity_size(result))
-    status = "holds" if result.error <= tolerance else "fails"
+    return identity_line(text, result.error, _identity_size(result))
+
+
+def identity_line(text: str, error: float, size: float) -> dict:
+    """{"text", "status", "rule"} of an identity measured to differ by `error` on values of largest
+    magnitude `size`: it holds within RELATIVE_TOLERANCE of that size (at least of 1)."""
+    tolerance = RELATIVE_TOLERANCE * max(1.0, size)
+    status = "holds" if error <= tolerance else "fails"
     return {"text": text, "status": status,
             "rule": f"holds when the difference is within {tolerance:.1e} ({RELATIVE_TOLERANCE:g} of the values' size)"}
 
@@ -170,6 +176,31 @@ LENS_CAPTION = ("Each cell: the tokens the residual stream after that layer pred
                 "norm and the unembedding, with their probabilities.")
 
 
+def lens_candidates(final_ids: torch.Tensor, final_tokens: list[list[str]], last: int) -> dict[int, str]:
+    """{id: token} of the lens's candidate targets (at most MAX_TARGETS): the model's own top token at
+    every position, then its top-k at position `last` (the last real one). final_ids [T, K] and
+    final_tokens [T][K]: the last layer's top tokens."""
+    candidates: dict[int, str] = {}
+    for t in [*range(final_ids.size(0)), *([last] * final_ids.size(1))]:
+        for k in range(final_ids.size(1) if t == last else 1):
+            candidates.setdefault(int(final_ids[t, k]), final_tokens[t][k])
+    return dict(list(candidates.items())[:MAX_TARGETS])
+
+
+def lens_panel(name: str, rows: list[str], cols: list[str], top: list, probs: torch.Tensor,
+               targets: list[tuple[str, torch.Tensor]], col_keys: list[int] | None = None) -> dict:
+    """One panel of the lens layout: rows (layers) × cols (tokens); top [L+1][T][K] the top tokens as
+    text, probs [L+1, T, K] theirs; targets (token, probs [L+1, T]) the tokens a reader may shade by;
+    col_keys: the positions the columns are (default 0 … T − 1; a window of a long text)."""
+    panel = {"name": name, "rows": rows, "cols": cols, "rowLayers": list(range(len(rows))),
+             "corner": "layer \\ position", "top": top, "probs": as_numbers(probs), "k": probs.size(-1),
+             "targets": [{"token": token, "probs": as_numbers(values)} for token, values in targets],
+             "scale": {"kind": "sequential", "lo": 0.0, "hi": 1.0}, "caption": LENS_CAPTION}
+    if col_keys is not None:
+        panel["colKeys"] = col_keys
+    return panel
+
+
 def _lens(result: Result) -> tuple[str, list[dict], list[str]]:
     probs, top = result.extra["top_probs"], result.extra["top_tokens"]  # (L+1, B, T, K); [L+1][B][T][K]
     ids = result.extra["top_ids"]
@@ -178,20 +209,11 @@ def _lens(result: Result) -> tuple[str, list[dict], list[str]]:
     for b in range(probs.size(1)):
         cols = _tokens(result, b, probs.size(2))
         last = _last_real(cols)
-        # candidate targets: the model's own top token at every position, then its top-k at the last
-        candidates: dict[int, str] = {}
-        for t in [*range(probs.size(2)), *([last] * probs.size(3))]:
-            for k in range(probs.size(3) if t == last else 1):
-                candidates.setdefault(int(ids[-1, b, t, k]), top[-1][b][t][k])
-        candidates = dict(list(candidates.items())[:MAX_TARGETS])
-        targets = [{"token": token, "probs": as_numbers(result.values[:, b, :, i].exp())}
-                   for i, token in candidates.items()]
+        candidates = lens_candidates(ids[-1, b], top[-1][b], last)
+        targets = [(token, result.values[:, b, :, i].exp()) for i, token in candidates.items()]
         tokens = [[top[layer][b][t] for t in range(probs.size(2))] for layer in range(probs.size(0))]
         shown += cols + _flat(tokens)
-        parts.append({"name": f"sequence {b}", "rows": rows, "cols": cols, "rowLayers": list(range(len(rows))),
-                      "corner": "layer \\ position", "top": tokens, "probs": as_numbers(probs[:, b]),
-                      "k": probs.size(3), "targets": targets, "scale": {"kind": "sequential", "lo": 0.0, "hi": 1.0},
-                      "caption": LENS_CAPTION})
+        parts.append(lens_panel(f"sequence {b}", rows, cols, tokens, probs[:, b], targets))
     return "lens", parts, shown
 
 
@@ -316,6 +338,23 @@ def _attributions(result: Result) -> tuple[str, list[dict], list[str]]:
     return "tokens", parts, shown
 
 
+def _grid(result: Result) -> tuple[str, list[dict], list[str]]:
+    """Any result of one or two axes with labels (extra["view"] = "grid"; circuit discovery's): one heatmap,
+    rows = the first axis (one row for a single axis), a scale centred on zero."""
+    values = result.values.detach().float()
+    if values.dim() == 1:
+        values = values[None]  # (1, N)
+        rows, cols = [result.kind], result.labels.get(result.axes[0], [str(i) for i in range(values.size(1))])
+    else:
+        rows = result.labels.get(result.axes[0], [str(i) for i in range(values.size(0))])
+        cols = result.labels.get(result.axes[1], [str(i) for i in range(values.size(1))])
+    legend = result.extra.get("legend", "value")
+    frame = ("value", values, diverging(values), legend)
+    corner = " \\ ".join(result.axes) if values.dim() == 2 and len(result.axes) == 2 else result.axes[0]
+    return "heatmap", [_heatmap(result.about or result.kind, rows, cols, [frame], corner=corner,
+                                caption=result.extra.get("caption", ""), row_layers=result.extra.get("row_layers"))], []
+
+
 BUILDERS = {"logit lens": _lens, "attention rollout": _rollout, "decomposition": _decomposition,
             "direct logit attribution": _dla, "integrated gradients": _attributions, "gradient x input": _attributions}
 
@@ -332,6 +371,8 @@ def panels(result: Result) -> dict:
         builder = _heads
     elif kind in BUILDERS:
         builder = BUILDERS[kind]
+    elif result.extra.get("view") == "grid":
+        builder = _grid
     else:
         raise ValueError(f"no view for {kind!r}")
     layout, parts, shown = builder(result)
@@ -343,7 +384,12 @@ def html_view(result: Result, *, title: str | None = None) -> View:
     """The result as one self-contained, offline HTML page (a viz View)."""
     title = title or result.kind[:1].upper() + result.kind[1:]
     subtitle = " · ".join(part for part in (result.about, result.shape_text) if part)
-    payload = {"view": "analysis", "initial": {}, "analysis": panels(result)}
+    return payload_view(panels(result), title, subtitle)
+
+
+def payload_view(analysis: dict, title: str, subtitle: str = "") -> View:
+    """A payload (panels(result)'s form) as one self-contained, offline HTML page (a viz View)."""
+    payload = {"view": "analysis", "initial": {}, "analysis": analysis}
     body = Template(asset("view.html")).substitute(
         title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
     style = asset("view.css") + (ASSETS / "analysis.css").read_text(encoding="utf-8")
@@ -381,4 +427,4 @@ def save(result: Result, path: str | Path, **options) -> Path:
     raise ValueError(f"cannot write {path.name!r}: the suffix must be .html, .png or .svg")
 
 
-__all__ = ["figure", "html_view", "panels", "save"]
+__all__ = ["figure", "html_view", "identity_line", "lens_candidates", "lens_panel", "panels", "payload_view", "save"]

@@ -35,11 +35,13 @@ from ..cli import add_threads_argument, non_negative_int, positive_float
 from .common import Row, Settings, cpu_model, fmt, load_average, matmul_peak, read_bandwidth
 from .analysis import bench_analysis
 from .decoding import bench_generate
+from .discovery import bench_discovery
 from .encoder import bench_encoder
 from .explore import bench_explore
 from .gemv import bench_gemv
 from .load import bench_load
 from .overhead import bench_overhead
+from .refusals import bench_refusals
 from .sae import bench_sae
 from .soak import bench_soak
 from .trace import bench_trace
@@ -56,6 +58,8 @@ GROUPS = {
     "analysis": bench_analysis,
     "sae": bench_sae,
     "explore": lambda settings: bench_explore(settings) + bench_soak(settings),  # the page timed, then the soak
+    "refusals": bench_refusals,
+    "discovery": bench_discovery,
 }
 
 

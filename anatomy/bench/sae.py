@@ -29,8 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checkpoints.files import cache_root
-from .common import Row, Settings, alternate, load_average
+from .common import Row, Settings, alternate, load_average, peer_python
 
 POINT = "blocks.15.resid_post"
 WORKER = Path(__file__).with_name("saelens_worker.py")
@@ -75,7 +74,9 @@ def _options(settings: Settings, d_in: int) -> dict:
 
 
 def anatomy_worker(rows_path: str, out_path: str, options: str) -> None:
-    """anatomy's side, in its own process: the same batches, SAETrainer.train_step, the held-out FVE."""
+    """anatomy's side, in its own process: the same batches, SAETrainer.train_step, the held-out FVE and L0.
+    With options "layers" N (default 1), N SAEs of options "kind" (default topk) each read their own E columns
+    of the rows (E = the width / N); the FVE and L0 are then lists, one a SAE."""
     from safetensors.torch import load_file
 
     from ..sae import SAE
@@ -85,61 +86,48 @@ def anatomy_worker(rows_path: str, out_path: str, options: str) -> None:
     torch.set_num_threads(o["threads"])
     rows = load_file(rows_path)
     train, held = rows["train"], rows["held_out"]
-    batch = o["batch_size"]
+    batch, n, kind = o["batch_size"], o.get("layers", 1), o.get("kind", "topk")
+    width, k = train.size(1) // n, o["k"] if kind == "topk" else float(o["k"])
 
     class Batches:
         def batch(self, step: int) -> torch.Tensor:
             start = (step * batch) % (len(train) - batch + 1)
             return train[start:start + batch]
 
-    config = SAETrainConfig(kind="topk", features=o["d_sae"], k=o["k"], max_steps=o["steps"], batch_size=batch,
+    config = SAETrainConfig(kind=kind, features=o["d_sae"], k=k, max_steps=o["steps"], batch_size=batch,
                             lr=o["lr"], warmup=o["warmup"], min_lr_ratio=o["min_lr_ratio"], eps=1e-8,
                             aux_coefficient=o["aux_coefficient"], dead_tokens=o["dead_steps"] * batch,
                             eval_every=0, save_every=0, progress=False, quiet=True, seed=o["seed"])
+    saes = [SAE(width, o["d_sae"], kind=kind, k=k, seed=o["seed"] + i) for i in range(n)]
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = SAETrainer(SAE(train.size(1), o["d_sae"], kind="topk", k=o["k"], seed=o["seed"]), Batches(), config,
-                             run_dir)
+        trainer = SAETrainer(saes if n > 1 else saes[0], Batches(), config, run_dir, offsets=[i * width for i in range(n)])
         seconds = []
         for _ in range(o["steps"]):
             start = time.perf_counter()
             trainer.train_step()
             seconds.append(time.perf_counter() - start)
-        sae = trainer.trained_sae()
-    with torch.no_grad():
-        f = sae.encode(held)
-        fve = 1 - (held - sae.decode(f)).pow(2).sum().item() / (held - held.mean(0)).pow(2).sum().item()
-        l0 = (f > 0).sum(-1).float().mean().item()
+        trainer.calibrate()
+        trained = trainer.trained_saes()
+    fves, l0s = [], []
+    for i, sae in enumerate(trained):
+        x = held[:, i * width:(i + 1) * width].float()
+        with torch.no_grad():
+            f = sae.encode(x)
+            fves.append(1 - (x - sae.decode(f)).pow(2).sum().item() / (x - x.mean(0)).pow(2).sum().item())
+            l0s.append((f > 0).sum(-1).float().mean().item())
     with open(out_path, "w") as handle:
-        json.dump({"seconds": seconds, "fve": fve, "l0": l0}, handle)
+        json.dump({"seconds": seconds, "fve": fves if n > 1 else fves[0], "l0": l0s if n > 1 else l0s[0]}, handle)
 
 
 def saelens_python(install: bool = True) -> tuple[str | None, str]:
     """(the python of an environment with sae-lens, or None; what was done or why not). install: make the
     cached environment when it is absent (never in --quick: CI has neither the time nor the network)."""
-    given = os.environ.get("ANATOMY_SAELENS_PYTHON")
-    if given:
-        return (given, f"SAELens from $ANATOMY_SAELENS_PYTHON={given}") if Path(given).is_file() else \
-            (None, f"$ANATOMY_SAELENS_PYTHON={given} is not a file")
-    venv = cache_root() / "venv-saelens"
-    python = venv / "bin" / "python"
-    if not python.is_file() and not install:
-        return None, f"no SAELens environment ($ANATOMY_SAELENS_PYTHON unset, {venv} absent; --quick installs none)"
-    if not python.is_file():
-        torch_version = torch.__version__.split("+")[0]
-        print(f"  sae: installing SAELens into {venv} (python -m venv; pip install torch=={torch_version} sae-lens): "
-              "SAELens pins transformer-lens < 4, so it gets an environment of its own; a few minutes, once",
-              flush=True)
-        try:
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-            subprocess.run([str(python), "-m", "pip", "install", "-q", f"torch=={torch_version}", "sae-lens"],
-                           check=True, capture_output=True, timeout=1800)
-        except (subprocess.SubprocessError, OSError) as error:
-            detail = getattr(error, "stderr", b"") or b""
-            return None, f"could not install SAELens into {venv}: {type(error).__name__} {detail.decode()[-200:]}"
-    return str(python), f"SAELens from {venv}"
+    return peer_python("SAELens", "ANATOMY_SAELENS_PYTHON", "venv-saelens", ["sae-lens"], install,
+                       "SAELens pins transformer-lens < 4")
 
 
-def _run(command: list[str]) -> dict:
+def run_worker(command: list[str]) -> dict:
+    """A worker process's JSON result (its command ends in OUT.json OPTIONS), or RuntimeError with its stderr."""
     out = command[-2]
     run = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                          timeout=3600)
@@ -163,7 +151,7 @@ def bench_training(settings: Settings, train: torch.Tensor, held: torch.Tensor) 
         results: dict[str, list[dict]] = {"anatomy": [], "SAELens": []}
         for i, side in enumerate(order):
             out = str(Path(folder) / f"{side}-{i}.json")
-            results[side].append(_run(ours_command(out) if side == "anatomy" else theirs_command(out)))
+            results[side].append(run_worker(ours_command(out) if side == "anatomy" else theirs_command(out)))
     skip = min(5, options["steps"] - 1)
     rate = {side: statistics.median(options["batch_size"] / s for r in runs for s in r["seconds"][skip:])
             for side, runs in results.items() if runs}
@@ -206,9 +194,11 @@ def bench_harvest(settings: Settings, model) -> Row:
 
 
 def bench_sae(settings: Settings) -> list[Row]:
-    """Both rows of the module docstring."""
+    """Both rows of the module docstring, then the every-layer rows (sae_layers.py)."""
+    from .sae_layers import bench_every_layer
+
     train, held, model = _activations(settings)
-    return [bench_harvest(settings, model), bench_training(settings, train, held)]
+    return [bench_harvest(settings, model), bench_training(settings, train, held), *bench_every_layer(settings)]
 
 
 if __name__ == "__main__":

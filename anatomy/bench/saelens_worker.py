@@ -22,9 +22,20 @@ import torch
 from safetensors.torch import load_file
 
 
+def trainer_config(o: dict):
+    """SAELens's SAETrainerConfig for the bench's options: Adam, warmup and cosine decay, its dead-feature window."""
+    from sae_lens.config import SAETrainerConfig
+
+    batch = o["batch_size"]
+    return SAETrainerConfig(total_training_samples=o["steps"] * batch, train_batch_size_samples=batch, lr=o["lr"],
+                            lr_end=o["lr"] * o["min_lr_ratio"], lr_scheduler_name="cosineannealing",
+                            lr_warm_up_steps=o["warmup"], adam_beta1=0.9, adam_beta2=0.999,
+                            dead_feature_window=o["dead_steps"], feature_sampling_window=10**9,
+                            n_batches_for_norm_estimate=4)
+
+
 def main(rows_path: str, out_path: str, options: str) -> None:
     from sae_lens import __version__ as version
-    from sae_lens.config import SAETrainerConfig
     from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
     from sae_lens.training.sae_trainer import SAETrainer
 
@@ -45,11 +56,7 @@ def main(rows_path: str, out_path: str, options: str) -> None:
     sae = TopKTrainingSAE(TopKTrainingSAEConfig(d_in=d_in, d_sae=o["d_sae"], k=o["k"],
                                                 aux_loss_coefficient=o["aux_coefficient"],
                                                 normalize_activations="expected_average_only_in"))
-    config = SAETrainerConfig(total_training_samples=o["steps"] * batch, train_batch_size_samples=batch, lr=o["lr"],
-                              lr_end=o["lr"] * o["min_lr_ratio"], lr_scheduler_name="cosineannealing",
-                              lr_warm_up_steps=o["warmup"], adam_beta1=0.9, adam_beta2=0.999,
-                              dead_feature_window=o["dead_steps"], feature_sampling_window=10**9,
-                              n_batches_for_norm_estimate=4)
+    config = trainer_config(o)
     provider = batches()
     trainer = SAETrainer(config, sae, provider)
     trainer.activation_scaler.estimate_scaling_factor(d_in, batches(), 4)  # as fit() does first

@@ -8,6 +8,8 @@
     resolver.py   names, paths, GGUF files and Hub ids (hub.py) -> a loaded model and its tokenizer
     registry.py   the architectures, one file of data each (bert.py, gpt2.py, llama.py, ...)
     hf.py         Hugging Face folders <-> models, through an architecture's table and the engine
+    rope.py       the rotary settings in transformers 4's and 5's spellings (both written, either read)
+    config_keys.py  which config.json keys are read; an UnknownConfigKeysWarning names the others
     engine.py     applies any table in both directions, checking every tensor by name
     memory.py     builds on the meta device and refuses what the machine cannot hold, before allocating
     files.py      safetensors (memory-mapped), pytorch_model.bin (weights_only), shard indexes
@@ -20,18 +22,16 @@ Every problem is a CheckpointError naming the file or the id, raised before a mo
 
 from __future__ import annotations
 
-from ..models import register_saver
-from .files import CheckpointError
-from .hf import architecture_of, read_config
-from .registry import ARCHITECTURES, supported_architectures
-from .resolver import BUILTIN_MODELS, from_pretrained, load_tokenizer
-from .save import save_pretrained
-from .sentence import sentence_embeddings
-from .tokenizer import Tokenizer
+from ..lazy import lazy_names
 
-__all__ = [
-    "ARCHITECTURES", "BUILTIN_MODELS", "CheckpointError", "Tokenizer", "architecture_of", "from_pretrained",
-    "load_tokenizer", "read_config", "save_pretrained", "sentence_embeddings", "supported_architectures",
-]
-
-register_saver(save_pretrained)
+__all__ = lazy_names(__name__, {
+    "ARCHITECTURES": ".registry", "supported_architectures": ".registry",
+    "BUILTIN_MODELS": ".names",
+    "CheckpointError": ".files",
+    "UnknownConfigKeysWarning": ".config_keys",
+    "architecture_of": ".hf", "read_config": ".hf",
+    "from_pretrained": ".resolver", "load_tokenizer": ".resolver",
+    "save_pretrained": ".save",
+    "sentence_embeddings": ".sentence",
+    "Tokenizer": ".tokenizer",
+})

@@ -25,10 +25,9 @@ CLASSES = {
 def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     unsupported("bert", hf, position_embedding_type="absolute", is_decoder=False, add_cross_attention=False)
     head = CLASSES[class_name]
-    if head == "none":  # BertModel: the pooler is there when its weights are
-        pooler = any(k.endswith("pooler.dense.weight") for k in keys)
-    else:
-        pooler = head == "sequence-classification"
+    # the classifier reads the pooler; the others have it when its weights are there (BertModel, and
+    # masked-LM checkpoints saved from pre-training, as bert-base-uncased: transformers leaves it unused)
+    pooler = head == "sequence-classification" or any(k.endswith("pooler.dense.weight") for k in keys)
     return ModelConfig(
         **FLAGS, **bert_sizes(hf, "bert"),
         max_seq_len=field(hf, "max_position_embeddings", "bert", 512),

@@ -20,10 +20,22 @@ add_generation_prompt, bos_token, eos_token) and its helper raise_exception.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
+from ..text import check_text
+
 ROLES = ("system", "user", "assistant", "tool")
+
+# A template is a checkpoint's file, so it may be hostile. The longest in use (tool calling, thinking
+# modes) are about 15,000 characters; jinja compiles one of 20 MB in minutes and gigabytes. Rendering
+# is bounded by jinja's sandbox hooks: every loop over range() counts against one budget per render
+# (nested range(100000) loops would run 10**10 times), and `*` and `**` may not build a value past
+# MAX_RENDERED ("x" * 10**10 would take 10 GB).
+MAX_TEMPLATE_CHARACTERS = 200_000
+RANGE_BUDGET = 1_000_000  # iterations of range() per render
+MAX_RENDERED = 10_000_000  # characters (or items) a `*` may produce; digits of a `**`
 
 
 class ChatError(ValueError):
@@ -41,12 +53,41 @@ def check_messages(messages) -> list[dict[str, str]]:
             raise ChatError(f"messages[{i}] must be a dict with a string 'content', got {type(message).__name__}")
         if message.get("role") not in ROLES:
             raise ChatError(f"messages[{i}] has role {message.get('role')!r}; roles are {', '.join(ROLES)}")
-        checked.append({"role": message["role"], "content": message["content"]})
+        content = check_text(message["content"], f"messages[{i}]['content']", empty=True)
+        checked.append({"role": message["role"], "content": content})
     return checked
 
 
 def _raise_exception(message: str):
     raise ChatError(f"the chat template refused the messages: {message}")
+
+
+class _Budget:
+    """range() for one render: the sandbox's own (at most 100,000 items each), and all of them
+    together at most RANGE_BUDGET items."""
+
+    def __init__(self, safe_range):
+        self.left, self.safe_range = RANGE_BUDGET, safe_range
+
+    def range(self, *args):
+        numbers = self.safe_range(*args)
+        self.left -= len(numbers)
+        if self.left < 0:
+            raise ChatError(f"the chat template loops more than {RANGE_BUDGET:,} times: it is refused")
+        return numbers
+
+
+def _bounded_binop(operator: str, left, right):
+    """`left operator right` for the intercepted `*` and `**`, refused when its result would be huge."""
+    if operator == "*":
+        count, sized = (right, left) if isinstance(right, int) else (left, right)
+        if isinstance(count, int) and hasattr(sized, "__len__") and len(sized) * count > MAX_RENDERED:
+            raise ChatError(f"the chat template builds a value of {len(sized) * count:,} items: it is refused")
+        return left * right
+    if isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1 \
+            and right * math.log10(abs(left)) > MAX_RENDERED:
+        raise ChatError("the chat template computes a number too large to write: it is refused")
+    return left**right
 
 
 @lru_cache(maxsize=8)
@@ -55,7 +96,16 @@ def _compiled(template: str):
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    class Bounded(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context, operator, left, right):
+            return _bounded_binop(operator, left, right)
+
+    if len(template) > MAX_TEMPLATE_CHARACTERS:
+        raise ChatError(f"the checkpoint's chat template has {len(template):,} characters; anatomy renders at most "
+                        f"{MAX_TEMPLATE_CHARACTERS:,} (the longest in use have about 15,000)")
+    environment = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     environment.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
     environment.globals["raise_exception"] = _raise_exception
     try:
@@ -76,13 +126,16 @@ def render_chat(template: str | None, messages, *, add_generation_prompt: bool =
     if not template:
         raise ChatError("this checkpoint has no chat template (tokenizer_config.json's chat_template, "
                         "chat_template.jinja or GGUF tokenizer.chat_template): it was not tuned for chat")
+    from jinja2.sandbox import safe_range
+
     checked = check_messages(messages)
     try:
         return _compiled(template).render(messages=checked, add_generation_prompt=add_generation_prompt,
                                           bos_token=bos_token or "", eos_token=eos_token or "", tools=None,
-                                          documents=None)
-    except (TemplateError, SecurityError) as error:
-        raise ChatError(f"the checkpoint's chat template failed: {error}") from None
+                                          documents=None, range=_Budget(safe_range).range)
+    except (TemplateError, SecurityError, OverflowError, MemoryError) as error:
+        why = "it needs more memory than there is" if isinstance(error, MemoryError) else str(error)
+        raise ChatError(f"the checkpoint's chat template failed: {why}") from None
 
 
 def turn_end(template: str | None, bos_token: str | None = None, eos_token: str | None = None) -> str | None:

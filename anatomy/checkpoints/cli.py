@@ -12,46 +12,61 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
+import sys
 import textwrap
+import time
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from ..cli import add_model_argument, add_threads_argument, model_name, non_negative_float, non_negative_int, one_line, text
+from .names import BUILTIN_MODELS
 
-from ..cli import add_model_argument, add_threads_argument, non_negative_float, non_negative_int, one_line, text
-from . import ARCHITECTURES, BUILTIN_MODELS
-from .describe import config_of
-from .toys import TOY_MODELS
-from .parity import parity_rows
+# The checkpoints, transformers and torch are imported by the functions that use them, once the
+# arguments have been checked (anatomy.lazy): a mistake is refused in milliseconds.
 
 # parity -------------------------------------------------------------------------------------------
 
 
 def add_parity_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_path", metavar="MODEL", nargs="?", default=None, help="the same as --model")
+    parser.add_argument("model_path", metavar="MODEL", nargs="?", default=None, type=model_name,
+                        help="the same as --model")
     add_model_argument(parser, default="minilm", help="a checkpoint transformers can also load")
     add_threads_argument(parser)
     parser.add_argument("--text", type=text, action="append", help="input text (repeat for a batch); default: a "
                         "pangram, cut to the model's positions if longer")
     parser.add_argument("--text-b", type=text, help="second segment (BERT) or target text (Marian)")
     parser.add_argument("--tol", type=non_negative_float, default=1e-5,
-                        help="largest allowed max |difference| (default 1e-5)")
+                        help="largest allowed max |difference|")
     parser.add_argument("--pad", action="store_true", help="batch two texts of different lengths, with padding")
     parser.add_argument("--seed", type=non_negative_int, default=0,
                         help="seed for random ids when the checkpoint has no tokenizer")
 
 
 def run_parity(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .describe import config_of
+    from .parity import parity_rows
+    from .toys import TOY_MODELS
+
     model = args.model_path or args.model
     if args.model_path and args.model not in ("minilm", args.model_path):
         raise ValueError(f"two models given: {args.model_path!r} and --model {args.model!r}; give one")
     if model in TOY_MODELS:
         raise ValueError(f"{model} is anatomy's own toy, which transformers has no class for: parity takes a "
                          "Hugging Face folder, a .gguf file, a Hub id, minilm or smollm2")
-    config_of(model)  # a misspelt name, a missing path or an unreadable config: refused before anything loads
+    config = config_of(model)  # a misspelt name, a missing path or an unreadable config: refused before anything loads
+    if args.text_b is not None and config is not None and config.arch == "decoder":
+        raise ValueError(f"--text-b is a second segment (an encoder) or a target (an encoder-decoder); "
+                         f"{one_line(model, 100)} is a decoder, which reads one text: give --text only")
     console = Console(highlight=False)
     notes: list[str] = []
-    rows = parity_rows(model, args.text, args.text_b, args.pad, args.tol, args.seed, notes=notes)
+    began = time.perf_counter()
+
+    def progress(stage: str) -> None:  # on stderr: the table alone goes to stdout
+        print(f"[{time.perf_counter() - began:5.1f} s] {one_line(stage, 66)} …", file=sys.stderr, flush=True)
+
+    rows = parity_rows(model, args.text, args.text_b, args.pad, args.tol, args.seed, notes=notes, progress=progress)
     for note in notes:
         console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
     name = escape(one_line(model))
@@ -91,6 +106,8 @@ def run_models(args: argparse.Namespace) -> int:
 def models_text(width: int = 80) -> str:
     """The built-in names and the architectures read, each entry a name then its text, wrapped to
     `width` columns (at most 80) under a hanging indent; class names are never split."""
+    from .registry import ARCHITECTURES
+
     width = min(width, 80)
 
     def entries(rows) -> list[str]:

@@ -47,11 +47,11 @@ def read_json(path: Path, what: str, kind: type = dict):
     """The JSON file at `path`, which must hold a `kind` (an object by default).
 
     Raises CheckpointError naming the file when it is missing, not JSON, nested too deeply to read,
-    or of another type."""
+    or of another type. A byte-order mark, which Windows editors write, is skipped."""
     if not path.is_file():
         raise CheckpointError(f"{what} {str(path)!r} is missing")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{what} {str(path)!r} is not valid JSON: {error}") from None
     except RecursionError:
@@ -87,6 +87,10 @@ SAFETENSORS_DTYPES = {
 
 # The longest header safetensors itself accepts.
 MAX_HEADER_BYTES = 100_000_000
+# The most tensors one weights file may name. The largest checkpoints keep a few thousand per shard
+# (DeepSeek-V3's 163 shards hold about 95,000 tensors, 600 each); a header naming more (200,000
+# empty tensors, 16 MB of JSON) is refused by counting its entries, before it is parsed or walked.
+MAX_FILE_TENSORS = 65_536
 
 
 def read_safetensors_header(path: Path) -> dict[str, tuple[torch.dtype | None, tuple[int, ...]]]:
@@ -107,13 +111,23 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[torch.dtype | None, t
             if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
                 raise CheckpointError(f"{where} is corrupt or truncated: it does not start with the length of a "
                                       f"safetensors header (of at most {MAX_HEADER_BYTES} bytes, within the file)")
-            header = json.loads(file.read(length))
+            raw = file.read(length)
+            entries = raw.count(b'"data_offsets"')  # each entry's key, once: a name's own quotes are escaped
+            if entries > MAX_FILE_TENSORS:
+                raise CheckpointError(f"{where} names {entries:,} tensors; anatomy reads at most {MAX_FILE_TENSORS:,} "
+                                      "per file (real checkpoints hold a few thousand per shard)")
+            header = json.loads(raw, object_pairs_hook=_once_each)
     except OSError as error:
         raise CheckpointError(f"{where} cannot be read: {shorten(str(error))}") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise CheckpointError(f"{where} is corrupt or truncated: its header is not JSON") from None
+    except _Twice as twice:  # json keeps the last, a reader may keep the first: two views of one file
+        raise CheckpointError(f"{where} is corrupt: its header names {shorten(repr(twice.args[0]))} twice") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{where} is corrupt: its header is not a JSON object")
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"{where} is corrupt: its __metadata__ must map names to strings (the format's rule)")
     data_bytes = size - 8 - length
     tensors = {}
     for name, entry in header.items():
@@ -124,6 +138,19 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[torch.dtype | None, t
             raise CheckpointError(f"{where} is corrupt or truncated: tensor {shorten(name)!r} {problem}")
         tensors[name] = (SAFETENSORS_DTYPES.get(entry["dtype"]), tuple(entry["shape"]))
     return dict(sorted(tensors.items()))  # in safetensors' own order, by name
+
+
+class _Twice(ValueError):
+    """A JSON object naming one key twice."""
+
+
+def _once_each(pairs: list[tuple[str, object]]) -> dict:
+    """json's object_pairs_hook: the object, or _Twice naming a key it gives twice."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen = set()
+        raise _Twice(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return found
 
 
 def _entry_problem(entry, data_bytes: int) -> str | None:
@@ -240,22 +267,27 @@ def _is_shard_name(value) -> bool:
             and value.isprintable())
 
 
-def _open_shard(path: Path):
+def _open_shard(path: Path, real_root: Path, what: str = "weights file"):
+    """The shard at `path`, after checking that it stays inside `real_root` (resolved) and exists:
+    its path is resolved once (`inside`)."""
+    real = inside(path, real_root, what, resolved=True)
     try:
-        found = path.is_file()
+        found = real.is_file()
     except OSError as error:  # a name too long for the file system
         raise CheckpointError(f"weights file {shorten(str(path))!r} cannot be opened: {error.strerror}") from None
     if not found:
-        raise CheckpointError(f"weights file {shorten(str(path))!r} is missing")
+        raise CheckpointError(f"weights file {shorten(str(path))!r} " + ("is not a file" if real.exists() else "is missing"))
     return _SafetensorsShard(path) if path.suffix == ".safetensors" else _PickleShard(path)
 
 
-def inside(path: Path, root: Path, what: str) -> Path:
-    """`path` with symlinks resolved; CheckpointError unless it stays inside `root` (also resolved)."""
+def inside(path: Path, root: Path, what: str, *, resolved: bool = False) -> Path:
+    """`path` with symlinks resolved; CheckpointError unless it stays inside `root` (also resolved,
+    unless `resolved` says it is already: an index of many shards resolves its folder once)."""
     real = path.resolve()
-    if not real.is_relative_to(root.resolve()):
-        raise CheckpointError(f"{what} {str(path)!r} leads outside the checkpoint folder {str(root)!r} (to {str(real)!r}); "
-                              "anatomy reads weights only from inside it")
+    real_root = root if resolved else root.resolve()
+    if not real.is_relative_to(real_root):
+        raise CheckpointError(f"{what} {shorten(str(path))!r} leads outside the checkpoint folder {shorten(str(root))!r} "
+                              f"(to {shorten(str(real))!r}); anatomy reads weights only from inside it")
     return real
 
 
@@ -270,8 +302,7 @@ class Weights:
         self._where: dict[str, object] = {}
         for name in WEIGHT_FILES:
             if (directory / name).is_file():
-                inside(directory / name, root, "weights file")
-                shard = _open_shard(directory / name)
+                shard = _open_shard(directory / name, root.resolve())
                 self._where = {key: shard for key in shard.keys()}
                 self.source = str(directory / name)
                 return
@@ -289,14 +320,16 @@ class Weights:
         weight_map = read_json(path, "shard index").get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"shard index {str(path)!r} has no 'weight_map' object")
+        if not weight_map:
+            raise CheckpointError(f"shard index {str(path)!r} maps no tensors: its 'weight_map' is empty")
         wrong = [f"{k!r}: {v!r}" for k, v in weight_map.items() if not _is_shard_name(v)]
         if wrong:
             raise CheckpointError(f"shard index {shorten(str(path))!r} maps tensors to things that are not weight file "
                                   f"names: {listing(wrong)}")
-        files = sorted(set(weight_map.values()))
-        for file in files:
-            inside(directory / file, root, f"shard {file!r} of {str(path)!r}:")
-        shards = {file: _open_shard(directory / file) for file in files}
+        real_root = root.resolve()
+        # each shard resolved once and opened at once: the first missing one (of 50,000) is refused first
+        shards = {file: _open_shard(directory / file, real_root, f"shard {shorten(file)!r} of {shorten(str(path))!r}:")
+                  for file in sorted(set(weight_map.values()))}
         problems = [f"{key} (listed in {file})" for key, file in weight_map.items() if key not in shards[file].keys()]
         if problems:
             raise CheckpointError(f"shard index {path.name} lists tensors its shards lack: {listing(problems)}")

@@ -14,15 +14,20 @@ from .llama import FLAGS, lineage_architecture, options_off, read_decoder, write
 GEMMA_FLAGS = dict(FLAGS, activation="geglu_tanh", norm_plus_one=True, scale_embeddings=True)
 CLASSES = {"GemmaForCausalLM": "lm", "GemmaModel": "none"}
 # "gelu" in a Gemma config is a legacy spelling of the tanh approximation (transformers reads it so).
+# (transformers 4.57 reads "gelu" in a Gemma (1) config as the exact GELU: a Hub snapshot that says so
+# computes differently there; the folders anatomy writes say gelu_pytorch_tanh.)
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_new", "gelu")
+# The key each version's classes read the activation from (the other one, where present, is unused).
+ACTIVATION_KEYS = {"gemma": "hidden_act", "gemma2": "hidden_activation", "gemma3_text": "hidden_activation"}
 
 
 def read_gemma(hf: dict, model_type: str, head: str, **fields) -> ModelConfig:
     """The fields Gemma 1, 2 and 3 share (their config.json spell them alike), then `fields`."""
     unsupported(model_type, hf, use_bidirectional_attention=False)
-    act = hf.get("hidden_activation") or hf.get("hidden_act", "gelu_pytorch_tanh")
+    key = ACTIVATION_KEYS[model_type]
+    act = hf.get(key) or "gelu_pytorch_tanh"
     if act not in GELU_TANH:
-        raise CheckpointError(f"this {model_type} checkpoint has hidden_act={act!r}; anatomy implements {GELU_TANH}")
+        raise CheckpointError(f"this {model_type} checkpoint has {key}={act!r}; anatomy implements {GELU_TANH}")
     return read_decoder(hf, model_type, head, **{**GEMMA_FLAGS, "tie_embeddings": hf.get("tie_word_embeddings", True),
                                                  "mlp_bias": False, **fields})
 
@@ -43,7 +48,7 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     require("gemma", config, **{**options_off(config), **GEMMA_FLAGS, "attn_out_bias": config.attn_bias,
                                 "mlp_bias": False})
-    return dict(write_decoder(config), hidden_act="gelu_pytorch_tanh", attention_bias=config.attn_bias)
+    return dict(write_decoder(config, "gemma"), hidden_act="gelu_pytorch_tanh", attention_bias=config.attn_bias)
 
 
 ARCHITECTURE = lineage_architecture("gemma", CLASSES, to_config, to_hf_config)

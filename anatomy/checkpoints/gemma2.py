@@ -22,7 +22,7 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     return read_gemma(
         hf, "gemma2", CLASSES[class_name], norm_position="sandwich",
         query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256), attn_softcap=hf.get("attn_logit_softcapping"),
-        final_logit_softcap=hf.get("final_logit_softcapping"), **layer_types(hf),
+        final_logit_softcap=hf.get("final_logit_softcapping"), **layer_types(hf, "gemma2"),
     )
 
 
@@ -33,7 +33,7 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
         "final_logit_softcap": config.final_logit_softcap, "sliding_window": config.sliding_window,
     })
     return dict(
-        write_decoder(config), hidden_act="gelu_pytorch_tanh", attention_bias=config.attn_bias,
+        write_decoder(config, "gemma2"), hidden_activation="gelu_pytorch_tanh", attention_bias=config.attn_bias,
         query_pre_attn_scalar=pre_attn_scalar(config), attn_logit_softcapping=config.attn_softcap,
         final_logit_softcapping=config.final_logit_softcap, **write_layer_types(config),
     )

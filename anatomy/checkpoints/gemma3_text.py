@@ -2,38 +2,27 @@
 RMSNorm (1 + w) on each query and key head (qk_norm="per_head"), a per-layer pattern of sliding and
 full layers (layer_types: five sliding to one full in the released models), and a rotary base of
 the sliding layers' own (rope_parameters["sliding_attention"], rope_local_theta, unscaled) beside
-the full layers' (rope_parameters["full_attention"], possibly "linear"-scaled). Soft-capping is
+the full layers' (rope_parameters["full_attention"], possibly "linear"-scaled; transformers 4 spells
+them rope_local_base_freq, rope_theta and rope_scaling: rope.py). Soft-capping is
 off in the released models but read when a config sets it."""
 
 from __future__ import annotations
 
 from ..config import ModelConfig
 from .engine import require
-from .files import CheckpointError
 from .gemma import GEMMA_FLAGS, pre_attn_scalar, read_gemma
 from .gemma2 import SANDWICH_NORMS
-from .llama import (layer_types, lineage_architecture, options_off, rope_fields, rope_parameters, write_decoder,
-                    write_layer_types)
+from .llama import layer_types, lineage_architecture, options_off, write_decoder, write_layer_types
 
 FLAGS = dict(GEMMA_FLAGS, norm_position="sandwich", qk_norm="per_head")
 CLASSES = {"Gemma3ForCausalLM": "lm", "Gemma3TextModel": "none"}
-
-
-def _ropes(hf: dict) -> dict:
-    rope = hf.get("rope_parameters") or {}
-    full = rope.get("full_attention", {"rope_theta": hf.get("rope_theta", 1_000_000.0)})
-    local = rope.get("sliding_attention", {"rope_theta": hf.get("rope_local_base_freq", 10_000.0)})
-    if local.get("rope_type", "default") != "default":
-        raise CheckpointError(f"this gemma3_text checkpoint scales the sliding layers' rope ({local}); "
-                              "anatomy implements scaling on the full layers only")
-    return dict(rope_fields(hf, "gemma3_text", full), rope_local_theta=float(local.get("rope_theta", 10_000.0)))
 
 
 def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     return read_gemma(
         hf, "gemma3_text", CLASSES[class_name], norm_position="sandwich", qk_norm="per_head",
         query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256), attn_softcap=hf.get("attn_logit_softcapping"),
-        final_logit_softcap=hf.get("final_logit_softcapping"), **layer_types(hf), **_ropes(hf),
+        final_logit_softcap=hf.get("final_logit_softcapping"), **layer_types(hf, "gemma3_text"),
     )
 
 
@@ -44,13 +33,10 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
         "final_logit_softcap": config.final_logit_softcap, "sliding_window": config.sliding_window,
         "rope_local_theta": config.rope_local_theta,
     })
-    local = config.rope_theta if config.rope_local_theta is None else config.rope_local_theta
     return dict(
-        write_decoder(config), hidden_activation="gelu_pytorch_tanh", attention_bias=config.attn_bias,
+        write_decoder(config, "gemma3_text"), hidden_activation="gelu_pytorch_tanh", attention_bias=config.attn_bias,
         query_pre_attn_scalar=pre_attn_scalar(config), attn_logit_softcapping=config.attn_softcap,
         final_logit_softcapping=config.final_logit_softcap, **write_layer_types(config),
-        rope_parameters={"full_attention": rope_parameters(config),
-                         "sliding_attention": {"rope_type": "default", "rope_theta": local}},
     )
 
 

@@ -85,7 +85,7 @@ GGUF_ARCHITECTURES = {
     "gemma": GgufArchitecture("gemma", permuted_qk=False, norm_offset=1.0, fixed={"hidden_act": "gelu_pytorch_tanh"}),
     # Gemma 2's four norms a layer; llama.cpp scales scores by 1/sqrt(head width) (its 27B excepted)
     "gemma2": GgufArchitecture(
-        "gemma2", permuted_qk=False, norm_offset=1.0, fixed={"hidden_act": "gelu_pytorch_tanh"}, swa_pattern=2,
+        "gemma2", permuted_qk=False, norm_offset=1.0, fixed={"hidden_activation": "gelu_pytorch_tanh"}, swa_pattern=2,
         keys={"attention.sliding_window": "sliding_window", "attn_logit_softcapping": "attn_logit_softcapping",
               "final_logit_softcapping": "final_logit_softcapping"},
         same_as={"query_pre_attn_scalar": "head_dim"},

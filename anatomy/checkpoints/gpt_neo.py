@@ -23,10 +23,10 @@ LAYER_TYPES = {"global": "full", "local": "sliding"}  # GPT-Neo's names -> anato
 
 
 def _layer_types(hf: dict, n_layers: int) -> tuple[str, ...]:
-    names = hf.get("attention_layers")
-    if not names:  # attention_types: [[["global", "local"], repeats], ...]
-        names = [name for kinds, repeats in hf.get("attention_types", [[["global"], n_layers]])
-                 for _ in range(repeats) for name in kinds]
+    # attention_types: [[["global", "local"], repeats], ...]; both versions expand it into attention_layers,
+    # and take attention_layers as config.json gives it where it does
+    types = hf.get("attention_types", [[["global"], n_layers]])
+    names = hf.get("attention_layers") or [name for kinds, repeats in types for _ in range(repeats) for name in kinds]
     unknown = sorted(set(names) - set(LAYER_TYPES))
     if unknown or len(names) != n_layers:
         raise CheckpointError(

@@ -10,7 +10,8 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .common import activation, field, pad_id, to_hf_activation, unsupported
 from .engine import Architecture, Rule, require
-from .llama import options_off, rope_fields, rope_parameters
+from .llama import options_off
+from .rope import read_rope, write_rope
 
 FLAGS = dict(
     arch="decoder", pos_encoding="rotary", rotary_layout="halves", norm="layernorm", norm_position="pre",
@@ -24,19 +25,18 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     unsupported("gpt_neox", hf, is_decoder=False, add_cross_attention=False)
     n_heads, d_model = field(hf, "num_attention_heads", "gpt_neox"), field(hf, "hidden_size", "gpt_neox")
     d_head = d_model // n_heads
-    rope = hf.get("rope_parameters") or {}
-    fraction = rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25))
+    rope = read_rope(hf, "gpt_neox")  # rotary_emb_base and rotary_pct, or rope_parameters
     bias = bool(hf.get("attention_bias", True))
     return ModelConfig(
         **FLAGS,
         vocab_size=field(hf, "vocab_size", "gpt_neox"), d_model=d_model, n_heads=n_heads, d_head=d_head,
-        rotary_dim=int(d_head * fraction), n_layers=field(hf, "num_hidden_layers", "gpt_neox"),
+        rotary_dim=int(d_head * rope.pop("fraction")), n_layers=field(hf, "num_hidden_layers", "gpt_neox"),
         d_ff=field(hf, "intermediate_size", "gpt_neox"), max_seq_len=field(hf, "max_position_embeddings", "gpt_neox"),
         activation=activation(hf, "hidden_act", "gpt_neox", "gelu"), norm_eps=hf.get("layer_norm_eps", 1e-5),
         attn_bias=bias, attn_out_bias=bias, parallel_residual=bool(hf.get("use_parallel_residual", True)),
         dropout=hf.get("hidden_dropout", 0.0), attn_dropout=hf.get("attention_dropout", 0.0),
         head=CLASSES[class_name], tie_embeddings=hf.get("tie_word_embeddings", False), pad_token_id=pad_id(hf),
-        **rope_fields(hf, "gpt_neox"),
+        **rope,
     )
 
 
@@ -52,8 +52,7 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
         hidden_act=to_hf_activation(config.activation, "gpt_neox"), layer_norm_eps=config.norm_eps,
         attention_bias=config.attn_bias, use_parallel_residual=config.parallel_residual,
         hidden_dropout=config.dropout, attention_dropout=config.effective_attn_dropout,
-        rope_parameters=dict(rope_parameters(config), partial_rotary_factor=config.rotary_dim / config.d_head),
-        tie_word_embeddings=config.tie_embeddings, pad_token_id=config.pad_token_id,
+        **write_rope(config, "gpt_neox"), tie_word_embeddings=config.tie_embeddings, pad_token_id=config.pad_token_id,
     )
 
 

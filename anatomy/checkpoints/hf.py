@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..config import SPECIAL_TOKEN_FIELDS, ConfigError, ModelConfig
+from .config_keys import ReadKeys, leave_out_unknown_keys, warn_unknown_keys
 from .engine import Architecture, Rule, check_fit, expand, export, load_into
 from .files import CheckpointError, Weights, check_finite, read_json, shorten
 from .writing import write_safetensors
@@ -30,7 +32,7 @@ from .registry import ARCHITECTURES
 from .sentence import sentence_transformers_config
 
 CONFIG_FILE = "config.json"
-# config.json's "dtype" (transformers >= 4.56; "torch_dtype" before) -> the torch dtype
+# config.json's "dtype" (transformers >= 4.56; "torch_dtype" before, still read by 4.56 to 5.x) -> the torch dtype
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -39,13 +41,14 @@ def architecture_for(hf: dict, where: str) -> tuple[Architecture, str]:
     model_type = hf.get("model_type")
     if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         raise CheckpointError(
-            f"model_type={model_type!r} in {where} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
+            f"model_type={shorten(repr(model_type), 80)} in {shorten(where)} is not supported; supported: "
+            f"{', '.join(sorted(ARCHITECTURES))}"
         )
     arch = ARCHITECTURES[model_type]
     names = hf.get("architectures") or [next(iter(arch.classes))]
     known = [n for n in names if isinstance(n, str) and n in arch.classes] if isinstance(names, list) else []
     if not known:
-        raise CheckpointError(f"architectures={names!r} in {where}: anatomy implements "
+        raise CheckpointError(f"architectures={shorten(repr(names), 120)} in {shorten(where)}: anatomy implements "
                               f"{', '.join(arch.classes)} for {model_type}")
     return arch, known[0]
 
@@ -122,7 +125,8 @@ def config_from_hf(hf: dict, weights, attn_impl: str | None = None) -> tuple[Mod
     Every size is bounded before anything is built from it: numbers finite, layer and expert
     counts within the number of tensors, widths within the longest axis (memory.check_claimed_sizes),
     then the built config's sizes again (memory.check_config_sizes). Raises CheckpointError naming
-    the weights' source for a config anatomy cannot build or sizes the weights do not back."""
+    the weights' source for a config anatomy cannot build or sizes the weights do not back; warns
+    (config_keys.UnknownConfigKeysWarning) naming the keys it neither reads nor knows to be harmless."""
     source = weights.source
     keys = set(weights)
     arch, class_name = architecture_for(hf, repr(source))
@@ -133,14 +137,16 @@ def config_from_hf(hf: dict, weights, attn_impl: str | None = None) -> tuple[Mod
     for name in POSITION_FIELDS:
         if hf.get(name) is not None and (type(hf[name]) is not int or hf[name] < 1):
             raise CheckpointError(f"{what} gives {name}={shorten(repr(hf[name]), 40)}; it must be an integer >= 1")
+    recorded = ReadKeys(hf)  # which keys the reader looks at: the others are named in a warning
     try:
-        config = arch.to_config(hf, class_name, keys)
-        config = config.replace(**special_ids(hf, config.vocab_size, exclude=config.to_dict()))
+        config = arch.to_config(recorded, class_name, keys)
+        config = config.replace(**special_ids(recorded, config.vocab_size, exclude=config.to_dict()))
         if attn_impl is not None:
             config = config.replace(attn_impl=attn_impl)
     except (ConfigError, TypeError, ValueError, KeyError, AttributeError, ArithmeticError) as error:
         raise CheckpointError(f"{what} describes a model anatomy cannot build: {shorten(str(error), 300)}") from None
     check_config_sizes(config, weights, source)
+    config.extra["hf_unknown_keys"] = warn_unknown_keys(recorded, arch.model_type, repr(shorten(source)))
     return config, arch, class_name
 
 
@@ -198,18 +204,29 @@ def architecture_of(config: ModelConfig) -> tuple[Architecture, str]:
 
 
 def save_folder(model: nn.Module, directory: Path, arch: Architecture, class_name: str, max_shard_size: int | str) -> Path:
-    """config.json + the weights (one file, or shards and an index beyond max_shard_size)."""
+    """config.json + the weights (one file, or shards and an index beyond max_shard_size).
+
+    config.json holds each setting in every spelling transformers 4.57 and 5 read (rope.py), so that
+    both compute the same model. Where an architecture's writer finds that they cannot, it names the
+    first version that reads the config as anatomy does (transformers_version), and a warning says so."""
     config: ModelConfig = model.config
     hf = dict(config.extra.get("hf_config", {})) if config.extra.get("hf_config", {}).get("model_type") == arch.model_type else {}
+    hf = leave_out_unknown_keys(hf, config.extra.get("hf_unknown_keys", []))
+    hf.pop("transformers_version", None)
     hf.update(arch.to_hf_config(config, class_name))
+    if "transformers_version" in hf:
+        warnings.warn(f"save_pretrained: transformers before {hf['transformers_version']} reads this {arch.model_type} "
+                      "config as another model; config.json names the version it needs (transformers_version)",
+                      stacklevel=4)
     hf.update({name: getattr(config, name) for name in SPECIAL_TOKEN_FIELDS if getattr(config, name) is not None})
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):  # null, or each version's class invents its own
+        hf.setdefault(name, None)
     tensors = export(model, rules_for(arch, config, prefixed=class_name not in arch.base_classes))
     floating = [t.dtype for t in tensors.values() if t.is_floating_point()]
     hf.update(model_type=arch.model_type, architectures=[class_name])
     hf.pop("torch_dtype", None)
-    hf.pop("transformers_version", None)
-    if floating:
-        hf["dtype"] = str(floating[0]).removeprefix("torch.")
+    if floating:  # both spellings: transformers before 4.56 reads only torch_dtype
+        hf["dtype"] = hf["torch_dtype"] = str(floating[0]).removeprefix("torch.")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / CONFIG_FILE).write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     write_safetensors(tensors, directory, max_shard_size)

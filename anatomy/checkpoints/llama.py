@@ -1,6 +1,6 @@
 """Llama: pre-norm with RMSNorm, rotary positions (the rotate_half layout), SwiGLU, grouped-query
 attention, no biases; the LM head is tied to the embeddings or not, as the config says. RoPE
-scaling ("linear", "llama3") as the config's rope_parameters say.
+scaling ("linear", "llama3") as the config says (rope.py reads and writes both spellings).
 
 The Llama lineage (Mistral, Mixtral, Qwen2/3, Gemma 1/2/3, OLMo 2, Phi-3) keeps these names and
 this config vocabulary, so its files build on the readers and rule groups here: `read_decoder`
@@ -10,10 +10,14 @@ and `write_decoder` for the config fields they share, `embedding_rules`, `norm_r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from ..config import ModelConfig
 from .common import field, pad_id, unsupported
 from .engine import Architecture, Rule, require
 from .files import CheckpointError
+from .rope import read_rope, write_rope
 
 FLAGS = dict(
     arch="decoder", pos_encoding="rotary", norm="rmsnorm", norm_position="pre", final_norm=True,
@@ -23,54 +27,53 @@ FLAGS = dict(
 CLASSES = {"LlamaForCausalLM": "lm", "LlamaModel": "none"}
 # Hugging Face norm name in a layer -> anatomy's, for a pre-norm block.
 PRE_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}
-# rope_type -> the rope_parameters fields it reads, and the ModelConfig fields they fill.
-ROPE_SCALING_FIELDS = {
-    "default": {},
-    "linear": {"factor": "rope_scaling_factor"},
-    "llama3": {"factor": "rope_scaling_factor", "low_freq_factor": "rope_low_freq_factor",
-               "high_freq_factor": "rope_high_freq_factor",
-               "original_max_position_embeddings": "rope_original_max_len"},
+
+
+@dataclass(frozen=True)
+class Windows:
+    """How an architecture's config class fills in sliding windows: `default`, the window when
+    config.json has no sliding_window; `switch`, a flag that must be true for any window at all;
+    `slides(hf, i)`, whether layer i slides when config.json has no layer_types (None: every layer)."""
+    default: int | None = None
+    switch: str | None = None
+    slides: Callable[[dict, int], bool] | None = None
+
+
+# model_type -> what its config class puts where config.json is silent about sliding windows
+# (both transformers 4.57 and 5 fill them in alike); the others have no window unless one is given.
+WINDOWS = {
+    "mistral": Windows(default=4096),
+    "qwen2": Windows(default=4096, switch="use_sliding_window", slides=lambda hf, i: i >= hf.get("max_window_layers", 28)),
+    "qwen3": Windows(default=4096, switch="use_sliding_window", slides=lambda hf, i: i >= hf.get("max_window_layers", 28)),
+    "gemma2": Windows(default=4096, slides=lambda hf, i: (i + 1) % 2 != 0),  # sliding, full, sliding, ...
+    "gemma3_text": Windows(default=4096, slides=lambda hf, i: (i + 1) % hf.get("sliding_window_pattern", 6) != 0),
 }
 
 
 # config.json <-> ModelConfig ---------------------------------------------------------------------
 
-def rope_fields(hf: dict, model_type: str, rope: dict | None = None) -> dict:
-    """rope_parameters (or the older rope_scaling / rope_theta) -> ModelConfig fields."""
-    rope = rope if rope is not None else (hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind not in ROPE_SCALING_FIELDS:
-        raise CheckpointError(f"this {model_type} checkpoint uses rope_type={kind!r}; "
-                              f"anatomy implements {', '.join(map(repr, ROPE_SCALING_FIELDS))}")
-    fields = {"rope_theta": float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))}
-    if kind != "default":
-        fields["rope_scaling"] = kind
-    for hf_name, name in ROPE_SCALING_FIELDS[kind].items():
-        if hf_name not in rope:
-            raise CheckpointError(f"this {model_type} checkpoint's {kind} rope_parameters lack {hf_name!r}")
-        fields[name] = int(rope[hf_name]) if name == "rope_original_max_len" else float(rope[hf_name])
-    return fields
-
-
-def rope_parameters(config: ModelConfig) -> dict:
-    """The inverse of rope_fields: rope_parameters for config.json."""
-    kind = "default" if config.rope_scaling == "none" else config.rope_scaling
-    return {"rope_type": kind, "rope_theta": config.rope_theta,
-            **{hf_name: getattr(config, name) for hf_name, name in ROPE_SCALING_FIELDS[kind].items()}}
-
-
-def layer_types(hf: dict) -> dict:
+def layer_types(hf: dict, model_type: str) -> dict:
     """sliding_window and layer_types ("full_attention" / "sliding_attention") -> ModelConfig fields.
 
-    Without layer_types, a sliding_window applies to every layer (Mistral, Phi-3)."""
-    window, kinds = hf.get("sliding_window"), hf.get("layer_types")
-    if kinds is None:
+    A config.json without layer_types (written before transformers had it: Gemma 2 and 3, Qwen2 on
+    the Hub) gets the kinds its config class derives (WINDOWS); without that either, the window
+    applies to every layer (Mistral, Mixtral, Phi-3). No window (Qwen's use_sliding_window false):
+    every layer attends fully, whatever layer_types says."""
+    rule = WINDOWS.get(model_type, Windows())
+    window = hf.get("sliding_window", rule.default)
+    if rule.switch is not None and not hf.get(rule.switch, False):
+        window = None
+    kinds = hf.get("layer_types")
+    if kinds is None and rule.slides is None:
         return {"sliding_window": window}
+    if kinds is None:
+        n_layers = field(hf, "num_hidden_layers", model_type)
+        kinds = ["sliding_attention" if rule.slides(hf, i) else "full_attention" for i in range(n_layers)]
     names = {"full_attention": "full", "sliding_attention": "sliding"}
     unknown = sorted(set(kinds) - set(names))
     if unknown:
         raise CheckpointError(f"layer_types has {unknown}; anatomy implements {sorted(names)}")
-    kinds = tuple(names[k] for k in kinds)
+    kinds = tuple(names[k] if window is not None else "full" for k in kinds)
     return {"sliding_window": window if "sliding" in kinds else None, "layer_types": kinds}
 
 
@@ -88,8 +91,9 @@ def read_decoder(hf: dict, model_type: str, head: str, **fields) -> ModelConfig:
         norm_eps=hf.get("rms_norm_eps", 1e-6), attn_bias=bias, attn_out_bias=bias,
         mlp_bias=bool(hf.get("mlp_bias", False)), dropout=0.0, attn_dropout=hf.get("attention_dropout", 0.0),
         head=head, tie_embeddings=hf.get("tie_word_embeddings", False), pad_token_id=pad_id(hf),
-        **rope_fields(hf, model_type),
     )
+    rope = read_rope(hf, model_type)
+    values.update(rope, rotary_dim=int(values["d_head"] * rope.pop("fraction")))
     values.update(fields)
     return ModelConfig(**values)
 
@@ -105,19 +109,20 @@ def options_off(config: ModelConfig) -> dict:
     )
 
 
-def write_decoder(config: ModelConfig) -> dict:
-    """The config.json fields every Llama-lineage model shares."""
+def write_decoder(config: ModelConfig, model_type: str) -> dict:
+    """The config.json fields every Llama-lineage model shares, the rotary settings in both spellings."""
     return dict(
         vocab_size=config.vocab_size, hidden_size=config.d_model, num_attention_heads=config.n_heads,
         num_key_value_heads=config.n_kv_heads, head_dim=config.d_head, num_hidden_layers=config.n_layers,
         intermediate_size=config.d_ff, max_position_embeddings=config.max_seq_len,
-        rope_parameters=rope_parameters(config), rms_norm_eps=config.norm_eps,
+        **write_rope(config, model_type), rms_norm_eps=config.norm_eps,
         attention_dropout=config.effective_attn_dropout, tie_word_embeddings=config.tie_embeddings,
         pad_token_id=config.pad_token_id,
     )
 
 
 def write_layer_types(config: ModelConfig) -> dict:
+    """sliding_window and layer_types, as transformers 4.57 and 5 both read them."""
     names = {"full": "full_attention", "sliding": "sliding_attention"}
     return {"sliding_window": config.sliding_window, "layer_types": [names[k] for k in config.layer_types]}
 
@@ -171,7 +176,8 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     require("llama", config, **{**options_off(config), **FLAGS, "attn_out_bias": config.attn_bias})
-    return dict(write_decoder(config), hidden_act="silu", attention_bias=config.attn_bias, mlp_bias=config.mlp_bias)
+    return dict(write_decoder(config, "llama"), hidden_act="silu", attention_bias=config.attn_bias,
+                mlp_bias=config.mlp_bias)
 
 
 def lineage_architecture(model_type: str, classes: dict[str, str], to_config, to_hf_config, *,

@@ -39,6 +39,7 @@ from torch.nn.modules.module import register_module_parameter_registration_hook
 from torch.overrides import TorchFunctionMode
 
 from ..config import ModelConfig
+from ..initialization import INIT_FUNCTIONS
 from ..models import FAMILIES
 from .engine import Rule
 from .files import CheckpointError, shorten
@@ -69,12 +70,9 @@ def _parameter_to_meta(module: nn.Module, name: str, parameter: nn.Parameter | N
 
 register_module_parameter_registration_hook(_parameter_to_meta)
 
-# torch.nn.init's in-place initialisers, skipped on meta tensors while building a model whose weights
-# come from a file: a meta tensor holds no values, and the first initialiser run on one imports
-# torch's decompositions (about a second).
-INIT_FUNCTIONS = frozenset(getattr(nn.init, name) for name in (
-    "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
-    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_"))
+# torch.nn.init's in-place initialisers (INIT_FUNCTIONS) are skipped on meta tensors while building a
+# model whose weights come from a file: a meta tensor holds no values, and the first initialiser run
+# on one imports torch's decompositions (about a second).
 
 
 class _SkipInitOnMeta(TorchFunctionMode):

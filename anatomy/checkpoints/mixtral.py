@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .common import field, unsupported
 from .engine import Rule, require
-from .llama import BLOCK, FLAGS, LAYER, lineage_architecture, options_off, read_decoder, write_decoder
+from .llama import BLOCK, FLAGS, LAYER, layer_types, lineage_architecture, options_off, read_decoder, write_decoder
 
 CLASSES = {"MixtralForCausalLM": "lm", "MixtralModel": "none"}
 EXPERT_WEIGHTS = {"w1": "fc_gate", "w3": "fc_in", "w2": "fc_out"}  # down(silu(w1 x) * w3 x) = w2(...)
@@ -20,7 +20,7 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
         hf, "mixtral", CLASSES[class_name], attn_bias=False, attn_out_bias=False, mlp_bias=False,
         n_experts=field(hf, "num_local_experts", "mixtral"),
         n_experts_per_token=field(hf, "num_experts_per_tok", "mixtral"),
-        sliding_window=hf.get("sliding_window"),
+        **layer_types(hf, "mixtral"),
     )
 
 
@@ -30,7 +30,7 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
         "n_experts": max(config.n_experts, 1), "sliding_window": config.sliding_window,
         "layer_types": config.layer_types[:1] * config.n_layers,  # one window for every layer, or none
     })
-    return dict(write_decoder(config), hidden_act="silu", num_local_experts=config.n_experts,
+    return dict(write_decoder(config, "mixtral"), hidden_act="silu", num_local_experts=config.n_experts,
                 num_experts_per_tok=config.n_experts_per_token, sliding_window=config.sliding_window)
 
 

@@ -24,7 +24,7 @@ def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     require("olmo2", config, **{**options_off(config), **FLAGS, "attn_out_bias": config.attn_bias, "mlp_bias": False})
-    return dict(write_decoder(config), hidden_act="silu", attention_bias=config.attn_bias)
+    return dict(write_decoder(config, "olmo2"), hidden_act="silu", attention_bias=config.attn_bias)
 
 
 ARCHITECTURE = lineage_architecture("olmo2", CLASSES, to_config, to_hf_config, norms=OUTPUT_NORMS)

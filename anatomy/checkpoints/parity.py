@@ -13,6 +13,7 @@ positions are compared (padded queries compute values nobody reads).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,10 +186,14 @@ def quiet_progress_bars():
 
 
 def parity_rows(path: str | Path, texts=None, text_b: str | None = None, pad: bool = False,
-                tol: float = 1e-5, seed: int = 0, notes: list[str] | None = None) -> list[ParityRow]:
+                tol: float = 1e-5, seed: int = 0, notes: list[str] | None = None,
+                progress: Callable[[str], None] | None = None) -> list[ParityRow]:
     """Compare every pairable intermediate of anatomy and transformers on one input; one row each.
     A text longer than the model's positions is cut, and `notes` (if given) says so. A NaN
-    difference is a failed row."""
+    difference is a failed row. `progress`, if given, is called with each stage's name as it starts
+    (importing transformers, each load, each pass, the comparison): SmolLM2 takes 20-30 s."""
+    say = progress or (lambda stage: None)
+    say("importing transformers")
     import transformers
 
     source = locate(path)
@@ -199,13 +204,17 @@ def parity_rows(path: str | Path, texts=None, text_b: str | None = None, pad: bo
     if source.kind == "gguf":  # the reference is transformers' own GGUF loader, on the same file
         file = gguf_file(source.path)
         directory, tokenizer = file.parent, gguf_tokenizer(file)
+        say(f"loading {file.name} with anatomy")
         ours = load_gguf(file)
+        say("loading it with transformers' GGUF reader")
         with quiet_progress_bars():
             theirs = transformers.AutoModelForCausalLM.from_pretrained(
                 str(directory), gguf_file=file.name, attn_implementation="eager", dtype=torch.float32).eval()
     else:
         _, _, class_name = read_config(directory)
+        say(f"loading {directory.name} with anatomy")
         ours = from_pretrained(directory, dtype=torch.float32)
+        say(f"loading it with transformers ({class_name})")
         with quiet_progress_bars():
             theirs = getattr(transformers, class_name).from_pretrained(
                 str(directory), attn_implementation="eager", dtype=torch.float32
@@ -214,6 +223,7 @@ def parity_rows(path: str | Path, texts=None, text_b: str | None = None, pad: bo
     x = make_inputs(directory, config, texts, text_b, pad, seed, notes, tokenizer)
     padded = not bool(x.mask.all()) or (x.tgt_mask is not None and not bool(x.tgt_mask.all()))
     flags = dict(output_hidden_states=True, output_attentions=True, return_dict=True)
+    say(f"running transformers on {x.ids.size(0)} × {x.ids.size(1)} tokens, every intermediate kept")
     with torch.no_grad():
         if config.arch == "encoder-decoder":
             out = theirs(input_ids=x.ids, attention_mask=x.mask.long(), decoder_input_ids=x.tgt_ids,
@@ -235,6 +245,7 @@ def parity_rows(path: str | Path, texts=None, text_b: str | None = None, pad: bo
                 pairs.append(("pooled", "pooler_output", out.pooler_output, None))
             if getattr(out, "logits", None) is not None:
                 pairs.append(("logits", "logits", out.logits, x.mask if out.logits.dim() == 3 else None))
+        say(f"running anatomy, tracing {len(pairs)} intermediates")
         with trace(ours, [p[0] for p in pairs]) as t:
             if config.arch == "encoder-decoder":
                 ours(x.ids, x.tgt_ids, x.mask if padded else None, x.tgt_mask if padded else None)
@@ -242,6 +253,7 @@ def parity_rows(path: str | Path, texts=None, text_b: str | None = None, pad: bo
                 ours(x.ids, padding_mask=x.mask if padded else None, token_type_ids=x.token_types)
             else:
                 ours(x.ids, padding_mask=x.mask if padded else None)
+    say(f"comparing {len(pairs)} intermediates")
     rows = []
     for name, reference, value, mask in pairs:
         mine = t[name]

@@ -7,21 +7,17 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .common import unsupported
 from .engine import Architecture, Rule, require
-from .llama import (BLOCK, FLAGS, LAYER, PRE_NORMS, embedding_rules, norm_rules, options_off, read_decoder,
-                    write_decoder)
+from .llama import (BLOCK, FLAGS, LAYER, PRE_NORMS, embedding_rules, layer_types, norm_rules, options_off,
+                    read_decoder, write_decoder)
 
 CLASSES = {"Phi3ForCausalLM": "lm", "Phi3Model": "none"}
 
 
 def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     unsupported("phi3", hf, hidden_act="silu")
-    n_heads, d_model = hf.get("num_attention_heads"), hf.get("hidden_size")
-    d_head = hf.get("head_dim") or (d_model // n_heads if n_heads and d_model else None)
-    fraction = (hf.get("rope_parameters") or {}).get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-    return read_decoder(
+    return read_decoder(  # partial_rotary_factor: read with the rotary settings (rope.py)
         hf, "phi3", CLASSES[class_name], attn_bias=False, attn_out_bias=False, mlp_bias=False,
-        rotary_dim=int(d_head * fraction) if d_head else None, sliding_window=hf.get("sliding_window"),
-        norm_eps=hf.get("rms_norm_eps", 1e-5), dropout=hf.get("resid_pdrop", 0.0),
+        **layer_types(hf, "phi3"), norm_eps=hf.get("rms_norm_eps", 1e-5), dropout=hf.get("resid_pdrop", 0.0),
     )
 
 
@@ -30,10 +26,9 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
         **options_off(config), **FLAGS, "attn_bias": False, "attn_out_bias": False, "mlp_bias": False,
         "rotary_dim": config.rotary_dim, "sliding_window": config.sliding_window,
         "layer_types": config.layer_types[:1] * config.n_layers,  # one window for every layer, or none
+        "rope_scaling": "none",  # both versions' Phi-3 read "longrope" scaling only, which anatomy does not implement
     })
-    hf = write_decoder(config)
-    hf["rope_parameters"]["partial_rotary_factor"] = config.rotary_dim / config.d_head
-    return dict(hf, hidden_act="silu", sliding_window=config.sliding_window, resid_pdrop=config.dropout,
+    return dict(write_decoder(config, "phi3"), hidden_act="silu", sliding_window=config.sliding_window, resid_pdrop=config.dropout,
                 embd_pdrop=config.dropout)
 
 

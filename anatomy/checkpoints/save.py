@@ -6,6 +6,8 @@ from pathlib import Path
 
 from torch import nn
 
+from ..models import register_saver
+
 from .files import CheckpointError
 from .writing import parse_size, staged_folder
 from .hf import architecture_of, save_folder
@@ -49,3 +51,6 @@ def save_pretrained(model: nn.Module, directory: str | Path, format: str = "auto
         if getattr(model, "tokenizer", None) is not None:
             model.tokenizer.save(staging)
     return out
+
+
+register_saver(save_pretrained)  # the writer behind model.save_pretrained

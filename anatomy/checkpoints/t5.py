@@ -5,7 +5,9 @@ bidirectional buckets in the encoder, causal ones in the decoder); cross-attenti
 Scores are not divided by sqrt(d_head) (query_pre_attn_scalar=1), norms are RMSNorm (T5's
 LayerNorm has no mean and no bias), pre-norm with a final norm per stack, no biases anywhere.
 feed_forward_proj "relu" is wi, wo; "gated-gelu" (Flan-T5) is wo(gelu_tanh(wi_0 x) * wi_1 x).
-A head tied to the embeddings reads h * d_model^-0.5 (scale_decoder_outputs in transformers 5).
+A head tied to the embeddings reads h * d_model^-0.5 (scale_decoder_outputs in transformers 5, which
+may also rescale an untied head, or not a tied one: transformers 4 cannot, and such a folder names
+transformers_version 5.0.0).
 T5EncoderModel is the encoder stack alone (arch="encoder", no head)."""
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ ARCHS = {"lm": "encoder-decoder", "none": "encoder"}  # the head each class has 
 # feed_forward_proj -> anatomy activation ("gated-gelu" is the tanh GELU, for backward compatibility)
 FEED_FORWARDS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "silu": "silu", "gated-gelu": "geglu_tanh",
                  "gated-gelu_new": "geglu_tanh", "gated-silu": "swiglu"}
+# The first transformers that reads scale_decoder_outputs: before it, a head is rescaled exactly when it is tied.
+RESCALE_UNTIED = "5.0.0"
 TO_FEED_FORWARD = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu", "geglu_tanh": "gated-gelu",
                    "swiglu": "gated-silu"}
 
@@ -71,6 +75,8 @@ def to_hf_config(config: ModelConfig, class_name: str) -> dict:
     if seq2seq:
         hf.update(num_decoder_layers=config.decoder_n_layers, tie_word_embeddings=config.tie_embeddings,
                   scale_decoder_outputs=config.lm_head_rescale, decoder_start_token_id=config.decoder_start_token_id)
+    if seq2seq and config.lm_head_rescale != config.tie_embeddings:
+        hf["transformers_version"] = RESCALE_UNTIED  # transformers 4 rescales exactly when the head is tied
     return hf
 
 

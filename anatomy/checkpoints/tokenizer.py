@@ -29,8 +29,9 @@ from tokenizers import Tokenizer as Backend
 from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer
 
 from ..inputs import pad_batch
+from ..text import InputError, check_text
 from .chat import render_chat, turn_end
-from .files import CheckpointError, read_json
+from .files import CheckpointError, read_json, shorten
 from .token_text import piece_decoder, visible
 
 ROLES = ("bos", "eos", "pad", "unk", "mask")
@@ -83,7 +84,12 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True, *, add_bos: bool = False,
                      add_eos: bool = False, max_length: int | None = None, prompt: bool = False) -> list[list[int]]:
         """`encode` for many texts at once (the Rust side runs them in parallel). max_length cuts
-        the text, not the template: BERT's final [SEP] stays. prompt: see `encode_prompt`."""
+        the text, not the template: BERT's final [SEP] stays. prompt: see `encode_prompt`.
+        Raises InputError (a ValueError) for a text that is not a str of Unicode characters (a lone
+        surrogate, named with its position: anatomy.text.check_text)."""
+        if isinstance(texts, str):
+            raise InputError("encode_batch takes a list of texts, got one str (use encode)")
+        texts = [check_text(t, "text" if len(texts) == 1 else f"texts[{i}]", empty=True) for i, t in enumerate(texts)]
         head = [self._required("bos")] if add_bos else []
         tail = [self._required("eos")] if add_eos else []
         backend = self.backend if max_length is None else self._truncating(max_length)
@@ -371,8 +377,14 @@ def _chat_template(directory: Path, settings: dict) -> str | None:
                                   f"byte {error.start})") from None
     template = settings.get("chat_template")
     if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template
-                 if isinstance(t, dict) and isinstance(t.get("name"), str)}
+        named = {}
+        for i, entry in enumerate(template):  # transformers' list of {"name", "template"}, every entry checked
+            if (not isinstance(entry, dict) or not isinstance(entry.get("name"), str)
+                    or not isinstance(entry.get("template"), str) or entry["name"] in named):
+                raise CheckpointError(f"{str(directory / SETTINGS_FILE)!r} has a malformed chat_template entry "
+                                      f"[{i}]: {shorten(repr(entry), 120)}; each must be "
+                                      '{"name": a string of its own, "template": a string}')
+            named[entry["name"]] = entry["template"]
         template = named.get("default")
     if template is not None and not isinstance(template, str):
         raise CheckpointError(f"{str(directory / SETTINGS_FILE)!r} has a chat_template that is a "

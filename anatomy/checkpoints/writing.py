@@ -92,7 +92,7 @@ STAGING = ".{name}.saving-{pid}-"
 
 
 @contextmanager
-def staged_folder(target: Path) -> Iterator[Path]:
+def staged_folder(target: Path, replaces: tuple[str, ...] = SAVED_FILES) -> Iterator[Path]:
     """A hidden folder beside `target` to write a checkpoint into, moved into place when the block
     ends without an error, so that a save that is interrupted leaves nothing in `target`.
 
@@ -101,7 +101,8 @@ def staged_folder(target: Path) -> Iterator[Path]:
     left in the staging folder, which the next save beside it removes (a staging folder whose
     process is gone). A `target` that does not exist becomes the staging folder, renamed (atomic);
     one that exists gets each new file by os.replace, and loses the files an earlier save wrote
-    that this one did not (SAVED_FILES: a stale model.safetensors would be read before new shards)."""
+    that this one did not (`replaces`, the patterns of the files a save writes; by default SAVED_FILES: a
+    stale model.safetensors would be read before new shards)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_staging(target)
     staging = Path(tempfile.mkdtemp(prefix=STAGING.format(name=target.name, pid=os.getpid()), dir=target.parent))
@@ -112,7 +113,7 @@ def staged_folder(target: Path) -> Iterator[Path]:
             os.replace(staging, target)
             return
         written = {path.name for path in staging.iterdir()}
-        for pattern in SAVED_FILES:
+        for pattern in replaces:
             for stale in target.glob(pattern):
                 if stale.name not in written and stale.is_file():
                     stale.unlink()

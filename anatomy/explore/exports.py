@@ -11,11 +11,12 @@ from pathlib import Path
 
 import torch
 
-from ..analysis import attention_rollout, direct_logit_attribution, gradient_x_input, integrated_gradients, logit_lens
+from ..analysis import attention_rollout, direct_logit_attribution, gradient_x_input, integrated_gradients
+from ..analysis.views import payload_view
 from ..analysis.heads import KINDS
 from ..viz import views as attention_views
 from ..viz.adapters import from_trace
-from ..walk import walkthrough
+from . import lens as lens_panel
 from . import panels
 from .panels import finite
 from .state import ExploreError
@@ -27,7 +28,7 @@ def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, st
     model = slot.get()
     stem = f"anatomy-{what}"
     if fmt == "json":
-        builders = {"run": panels.run, "walk": panels.walk, "attention": panels.attention, "lens": panels.lens,
+        builders = {"run": panels.run, "walk": panels.walk, "attention": panels.attention, "lens": lens_panel.lens,
                     "attribution": panels.attribution, "intervene": panels.intervene}
         if what not in builders:
             raise ExploreError(f"'panel' must be one of {', '.join(builders)} for JSON")
@@ -36,15 +37,8 @@ def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, st
     if what == "walk":
         if fmt != "html":
             raise ExploreError("the walk exports as html or json")
-        data = panels.walk(slot, p, settings)
-        tokenizer = model.tokenizer
-        options = dict(layer=data["layer"], head=data["head"], focus=data["row"], model_name=slot.name,
-                       vocab=lambda i: tokenizer.labels([i])[0])
-        if p.source_ids is not None:
-            result = walkthrough(model, p.source_ids, tokens=p.source_tokens, target_ids=p.ids, target_tokens=p.tokens, **options)
-        else:
-            result = walkthrough(model, p.ids, tokens=p.tokens, **options)
-        return result.to_html().encode(), "text/html", f"{stem}.html"
+        panels.walk(slot, p, settings)  # the panel's walk of this pass, every step built by the page
+        return p.memo["walk"].walk.to_html().encode(), "text/html", f"{stem}.html"
     if what == "attention":
         maps = [from_trace(p.trace, m["queries"], m["keys"], stack=m["stack"], attention=m["attention"], name=m["name"])
                 for m in panels.attention_maps(model, p)]
@@ -63,10 +57,17 @@ def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, st
         else:
             page = attention_views.head_view(maps, layer=layer, title=f"Attention heads · {title}")
         return page.html.encode(), "text/html", f"{stem}-{view}.html"
+    if what == "lens":  # from the panel's own rows: never the [L+1, T, V] log-probabilities at once
+        view = lens_panel.lens(slot, p, {"top": settings.get("top", 3)})["view"]
+        if fmt == "png":
+            from ..analysis import figures  # matplotlib: imported when a PNG is asked for
+
+            return _png(figures.draw(view, view["panels"][0], "logit lens")), "image/png", f"{stem}.png"
+        panel = view["panels"][0]
+        page = payload_view(view, "Logit lens", f"{len(panel['rows'])} layers × {len(p.ids)} positions")
+        return page.html.encode(), "text/html", f"{stem}.html"
     inputs = torch.tensor([p.ids]) if p.source_ids is None else (torch.tensor([p.source_ids]), torch.tensor([p.ids]))
-    if what == "lens":
-        result = logit_lens(model, inputs, cache=p.trace)
-    elif what == "attribution":
+    if what == "attribution":
         position = panels.default_position(model, p)
         method = settings.get("method", "dla")
         if method not in ("dla", "gxi", "ig", "rollout"):

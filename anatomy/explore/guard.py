@@ -25,10 +25,12 @@ import secrets
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..text import check_text
 from .panels import finite
 
 MAX_BODY = 64 * 1024  # bytes a request body may have
-MAX_HEAD = 64 * 1024  # bytes a request's line and headers may have (an export's URL carries its text)
+MAX_HEAD = 256 * 1024  # bytes a request's line and headers may have: an export's URL carries its text
+# and target (8,000 characters each, up to 12 bytes a character percent-encoded)
 MAX_DEPTH = 16  # how deep a body's arrays and objects may nest (every call's settings are one flat object)
 MAX_DIGITS = 40  # characters a number in a body may have (a float's 17 significant digits and an exponent fit)
 LOCAL_NAMES = ("127.0.0.1", "localhost", "::1")
@@ -36,7 +38,6 @@ HOST = re.compile(r"(?P<name>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::(?P<port>[0-9
 # What nests in JSON text: a bracket outside a string. A backslash escape is one token, so that an
 # escaped quote never ends a string; every token is one or two characters, so finding them is linear.
 JSON_TOKENS = re.compile(r'\\.|["\[\]{}]', re.S)
-SURROGATE = re.compile("[\ud800-\udfff]")
 HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 
 
@@ -137,7 +138,7 @@ class Guard:
 def json_settings(body: bytes) -> dict:
     """A request's settings: its body, a JSON object (RFC 8259: UTF-8, no NaN or Infinity), nested
     at most MAX_DEPTH deep, its numbers finite and written in at most MAX_DIGITS characters, its strings valid
-    Unicode (no lone surrogate: "\\ud800" is valid JSON but no text). Raises ValueError naming the
+    Unicode (anatomy.text.check_text: "\\ud800" is valid JSON but no text). Raises ValueError naming the
     problem (the server answers 400), before the parser recurses or any computation starts."""
     try:
         text = body.decode("utf-8")
@@ -197,12 +198,10 @@ def _number(digits: str) -> str:
 
 
 def _check_strings(value, where: str) -> None:
-    """ValueError at the first string (a key or a value) holding a lone surrogate."""
+    """The library's check of a text (anatomy.text.check_text: InputError, a ValueError, naming the
+    lone surrogate and its position) on every string of a body, keys included."""
     if isinstance(value, str):
-        found = SURROGATE.search(value)
-        if found:
-            raise ValueError(f"{where} holds a lone surrogate (U+{ord(found.group()):04X}) at character "
-                             f"{found.start()}: text must be valid Unicode")
+        check_text(value, where, empty=True)
     elif isinstance(value, dict):
         for key, item in value.items():
             _check_strings(key, f"a key of {where}")

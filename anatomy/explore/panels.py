@@ -14,19 +14,22 @@ anatomy.generation.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ..analysis import attention_rollout, detect_heads, direct_logit_attribution, gradient_x_input, logit_lens
+from ..analysis import attention_rollout, detect_heads, direct_logit_attribution, gradient_x_input
 from ..analysis.heads import KINDS
 from ..analysis.lens import stack_of, stack_prefix
+from ..analysis.views import panels as analysis_view
 from ..generation.sampling import sampling_distribution
 from ..trace import trace
 from ..viz.adapters import from_trace
 from ..walk import walkthrough
 from ..walk.render_html import section
-from .state import ExploreError, ModelSlot, Pass
+from .state import MAX_TOKENS, ExploreError, ModelSlot, Pass
 
 TOP = 10  # tokens listed in a distribution
 MAX_BARS = 12  # components drawn in the attribution bars; the rest are summed into one
@@ -89,7 +92,7 @@ def head_count(model: nn.Module) -> int:
 def default_position(model: nn.Module, p: Pass) -> int | None:
     """Where the next-token panel reads: the last position of a decoder (or a decoder's target), an
     encoder's first mask token (None: no mask, or no head that predicts tokens)."""
-    if p.logits.numel() == 0:
+    if not p.predicts:
         return None
     if model.config.arch != "encoder":
         return len(p.ids) - 1
@@ -112,7 +115,7 @@ def distribution(model: nn.Module, p: Pass, position: int, settings: dict) -> di
     top_k = settings.get("top_k")
     top_k = None if top_k in (None, 0) else int_setting(settings, "top_k", 0, 1, model.config.vocab_size)
     top_p = float_setting(settings, "top_p", None, 1e-9, 1.0)
-    logits = p.logits[position]  # (V,)
+    logits = p.logits_at(position)  # (V,)
     probs = torch.softmax(logits, dim=-1)
     sampled = sampling_distribution(logits[None], temperature, top_k, top_p)[0]  # (V,)
     top_probs, top_ids = probs.topk(min(TOP, probs.numel()))
@@ -144,7 +147,7 @@ def run(slot: ModelSlot, p: Pass, settings: dict) -> dict:
         "source": None if p.source_ids is None else {"tokens": p.source_tokens, "ids": p.source_ids},
         "target": model.tokenizer.decode(p.ids) if p.source_ids is not None else None,
         "translated": p.translated, "n_layers": layer_count(model), "n_heads": head_count(model),
-        "mask_token": model.tokenizer.mask_token, "ms": round(1000 * p.seconds, 1),
+        "mask_token": model.tokenizer.mask_token, "ms": round(1000 * p.seconds, 1), "computed": len(p.ids) - p.kept,
         "next": [], "distribution": None,
     }
     if position is not None:
@@ -152,7 +155,7 @@ def run(slot: ModelSlot, p: Pass, settings: dict) -> dict:
         out["next"] = [{k: row[k] for k in ("token", "id", "prob")} for row in out["distribution"]["next"]]
     elif model.config.arch == "encoder":
         out["note"] = (f"type {model.tokenizer.mask_token} where a word should be guessed"
-                       if model.tokenizer.mask_id is not None and p.logits.numel()
+                       if model.tokenizer.mask_id is not None and p.predicts
                        else "this encoder has no masked-language head: it writes vectors, not words")
     return out
 
@@ -160,26 +163,58 @@ def run(slot: ModelSlot, p: Pass, settings: dict) -> dict:
 # ---- the walk -------------------------------------------------------------------------------------
 
 
+def vocabulary(slot: ModelSlot) -> list[str]:
+    """Every token of the model's vocabulary as text (Tokenizer.labels), made once per model: the walk
+    labels the one-hot columns and the logits with them."""
+    if "vocabulary" not in slot.cache:
+        slot.cache["vocabulary"] = slot.get().tokenizer.labels(list(range(slot.get().config.vocab_size)))
+    return slot.cache["vocabulary"]
+
+
+@dataclass
+class BuiltWalk:
+    """The walk built on a pass for one (layer, head, row), kept for the next step opened."""
+
+    key: tuple
+    walk: object  # a Walkthrough
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The matrices of the steps built so far (the memory the pass's budget counts)."""
+        return [m.values for step in self.walk.steps if step.built for m in step.matrices]
+
+
 def walk(slot: ModelSlot, p: Pass, settings: dict) -> dict:
-    """The walk's steps (anatomy.walk's builders, rendered as its HTML page renders them: MathML,
-    shaded matrices, the worked row, the float64 checks) for a layer, a head and a row."""
+    """The walk's steps (anatomy.walk's builders) for a layer, a head and a row: each step's title and
+    check, and, for the steps `open` names (numbers), the HTML the walk's page renders (MathML, shaded
+    matrices, the worked row, the float64 checks). The steps that cost as much as a pass (the float64
+    logits over the vocabulary) are built only when opened; the walk of a pass is kept for the next
+    step opened."""
     model = slot.get()
     layer = int_setting(settings, "layer", 0, 0, layer_count(model) - 1)
     head = int_setting(settings, "head", 0, 0, head_count(model) - 1)
     read = default_position(model, p)  # an encoder's mask, else the last row
     focus = int_setting(settings, "row", len(p.ids) - 1 if read is None else read, 0, len(p.ids) - 1)
-    tokenizer = model.tokenizer
-    options = dict(layer=layer, head=head, focus=focus, model_name=slot.name, vocab=lambda i: tokenizer.labels([i])[0])
-    if p.source_ids is not None:
-        result = walkthrough(model, p.source_ids, tokens=p.source_tokens, target_ids=p.ids, target_tokens=p.tokens,
-                             **options)
-    else:
-        mask = tokenizer.mask_token if model.config.arch == "encoder" else None
-        result = walkthrough(model, p.ids, tokens=p.tokens, mask_token=mask, **options)
-    return {"layer": layer, "head": head, "row": focus, "ok": result.ok, "checks": len(result.checks),
-            "worst": max((c.max_diff for c in result.checks), default=0.0),
-            "steps": [{"number": s.number, "section": s.section, "title": s.title, "ok": s.ok, "html": section(s)}
-                      for s in result.steps]}
+    opened = settings.get("open", [])
+    if not isinstance(opened, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in opened):
+        raise ExploreError("'open' must be a list of step numbers")
+    key = (layer, head, focus)
+    if "walk" not in p.memo or p.memo["walk"].key != key:
+        options = dict(layer=layer, head=head, focus=focus, model_name=slot.name, vocab=vocabulary(slot), lazy=True)
+        if p.source_ids is not None:
+            result = walkthrough(model, p.source_ids, tokens=p.source_tokens, target_ids=p.ids,
+                                 target_tokens=p.tokens, **options)
+        else:
+            mask = model.tokenizer.mask_token if model.config.arch == "encoder" else None
+            result = walkthrough(model, p.ids, tokens=p.tokens, mask_token=mask, cache=p.trace, **options)
+        p.memo["walk"] = BuiltWalk(key, result)
+    result = p.memo["walk"].walk
+    html = {s.number: section(s) for s in result.steps if s.number in opened}  # builds the opened ones
+    checks = [c for s in result.steps if s.built for c in s.checks]
+    return {"layer": layer, "head": head, "row": focus, "ok": all(c.ok for c in checks), "checks": len(checks),
+            "worst": max((c.max_diff for c in checks), default=0.0),
+            "later": sum(not s.built for s in result.steps),
+            "steps": [{"number": s.number, "section": s.section, "title": s.title, "built": s.built,
+                       "ok": s.ok if s.built else None, "html": html.get(s.number)} for s in result.steps]}
 
 
 # ---- attention ------------------------------------------------------------------------------------
@@ -201,26 +236,43 @@ def attention_maps(model: nn.Module, p: Pass) -> list[dict]:
 
 
 def attention(slot: ModelSlot, p: Pass, settings: dict) -> dict:
-    """One layer of one map: weights [H, T, S] (anatomy.viz's AttentionMap of the pass's trace),
-    and with `head` and `query`, the neuron view's q, k, q ∘ k, scores and softmax for that query."""
+    """One layer of one map (anatomy.viz's AttentionMap of that layer of the pass's trace): weights
+    [H, T, S]; with `heads` "one", only head `head`'s, [1, T, S] (a long text's head view); with
+    `thumbnail` n, instead each head's weights averaged over at most n × n blocks, thumbnails
+    [H, ≤n, ≤n] (the model view); with `head` and `query`, the neuron view's q, k, q ∘ k, scores
+    and softmax for that query."""
     model = slot.get()
     maps = attention_maps(model, p)
     which = int_setting(settings, "map", 0, 0, len(maps) - 1)
     spec = maps[which]
+    stack = getattr(model, spec["stack"][:-1]) if spec["stack"] else model
+    n_layers = len(stack.blocks)
+    layer = int_setting(settings, "layer", 0, 0, n_layers - 1)
     found = from_trace(p.trace, spec["queries"], spec["keys"], stack=spec["stack"], attention=spec["attention"],
-                       name=spec["name"])
-    layer = int_setting(settings, "layer", 0, 0, found.n_layers - 1)
+                       name=spec["name"], layers=[layer])
+    weights = torch.from_numpy(found.weights[0])  # (H, T, S)
     out = {"maps": [{k: m[k] for k in ("name", "queries", "keys")} for m in maps], "map": which, "layer": layer,
-           "n_layers": found.n_layers, "n_heads": found.n_heads,
-           "weights": rounded(torch.from_numpy(found.weights[layer]), 4)}
+           "n_layers": n_layers, "n_heads": found.n_heads}
+    shown = settings.get("heads", "all")
+    if shown not in ("all", "one"):
+        raise ExploreError(f"'heads' must be 'all' or 'one', got {str(shown)[:50]!r}")
+    if settings.get("thumbnail") is not None:
+        n = int_setting(settings, "thumbnail", 54, 1, MAX_TOKENS)
+        size = (min(n, weights.size(1)), min(n, weights.size(2)))
+        out["thumbnails"] = rounded(F.adaptive_avg_pool2d(weights, size), 3)  # (H, ≤n, ≤n): block means
+    elif shown == "one":
+        head = int_setting(settings, "head", 0, 0, found.n_heads - 1)
+        out["weights"], out["heads_shown"] = rounded(weights[head:head + 1], 4), [head]
+    else:
+        out["weights"] = rounded(weights, 4)
     if settings.get("head") is not None and found.has_vectors:
         head = int_setting(settings, "head", 0, 0, found.n_heads - 1)
         query = int_setting(settings, "query", len(spec["queries"]) - 1, 0, len(spec["queries"]) - 1)
-        q = torch.from_numpy(found.q[layer, head, query])  # (D,)
-        k = torch.from_numpy(found.k[layer, head])  # (S, D)
+        q = torch.from_numpy(found.q[0, head, query])  # (D,)
+        k = torch.from_numpy(found.k[0, head])  # (S, D)
         out["neuron"] = {"head": head, "query": query, "q": rounded(q, 4), "k": rounded(k, 4),
                          "q_times_k": rounded(q[None] * k, 4), "scores": rounded(k @ q / math.sqrt(q.numel()), 5),
-                         "weights": rounded(torch.from_numpy(found.weights[layer, head, query]), 5)}
+                         "weights": rounded(weights[head, query], 5)}
     return out
 
 
@@ -228,27 +280,17 @@ def attention(slot: ModelSlot, p: Pass, settings: dict) -> dict:
 
 
 def result_json(result, **extra) -> dict:
+    """An analysis's Result as JSON: its kind, its identity and the measured difference, `extra`, and
+    `view`, the payload the analysis pages draw (views.panels), which the page draws the same way."""
     return {"kind": result.kind, "check": result.check, "error": None if math.isnan(result.error) else result.error,
-            "converged": result.extra.get("converged"), **extra}
-
-
-def lens(slot: ModelSlot, p: Pass, settings: dict) -> dict:
-    """The logit lens of the pass (anatomy.logit_lens, reading the pass's residual stream): for each
-    layer and position, the top tokens and their probabilities."""
-    model = slot.get()
-    top = int_setting(settings, "top", 3, 1, 10)
-    inputs = torch.tensor([p.ids]) if p.source_ids is None else (torch.tensor([p.source_ids]), torch.tensor([p.ids]))
-    result = logit_lens(model, inputs, top=top, cache=p.trace)
-    return result_json(result, rows=result.labels["layer"], cols=p.tokens,
-                        tokens=[[cell for cell in layer[0]] for layer in result.extra["top_tokens"]],
-                        probs=rounded(result.extra["top_probs"][:, 0], 4))
+            "converged": result.extra.get("converged"), "view": analysis_view(result), **extra}
 
 
 def target_id(model: nn.Module, p: Pass, settings: dict, position: int) -> int:
     """The token whose logit is explained: an id, a token's text, or (default) the top prediction."""
     target = settings.get("target")
     if target is None or target == "":
-        return int(p.logits[position].argmax())
+        return int(p.logits_at(position).argmax())
     if isinstance(target, int) and not isinstance(target, bool):
         if not 0 <= target < model.config.vocab_size:
             raise ExploreError(f"'target' must be an id in [0, {model.config.vocab_size})")
@@ -324,7 +366,7 @@ def intervene(slot: ModelSlot, p: Pass, settings: dict) -> dict:
     with torch.no_grad(), trace(model, [], interventions={point: edit}):
         after_logits = model(*inputs).logits[0, position].float()
     return {"kind": kind, "layer": layer, "index": index, "scale": scale, "point": point, "position": position,
-            **before_after(model, p.logits[position], after_logits)}
+            **before_after(model, p.logits_at(position), after_logits)}
 
 
 # ---- heads, computed once per model ---------------------------------------------------------------
@@ -340,10 +382,14 @@ def head_scores(slot: ModelSlot, kind: str, **options):
 
 def heads(slot: ModelSlot, settings: dict, progress=None, runs_per_pass: int | None = None) -> dict:
     """Previous-token, induction and duplicate-token scores of every head (anatomy.detect_heads on
-    repeated random tokens), computed once per model and kept. progress(done, total): the kinds
-    scored, called after every forward pass (runs_per_pass sequences each), so that a caller may
-    stop it between any two."""
+    repeated random tokens), computed once per model and kept; `view`: the scores of `kind` (default
+    induction) as the analysis pages draw them. progress(done, total): the kinds scored, called
+    after every forward pass (runs_per_pass sequences each), so that a caller may stop it between
+    any two."""
     model = slot.get()
+    shown = settings.get("kind", "induction")
+    if shown not in KINDS:
+        raise ExploreError(f"'kind' must be one of {', '.join(KINDS)}, got {str(shown)[:50]!r}")
     out = {"kinds": list(KINDS), "n_layers": layer_count(model), "n_heads": head_count(model), "scores": {}}
     for index, kind in enumerate(KINDS):
         def kind_progress(done, total, index=index):
@@ -351,6 +397,8 @@ def heads(slot: ModelSlot, settings: dict, progress=None, runs_per_pass: int | N
                 progress(index + (done == total), len(KINDS))
         result = head_scores(slot, kind, runs_per_pass=runs_per_pass, progress=kind_progress)
         out["scores"][kind] = {"values": rounded(result.values, 4), "check": result.check}
+        if kind == shown:
+            out["view"] = analysis_view(result)  # the `kind` asked for, as the analysis pages draw it
     return out
 
 
@@ -371,4 +419,4 @@ def before_after(model: nn.Module, before_logits: torch.Tensor, after_logits: to
                                for t, i in zip(model.tokenizer.labels(ids), ids)]}
 
 
-__all__ = ["attention", "attribution", "heads", "intervene", "lens", "run", "walk"]
+__all__ = ["attention", "attribution", "heads", "intervene", "run", "walk"]

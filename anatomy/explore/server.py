@@ -8,7 +8,6 @@ allows nothing but its own origin: no CDN, no request out.
 
 from __future__ import annotations
 
-import asyncio
 import html
 import json
 import logging
@@ -32,11 +31,14 @@ from ..viz.html import asset, content_security_policy
 from ..viz.html import page as page_shell
 from ..walk.render_html import STEP_CSS
 from . import compare as comparing
+from .discover import discover_work
 from . import features as sae_panels
+from . import lens as lens_panel
 from . import panels
 from .exports import export_file
 from .guard import HEADERS, Access, Guard, json_settings, refuse, reply
 from .jobs import ENDED, KEEP_SECONDS, MAX_KEPT, Jobs, Then, runs_per_pass
+from .lanes import QUICK, SLOW, Gone, Lanes
 from .panels import finite
 from .state import CACHE_BYTES, ExploreError, Models, Passes, check_text, give_back_memory
 
@@ -46,6 +48,7 @@ PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src
 # An exported view is one of anatomy's self-contained pages: inline script and style, no request.
 EXPORT_POLICY = content_security_policy(script=True) + "; frame-ancestors 'self'"
 VIZ_ASSETS = ("common.js", "grid.js", "view.css")  # what the page borrows from anatomy.viz
+ANALYSIS_ASSETS = resources.files("anatomy.analysis") / "assets"  # analysis.js draws the analysis panels
 PATCH_POINTS = ("resid_pre", "resid_mid", "resid_post", "attn.out", "mlp.out")  # what a patch job may patch
 LOG = logging.getLogger("anatomy.explore")
 HEARTBEAT_SECONDS = 15  # a job's event stream says it is alive this often while nothing changes
@@ -64,10 +67,7 @@ class Explorer(Access):
         self.models = Models(models, allow_open=allow_open, saes=saes)
         self.passes = Passes(cache_bytes)
         self.jobs = Jobs()
-
-class Gone(Exception):
-    """The browser went away (a newer keystroke cancelled the request) before the work began."""
-
+        self.lanes = Lanes()
 
 async def settings_of(request: Request) -> dict:
     """The request's JSON object (guard.json_settings: depth, numbers, Unicode checked); a client
@@ -78,18 +78,15 @@ async def settings_of(request: Request) -> dict:
         raise ExploreError(str(error)) from None
 
 
-async def with_model(request: Request, explorer: Explorer, settings: dict, work: Callable, key: str = "model"):
-    """Run work(slot) in a worker thread with the model's lock held; a request whose browser went
-    away while it waited for the lock is dropped before it costs anything."""
+async def with_model(request: Request, explorer: Explorer, settings: dict, work: Callable, key: str = "model",
+                     lane: str = SLOW):
+    """Run work(slot) in the model's quick or slow lane (lanes.py: the newest request first, the two
+    lanes at once); a request whose browser went away while it waited is dropped before it costs
+    anything (Gone)."""
     slot = explorer.models.slot(settings.get(key))
-    while not slot.lock.acquire(blocking=False):
-        if await request.is_disconnected():
-            raise Gone
-        await asyncio.sleep(0.005)
     try:
-        return await run_in_threadpool(work, slot)
+        return await explorer.lanes.lane(slot.name, lane).run(request, lambda: work(slot))
     finally:
-        slot.lock.release()
         give_back_memory()
 
 
@@ -104,14 +101,14 @@ def text_settings(settings: dict) -> tuple[str, str | None]:
     return text, None if target in (None, "") else check_text(target, "target_text")
 
 
-def panel_route(explorer: Explorer, panel: Callable) -> Callable:
-    """A POST route: {"model", "text", ...settings} -> panel(slot, pass, settings)."""
+def panel_route(explorer: Explorer, panel: Callable, lane: str = SLOW) -> Callable:
+    """A POST route: {"model", "text", ...settings} -> panel(slot, pass, settings), in that lane."""
 
     async def route(request: Request) -> Response:
         settings = await settings_of(request)
         text, target = text_settings(settings)
         data = await with_model(request, explorer, settings,
-                                lambda slot: panel(slot, explorer.passes.get(slot, text, target), settings))
+                                lambda slot: panel(slot, explorer.passes.get(slot, text, target), settings), lane=lane)
         return reply(data)
 
     return route
@@ -148,6 +145,18 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
             return Response(scoped(asset("view.css"), ".viz"), media_type="text/css", headers=HEADERS)
         return Response(asset(name), media_type="text/javascript", headers=HEADERS)
 
+    async def analysis_asset(request: Request) -> Response:
+        """The analysis pages' script (one function per layout, drawing a payload into an element) and
+        its style, kept to the elements inside `.viz`."""
+        name = request.path_params["name"]
+        if name == "analysis.css":
+            css = (ANALYSIS_ASSETS / name).read_text(encoding="utf-8")
+            return Response(scoped(css, ".viz"), media_type="text/css", headers=HEADERS)
+        if name == "analysis.js":
+            return Response((ANALYSIS_ASSETS / name).read_text(encoding="utf-8"), media_type="text/javascript",
+                            headers=HEADERS)
+        raise ExploreError("no such asset", status=404)
+
     async def list_models(request: Request) -> Response:
         return reply({"models": [slot.describe() for slot in explorer.models.listed()],
                       "allow_open": explorer.models.allow_open})
@@ -169,7 +178,7 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         a = await with_model(request, explorer, settings, lambda slot: (slot, explorer.passes.get(slot, text, target)))
         b = await with_model(request, explorer, settings, lambda slot: (slot, explorer.passes.get(slot, other, target)),
                              key="model_b")
-        return reply(await run_in_threadpool(comparing.compare, *a, *b, settings))
+        return reply(await with_model(request, explorer, settings, lambda slot: comparing.compare(*a, *b, settings)))
 
     # ---- jobs -------------------------------------------------------------------------------------
     # A kind of job: async (request, settings, slot) -> work(progress) -> result. It checks its
@@ -178,8 +187,12 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
 
     async def heads_job(request: Request, settings: dict, slot) -> Callable:
         def work(progress):
-            return panels.heads(slot, settings, progress, runs_per_pass=runs_per_pass(2 * HEADS_LENGTH))
+            return panels.heads(slot, {}, progress, runs_per_pass=runs_per_pass(2 * HEADS_LENGTH))
         return work
+
+    async def discover_job(request: Request, settings: dict, slot) -> Callable:
+        # a circuit over a dataset (discover.py): the text box plays no part
+        return await run_in_threadpool(discover_work, slot, settings)
 
     async def ig_job(request: Request, settings: dict, slot) -> Callable:
         model, pass_, inputs = await job_inputs(request, settings, slot)
@@ -210,10 +223,10 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         corrupt_inputs = pass_inputs(corrupt)
         # patch's default metric: the log-prob of the clean run's top token at the last position;
         # its value on the clean and on the corrupted run bound what patching can recover.
-        clean_log_probs = torch.log_softmax(pass_.logits[-1], dim=-1)
+        clean_log_probs = torch.log_softmax(pass_.logits_at(len(pass_.ids) - 1), dim=-1)
         top = int(clean_log_probs.argmax())
         bounds = {"clean": float(clean_log_probs[top]),
-                  "corrupt": float(torch.log_softmax(corrupt.logits[-1], dim=-1)[top])}
+                  "corrupt": float(torch.log_softmax(corrupt.logits_at(len(corrupt.ids) - 1), dim=-1)[top])}
 
         def work(progress):
             result = patch(model, inputs, corrupt_inputs, point=point, progress=progress,
@@ -224,7 +237,7 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
                                        page=result.view(title="Activation patching").html)
         return work
 
-    job_kinds = {"patch": patch_job, "ig": ig_job, "heads": heads_job}
+    job_kinds = {"patch": patch_job, "ig": ig_job, "heads": heads_job, "discover": discover_job}
 
     async def job_inputs(request: Request, settings: dict, slot):
         """(model, the text's pass, the model's inputs for it) of a job on a text."""
@@ -323,10 +336,10 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         Route("/", page),
         Route("/api/models", list_models),
         Route("/api/open", open_model, methods=["POST"]),
-        Route("/api/run", panel_route(explorer, panels.run), methods=["POST"]),
+        Route("/api/run", panel_route(explorer, panels.run, QUICK), methods=["POST"]),
         Route("/api/walk", panel_route(explorer, panels.walk), methods=["POST"]),
-        Route("/api/attention", panel_route(explorer, panels.attention), methods=["POST"]),
-        Route("/api/lens", panel_route(explorer, panels.lens), methods=["POST"]),
+        Route("/api/attention", panel_route(explorer, panels.attention, QUICK), methods=["POST"]),
+        Route("/api/lens", panel_route(explorer, lens_panel.lens, QUICK), methods=["POST"]),
         Route("/api/attribution", panel_route(explorer, panels.attribution), methods=["POST"]),
         Route("/api/intervene", panel_route(explorer, panels.intervene), methods=["POST"]),
         Route("/api/features", panel_route(explorer, sae_panels.features), methods=["POST"]),
@@ -342,6 +355,7 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         Route("/api/export", export),
         Route("/static/walk.css", walk_css),
         Route("/static/viz/{name}", viz_asset),
+        Route("/static/analysis/{name}", analysis_asset),
         Route("/favicon.ico", favicon),
         Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
     ]

@@ -5,7 +5,9 @@ filters), runner.py (one step: the cache and the sliding window), checks.py (eve
 cli.py (`anatomy generate`).
 """
 
-from .generate import STRATEGIES, GenerationOutput, generate
-from .sampling import sampling_distribution, top_k_filter, top_p_filter
+from ..lazy import lazy_names
 
-__all__ = ["STRATEGIES", "GenerationOutput", "generate", "sampling_distribution", "top_k_filter", "top_p_filter"]
+__all__ = lazy_names(__name__, {
+    "STRATEGIES": ".generate", "GenerationOutput": ".generate", "generate": ".generate",
+    **{name: ".sampling" for name in ("sampling_distribution", "top_k_filter", "top_p_filter")},
+})

@@ -13,17 +13,14 @@ import torch
 
 from ..checkpoints.memory import available_memory as machine_memory
 from ..models import DecoderModel, EncoderDecoderModel
+from .choices import MAX_LENGTH_PENALTY, STRATEGIES
 from .runner import context_window
 
-STRATEGIES = ("greedy", "sample", "beam")
 ID_DTYPES = (torch.int64, torch.int32)  # what an embedding lookup takes
 
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-MAX_LENGTH_PENALTY = 10
 
 
 def _finite(name: str, value) -> None:

@@ -16,11 +16,6 @@ import argparse
 import sys
 import time
 
-import torch
-
-from ..checkpoints import from_pretrained, load_tokenizer
-from ..checkpoints.describe import config_of
-from ..checkpoints.toys import TOYS
 from ..cli import (
     add_device_argument,
     add_model_argument,
@@ -33,9 +28,10 @@ from ..cli import (
     seed,
     text,
 )
-from .checks import MAX_LENGTH_PENALTY
-from .generate import STRATEGIES, generate
-from .runner import context_window
+from .choices import MAX_LENGTH_PENALTY, STRATEGIES
+
+# The model, the search and torch are imported by the functions that use them, once the arguments
+# have been checked (anatomy.lazy): a mistake is refused in milliseconds.
 
 
 KEEP = "\n\t"  # the control characters text may print as they are; any other is shown escaped
@@ -66,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_argument(parser, help="a decoder or an encoder-decoder")
     add_device_argument(parser)
     add_threads_argument(parser)
-    parser.add_argument("--prompt", type=text, default="", help="the text to continue (decoder-only), or the "
+    parser.add_argument("--prompt", type=text, default=None, help="the text to continue (decoder-only), or the "
                         "decoder's forced beginning (encoder-decoder)")
     parser.add_argument("--src", type=text, default=None, help="the source text, for an encoder-decoder model")
     parser.add_argument("--chat", type=text, default=None, metavar="MESSAGE",
@@ -151,6 +147,9 @@ def check_arguments(args: argparse.Namespace) -> str:
         raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in sampling)} only apply to --strategy sample")
     if strategy != "beam" and args.num_beams > 1:
         raise ValueError(f"--num-beams {args.num_beams} needs --strategy beam")
+    from ..checkpoints.describe import config_of
+    from ..checkpoints.toys import TOYS
+
     config = config_of(args.model)
     model = f"--model {one_line(args.model, 100)}"
     if config is None:  # a Hub id not downloaded yet: checked once it is loaded
@@ -168,6 +167,8 @@ def check_arguments(args: argparse.Namespace) -> str:
 
 def default_input(args: argparse.Namespace, arch: str) -> None:
     """With nothing to continue or translate, what a toy was fitted on; and say so on stderr."""
+    from ..checkpoints.toys import TOYS
+
     if args.chat is not None or args.prompt or (arch == "encoder-decoder" and args.src is not None):
         return
     if args.model in TOYS and arch == "decoder":
@@ -183,6 +184,12 @@ def default_input(args: argparse.Namespace, arch: str) -> None:
 def run(args: argparse.Namespace) -> int:
     messages = chat_messages(args)
     strategy = check_arguments(args)
+    import torch
+
+    from ..checkpoints import from_pretrained, load_tokenizer
+    from .generate import generate
+    from .runner import context_window
+
     model = from_pretrained(args.model, device=args.device)
     tokenizer = getattr(model, "tokenizer", None) or load_tokenizer(args.model)
     config = model.config
@@ -222,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     streamer = TextStreamer(tokenizer, prompt) if strategy != "beam" else None
 
     if not encoder_decoder and messages is None:  # a chat prints only the answer
-        sys.stdout.write(printable(args.prompt, keep=KEEP))
+        sys.stdout.write(printable(args.prompt or "", keep=KEEP))
         sys.stdout.flush()
     began = time.perf_counter()
     out = generate(

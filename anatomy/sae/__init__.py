@@ -5,22 +5,29 @@
         model(ids)                                     # the outputs unchanged: x = reconstruction + error
     t["blocks.6.resid_post.sae.features"]              # [batch, pos, feature]
 
-    modules.py     SAE: relu, topk, batchtopk, jumprelu; transcoders; encode, decode, splice
+    modules.py     SAE: relu, topk, batchtopk, jumprelu; transcoders (and skip transcoders); encode, decode, splice
     formats.py     load_sae / save_sae: SAELens's folder, Gemma Scope's params.npz, Hub ids
+    transcoders.py TranscoderSet: transcoders on every layer, per-layer or cross-layer; the replacement model
+    transcoder_files.py  load_transcoders / save_transcoders: circuit-tracer's sets, Gemma Scope 2's
     attach.py      interventions on features: zero, clamp, scale, steer, no_error
     analysis.py    features as components: feature_lens, feature_logit_attribution, patch_features,
                    feature_integrated_gradients
     store.py       activations harvested from passes that stop at the point, shuffled, sharded on disk
     objectives.py  the training losses by kind, and the sparse TopK step
-    train.py       SAETrainer on the training floor (run folder, checkpoints, resume, torchrun)
-    evaluate.py    L0, variance explained, CE loss recovered, dead and dense features
+    train.py       SAETrainer on the training floor (run folder, checkpoints, resume, torchrun); several at once
+    evaluate.py    L0, variance explained, CE loss recovered, dead and dense features; of a transcoder set
     features.py    the feature page (top contexts, density, histogram, logits)
     plots.py       training curves; variance explained against L0
     cli.py         `anatomy sae train | eval | features`
+    transcoders_cli.py  `anatomy sae train-transcoders | eval-transcoders`: every layer from one harvest
 """
 
-from .attach import clamp, no_error, scale, steer, zero
-from .formats import load_sae, save_sae
-from .modules import KINDS, SAE
+from ..lazy import lazy_names
 
-__all__ = ["KINDS", "SAE", "clamp", "load_sae", "no_error", "save_sae", "scale", "steer", "zero"]
+__all__ = lazy_names(__name__, {
+    **{name: ".attach" for name in ("clamp", "no_error", "scale", "steer", "zero")},
+    "load_sae": ".formats", "save_sae": ".formats",
+    "KINDS": ".modules", "SAE": ".modules",
+    "load_transcoders": ".transcoder_files", "save_transcoders": ".transcoder_files",
+    "TranscoderSet": ".transcoders",
+})

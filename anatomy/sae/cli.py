@@ -1,8 +1,10 @@
-"""`anatomy sae train|eval|features`: train an SAE or a transcoder, measure it, show its features.
+"""`anatomy sae train|eval|features|train-transcoders|eval-transcoders`: train an SAE or a transcoder, measure
+it, show its features; a transcoder on every layer (transcoders_cli.py).
 
     anatomy sae train --model smollm2 --point blocks.15.resid_post --data input.txt --features 4608 --k 32 --out runs/sae
     anatomy sae eval runs/sae --data heldout.txt                  # L0, FVE, CE loss recovered, dead, dense
     anatomy sae features runs/sae --data text.txt --out features.html
+    anatomy sae train-transcoders --model smollm2 --data input.txt --out runs/tc   # every layer, one harvest
 
 A run folder holds sae_train_config.json, metrics.jsonl, sae.png, checkpoints/, and at the end sae/
 (SAELens's format) and eval.json. `--resume` continues a killed run; under torchrun the run trains with
@@ -13,13 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
-import torch
+from ..cli import (add_device_argument, add_model_argument, add_threads_argument, input_file, non_negative_int, output_file,
+                   output_folder, positive_float, positive_int, printable, probability, summary_block, text)
+from .choices import KINDS
 
-from ..cli import (add_device_argument, add_model_argument, add_threads_argument, non_negative_int, positive_float, positive_int,
-                   printable, probability, summary_block, text)
-from .modules import KINDS
+# The model, the trainer and torch are imported by the functions that use them, once the arguments
+# have been checked (anatomy.lazy): a mistake is refused in milliseconds.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,68 +36,89 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the trace point it reads (blocks.12.resid_post; TransformerLens names too)")
     train.add_argument("--point-out", type=text,
                        help="a transcoder: the point it predicts (e.g. --point blocks.3.mlp_norm.out --point-out blocks.3.mlp.out)")
-    train.add_argument("--data", required=True, nargs="+", help="UTF-8 text files")
+    train.add_argument("--data", required=True, nargs="+", type=input_file, help="UTF-8 text files")
     train.add_argument("--eval-fraction", type=probability, default=0.05,
-                       help="the last share of each file held out for evaluation (default 0.05)")
-    train.add_argument("--out", required=True, help="run folder")
+                       help="the last share of each file held out for evaluation")
+    train.add_argument("--out", required=True, type=output_folder, help="run folder")
     train.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
     g = train.add_argument_group("the SAE")
-    g.add_argument("--kind", choices=KINDS, default="topk")
-    g.add_argument("--features", type=positive_int, default=4608, help="d_sae (default 4608)")
+    g.add_argument("--kind", choices=KINDS, default="topk",
+                   help="relu (an L1 penalty), topk (k features per token), batchtopk (k per token on average over "
+                   "the batch), jumprelu (a threshold per feature, an L0 penalty)")
+    g.add_argument("--features", type=positive_int, default=4608, help="d_sae")
     g.add_argument("--k", type=positive_float, default=32, help="active features per token (topk, batchtopk; default 32)")
     g.add_argument("--l1", type=positive_float, default=5e-3, help="relu: the L1 coefficient")
     g.add_argument("--l0", type=positive_float, default=1e-3, help="jumprelu: the L0 coefficient")
     g = train.add_argument_group("activations")
-    g.add_argument("--context", type=positive_int, default=128, help="tokens per context (default 128)")
+    g.add_argument("--context", type=positive_int, default=128, help="tokens per context")
     g.add_argument("--skip", type=non_negative_int, default=1,
-                   help="leading positions of each context left out (default 1: the first token's outlier)")
+                   help="leading positions of each context left out (1: the first token's outlier)")
     g.add_argument("--fill-tokens", type=positive_int, default=2**18, help="rows harvested per fill: the memory bound")
     g.add_argument("--shards", help="keep the harvested activations in this folder (safetensors), for later epochs and runs")
-    g = train.add_argument_group("training")
-    g.add_argument("--max-steps", type=positive_int, default=2000)
-    g.add_argument("--batch-size", type=positive_int, default=4096, help="rows per step and rank (default 4096)")
-    g.add_argument("--lr", type=positive_float, default=4e-4)
-    g.add_argument("--warmup", type=non_negative_int, default=100)
-    g.add_argument("--min-lr-ratio", type=probability, default=0.0)
-    g.add_argument("--aux-k", type=positive_int, help="dead features per row in AuxK (default: half the width)")
-    g.add_argument("--aux-coefficient", type=probability, default=1 / 32)
-    g.add_argument("--dead-tokens", type=positive_int, default=500_000, help="tokens without firing = dead")
-    g.add_argument("--seed", type=non_negative_int, default=0)
-    g.add_argument("--log-every", type=positive_int, default=10)
-    g.add_argument("--eval-every", type=non_negative_int, default=100)
-    g.add_argument("--save-every", type=non_negative_int, default=500)
-    g.add_argument("--ce-contexts", type=non_negative_int, default=64,
-                   help="held-out contexts for the cross-entropy loss recovered (0: skip it)")
-    _run_arguments(train)
+    add_training_arguments(train.add_argument_group("training"), max_steps=2000, batch_size=4096, lr=4e-4, warmup=100,
+                           dead_tokens=500_000, save_every=500, ce_contexts=64)
+    add_run_arguments(train)
 
     evaluate = commands.add_parser("eval", help="L0, variance explained, CE loss recovered, dead and dense features")
     evaluate.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
     add_model_argument(evaluate, default=None, required=False, help="the model (default: the one the SAE names)")
-    evaluate.add_argument("--data", required=True, nargs="+", help="held-out UTF-8 text files")
-    evaluate.add_argument("--context", type=positive_int, default=128, help="tokens per context (default 128)")
+    evaluate.add_argument("--data", required=True, nargs="+", type=input_file, help="held-out UTF-8 text files")
+    evaluate.add_argument("--context", type=positive_int, default=128, help="tokens per context")
     evaluate.add_argument("--skip", type=non_negative_int, default=1,
-                          help="leading positions of each context left out (default 1)")
+                          help="leading positions of each context left out")
     evaluate.add_argument("--ce-contexts", type=non_negative_int, default=64,
-                          help="contexts for the cross-entropy loss recovered, three passes each (default 64; 0: skip it)")
+                          help="contexts for the cross-entropy loss recovered, three passes each (0: skip it)")
     evaluate.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     evaluate.add_argument("--point", type=text, help="the point it reads, when its files do not say")
-    _run_arguments(evaluate)
+    evaluate.add_argument("--layer", type=non_negative_int, help="a transcoder set: the layer whose transcoder to read")
+    add_run_arguments(evaluate)
 
     features = commands.add_parser("features", help="one offline page: every feature's top contexts, density, logits")
     features.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
     add_model_argument(features, default=None, required=False, help="the model (default: the one the SAE names)")
-    features.add_argument("--data", required=True, nargs="+", help="UTF-8 text files to find the top contexts in")
-    features.add_argument("--out", required=True, help="the HTML file to write")
-    features.add_argument("--top", type=positive_int, default=12, help="top contexts per feature (default 12)")
-    features.add_argument("--context", type=positive_int, default=128, help="tokens per context (default 128)")
+    features.add_argument("--data", required=True, nargs="+", type=input_file,
+                          help="UTF-8 text files to find the top contexts in")
+    features.add_argument("--out", required=True, type=output_file(".html", ".htm"), help="the HTML file to write")
+    features.add_argument("--top", type=positive_int, default=12, help="top contexts per feature")
+    features.add_argument("--context", type=positive_int, default=128, help="tokens per context")
     features.add_argument("--skip", type=non_negative_int, default=1,
-                          help="leading positions of each context left out (default 1)")
+                          help="leading positions of each context left out")
     features.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     features.add_argument("--point", type=text, help="the point it reads, when its files do not say")
-    _run_arguments(features)
+    features.add_argument("--layer", type=non_negative_int, help="a transcoder set: the layer whose features to show")
+    add_run_arguments(features)
+
+    from .transcoders_cli import add_arguments as add_transcoder_commands
+
+    add_transcoder_commands(commands)
 
 
-def _run_arguments(parser: argparse.ArgumentParser) -> None:
+def add_training_arguments(g, *, max_steps: int, batch_size: int, lr: float, warmup: int, dead_tokens: int,
+                           save_every: int, ce_contexts: int) -> None:
+    """The optimisation options of a training command (sae train, train-transcoders), with its defaults."""
+    g.add_argument("--max-steps", type=positive_int, default=max_steps, help="optimizer steps")
+    g.add_argument("--batch-size", type=positive_int, default=batch_size, help="rows per step and rank")
+    g.add_argument("--lr", type=positive_float, default=lr,
+                   help="Adam's peak learning rate, reached after --warmup, then a cosine down to lr x --min-lr-ratio")
+    g.add_argument("--warmup", type=non_negative_int, default=warmup, help="steps of linear warm-up to --lr")
+    g.add_argument("--min-lr-ratio", type=probability, default=0.0, help="the cosine ends at lr x this")
+    g.add_argument("--aux-k", type=positive_int, help="dead features per row in AuxK (default: half the width)")
+    g.add_argument("--aux-coefficient", type=probability, default=1 / 32,
+                   help="topk, batchtopk: weight of AuxK, the loss by which dead features learn the error")
+    g.add_argument("--dead-tokens", type=positive_int, default=dead_tokens, help="tokens without firing = dead")
+    g.add_argument("--seed", type=non_negative_int, default=0,
+                   help="seed of the first weights (a set's layer L: seed + L) and of the order the activations are read in")
+    g.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
+    g.add_argument("--eval-every", type=non_negative_int, default=100,
+                   help="steps between held-out evaluations (0: only at the end)")
+    g.add_argument("--save-every", type=non_negative_int, default=save_every,
+                   help="steps between checkpoints (0: only at the end)")
+    g.add_argument("--ce-contexts", type=non_negative_int, default=ce_contexts,
+                   help="held-out contexts for the cross-entropy loss recovered (0: skip it)")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """--device, --threads, --no-progress and --quiet: what every sae command takes."""
     add_device_argument(parser, default="cpu")
     add_threads_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
@@ -102,10 +127,13 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the sae command named on the command line; 0 on success."""
-    return {"train": run_train, "eval": run_eval, "features": run_features}[args.sae_command](args)
+    from .transcoders_cli import run_eval_transcoders, run_train_transcoders
+
+    return {"train": run_train, "eval": run_eval, "features": run_features, "train-transcoders": run_train_transcoders,
+            "eval-transcoders": run_eval_transcoders}[args.sae_command](args)
 
 
-def _model(name: str, device: str, points=()):
+def load_model(name: str, device: str, points=()):
     """The model, in evaluation mode, after checking it has a tokenizer and the trace points `points`."""
     from ..checkpoints import from_pretrained
     from ..trace import anatomy_name, trace_points
@@ -122,18 +150,15 @@ def _model(name: str, device: str, points=()):
     return model
 
 
-def run_train(args) -> int:
-    """Harvest, train, save sae/ and eval.json, draw sae.png (module docstring); under torchrun, one rank each."""
+@contextmanager
+def training_run(args):
+    """(distributed info, run folder) for a training command, in a block: torchrun's process group set up,
+    the run folder locked (rank 0), its temporaries from a killed run removed, and a run that already holds
+    checkpoints refused unless --resume; the lock released and the group left at the end, however it ends."""
     from ..training import distributed
     from ..training.checkpoint import checkpoint_candidates, remove_temporaries
     from ..training.metrics import METRICS
     from ..training.rundir import RunLock
-    from .evaluate import evaluate
-    from .formats import save_sae
-    from .modules import SAE
-    from .store import ActivationStore, corpus_tokens, harvest, rows_of
-    from .train import SAETrainConfig, SAETrainer, write_summary
-    from ..trace import anatomy_name, trace
 
     info = distributed.setup(args.device)
     run_dir = Path(args.out)
@@ -145,8 +170,38 @@ def run_train(args) -> int:
             raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another --out")
         if info.is_main and not args.resume:
             (run_dir / METRICS).unlink(missing_ok=True)
+        yield info, run_dir
+    finally:
+        if lock is not None:
+            lock.release()
+        distributed.cleanup()
+
+
+def train_config(args, k):
+    """The SAETrainConfig of a training command's options (`k` as the kind takes it)."""
+    from .train import SAETrainConfig
+
+    return SAETrainConfig(kind=args.kind, features=args.features, k=k, l1=args.l1, l0=args.l0, max_steps=args.max_steps,
+                          batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, min_lr_ratio=args.min_lr_ratio,
+                          aux_k=args.aux_k, aux_coefficient=args.aux_coefficient, dead_tokens=args.dead_tokens,
+                          seed=args.seed, log_every=args.log_every, eval_every=args.eval_every,
+                          save_every=args.save_every, progress=not args.no_progress, quiet=args.quiet)
+
+
+def run_train(args) -> int:
+    """Harvest, train, save sae/ and eval.json, draw sae.png (module docstring); under torchrun, one rank each."""
+    import torch
+
+    from .evaluate import evaluate
+    from .formats import save_sae
+    from .modules import SAE
+    from .store import ActivationStore, corpus_tokens, harvest, rows_of
+    from .train import SAETrainer, write_summary
+    from ..trace import anatomy_name, trace
+
+    with training_run(args) as (info, run_dir):
         points = [args.point] + ([args.point_out] if args.point_out else [])
-        model = _model(args.model, str(info.device), points)
+        model = load_model(args.model, str(info.device), points)
         train_tokens, held_tokens = corpus_tokens(args.data, model.tokenizer, args.eval_fraction)
         shards = Path(args.shards) / _shard_key(args, points) if args.shards else None
         store = ActivationStore(model, points, train_tokens, context=args.context, batch_size=args.batch_size,
@@ -164,12 +219,7 @@ def run_train(args) -> int:
         sae = SAE(widths[0], args.features, kind=args.kind, k=int(k) if args.kind == "topk" else k,
                   d_out=widths[-1], point=args.point, point_out=args.point_out, seed=args.seed,
                   metadata={"model_name": args.model, "context_size": args.context, "dataset_path": " ".join(args.data)})
-        config = SAETrainConfig(kind=args.kind, features=args.features, k=k, l1=args.l1, l0=args.l0,
-                                max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                                min_lr_ratio=args.min_lr_ratio, aux_k=args.aux_k, aux_coefficient=args.aux_coefficient,
-                                dead_tokens=args.dead_tokens, seed=args.seed, log_every=args.log_every,
-                                eval_every=args.eval_every, save_every=args.save_every,
-                                progress=not args.no_progress, quiet=args.quiet)
+        config = train_config(args, k)
         eval_rows = rows_of(model, points, held_tokens, context=args.context, skip=args.skip, limit=16384)
         if info.is_main:
             write_summary(run_dir, config, {"model": args.model, "point": args.point, "point_out": args.point_out,
@@ -193,17 +243,13 @@ def run_train(args) -> int:
             results = evaluate(model, final, held_tokens, context=args.context, skip=args.skip,
                                ce_contexts=args.ce_contexts)
             (run_dir / "eval.json").write_text(json.dumps(results, indent=1) + "\n")
-            trainer._log({"step": trainer.step, **{f"heldout_{k}": v for k, v in results.items()}})
+            trainer.log_record({"step": trainer.step, **{f"heldout_{k}": v for k, v in results.items()}})
             from .plots import plot_training
 
             plot_training(run_dir, trainer.history)
             if not args.quiet:
                 print(_describe(results, "held out") + f"\nSAE in {printable(str(run_dir / 'sae'))}")
         return 0
-    finally:
-        if lock is not None:
-            lock.release()
-        distributed.cleanup()
 
 
 def _shard_key(args, points) -> str:
@@ -228,7 +274,7 @@ def _describe(results: dict, title: str, text: str | None = None) -> str:
     return summary_block(f"{title}:", rows)
 
 
-def _bar(label: str, args):
+def progress_bar(label: str, args):
     """A progress callback (done, total) drawing a transient rich bar on a terminal's stderr, unless
     --quiet or --no-progress; and the bar itself, to use as a context manager."""
     from contextlib import nullcontext
@@ -254,15 +300,49 @@ def _sae_model_tokens(args):
     for path in args.data:
         if not Path(path).is_file():
             raise FileNotFoundError(2, "no such file", path)
-    sae = load_sae(args.sae, point=args.point)
+    sae = _layer_of_set(args) if _is_set(args.sae) or args.layer is not None else load_sae(args.sae, point=args.point)
     name = args.model or sae.metadata.get("model_name")
     if not name:
         raise ValueError(f"{args.sae} does not name its model: pass --model")
     if sae.point is None:
         raise ValueError(f"{args.sae} does not say which point it reads: pass --point")
-    model = _model(name, args.device, [p for p in (sae.point, sae.point_out) if p])
+    model = load_model(name, args.device, [p for p in (sae.point, sae.point_out) if p])
     tokens = corpus_tokens(args.data, model.tokenizer, eval_fraction=None)[0]
     return sae.to(args.device), model, tokens[:args.max_tokens] if args.max_tokens else tokens
+
+
+def _is_set(source: str) -> bool:
+    """Whether `source` is a transcoder set's folder (circuit-tracer's config.yaml) or a run holding one."""
+    from .transcoder_files import CONFIG, RUN_FOLDER
+
+    return (Path(source) / CONFIG).is_file() or (Path(source) / RUN_FOLDER / CONFIG).is_file()
+
+
+def _layer_of_set(args):
+    """The transcoder of layer --layer of the set at args.sae (a per-layer set's), named by the set's model."""
+    from .transcoder_files import load_transcoders
+
+    transcoders = load_transcoders(args.sae)
+    if args.layer is None or args.layer >= transcoders.n_layers:
+        raise ValueError(f"{args.sae} holds a transcoder for each of {transcoders.n_layers} layers: choose one with "
+                         f"--layer 0 .. {transcoders.n_layers - 1}")
+    if transcoders.cross_layer:
+        raise ValueError(f"{args.sae} is a cross-layer transcoder: its features write to every later layer, not one "
+                         "point; allowed here: a per-layer set")
+    sae = transcoders.layers[args.layer]
+    sae.metadata = {**transcoders.metadata, **sae.metadata}
+    return sae
+
+
+def _stats(args) -> dict | None:
+    """The run's eval.json for the page's header: the layer's own numbers when a set's layer is shown."""
+    from .features import stats_of
+
+    stats = stats_of(args.sae) if Path(args.sae).is_dir() else None
+    if stats and "layers" in stats:
+        layers = stats["layers"]
+        return layers[args.layer] if args.layer is not None and args.layer < len(layers) else None
+    return stats
 
 
 def run_eval(args) -> int:
@@ -270,7 +350,7 @@ def run_eval(args) -> int:
     from .evaluate import evaluate
 
     sae, model, tokens = _sae_model_tokens(args)
-    progress, bar = _bar("eval", args)
+    progress, bar = progress_bar("eval", args)
     with bar:
         results = evaluate(model, sae, tokens, context=args.context, skip=args.skip, ce_contexts=args.ce_contexts,
                            progress=progress)
@@ -284,18 +364,14 @@ def run_features(args) -> int:
     """Write the feature page of an SAE over the text of --data."""
     import time
 
-    from .features import feature_page, stats_of
+    from .features import feature_page
 
-    if Path(args.out).suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"--out {args.out!r} must be an .html file")
-    if not Path(args.out).resolve().parent.is_dir():
-        raise FileNotFoundError(2, "no such folder", str(Path(args.out).parent))
     started = time.time()
     sae, model, tokens = _sae_model_tokens(args)
-    progress, bar = _bar("features", args)
+    progress, bar = progress_bar("features", args)
     with bar:
         view = feature_page(model, sae, tokens, context=args.context, skip=args.skip, top=args.top,
-                            stats=stats_of(args.sae) if Path(args.sae).is_dir() else None, progress=progress)
+                            stats=_stats(args), progress=progress)
     out = view.save(args.out)
     if not args.quiet:
         print(f"{printable(str(out))}: {sae.d_sae:,} features, {len(view.html) / 1e6:.1f} MB, "

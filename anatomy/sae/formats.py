@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from ..checkpoints.files import SAFETENSORS_DTYPES, CheckpointError, read_json
+from ..checkpoints.files import SAFETENSORS_DTYPES, CheckpointError, read_json, shorten
 from ..checkpoints.memory import available_memory
 from ..hook_names import anatomy_name, transformer_lens_name
 from .modules import SAE
@@ -45,9 +45,15 @@ ARCHITECTURES = {
     "transcoder": ("relu", True),
     "jumprelu_transcoder": ("jumprelu", True),
     "topk_transcoder": ("topk", True),
+    "skip_transcoder": ("relu", True),
+    "jumprelu_skip_transcoder": ("jumprelu", True),
+    "topk_skip_transcoder": ("topk", True),
 }
-WRITTEN_AS = {(kind, transcoder): name for name, (kind, transcoder) in ARCHITECTURES.items()}
-WRITTEN_AS[("batchtopk", False)], WRITTEN_AS[("batchtopk", True)] = "jumprelu", "jumprelu_transcoder"
+WITH_SKIP = {"skip_transcoder", "jumprelu_skip_transcoder", "topk_skip_transcoder"}  # W_skip [d_out, d_in]
+WRITTEN_AS = {(kind, transcoder, name in WITH_SKIP): name for name, (kind, transcoder) in ARCHITECTURES.items()}
+for _skip in (False, True):
+    WRITTEN_AS[("batchtopk", True, _skip)] = WRITTEN_AS[("jumprelu", True, _skip)]
+WRITTEN_AS[("batchtopk", False, False)] = "jumprelu"
 
 # Gemma Scope: which point a repository's SAEs read, from its name (google/gemma-scope-2b-pt-res, -mlp, -att,
 # -transcoders) and the layer in the folder's path; `flatten`: attention SAEs read hook_z, heads flattened.
@@ -92,34 +98,37 @@ def _load_saelens(folder: Path, point: str | None, dtype: torch.dtype | None) ->
     metadata = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
     architecture = cfg.get("architecture") or _pre_6_architecture(cfg)
     if architecture not in ARCHITECTURES:
-        raise CheckpointError(f"{where!r}: architecture {architecture!r} is not one anatomy computes; allowed: "
-                              f"{', '.join(ARCHITECTURES)}")
+        raise CheckpointError(f"{where!r}: architecture {shorten(repr(architecture), 80)} is not one anatomy computes; "
+                              f"allowed: {', '.join(ARCHITECTURES)}")
     kind, transcoder = ARCHITECTURES[architecture]
     d_in, d_sae = _int(cfg, "d_in", where), _int(cfg, "d_sae", where)
     d_out = _int(cfg, "d_out", where) if transcoder else d_in
     k = _k(cfg, where) if kind == "topk" else None
     normalize = cfg.get("normalize_activations") or "none"
     if normalize != "none":
-        raise CheckpointError(f"{where!r}: normalize_activations={normalize!r} rescales inputs with statistics the "
-                              "files do not hold; anatomy reads SAEs with 'none' (fold the scaling into the weights)")
+        raise CheckpointError(f"{where!r}: normalize_activations={shorten(repr(normalize), 80)} rescales inputs with "
+                              "statistics the files do not hold; anatomy reads SAEs with 'none' "
+                              "(fold the scaling into the weights)")
     for key in ("hook_head_index", "hook_head_index_out"):
         if metadata.get(key, cfg.get(key)) is not None:
             raise CheckpointError(f"{where!r}: {key} reads one head of a point; anatomy's SAEs read whole points")
     reshape = cfg.get("reshape_activations") or "none"
     if reshape not in ("none", "hook_z"):
-        raise CheckpointError(f"{where!r}: reshape_activations={reshape!r}; allowed: 'none', 'hook_z'")
+        raise CheckpointError(f"{where!r}: reshape_activations={shorten(repr(reshape), 80)}; allowed: 'none', 'hook_z'")
     hook = metadata.get("hook_name") or cfg.get("hook_name") or cfg.get("hook_point")
     hook_out = metadata.get("hook_name_out") or cfg.get("hook_name_out")
     expected = {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_out), "b_dec": (d_out,)}
     if kind == "jumprelu":
         expected["threshold"] = (d_sae,)
+    if architecture in WITH_SKIP:
+        expected["W_skip"] = (d_out, d_in)
     tensors = _read_safetensors(folder / WEIGHTS, expected, dtype or _dtype(cfg.get("dtype"), where))
     sae = SAE(d_in, d_sae, kind=kind, k=k, d_out=d_out,
               point=point or (anatomy_name(hook) if hook else None),
               point_out=anatomy_name(hook_out) if transcoder and hook_out else None, transcoder=transcoder,
               apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", not transcoder)),
               flatten_heads=reshape == "hook_z", metadata=_kept_metadata(metadata, cfg), seed=None,
-              dtype=tensors["W_enc"].dtype)
+              skip=architecture in WITH_SKIP, dtype=tensors["W_enc"].dtype)
     _assign(sae, tensors)
     if kind == "topk" and cfg.get("rescale_acts_by_decoder_norm"):
         _fold_decoder_norms(sae)
@@ -137,14 +146,14 @@ def _k(cfg: dict, where: str) -> int:
     if k is None and isinstance(cfg.get("activation_fn_kwargs"), dict):
         k = cfg["activation_fn_kwargs"].get("k")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= cfg["d_sae"]:
-        raise CheckpointError(f"{where!r}: a TopK SAE needs k, an integer in [1, d_sae], got {k!r}")
+        raise CheckpointError(f"{where!r}: a TopK SAE needs k, an integer in [1, d_sae], got {shorten(repr(k), 80)}")
     return k
 
 
 def _int(cfg: dict, key: str, where: str) -> int:
     value = cfg.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CheckpointError(f"{where!r}: {key} must be a positive integer, got {value!r}")
+        raise CheckpointError(f"{where!r}: {key} must be a positive integer, got {shorten(repr(value), 80)}")
     return value
 
 
@@ -154,7 +163,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 def _dtype(name, where: str) -> torch.dtype:
     name = (name or "float32").removeprefix("torch.")
     if name not in DTYPES:
-        raise CheckpointError(f"{where!r}: dtype {name!r}; allowed: {', '.join(DTYPES)}")
+        raise CheckpointError(f"{where!r}: dtype {shorten(repr(name), 80)}; allowed: {', '.join(DTYPES)}")
     return DTYPES[name]
 
 
@@ -165,24 +174,8 @@ def _kept_metadata(metadata: dict, cfg: dict) -> dict:
 
 
 def _read_safetensors(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The tensors of `path`, after checking every name and shape against `expected` and the bytes against
-    the memory available, all from the header. A scaling_factor of ones (older SAELens) is dropped."""
-    try:
-        handle = safe_open(str(path), framework="pt")
-        shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
-        dtypes = {key: handle.get_slice(key).get_dtype() for key in shapes}
-    except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"SAE weights {str(path)!r} are missing, corrupt or truncated: {error}") from None
-    optional = {"scaling_factor": (expected["b_enc"][0],)}
-    _check_shapes(str(path), shapes, expected, optional)
-    unknown = sorted(k for k in expected if SAFETENSORS_DTYPES.get(dtypes[k]) not in DTYPES.values())
-    if unknown:
-        raise CheckpointError(f"SAE weights {str(path)!r}: tensors {unknown} are not floating point")
-    _check_memory(str(path), [shapes[k] for k in expected], dtype)
-    try:
-        tensors = {k: handle.get_tensor(k).to(dtype) for k in list(expected) + [k for k in optional if k in shapes]}
-    except Exception as error:  # safetensors reports truncated data only when a tensor is read
-        raise CheckpointError(f"SAE weights {str(path)!r} cannot be read: {error}") from None
+    """The tensors of `path` (read_tensors); a scaling_factor of ones (older SAELens) is dropped."""
+    tensors = read_tensors(path, expected, dtype, optional={"scaling_factor": (expected["b_enc"][0],)})
     scaling = tensors.pop("scaling_factor", None)
     if scaling is not None and not torch.equal(scaling, torch.ones_like(scaling)):
         raise CheckpointError(f"{str(path)!r} holds a fine-tuning scaling_factor that is not all ones; anatomy reads "
@@ -190,7 +183,34 @@ def _read_safetensors(path: Path, expected: dict[str, tuple[int, ...]], dtype: t
     return tensors
 
 
-def _check_shapes(where: str, shapes: dict, expected: dict, optional: dict | None = None) -> None:
+def read_tensors(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.dtype, optional: dict | None = None,
+                 what: str = "SAE weights") -> dict[str, torch.Tensor]:
+    """{name: tensor in `dtype`} of the safetensors file `path`: every name of `expected` (and of `optional`
+    that the file holds), after checking from the header alone that the file holds exactly these names,
+    each of the shape given, in floating point, and that they fit in the memory available. Raises
+    CheckpointError naming the file and the problem before any tensor is read."""
+    try:
+        handle = safe_open(str(path), framework="pt")
+        shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+        dtypes = {key: handle.get_slice(key).get_dtype() for key in shapes}
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{what} {str(path)!r} are missing, corrupt or truncated: {error}") from None
+    optional = optional or {}
+    check_shapes(str(path), shapes, expected, optional)
+    present = list(expected) + [k for k in optional if k in shapes]
+    unknown = sorted(k for k in present if SAFETENSORS_DTYPES.get(dtypes[k]) not in DTYPES.values())
+    if unknown:
+        raise CheckpointError(f"{what} {str(path)!r}: tensors {unknown} are not floating point")
+    _check_memory(str(path), [shapes[k] for k in present], dtype)
+    try:
+        return {k: handle.get_tensor(k).to(dtype) for k in present}
+    except Exception as error:  # safetensors reports truncated data only when a tensor is read
+        raise CheckpointError(f"{what} {str(path)!r} cannot be read: {error}") from None
+
+
+def check_shapes(where: str, shapes: dict, expected: dict, optional: dict | None = None) -> None:
+    """CheckpointError naming `where` unless `shapes` ({name: shape}) holds every name of `expected`, no name
+    beyond it and `optional`, and each with the shape given."""
     optional = optional or {}
     missing = sorted(set(expected) - set(shapes))
     extra = sorted(set(shapes) - set(expected) - set(optional))
@@ -235,7 +255,7 @@ def _load_gemma_scope(path: Path, source: str, point: str | None, dtype: torch.d
     (d_in, d_sae), d_out = shapes["W_enc"], shapes["W_dec"][-1]
     expected = {"W_enc": (d_in, d_sae), "W_dec": (d_sae, d_out), "b_enc": (d_sae,), "b_dec": (d_out,),
                 "threshold": (d_sae,)}
-    _check_shapes(str(path), shapes, expected)
+    check_shapes(str(path), shapes, expected)
     dtype = dtype or torch.float32
     _check_memory(str(path), list(expected.values()), dtype)
     where, point_out, flatten = _gemma_scope_point(source, point)
@@ -271,21 +291,27 @@ def _npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
                     shape, _, dtype = read_header(member)  # the header only, no data
                     header = member.tell()
             except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
-                raise CheckpointError(f"{str(path)!r}: the header of {name!r} is malformed: {error}") from None
+                raise CheckpointError(f"{str(path)!r}: the header of {shorten(repr(name), 80)} is malformed: "
+                                      f"{error}") from None
             if dtype.hasobject or dtype.kind not in "fiu":
-                raise CheckpointError(f"{str(path)!r}: {name!r} holds {dtype}, not numbers (nothing is unpickled)")
+                raise CheckpointError(f"{str(path)!r}: {shorten(repr(name), 80)} holds {dtype}, not numbers "
+                                      "(nothing is unpickled)")
             if header + int(np.prod(shape, dtype=np.float64)) * dtype.itemsize != info.file_size:
-                raise CheckpointError(f"{str(path)!r}: {name!r} declares shape {shape} of {dtype}, which its "
-                                      f"{info.file_size} stored bytes do not hold")
+                raise CheckpointError(f"{str(path)!r}: {shorten(repr(name), 80)} declares shape {shape} of {dtype}, "
+                                      f"which its {info.file_size} stored bytes do not hold")
             shapes[name] = tuple(shape)
     return shapes
 
 
 def _gemma_scope_point(source: str, point: str | None) -> tuple[str | None, str | None, bool]:
-    """(point read, point written for a transcoder, flatten heads) from `point` or the path's names."""
-    layer = re.search(r"layer_(\d+)", source)
+    """(point read, point written for a transcoder, flatten heads) from `point` or the path's names: the
+    repository's (its last component named gemma-scope*, never a folder above it) and layer_N below it."""
+    parts = Path(source).parts
+    at = max((i for i, part in enumerate(parts) if part.startswith("gemma-scope")), default=None)
+    repository = parts[at] if at is not None else ""
+    layer = re.search(r"layer_(\d+)", "/".join(parts[at + 1:])) if at is not None else None
     for marker, reads, writes, flatten in GEMMA_SCOPE_POINTS:
-        if marker in source and layer:
+        if marker in repository and layer:
             n = layer.group(1)
             return (anatomy_name(point) if point else reads.format(L=n)), writes and writes.format(L=n), flatten
     return (anatomy_name(point) if point else None), None, False
@@ -327,7 +353,7 @@ def saelens_config(sae: SAE) -> dict:
         config["d_out"] = sae.d_out
     if sae.kind == "topk":
         config.update(k=sae.k, rescale_acts_by_decoder_norm=False)
-    config["architecture"] = WRITTEN_AS[(sae.kind, sae.is_transcoder)]
+    config["architecture"] = WRITTEN_AS[(sae.kind, sae.is_transcoder, sae.W_skip is not None)]
     return config
 
 
@@ -338,7 +364,8 @@ def save_sae(sae: SAE, folder: str | os.PathLike) -> Path:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    names = ["W_enc", "b_enc", "W_dec", "b_dec"] + (["threshold"] if sae.kind in ("jumprelu", "batchtopk") else [])
+    names = ["W_enc", "b_enc", "W_dec", "b_dec"] + (["threshold"] if sae.kind in ("jumprelu", "batchtopk") else []) \
+        + (["W_skip"] if sae.W_skip is not None else [])
     tensors = {name: getattr(sae, name).detach().cpu().contiguous().clone() for name in names}
     temporary = folder / f".{WEIGHTS}.tmp{os.getpid()}"
     save_file(tensors, str(temporary))

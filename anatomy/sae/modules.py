@@ -24,6 +24,10 @@ sigma, by kind:
 A transcoder (Dunefsky et al. 2024, "Transcoders Find Interpretable LLM Feature Circuits") has the
 same parts but reads one point and predicts another: a layer's MLP input (`blocks.L.mlp_norm.out`) to
 its output (`blocks.L.mlp.out`). It never subtracts b_dec from its input (b_dec lives in the output).
+A skip transcoder (Paulo, Shabalin and Belrose 2025, "Transcoders Beat Sparse Autoencoders for
+Interpretability") adds a dense linear path from its input x_in [N, E] beside the features:
+
+    y^  = f W_dec + b_dec + x_in W_skip^T      W_skip [O, E], SAELens's and circuit-tracer's layout
 
 Parameter names and layouts are SAELens's (W_enc [E, F], W_dec [F, O]), so that its files load by
 name, without a table of transposes.
@@ -38,10 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..trace import TracePoint, anatomy_name
-
-KINDS = ("relu", "topk", "batchtopk", "jumprelu")
-WITH_K = ("topk", "batchtopk")
-WITH_THRESHOLD = ("batchtopk", "jumprelu")
+from .choices import KINDS, WITH_K, WITH_THRESHOLD
 
 
 class SAE(nn.Module):
@@ -51,7 +52,8 @@ class SAE(nn.Module):
     k: active features per vector (topk) or on average (batchtopk). point: the anatomy trace point it
     reads (TransformerLens names accepted); point_out: the point a transcoder writes (None for an SAE:
     it writes back where it reads); transcoder: whether it predicts another point than it reads
-    (default: when point_out is given or d_out differs from d_in). apply_b_dec_to_input: subtract
+    (default: when point_out is given or d_out differs from d_in). skip: a skip transcoder's W_skip
+    [d_out, d_in], initialised to 0 (a transcoder only). apply_b_dec_to_input: subtract
     b_dec before encoding (SAELens's default for SAEs; never for a transcoder). flatten_heads: the
     point is [.., head, d_head] and the SAE reads it flattened (SAELens's hook_z SAEs). metadata: what
     a file said beyond the weights (model name, dataset), written back by `save`. seed: initialise
@@ -65,7 +67,7 @@ class SAE(nn.Module):
     def __init__(self, d_in: int, d_sae: int, *, kind: str = "topk", k: float | None = None, d_out: int | None = None,
                  point: str | None = None, point_out: str | None = None, transcoder: bool | None = None,
                  apply_b_dec_to_input: bool | None = None, flatten_heads: bool = False, metadata: dict | None = None,
-                 dtype: torch.dtype = torch.float32, seed: int | None = 0):
+                 skip: bool = False, dtype: torch.dtype = torch.float32, seed: int | None = 0):
         super().__init__()
         for name, value in (("d_in", d_in), ("d_sae", d_sae), ("d_out", d_in if d_out is None else d_out)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -87,6 +89,8 @@ class SAE(nn.Module):
             raise ValueError(f"an SAE writes back the width it reads (d_in={d_in}); d_out={d_out} makes a transcoder")
         if transcoder and apply_b_dec_to_input:
             raise ValueError("a transcoder cannot subtract b_dec from its input: b_dec has the output's width")
+        if skip and not transcoder:
+            raise ValueError("skip=True is a skip transcoder's linear path from its input to its output; an SAE has none")
         self.kind, self.k, self.d_in, self.d_sae = kind, k, d_in, d_sae
         self.d_out = d_in if d_out is None else d_out
         self.point = anatomy_name(point) if point else None
@@ -100,6 +104,7 @@ class SAE(nn.Module):
         self.b_enc = nn.Parameter(torch.zeros(d_sae, dtype=dtype))
         self.W_dec = nn.Parameter(torch.empty(d_sae, self.d_out, dtype=dtype))
         self.b_dec = nn.Parameter(torch.zeros(self.d_out, dtype=dtype))
+        self.W_skip = nn.Parameter(torch.zeros(self.d_out, d_in, dtype=dtype)) if skip else None
         if kind == "jumprelu":
             self.threshold = nn.Parameter(torch.zeros(d_sae, dtype=dtype))
         elif kind == "batchtopk":  # learned from the batches' activations, not by gradient
@@ -126,6 +131,8 @@ class SAE(nn.Module):
             self.W_enc.copy_(F.normalize(torch.randn(self.d_sae, self.d_in, generator=generator), dim=-1).T)
         self.b_enc.zero_()
         self.b_dec.zero_()
+        if self.W_skip is not None:
+            self.W_skip.zero_()
         if self.kind in WITH_THRESHOLD:
             self.threshold.zero_()
 
@@ -156,16 +163,21 @@ class SAE(nn.Module):
         """[N, E] -> [N, F]: the feature activations f = sigma(pre)."""
         return self.activate(self.pre_activations(x))
 
-    def decode(self, f: torch.Tensor) -> torch.Tensor:
-        """[N, F] -> [N, O]: x^ = f W_dec + b_dec (unflattened to [.., head, d_head] for a flatten_heads SAE)."""
+    def decode(self, f: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
+        """[N, F] -> [N, O]: x^ = f W_dec + b_dec (unflattened to [.., head, d_head] for a flatten_heads SAE);
+        a skip transcoder adds x W_skip^T, x [N, E] its input (ValueError when x is not given)."""
         if f.size(-1) != self.d_sae:
             raise ValueError(f"this SAE has {self.d_sae} features; got activations of shape {tuple(f.shape)}")
         out = f @ self.W_dec + self.b_dec
+        if self.W_skip is not None:
+            if x is None:
+                raise ValueError("a skip transcoder decodes with its input: decode(f, x), x [.., d_in]")
+            out = out + x.to(self.W_skip.dtype) @ self.W_skip.T
         return out.unflatten(-1, self._head_shape) if self.flatten_heads and self._head_shape else out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[N, E] -> [N, O]: decode(encode(x)), the reconstruction (a transcoder's prediction of its output)."""
-        return self.decode(self.encode(x))
+        """[N, E] -> [N, O]: decode(encode(x), x), the reconstruction (a transcoder's prediction of its output)."""
+        return self.decode(self.encode(x), x)
 
     # ---- attached to a forward pass -----------------------------------------------------------
     def splice(self, x: torch.Tensor, source: torch.Tensor | None = None) -> torch.Tensor:
@@ -182,8 +194,9 @@ class SAE(nn.Module):
         an intervention may change the error in place). Gradients are the model's: d out / d x = I;
         d out / d features = W_dec; d out / d error = I (features and error are views: their own autograd
         nodes)."""
-        f_clean = self.encode(x if source is None else source)
-        recon_clean = self.decode(f_clean)
+        reads = x if source is None else source
+        f_clean = self.encode(reads)
+        recon_clean = self.decode(f_clean, reads)
         if recon_clean.shape != x.shape:
             raise ValueError(f"this SAE writes vectors of shape {tuple(recon_clean.shape[-2 if self.flatten_heads else -1:])}"
                              f" but the point it is attached to holds {tuple(x.shape)}")
@@ -192,7 +205,7 @@ class SAE(nn.Module):
         features = self.features(f_clean.view_as(f_clean))  # changed in place, f_clean is no longer needed
         # an unlistened point cannot have changed, and without gradients nothing needs its own node
         if self.features.active or torch.is_grad_enabled():
-            recon = self.decode(features)
+            recon = self.decode(features, reads)
         else:
             recon = recon_clean.clone() if self.recon.active else recon_clean
         recon = self.recon(recon)
@@ -231,7 +244,8 @@ class SAE(nn.Module):
         k = f", k={self.k}" if self.k is not None else ""
         where = f", point={self.point!r}" if self.point else ""
         out = f", point_out={self.point_out!r}" if self.point_out else ""
-        return f"kind={self.kind!r}{k}, d_in={self.d_in}, d_sae={self.d_sae}, d_out={self.d_out}{where}{out}"
+        skip = ", skip=True" if self.W_skip is not None else ""
+        return f"kind={self.kind!r}{k}, d_in={self.d_in}, d_sae={self.d_sae}, d_out={self.d_out}{where}{out}{skip}"
 
 
 def batch_topk(pre: torch.Tensor, k: float) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """The figures of an SAE run: its training curves, and variance explained against L0 across runs.
 
-    plot_training(run_dir, history)     run_dir/sae.png: FVE (train and held out), L0 and dead features by step
+    training_figure(history)            FVE (train and held out), L0 and dead features by step
+    plot_training(run_dir, history)     that figure, written as run_dir/sae.png
     frontier_figure(runs)               FVE against L0, one labelled point per run (Gao et al. 2024, figure 1's axes)
     plot_frontier(runs, path)           that figure, written as a PNG
 """
@@ -33,8 +34,9 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def plot_training(run_dir: str | os.PathLike, history: list[dict]) -> Path | None:
-    """run_dir/sae.png from the records of metrics.jsonl; None (nothing written) without matplotlib."""
+def training_figure(history: list[dict], title: str | None = None):
+    """The figure of the records of metrics.jsonl: FVE (train and held out), L0 and dead features by step (a
+    set's records: the means over its layers, said by `title`); None without matplotlib."""
     plt = _pyplot()
     if plt is None:
         return None
@@ -53,9 +55,21 @@ def plot_training(run_dir: str | os.PathLike, history: list[dict]) -> Path | Non
     left.legend()
     middle.legend()
     right.set_ylim(bottom=0.0, top=max(0.05, max([v for _, v in series["dead"]] or [0.0]) * 1.1))
-    left.set_ylim(max(0.0, min([v for _, v in series["fve"][len(series["fve"]) // 10:]] or [0.0]) - 0.05), 1.0)
-    result = _save(fig, Path(run_dir) / "sae.png")
-    plt.close(fig)
+    shown = [v for _, v in series["fve"][len(series["fve"]) // 10:]] + [v for _, v in series["val_fve"]]
+    left.set_ylim(max(0.0, min(shown or [0.0]) - 0.05), 1.0)  # every held-out point inside the axes
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_training(run_dir: str | os.PathLike, history: list[dict], name: str = "sae.png", title: str | None = None
+                  ) -> Path | None:
+    """run_dir/`name`: training_figure, written as a PNG; None (nothing written) without matplotlib."""
+    fig = training_figure(history, title)
+    if fig is None:
+        return None
+    result = _save(fig, Path(run_dir) / name)
+    _pyplot().close(fig)
     return result
 
 

@@ -127,6 +127,12 @@ class ActivationStore:
         order = self._shuffled[1][within * self.batch_size:(within + 1) * self.batch_size]
         return rows[order]
 
+    def first_rows(self, count: int) -> torch.Tensor:
+        """[<= count, E]: rows of the fill that step 0 reads, in its epoch-0 order (no other fill harvested)."""
+        fill = int(np.random.default_rng([self.seed, 1, 0]).permutation(len(self.fills))[0])
+        self.batch(0)  # loads that fill and its order
+        return self.fill(fill)[self._shuffled[1][:count]]
+
     def fill(self, index: int) -> torch.Tensor:
         """[R, E]: the rows of fill `index`, from memory, its shard, or passes of the model (then kept)."""
         if self._loaded is not None and self._loaded[0] == index:
@@ -144,22 +150,27 @@ class ActivationStore:
     def harvest_contexts(self, contexts: np.ndarray) -> torch.Tensor:
         """[len(contexts) (T - skip), E]: the points' values on those contexts."""
         return harvest_rows(self.model, self.points, self.tokens, contexts, context=self.context, skip=self.skip,
-                            harvest_batch=self.harvest_batch).to(self.dtype)
+                            harvest_batch=self.harvest_batch, dtype=self.dtype)
 
 
 def harvest_rows(model: nn.Module, points: Sequence[str], tokens: np.ndarray, contexts: np.ndarray, *,
-                 context: int, skip: int, harvest_batch: int = 16) -> torch.Tensor:
+                 context: int, skip: int, harvest_batch: int = 16, dtype: torch.dtype | None = None) -> torch.Tensor:
     """[len(contexts) (T - skip), E]: the values of `points` (side by side) on the contexts numbered `contexts`
     (context c = tokens[c T : (c + 1) T]), the first `skip` positions of each dropped, [.., head, d_head]
-    points flattened."""
-    parts = []
+    points flattened; in `dtype` (default the model's), each pass's rows written into place as they come,
+    so that no second copy of the whole is ever made."""
+    rows, done = None, 0
     for start in range(0, len(contexts), harvest_batch):
         chosen = contexts[start:start + harvest_batch]
         ids = torch.from_numpy(np.stack([np.asarray(tokens[c * context:(c + 1) * context], dtype=np.int64)
                                          for c in chosen]))  # (n, T)
         kept = [v[:, skip:].flatten(2) for v in harvest(model, ids, points)]  # (n, T - skip, .) each
-        parts.append(torch.cat(kept, dim=-1).flatten(0, 1))  # (n (T - skip), E)
-    return torch.cat(parts)
+        part = torch.cat(kept, dim=-1).flatten(0, 1)  # (n (T - skip), E)
+        if rows is None:
+            rows = part.new_empty((len(contexts) * (context - skip), part.size(1)), dtype=dtype or part.dtype)
+        rows[done:done + len(part)] = part
+        done += len(part)
+    return rows
 
 
 def rows_of(model: nn.Module, points: Sequence[str], tokens: np.ndarray, *, context: int = 128, skip: int = 1,

@@ -15,6 +15,6 @@
     cli.py          `anatomy train lm|seq2seq|classify`
 """
 
-from .tokenizers import Tokenizer, load_tokenizer, train_tokenizer
+from ..lazy import lazy_names
 
-__all__ = ["Tokenizer", "load_tokenizer", "train_tokenizer"]
+__all__ = lazy_names(__name__, {name: ".tokenizers" for name in ("Tokenizer", "load_tokenizer", "train_tokenizer")})

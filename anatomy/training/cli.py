@@ -17,23 +17,15 @@ import json
 import random
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from ..checkpoints.describe import config_of
 from ..cli import (add_device_argument, add_model_argument, add_threads_argument, input_file, non_negative_float,
                    non_negative_int, one_line, output_folder, positive_float, positive_int, printable, probability, seed,
                    summary_block, text)
 from ..config import ACTIVATIONS, ATTN_IMPLS, NORM_POSITIONS, NORMS, POS_ENCODINGS, QK_NORMS
-from . import distributed
-from .budget import check_training_memory
-from .build import BUILDERS, RUN_CONFIG, planned_config
-from .checkpoint import checkpoint_candidates, remove_temporaries, save_trained, write_text_atomically
-from .metrics import METRICS
-from .rundir import RunLock
+from .choices import KINDS
 from .schedules import SCHEDULES
-from .tokenizers import KINDS
-from .trainer import TrainConfig, Trainer
+
+# The data, the model, the trainer and torch are imported by the functions that use them, once the
+# arguments have been checked (anatomy.lazy): a mistake is refused in milliseconds.
 
 # per task: (model defaults, training defaults); every one can be overridden on the command line
 DEFAULTS = {
@@ -72,14 +64,30 @@ def layer_count(value: str) -> int:
 
 def label_list(value: str) -> str:
     """An argparse type: comma-separated class labels, at least two, none empty, none repeated."""
-    value = text(value)
     labels = value.split(",")
     if any(not label.strip() for label in labels):
         raise argparse.ArgumentTypeError(f"{one_line(value, 100)!r} has an empty label (labels are separated by commas)")
+    value = text(value)
     if len(set(labels)) != len(labels):
         raise argparse.ArgumentTypeError(f"{one_line(value, 100)!r} names a label twice")
     if len(labels) < 2:
         raise argparse.ArgumentTypeError(f"{one_line(value, 100)!r}: a classifier needs at least two labels")
+    return value
+
+
+def tokenizer_choice(value: str) -> str:
+    """An argparse type: a kind of tokenizer to train (KINDS), or a tokenizer.json or folder that exists."""
+    if value in KINDS:
+        return value
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"an empty name; give {', '.join(KINDS)}, or a tokenizer.json or its folder")
+    try:
+        exists = Path(value).expanduser().exists()
+    except (OSError, ValueError):
+        exists = False
+    if not exists:
+        raise argparse.ArgumentTypeError(f"{one_line(value, 100)!r} is no tokenizer kind ({', '.join(KINDS)}) and "
+                                         "no tokenizer.json or folder that exists")
     return value
 
 
@@ -140,7 +148,7 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
     g.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
     g = p.add_argument_group("tokenizer")
-    g.add_argument("--tokenizer", default=train_defaults["tokenizer"],
+    g.add_argument("--tokenizer", default=train_defaults["tokenizer"], type=tokenizer_choice,
                    help=f"{' | '.join(KINDS)} (trained on the training data), or a tokenizer.json / directory")
     g.add_argument("--vocab-size", type=vocab_size, help="for word, bpe, wordpiece (default: 8000)")
 
@@ -189,7 +197,10 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
     g.add_argument("--keep", type=positive_int, default=2, help="checkpoints kept on disk")
 
 
-def train_config(args) -> TrainConfig:
+def train_config(args):
+    """The TrainConfig the arguments ask for."""
+    from .trainer import TrainConfig
+
     return TrainConfig(
         max_steps=args.max_steps, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
         min_lr_ratio=args.min_lr_ratio, schedule=args.schedule, warmup=args.warmup,
@@ -209,6 +220,8 @@ def plain_arguments(args, tokenizer) -> dict:
 
 def summary(args, model, task, tokenizer, info) -> str:
     """The start-up summary: model, device, data and budget, as a newcomer wants to see them first."""
+    import torch
+
     params = sum(p.numel() for p in model.parameters())
     sizes = task.sizes()
     per_step = sizes["per_batch"] * args.grad_accum * info.world_size
@@ -225,8 +238,14 @@ def summary(args, model, task, tokenizer, info) -> str:
     return summary_block(f"anatomy train {args.task} -> {printable(args.out)}", rows)
 
 
-def _lock(run_dir: Path, info) -> RunLock | None:
-    """Rank 0 locks the run folder; every rank learns whether it could, so that all stop together."""
+def _lock(run_dir: Path, info):
+    """The run folder's RunLock (None on ranks but 0): rank 0 locks it, and every rank learns whether
+    it could, so that all stop together."""
+    import torch
+
+    from . import distributed
+    from .rundir import RunLock
+
     lock, error = None, None
     if info.is_main:
         try:
@@ -244,6 +263,10 @@ def _lock(run_dir: Path, info) -> RunLock | None:
 def check_arguments(args) -> None:
     """What can be checked before the run folder is touched or a file read: options that go in
     pairs, the --init encoder, and the memory one training step will need (budget.py)."""
+    from ..checkpoints.describe import config_of
+    from .budget import check_training_memory
+    from .build import planned_config
+
     if args.task == "seq2seq":
         for first, second in (("val_src", "val_tgt"), ("test_src", "test_tgt")):
             if (getattr(args, first) is None) != (getattr(args, second) is None):
@@ -267,6 +290,14 @@ def check_arguments(args) -> None:
 
 def run(args) -> int:
     check_arguments(args)
+    import numpy as np
+
+    from . import distributed
+    from .build import BUILDERS, RUN_CONFIG
+    from .checkpoint import checkpoint_candidates, remove_temporaries, save_trained, write_text_atomically
+    from .metrics import METRICS
+    from .trainer import Trainer
+
     info = distributed.setup(args.device)
     run_dir = Path(args.out)
     lock = None

@@ -31,6 +31,7 @@ import torch
 
 from ..checkpoints.files import cache_root
 from ..inputs import pad_batch
+from ..text import text_lines
 from .tokenizers import Tokenizer
 
 IGNORE_INDEX = -100  # label value that cross-entropy skips (padding positions)
@@ -71,28 +72,31 @@ def _write_atomically(path: Path, chunks, dtype: np.dtype) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     n = 0
-    with open(tmp, "wb") as out:
-        for chunk in chunks:
-            arr = np.asarray(chunk, dtype=dtype)
-            out.write(arr.tobytes())
-            n += arr.size
-        out.flush()
-        os.fsync(out.fileno())
+    try:
+        with open(tmp, "wb") as out:
+            for chunk in chunks:
+                arr = np.asarray(chunk, dtype=dtype)
+                out.write(arr.tobytes())
+                n += arr.size
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:  # a text that is not UTF-8, an interrupt: no half-written file left in the cache
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     return n
 
 
 def _line_chunks(path: Path):
     """The file's lines (newline kept), `_LINES_PER_CHUNK` at a time."""
-    with open(path, encoding="utf-8") as handle:
-        chunk = []
-        for line in handle:
-            chunk.append(line)
-            if len(chunk) == _LINES_PER_CHUNK:
-                yield chunk
-                chunk = []
-        if chunk:
+    chunk = []
+    for line in text_lines(path):
+        chunk.append(line)
+        if len(chunk) == _LINES_PER_CHUNK:
             yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 # ---- language modelling ------------------------------------------------------------------------
@@ -243,9 +247,9 @@ def read_tsv(path, label_names: list[str] | None = None, header: bool | None = N
     `label_names` (naming the file, line and allowed labels).
     """
     path = _check_nonempty(path)
-    with open(path, encoding="utf-8", newline="") as handle:
-        rows = [(n, r) for n, r in enumerate(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE), 1)
-                if r and any(f.strip() for f in r)]
+    rows = [(n, r) for n, r in enumerate(csv.reader(text_lines(path, newline=""), delimiter="\t",
+                                                    quoting=csv.QUOTE_NONE), 1)
+            if r and any(f.strip() for f in r)]
     if not rows:
         raise ValueError(f"{path} is empty: there is nothing to train on")
     for n, r in rows:

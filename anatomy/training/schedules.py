@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads with the trainer, not with `anatomy train --help`
+    import torch
 
 SCHEDULES = ("cosine", "inverse-sqrt", "constant")
 
@@ -49,4 +51,6 @@ def make_scheduler(optimizer: torch.optim.Optimizer, name: str, *, warmup: int, 
         fn = partial(warmup_cosine, warmup=warmup, max_steps=2**62, min_ratio=1.0)
     else:
         raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    import torch
+
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)

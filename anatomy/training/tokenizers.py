@@ -29,10 +29,11 @@ from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, tra
 from tokenizers import Tokenizer as Backend
 
 from ..checkpoints.tokenizer import Tokenizer
+from ..text import text_lines
+from .choices import KINDS
 
 PAD, UNK, SOS, EOS = "<PAD>", "<UNK>", "<SOS>", "<EOS>"
 SPECIAL_TOKENS = [PAD, UNK, SOS, EOS]
-KINDS = ("char", "word", "bpe", "wordpiece")
 
 __all__ = ["KINDS", "SPECIAL_TOKENS", "Tokenizer", "load_tokenizer", "train_tokenizer"]
 
@@ -108,8 +109,7 @@ def train_tokenizer(
 def _lines(files: list[str]) -> Iterator[str]:
     """Every line of every file, newline kept (so a char vocabulary learns "\\n"), one at a time."""
     for f in files:
-        with open(f, encoding="utf-8") as handle:
-            yield from handle
+        yield from text_lines(f)
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:

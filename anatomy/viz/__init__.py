@@ -7,9 +7,10 @@ Views: head_view, model_view, neuron_view, generation_view. Data: AttentionMap, 
 that build it from a traced forward pass. Images: anatomy.viz.plots (matplotlib).
 """
 
-from .data import AttentionMap
-from .html import View, page, write_atomically
-from .views import generation_view, head_view, model_view, neuron_view
+from ..lazy import lazy_names
 
-__all__ = ["AttentionMap", "View", "generation_view", "head_view", "model_view", "neuron_view", "page",
-           "write_atomically"]
+__all__ = lazy_names(__name__, {
+    "AttentionMap": ".data",
+    "View": ".html", "page": ".html", "write_atomically": ".html",
+    **{name: ".views" for name in ("generation_view", "head_view", "model_view", "neuron_view")},
+})

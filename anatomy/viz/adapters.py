@@ -34,8 +34,11 @@ def from_trace(
     attention: str = "attn",
     name: str = "self-attention",
     sentence_b_start: int | None = None,
+    layers: Sequence[int] | None = None,
 ) -> AttentionMap:
-    """The AttentionMap of `{stack}blocks.{i}.{attention}` for every layer i in a Trace (batch item 0).
+    """The AttentionMap of `{stack}blocks.{i}.{attention}` for every layer i in a Trace (batch item 0),
+    or for the `layers` given only (the map's layer l is then layers[l]: one layer of a long text
+    without stacking the others).
 
     stack is "" for an encoder or decoder model, "encoder." or "decoder." for an encoder-decoder;
     attention is "attn" (self-attention) or "cross_attn". q and k are kept when the trace has them
@@ -47,7 +50,10 @@ def from_trace(
                    if (m := re.fullmatch(rf"{prefix}(\d+)\.{attention}\.pattern", n))}
     if not layer_names:
         raise KeyError(f"the trace has no {stack}blocks.<i>.{attention}.pattern; it holds {sorted(recorded)}")
-    layers = [layer_names[i] for i in sorted(layer_names)]
+    missing = [i for i in (layers or []) if i not in layer_names]
+    if missing:
+        raise KeyError(f"the trace has no {stack}blocks.{missing[0]}.{attention}.pattern")
+    layers = [layer_names[i] for i in (sorted(layer_names) if layers is None else layers)]
     weights = torch.stack([recorded[f"{layer}.pattern"][0] for layer in layers])  # (L, H, T, S)
     q = k = None
     if all(f"{layer}.q" in recorded and f"{layer}.k" in recorded for layer in layers):

@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..checkpoints import from_pretrained, load_tokenizer
-from ..checkpoints.describe import config_of
 from ..cli import add_device_argument, add_model_argument, add_threads_argument, non_negative_int, output_file, positive_int, printable, text
-from . import views
-from .adapters import attention_from_ids, attention_from_model, greedy_continuation, tokens_of
-from .plots import map_heatmap, save_figure
+
+# The model, the views and torch are imported by the functions that use them, once the arguments
+# have been checked (anatomy.lazy): a mistake is refused in milliseconds.
 
 VIEWS = ("head", "model", "neuron", "generation")
 MAX_VIEW_TOKENS = 1024  # the generation view of a model without a position table: at most this many tokens
@@ -66,6 +64,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError("--query is for --view neuron")
     if args.new_tokens is not None and args.view != "generation":
         raise ValueError("--new-tokens is for --view generation")
+    from ..checkpoints.describe import config_of
+
     config = config_of(args.model)
     if config is None:  # a Hub id not downloaded yet: the views check the traced maps
         return
@@ -90,6 +90,8 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
+    from ..checkpoints import from_pretrained, load_tokenizer
+
     args.head, args.query = args.head or 0, args.query or 0
     args.new_tokens = args.new_tokens or NEW_TOKENS
     model = from_pretrained(args.model, device=args.device)
@@ -112,6 +114,8 @@ def trace_attention(args, model, tokenizer):
         raise ValueError(f"--model {args.model} is a decoder, which reads one text: TEXT_B (a sentence pair) needs an "
                          "encoder (e.g. --model toy-encoder or minilm), a translation target an encoder-decoder "
                          "(--model toy-seq2seq)")
+    from .adapters import attention_from_model
+
     notes: list[str] = []
     maps = attention_from_model(model, tokenizer, args.text, args.text_b, notes=notes)
     for note in notes:  # a text longer than the model's positions was cut; a target translated
@@ -121,6 +125,8 @@ def trace_attention(args, model, tokenizer):
 
 def generation_attention(args, model, tokenizer):
     """The causal attention of the prompt and its greedy continuation, in one pass."""
+    from .adapters import attention_from_ids, greedy_continuation, tokens_of
+
     if model.config.arch != "decoder":
         raise ValueError(f"the generation view needs a decoder; --model {args.model} is an {model.config.arch}")
     if args.text_b is not None:
@@ -132,6 +138,9 @@ def generation_attention(args, model, tokenizer):
 
 def write_outputs(args, maps, prompt_length) -> list[str]:
     """Build every output that was asked for, then write them (so a bad --layer writes nothing)."""
+    from . import views
+    from .plots import map_heatmap, save_figure
+
     figures = {path: map_heatmap(maps[0], args.layer, args.head) for path in (args.png, args.svg) if path}
     view = None
     if args.out:

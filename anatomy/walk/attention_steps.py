@@ -12,7 +12,7 @@ import torch
 
 from .. import masks
 from ..positional import rotate_every_two, rotate_half
-from .builder import Builder, fmt, products, vec
+from .builder import Builder, fmt, products, signed, vec
 from .narration import say
 from .reference import f64, linear, norm, softcap, softmax
 from .types import Matrix
@@ -83,7 +83,7 @@ def attention_steps(b: Builder, attn, a: str, q_in: str, kv_in: str, q_tokens, k
     xrow, qrow = xq[fi], q[fi]
     worked = [] if attn.qk_norm != "none" or not b.small else [b.worked(
         f"q['{q_tokens[fi]}', 0] = x · W_q[:, 0]{bq} = {products(xrow, f64(attn.q_proj.weight[h * D]))}"
-        + (f" + {fmt(float(f64(attn.q_proj.bias)[h * D]))}" if bq else "") + f" = {fmt(float(qrow[0]))}",
+        + (f" {signed(float(f64(attn.q_proj.bias)[h * D]))}" if bq else "") + f" = {fmt(float(qrow[0]))}",
         f"q_{{{fi},0}} = x_{{{fi}}} \\cdot W_q[:, 0]{bq} = {fmt(float(qrow[0]))}",
         project(attn, xrow[None], "q", h)[0, 0], qrow[0], f"the model's {a}q[0, {h}, {fi}, 0]")]
     b.add(
@@ -92,7 +92,8 @@ def attention_steps(b: Builder, attn, a: str, q_in: str, kv_in: str, q_tokens, k
         f"Q = {in_name}·W_q{bq},   K = {src}·W_k{bk},   V = {src}·W_v{bv}",
         f"Q = {in_latex} W_q{bq}, \\quad K = {src_latex} W_k{bk}, \\quad V = {src_latex} W_v{bv}",
         shown,
-        b.check("the projections with the module's W and b", f"the model's {a}q, {a}k, {a}v",
+        b.check("the projections with the module's W" + (" and b" if bq or bk or bv else ""),
+                f"the model's {a}q, {a}k, {a}v",
                 mine, torch.cat([q, k, v])),
         worked,
     )
@@ -222,21 +223,31 @@ def scores_steps(b: Builder, attn, a: str, q, k, v, q_tokens, kv_tokens, allowed
     )
 
 
+def head_list(H: int) -> tuple[str, str]:
+    """The heads inside Concat(...), as text and LaTeX: every one up to three (head_0, head_1),
+    the first and the last around an ellipsis past that (head_0, …, head_8)."""
+    shown = [0, None, H - 1] if H > 3 else range(H)
+    text = ", ".join("…" if h is None else f"head_{h}" for h in shown)
+    latex = ", ".join(r"\ldots" if h is None else r"\mathrm{head}_{" + str(h) + "}" for h in shown)
+    return text, latex
+
+
 def output_projection_step(b: Builder, attn, a: str, tokens, section: str) -> None:
     H, D = attn.n_heads, attn.d_head
     z_all = b.get(f"{a}z", 0)  # (T, H, D)
     concat = z_all.reshape(len(tokens), H * D)  # (T, H, D) -> (T, H*D)
     out = b.get(f"{a}out", 0)
     bias = " + b_O" if attn.o_proj.bias is not None else ""
-    shown = [Matrix("Concat(heads)", r"\mathrm{Concat}(\mathrm{head}_0, \ldots)", concat, rows=tokens,
+    heads, heads_latex = head_list(H)
+    shown = [Matrix("Concat(heads)", r"\mathrm{Concat}(" + heads_latex + ")", concat, rows=tokens,
                     cols=[f"h{i // D}·{i % D}" for i in range(H * D)])]
     if b.small:
         shown.append(b.param("W_O", "W_O", attn.o_proj.weight))
     shown.append(Matrix("MultiHead", r"\mathrm{MultiHead}", out, rows=tokens, point=f"{a}out", index=(0,)))
     b.add(
         section, "Concatenate the heads and project: W_O", say("concat", H=H, D=D, HD=H * D),
-        f"MultiHead = Concat(head_0, …, head_{H - 1})·W_O{bias}",
-        r"\mathrm{MultiHead} = \mathrm{Concat}(\mathrm{head}_0, \ldots, \mathrm{head}_{" + str(H - 1) + r"})\, W_O" + bias,
+        f"MultiHead = Concat({heads})·W_O{bias}",
+        r"\mathrm{MultiHead} = \mathrm{Concat}(" + heads_latex + r")\, W_O" + bias,
         shown,
         b.check("Concat(heads)·W_O" + bias, f"the model's {a}out", linear(concat, attn.o_proj), out),
     )

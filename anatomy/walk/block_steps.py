@@ -42,10 +42,10 @@ def norm_worked(b: Builder, x: torch.Tensor, module: nn.Module, result: torch.Te
         return [
             b.worked(f"row '{token}': mean = ({sum_text(x)}) / {E} = {fmt(float(mean))}",
                      r"\mu = \frac{1}{" + str(E) + r"} \sum_d x_d = " + fmt(float(mean)), mean, x.mean(), "torch.mean of the row"),
-            b.worked(f"variance = Σ (x − {fmt(float(mean))})² / {E} = {float(var):.6f}",
+            b.worked(f"variance = Σ (x {signed(-float(mean))})² / {E} = {float(var):.6f}",
                      r"\sigma^2 = \frac{1}{" + str(E) + r"} \sum_d (x_d - \mu)^2 = " + f"{float(var):.6f}",
                      var, x.var(unbiased=False), "torch.var(unbiased=False) of the row"),
-            b.worked(f"normalised = (x − {fmt(float(mean))}) / √({float(var):.6f} + {module.eps:g}) = {vec(normalised)}",
+            b.worked(f"normalised = (x {signed(-float(mean))}) / √({float(var):.6f} + {module.eps:g}) = {vec(normalised)}",
                      r"\hat x = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}}", normalised,
                      torch.nn.functional.layer_norm(x, (E,), eps=module.eps), "torch's layer_norm without γ, β"),
             b.worked(f"× γ {vec(g)}" + (f" + β {vec(beta)}" if module.bias is not None else "")

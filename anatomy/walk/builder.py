@@ -28,10 +28,10 @@ def fmt(x: float) -> str:
 
 def vec(values: torch.Tensor, keep: int = 3, limit: int = 8) -> str:
     """A vector as text, cut to its ends when long: [0.1, 0.2, ⋯, 0.9]."""
-    items = [float(v) for v in values]
-    if len(items) > limit:
-        return "[" + ", ".join(map(fmt, items[:keep])) + ", ⋯, " + ", ".join(map(fmt, items[-keep:])) + "]"
-    return "[" + ", ".join(map(fmt, items)) + "]"
+    if len(values) > limit:  # only the ends become Python floats (a row of logits has 49,152)
+        ends = [float(v) for v in values[:keep]], [float(v) for v in values[len(values) - keep:]]
+        return "[" + ", ".join(map(fmt, ends[0])) + ", ⋯, " + ", ".join(map(fmt, ends[1])) + "]"
+    return "[" + ", ".join(fmt(float(v)) for v in values) + "]"
 
 
 def signed(x: float) -> str:
@@ -49,16 +49,18 @@ def sum_text(values, limit: int = 8) -> str:
 def products(a: torch.Tensor, b: torch.Tensor, limit: int = 8) -> str:
     """Σ a_d b_d written out: '0.1000×0.2000 + 0.3000×(−0.4000) …' (cut to its ends when long)."""
     factor = lambda v: f"({fmt(float(v))})" if float(v) < 0 else fmt(float(v))  # noqa: E731
-    terms = [f"{factor(x)}×{factor(y)}" for x, y in zip(a, b)]
-    if len(terms) > limit:
-        terms = terms[:3] + [f"⋯ ({len(terms) - 6} more)"] + terms[-3:]
-    return " + ".join(terms)
+    term = lambda d: f"{factor(a[d])}×{factor(b[d])}"  # noqa: E731
+    n = min(len(a), len(b))
+    if n > limit:  # only the terms shown are formatted (a feed-forward row has thousands)
+        return " + ".join([term(d) for d in range(3)] + [f"⋯ ({n - 6} more)"] + [term(d) for d in range(n - 3, n)])
+    return " + ".join(term(d) for d in range(n))
 
 
 class Builder:
     """Reads the trace, recomputes, and appends steps; one per walkthrough."""
 
-    def __init__(self, model: nn.Module, t, label: Callable[[int], str], head: int, focus: int | None = None):
+    def __init__(self, model: nn.Module, t, label: Callable[[int], str], head: int, focus: int | None = None,
+                 vocabulary: list[str] | None = None):
         self.model = model
         self.config = model.config
         self.t = t
@@ -67,6 +69,13 @@ class Builder:
         self.focus = focus  # the row worked through by hand (None: each section picks its own)
         self.steps: list[Step] = []
         self.param_names = {id(param): name for name, param in model.named_parameters()}
+        self._vocabulary: list[str] = list(vocabulary or [])  # every id's label, when the caller has them
+
+    def vocabulary(self, size: int) -> list[str]:
+        """The labels of ids 0 … size − 1 (the one-hot columns, the logits' columns), made once."""
+        if len(self._vocabulary) < size:
+            self._vocabulary += [self.label(i) for i in range(len(self._vocabulary), size)]
+        return self._vocabulary[:size]
 
     @property
     def small(self) -> bool:
@@ -79,7 +88,7 @@ class Builder:
     def param(self, name: str, latex: str, param: torch.Tensor, rows: slice | list[int] | None = None,
               transpose: bool = True, labels=None, note: str = "") -> Matrix:
         """A weight as the equations use it: W (in × out), i.e. the module's weight transposed."""
-        values = f64(param)
+        values = param.detach()
         where = self.param_names.get(id(param), "parameter")
         if isinstance(rows, slice):
             values = values[rows]
@@ -87,6 +96,7 @@ class Builder:
         elif rows is not None:
             values = values[rows]
             where += note
+        values = f64(values)  # the rows shown, not all 49,152 of an embedding
         if transpose and values.dim() == 2:
             values, where = values.T, where + "ᵀ"
         if values.dim() == 1:
@@ -108,6 +118,14 @@ class Builder:
         mine = torch.as_tensor(mine, dtype=torch.float64)
         theirs = torch.as_tensor(theirs, dtype=torch.float64)
         return Worked(text, latex, compare("this line", against, mine, theirs))
+
+    def add_later(self, section: str, title: str, text: str, equation: str, latex: str,
+                  build: Callable[[], tuple[list[Matrix], Check | None, list[Worked]]]) -> Step:
+        """A step whose numbers are computed when it is first read (Step.build): those that cost as much
+        as a pass, such as the float64 logits over the whole vocabulary."""
+        step = self.add(section, title, text, equation, latex)
+        step.pending = build
+        return step
 
     def add(self, section: str, title: str, text: str, equation: str, latex: str,
             matrices: list[Matrix] | None = None, check: Check | None = None,

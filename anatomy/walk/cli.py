@@ -19,13 +19,11 @@ import shutil
 import sys
 import textwrap
 
-from ..checkpoints import from_pretrained, load_tokenizer
-from ..checkpoints.describe import config_of
-from ..checkpoints.toys import MASK, TOY_MODELS, TOYS, build_toy, toy_tokenizer
 from ..cli import add_device_argument, add_model_argument, add_threads_argument, non_negative_int, output_file, printable, seed, text
-from ..viz import write_atomically
-from .examples import EXAMPLES, example_walk
-from .walkthrough import Walkthrough, check_layer_and_head, walkthrough
+from .sources import EXAMPLES
+
+# The model, the walk and torch are imported by the functions that use them, once the arguments
+# have been checked (anatomy.lazy): a mistake is refused in milliseconds.
 
 FORMATS = ("terminal", "markdown", "html")
 DEFAULT_TEXT = {"minilm": "Time flies like an arrow"}  # the bertviz example of the "3 Transformer Anatomy" notes
@@ -63,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _toy(args: argparse.Namespace) -> tuple:
     """(model, ids, walkthrough options) for a built-in toy, grown to fit a long text; every
     argument is checked before the toy is built."""
+    from ..checkpoints.describe import config_of
+    from ..checkpoints.toys import TOYS, build_toy, toy_tokenizer
+    from .walkthrough import check_layer_and_head
+
     name, toy = args.model, TOYS[args.model]
     overrides = {}
     if args.norm_position:
@@ -84,6 +86,10 @@ def _toy(args: argparse.Namespace) -> tuple:
 def _pretrained(args: argparse.Namespace) -> tuple:
     """(model, ids, target ids, tokenizer) for any name or path the resolver knows. The config and
     the tokenizer come first, so that every argument is checked before a weight loads."""
+    from ..checkpoints import from_pretrained, load_tokenizer
+    from ..checkpoints.describe import config_of
+    from .walkthrough import check_layer_and_head
+
     if args.norm_position:
         raise WalkError("--norm-position applies to the toy models only")
     config = config_of(args.model)  # None: a Hub id not downloaded yet, checked once it is
@@ -128,8 +134,11 @@ def _check_length(args: argparse.Namespace, config, ids: list[int], tokenizer) -
     return target_ids
 
 
-def build(args: argparse.Namespace) -> Walkthrough:
-    """The walkthrough the arguments ask for."""
+def build(args: argparse.Namespace):
+    """The Walkthrough the arguments ask for."""
+    from ..checkpoints.toys import MASK, TOY_MODELS
+    from .walkthrough import walkthrough
+
     model, ids, target_ids, tokenizer, task = (_toy if args.model in TOY_MODELS else _pretrained)(args)
     if not ids:
         raise WalkError("the text has no tokens")
@@ -159,6 +168,9 @@ def list_examples(width: int = 80) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..viz import write_atomically
+    from .examples import example_walk
+
     if args.list_examples:
         print(list_examples(shutil.get_terminal_size().columns))
         return 0

@@ -10,40 +10,17 @@ was printed with; where a source departs from its own formulas, the step says so
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 
 import torch
 import torch.nn.functional as F
 
-from ..checkpoints.toys import SENTENCE, article_words, sentence_vocab
+from ..checkpoints.toys import SENTENCE, TOYS, article_words, build_toy, sentence_vocab, toy_tokenizer
 from .builder import fmt, products, vec
 from .reference import compare, softmax
+from .sources import EXAMPLES, load
 from .types import Matrix, Step, Worked
 from .walkthrough import Walkthrough
-
-DATA = resources.files("anatomy.walk") / "data"
-
-
-@dataclass(frozen=True)
-class Example:
-    file: str
-    description: str
-
-
-@lru_cache(maxsize=None)
-def load(file: str) -> dict:
-    return json.loads((DATA / f"{file}.json").read_text(encoding="utf-8"))
-
-
-EXAMPLES = {
-    name: Example(file, load(file)["description"] + f" ({load(file)['author']})" if name != "notes" else
-                  load(file)["description"] + ' (the "3 Transformer Anatomy" notes)')
-    for name, file in (("armas", "armas"), ("anasashb", "anasashb"), ("notes", "anatomy-notes"))
-}
 
 
 def T(values) -> torch.Tensor:
@@ -111,7 +88,8 @@ def armas() -> Walkthrough:
           [Matrix("e₃ (as added)", "e_3", e3_added[None], rows=["e₃"], note="the article's sum"),
            Matrix("x₃", "x_3", x3[None], rows=["x₃"], note="as printed", highlight=0)],
           printed("x₃", e3_added + p3, x3, 4),
-          [Worked(f"x₃[{i}] = {fmt(float(e3_added[i]))} + {float(p3[i]):.8f} = {fmt(float(e3_added[i] + p3[i]))}",
+          [Worked(f"x₃[{i}] = {fmt(float(e3_added[i]))} {'−' if p3[i] < 0 else '+'} {abs(float(p3[i])):.8f} "
+                  f"= {fmt(float(e3_added[i] + p3[i]))}",
                   f"x_3^{{({i})}} = {fmt(float(e3_added[i] + p3[i]))}", printed(f"x₃[{i}]", e3_added[i] + p3[i], x3[i], 4))
            for i in range(4)])
     W = {n: T(d[n]) for n in ("W_Q", "W_K", "W_V", "W_Q_in_q3")}
@@ -218,8 +196,7 @@ def notes() -> Walkthrough:
           [Matrix("QKᵀ", r"QK^T", scores, rows=tokens, cols=tokens, highlight=0),
            Matrix("A", "A", A, rows=tokens, cols=tokens, highlight=0)],
           compare("softmax(QKᵀ/√2)", "torch.softmax", A, torch.softmax(scores / math.sqrt(2), -1)),
-          [Worked(f"q₁₁k₁₁ + q₁₂k₁₂ = {fmt(float(Q[0, 0]))}×{fmt(float(K[0, 0]))} + {fmt(float(Q[0, 1]))}×{fmt(float(K[0, 1]))} "
-                  f"= {fmt(float(scores[0, 0]))}", r"q_{11}k_{11} + q_{12}k_{12}",
+          [Worked(f"q₁₁k₁₁ + q₁₂k₁₂ = {products(Q[0, :2], K[0, :2])} = {fmt(float(scores[0, 0]))}", r"q_{11}k_{11} + q_{12}k_{12}",
                   compare("this line", "QKᵀ[0, 0]", Q[0, 0] * K[0, 0] + Q[0, 1] * K[0, 1], scores[0, 0]))])
     out = A @ V
     s.add("Attention", "5. The output A V (5 × 2)",
@@ -283,3 +260,16 @@ def example_walk(name: str) -> Walkthrough:
     if name not in WALKS:
         raise ValueError(f"unknown example {name!r}; choose one of {', '.join(EXAMPLES)}")
     return WALKS[name]()
+
+
+def toy_example(name: str = "toy", **overrides):
+    """(model, ids, kwargs) for a trained toy on its own text: `walkthrough(model, ids, **kwargs)`."""
+    toy, tokenizer = TOYS[name], toy_tokenizer(name)
+    model = build_toy(name, **overrides)
+    ids, target = tokenizer.encode_for(model.config, toy.text, toy.target)
+    options = {"vocab": lambda i: tokenizer.labels([i])[0], "model_name": name, "task": toy.task}
+    if target is not None:
+        options.update(target_ids=target, target_tokens=tokenizer.labels(target))
+    if toy.arch == "encoder":
+        options["mask_token"] = "<MASK>"
+    return model, ids, dict(options, tokens=tokenizer.labels(ids))

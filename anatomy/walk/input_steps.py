@@ -20,31 +20,34 @@ def input_steps(b: Builder, stack: nn.Module, p: str, ids: list[int], tokens: li
     config = b.config
     T, V, E = len(ids), config.vocab_size, config.d_model
     ids_t = torch.tensor(ids)
-    vocab = [b.label(i) for i in range(V)]
+    vocab = b.vocabulary(V)
     b.add(
         section, "Tokens and ids", say("tokens", T=T, V=V),
         "ids = [stoi[token] for token in tokens]",
-        r"\text{ids} = (" + ", ".join(map(str, ids)) + ")",
+        r"\text{ids} = (" + (", ".join(map(str, ids)) if T <= 16 else  # a long text's ids: its ends (all in the matrix)
+                             ", ".join(map(str, ids[:6])) + r", \ldots, " + ", ".join(map(str, ids[-3:]))) + ")",
         [Matrix("ids", r"\text{ids}", ids_t[None, :].to(torch.float64), rows=["id"], cols=list(tokens), kind="int",
                 note="the input")],
     )
     scale = stack.embed_scale
-    table = f64(stack.token_embedding.weight)  # (V, E)
     embed = b.get(f"{p}embed", 0)  # (T, E)
-    lookup = table[ids_t] * scale
+    lookup = f64(stack.token_embedding.weight[ids_t]) * scale  # (T, E): rows ids of W_E
     scale_text = f" × √d_model (= {scale:.4f}, the paper §3.4)" if scale != 1.0 else ""
     scale_latex = r" \sqrt{d_{model}}" if scale != 1.0 else ""
     shown_ids = list(range(V)) if V <= FULL_VOCAB else sorted(set(ids))
+    # O · W_E over the columns of O that hold a 1: every other term of the sum is 0 · w, the same sum
+    # without reading (or converting to float64) the rest of a 49,152-row table
+    table = f64(stack.token_embedding.weight[shown_ids])  # (shown, E)
     shown_labels = vocab if V <= FULL_VOCAB else [f"{vocab[i]} ({i})" for i in shown_ids]
     subset = "" if V <= FULL_VOCAB else f"; only the {len(shown_ids)} of {V} entries this sentence uses"
     if one_hot:
-        onehot = torch.zeros(T, V, dtype=torch.float64)
-        onehot[torch.arange(T), ids_t] = 1.0
+        # O's columns of the shown entries (every column of a small vocabulary): the others are all 0
+        onehot = (ids_t[:, None] == torch.tensor(shown_ids)[None, :]).to(torch.float64)  # (T, shown)
         b.add(
             section, "One-hot vectors", say("one_hot", V=V),
             "O[t, v] = 1 if v = ids[t] else 0,   O ∈ {0,1}^(T×V)",
             r"O_{t,v} = [v = \text{ids}_t], \quad O \in \{0,1\}^{" + f"{T} \\times {V}" + "}",
-            [Matrix("O", "O", onehot[:, shown_ids], rows=list(tokens), cols=shown_labels, kind="int",
+            [Matrix("O", "O", onehot, rows=list(tokens), cols=shown_labels, kind="int",
                     note="built from the ids" + subset + (" (every other column is 0)" if subset else ""))],
             b.check("O · W_E" + (" · √d_model" if scale != 1.0 else ""), f"the model's {p}embed",
                     onehot @ table * scale, embed),

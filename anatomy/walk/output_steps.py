@@ -24,7 +24,8 @@ def rest_steps(b: Builder, stack: nn.Module, p: str, layer: int, tokens, section
     n = len(stack.blocks)
     last = f"{p}blocks.{n - 1}.resid_post"
     if layer < n - 1:
-        gaps = [b.get(f"{p}blocks.{i}.resid_pre", 0) - b.get(f"{p}blocks.{i - 1}.resid_post", 0)
+        # each difference is 0 exactly when the two tensors are equal, in float32 as in float64: no copy
+        gaps = [(b.t[f"{p}blocks.{i}.resid_pre"][0] - b.t[f"{p}blocks.{i - 1}.resid_post"][0]).double()
                 for i in range(layer + 1, n)]
         later = f"{layer + 1}" if layer + 1 == n - 1 else f"{layer + 1} to {n - 1}"
         b.add(
@@ -60,27 +61,35 @@ def lm_steps(b: Builder, lm_head, hidden_point: str, tokens, section: str, *, ma
     masked: the mask token of a masked-language model (its rows are guesses for that position,
     not for the next one).
     """
-    hidden = b.get(hidden_point, 0)
-    logits = b.get("logits", 0)  # (T, V)
-    V = logits.shape[-1]
-    x = hidden
-    if hasattr(lm_head, "transform_dense"):
-        x = norm(activation(b.config.activation)[0](linear(x, lm_head.transform_dense)), lm_head.transform_norm)
-    if lm_head.rescale != 1.0:
-        x = x * lm_head.rescale  # T5's tied head reads H / √d_model
+    V = b.t["logits"].shape[-1]
     cap = getattr(b.config, "final_logit_softcap", None)
-    mine = softcap(linear(x, lm_head.proj), cap)
+    kept: dict[str, torch.Tensor] = {}  # what the steps left for later compute once, when first read
+
+    def logits() -> torch.Tensor:  # (T, V): the model's own, in float64
+        if "logits" not in kept:
+            kept["logits"] = b.get("logits", 0)
+        return kept["logits"]
+
+    def mine() -> torch.Tensor:  # the float64 logits: T × V × E multiply-adds
+        if "mine" not in kept:
+            x = b.get(hidden_point, 0)
+            if hasattr(lm_head, "transform_dense"):
+                x = norm(activation(b.config.activation)[0](linear(x, lm_head.transform_dense)), lm_head.transform_norm)
+            if lm_head.rescale != 1.0:
+                x = x * lm_head.rescale  # T5's tied head reads H / √d_model
+            kept["mine"] = softcap(linear(x, lm_head.proj), cap)
+        return kept["mine"]
+
     tied = b.config.tie_embeddings
-    vocab = [b.label(i) for i in range(V)]
+    vocab = b.vocabulary(V)
     bias = " + b" if lm_head.proj.bias is not None else ""
-    b.add(
+    b.add_later(
         section, "Output projection: logits", say("logits") + (say("tied") if tied else "."),
         ("logits = H·W_Eᵀ" if tied else "logits = H·W_out") + bias + (f",  then {cap:g}·tanh(· / {cap:g})" if cap else ""),
         (r"\text{logits} = H\, W_E^\top" if tied else r"\text{logits} = H\, W_{out}") + bias,
-        [Matrix("logits", r"\text{logits}", logits, rows=tokens, cols=vocab, point="logits", index=(0,))],
-        b.check("H·W" + ("_Eᵀ" if tied else "_out") + bias, "the model's logits", mine, logits),
+        lambda: ([Matrix("logits", r"\text{logits}", logits(), rows=tokens, cols=vocab, point="logits", index=(0,))],
+                 b.check("H·W" + ("_Eᵀ" if tied else "_out") + bias, "the model's logits", mine(), logits()), []),
     )
-    probs = softmax(logits)
     if masked is not None:  # a masked-language model: each row guesses the word at its own position
         fi = tokens.index(masked) if masked in tokens else b.row(len(tokens))
         rows = [f"at '{t}'" for t in tokens]
@@ -93,32 +102,37 @@ def lm_steps(b: Builder, lm_head, hidden_point: str, tokens, section: str, *, ma
         text = say("next_token")
         equation, latex = "p(next | prefix) = softmax(logits)", r"p(\cdot \mid \text{prefix}) = \mathrm{softmax}(\text{logits})"
         what = f"after '{tokens[fi]}'"
-    row = probs[fi]
+    row_logits = b.get("logits", 0, fi)  # (V,): the row worked by hand
+    row = softmax(row_logits[None])[0]
     top = torch.topk(row, min(TOP_K, V))
     best = b.label(int(top.indices[0]))
     text += f" {what[0].upper() + what[1:]} the most likely word is '{best}' (p = {float(top.values[0]):.4f})."
     if not trained:
         text += say("untrained")
-    exps = torch.exp(logits[fi] - logits[fi].max())
-    total = float(exps.sum())
-    shown_terms = ", ".join(f"{vocab[i]}: {fmt(float(exps[i]))}" for i in range(V)) if V <= 16 else \
-        ", ".join(f"{b.label(int(i))}: {fmt(float(exps[i]))}" for i in top.indices)
-    b.add(
+
+    def probabilities() -> tuple:
+        exps = torch.exp(row_logits - row_logits.max())
+        total = float(exps.sum())
+        shown_terms = ", ".join(f"{vocab[i]}: {fmt(float(exps[i]))}" for i in range(V)) if V <= 16 else \
+            ", ".join(f"{b.label(int(i))}: {fmt(float(exps[i]))}" for i in top.indices)
+        return (
+            [Matrix("p", "p", softmax(logits()), rows=rows, cols=vocab, highlight=fi),
+             Matrix(f"top {len(top.values)} {what}", r"\text{top-" + str(len(top.values)) + "}", top.values[:, None],
+                    rows=[f"{b.label(int(i))} (id {int(i)})" for i in top.indices], cols=["p"])],
+            b.check("softmax of the recomputed logits", "torch.softmax of the model's logits",
+                    softmax(mine()), torch.softmax(b.t["logits"][0].double(), dim=-1)),
+            [b.worked(f"row {what}: exp(logit − max) = {shown_terms}" + (" ⋯" if V > 16 else "") + f"; sum = {fmt(total)}",
+                      r"\sum_v e^{z_v - \max} = " + fmt(total), total, float(torch.exp(row_logits - row_logits.max()).sum()),
+                      "the exponentials of the model's logits"),
+             b.worked(f"{what} → {best}: {fmt(float(exps[int(top.indices[0])]))} / {fmt(total)} = {float(top.values[0]):.4f}",
+                      f"p = {fmt(float(exps[int(top.indices[0])]))} / {fmt(total)} = {float(top.values[0]):.4f}",
+                      exps[int(top.indices[0])] / total, torch.softmax(b.t["logits"][0, fi].double(), -1)[int(top.indices[0])],
+                      "torch.softmax of the model's logits")])
+
+    b.add_later(
         section, "Next-token probabilities" if masked is None else
         "The masked word's probabilities" if masked in tokens else "Each word's probabilities", text,
-        equation, latex,
-        [Matrix("p", "p", probs, rows=rows, cols=vocab, highlight=fi),
-         Matrix(f"top {len(top.values)} {what}", r"\text{top-" + str(len(top.values)) + "}", top.values[:, None],
-                rows=[f"{b.label(int(i))} (id {int(i)})" for i in top.indices], cols=["p"])],
-        b.check("softmax of the recomputed logits", "torch.softmax of the model's logits",
-                softmax(mine), torch.softmax(b.t["logits"][0].double(), dim=-1)),
-        [b.worked(f"row {what}: exp(logit − max) = {shown_terms}" + (" ⋯" if V > 16 else "") + f"; sum = {fmt(total)}",
-                  r"\sum_v e^{z_v - \max} = " + fmt(total), total, float(torch.exp(logits[fi] - logits[fi].max()).sum()),
-                  "the exponentials of the model's logits"),
-         b.worked(f"{what} → {best}: {fmt(float(exps[int(top.indices[0])]))} / {fmt(total)} = {float(top.values[0]):.4f}",
-                  f"p = {fmt(float(exps[int(top.indices[0])]))} / {fmt(total)} = {float(top.values[0]):.4f}",
-                  exps[int(top.indices[0])] / total, torch.softmax(b.t["logits"][0, fi].double(), -1)[int(top.indices[0])],
-                  "torch.softmax of the model's logits")],
+        equation, latex, probabilities,
     )
 
 

@@ -23,15 +23,20 @@ def f64(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to("cpu", torch.float64)
 
 
+# Outputs of a linear map computed this many at a time: an LM head's 49,152 rows in float64 would be
+# a 226 MB copy of the weight; a block of rows is converted, used and dropped.
+LINEAR_BLOCK = 4096
+
+
 def linear(x: torch.Tensor, module: nn.Linear, rows: slice | None = None) -> torch.Tensor:
     """y = x W^T + b with the module's weights (rows of W: one head's slice of the output)."""
-    weight = f64(module.weight)
-    bias = f64(module.bias) if module.bias is not None else None
+    weight = module.weight.detach()
+    bias = module.bias.detach() if module.bias is not None else None
     if rows is not None:
         weight = weight[rows]
         bias = bias[rows] if bias is not None else None
-    y = x @ weight.T
-    return y + bias if bias is not None else y
+    y = torch.cat([x @ f64(weight[i:i + LINEAR_BLOCK]).T for i in range(0, weight.size(0), LINEAR_BLOCK)], dim=-1)
+    return y + f64(bias) if bias is not None else y
 
 
 def gain(module: nn.Module) -> torch.Tensor:

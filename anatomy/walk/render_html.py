@@ -107,6 +107,7 @@ def table(matrix: Matrix) -> str:
 
 def section(step: Step) -> str:
     e = lambda s: html.escape(printable(s))  # noqa: E731
+    step.build()
     parts = [f'<section id="step-{step.number}"><div class="section">{e(step.section)}</div>'
              f"<h2>{step.number}. {e(step.title)}</h2><p>{e(step.text)}</p>"
              f'<div class="eq">{mathml(step.latex, step.equation)}</div>']

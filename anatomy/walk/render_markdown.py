@@ -47,6 +47,7 @@ def render_markdown(walk: WalkResult) -> str:
     out = [f"# {md_escape(title)}", "", md_escape(sub), ""]
     out += [f"> {md_escape(note)}\n" for note in walk.notes]
     for step in walk.steps:
+        step.build()
         out += [f"## {step.number}. {md_escape(step.title)}", "", f"*{md_escape(step.section)}*", "",
                 md_escape(step.text), "", "$$", step.latex, "$$", ""]
         for matrix in step.matrices:

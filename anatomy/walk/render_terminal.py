@@ -119,6 +119,7 @@ def render_terminal(walk: WalkResult, console: Console | None = None) -> None:
         lines.extend(folded(note, width, style="italic"))
     lines.append(Text(""))
     for step in walk.steps:
+        step.build()
         lines.extend(step_lines(step, width))
     lines.extend(folded(footer(walk), width, style="bold green" if walk.ok else "bold red"))
     for line in lines:  # already folded to the width: rich adds no break and no padding of its own

@@ -106,9 +106,24 @@ class Step:
     check: Check | None = None
     number: int = 0
     worked: list[Worked] = field(default_factory=list)
+    # () -> (matrices, check, worked): what a step costly to recompute left until it is read (built)
+    pending: Callable[[], tuple] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def built(self) -> bool:
+        """Whether the step's matrices, check and worked lines are computed (else build() computes them)."""
+        return self.pending is None
+
+    def build(self) -> "Step":
+        """Compute the matrices, check and worked lines a step left for later (Builder.add_later)."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self.matrices, self.check, self.worked = pending()
+        return self
 
     @property
     def checks(self) -> list[Check]:
+        self.build()
         return ([self.check] if self.check is not None else []) + [w.check for w in self.worked]
 
     @property

@@ -93,6 +93,8 @@ def walkthrough(
     task: str | None = None,
     mask_token: str | None = None,
     focus: int | None = None,
+    cache=None,
+    lazy: bool = False,
 ) -> Walkthrough:
     """Run `model` once on `ids` under a full trace and narrate the pass.
 
@@ -101,7 +103,12 @@ def walkthrough(
     `vocab`: id -> token string (a sequence or a function). `layer` and `head`: the block and head
     narrated in full. `task`: what the model learned, in words (the toys). `mask_token`: a
     masked-language model's mask, whose position the output step reads. `focus`: the row worked
-    through by hand (default 4, or the last row of a shorter text).
+    through by hand (default 4, or the last row of a shorter text). `cache`: a Trace of every point
+    of this very pass (anatomy.run_with_cache's, or anatomy.analysis.prefix's) to read instead of
+    running the model again; an encoder-decoder runs its pass anyway (its step compares the memory
+    with the forward pass's own output). `lazy`: leave the steps that cost as much as a pass (the
+    float64 logits over the whole vocabulary) unbuilt until read (Step.build; a renderer builds
+    each step it shows, and walk.ok builds them all); the live explorer builds them when opened.
 
     Raises ValueError for a layer or head out of range (naming the range), a batch, or a missing
     target for an encoder-decoder.
@@ -120,19 +127,23 @@ def walkthrough(
         target_ids = _as_ids(target_ids)
         target_tokens = list(target_tokens) if target_tokens is not None else [label(i) for i in target_ids]
 
-    was_training = model.training
-    model.eval()
-    try:
-        device = next(model.parameters()).device  # the reference math runs on the CPU, in float64
-        with torch.no_grad(), trace(model) as t:
-            if seq2seq:
-                output = model(torch.tensor([ids], device=device), torch.tensor([target_ids], device=device))
-            else:
-                output = model(torch.tensor([ids], device=device))
-    finally:
-        model.train(was_training)
+    if cache is not None and not seq2seq:
+        t = cache
+    else:
+        was_training = model.training
+        model.eval()
+        try:
+            device = next(model.parameters()).device  # the reference math runs on the CPU, in float64
+            with torch.no_grad(), trace(model) as t:
+                if seq2seq:
+                    output = model(torch.tensor([ids], device=device), torch.tensor([target_ids], device=device))
+                else:
+                    output = model(torch.tensor([ids], device=device))
+        finally:
+            model.train(was_training)
 
-    b = Builder(model, t, label, head, focus)
+    labels = [str(v) for v in vocab] if vocab is not None and not callable(vocab) else None
+    b = Builder(model, t, label, head, focus, vocabulary=labels)
     trained = task is not None or config.vocab_size > 64
     if seq2seq:
         enc, dec = model.encoder, model.decoder
@@ -170,6 +181,9 @@ def walkthrough(
                      masked=mask_token if config.arch == "encoder" else None)
         elif config.arch == "encoder":
             pooled_step(b, hidden, tokens, "Output")
+    if not lazy:
+        for step in b.steps:
+            step.build()
     walk = Walkthrough(b.steps, t, config, layer, head, tokens, target_tokens, model_name, task)
     legend = legend_for([*tokens, *(target_tokens or [])])
     if legend is not None:  # the convention for tokens with a space or a new line, said once

@@ -36,6 +36,17 @@ def sae_folder(tmp_path_factory) -> str:
     return str(folder)
 
 
+@pytest.fixture(scope="session")
+def long_toy(tmp_path_factory) -> str:
+    """The toy with a position table of 600: a text of 512 tokens fits (the live explorer's limit)."""
+    from anatomy.checkpoints.toys import build_toy, toy_tokenizer
+
+    folder = tmp_path_factory.mktemp("long-toy")
+    build_toy("toy", max_seq_len=600).save_pretrained(folder)
+    toy_tokenizer("toy").save(folder)
+    return str(folder)
+
+
 @pytest.fixture(scope="module")
 def app(prenorm, sae_folder):
     return create_app(TOYS + [prenorm], token=TOKEN, hosts=["testserver"], saes=[f"{prenorm}={sae_folder}"])

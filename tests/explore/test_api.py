@@ -132,11 +132,12 @@ def test_intervening_on_a_head_equals_the_trace_intervention(client):
 
 
 def test_the_walk_panel_is_the_walk(client):
-    data = post(client, "/api/walk", model="toy", text=TEXT, layer=1, head=1, row=2)
+    data = post(client, "/api/walk", model="toy", text=TEXT, layer=1, head=1, row=2, open=[4])
     assert data["ok"] and (data["layer"], data["head"], data["row"]) == (1, 1, 2)
     walk = anatomy.walkthrough(*anatomy.walk.toy_example()[:2], **{**anatomy.walk.toy_example()[2], "layer": 1, "head": 1})
     assert [s["title"] for s in data["steps"]][:5] == walk.titles[:5]
-    assert "<math" in data["steps"][3]["html"] and "<script" not in "".join(s["html"] for s in data["steps"])
+    assert "<math" in data["steps"][3]["html"] and "<script" not in data["steps"][3]["html"]
+    assert all(s["html"] is None for s in data["steps"] if s["number"] != 4)  # HTML for the steps opened only
 
 
 def test_compare_two_texts_on_one_model(client):

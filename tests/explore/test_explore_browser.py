@@ -103,15 +103,15 @@ def cells_sit_under_their_headers(page) -> int:
     return sum(len(g["cells"]) for g in found)
 
 
-def wait_for_frame_grid(page, minimum: int = 1) -> dict:
-    """The first grid of at least `minimum` cells drawn in a framed library page, once it is there
-    (its frame under "frame")."""
+def wait_for_grid(page, minimum: int = 1, name: str | None = None) -> dict:
+    """The first grid of at least `minimum` cells (named `name`, if given) drawn by the library's
+    views, in the page or in a framed library page, once it is there (its frame under "frame")."""
     for _ in range(600):
-        for frame in page.frames[1:]:
+        for frame in page.frames:
             if frame.is_detached():
                 continue
             try:
-                found = [g for g in grids(frame) if len(g["cells"]) >= minimum]
+                found = [g for g in grids(frame) if len(g["cells"]) >= minimum and name in (None, g["name"])]
             except Exception:  # noqa: BLE001 - the frame navigated to a newer page while it was read
                 continue
             if found:
@@ -128,26 +128,25 @@ def test_every_panel_draws_for_every_family(page, served, model):
         section = f"[data-panel='{panel}']"
         page.wait_for_function(f"""() => {{
           const s = document.querySelector("{section}");
-          return !s.hidden && (s.querySelector('.heatmap, .bar-row, .pair-row, .walk section, .sides, canvas, .error, iframe[src]'));
+          return !s.hidden && (s.querySelector('.heatmap, .bar-row, .pair-row, .walk section, .sides, canvas, .error, .analysis-view'));
         }}""", timeout=60000)
         errors = [e.text_content() for e in page.query_selector_all(f"{section} .error")]
         assert not errors, (model, panel, errors)
-        if page.query_selector(f"{section} iframe[src]") and panel != "attribution":
-            wait_for_frame_grid(page)
         cells_sit_under_their_headers(page)
     assert all(url.startswith(f"http://127.0.0.1:{served.port}/") for url in page.requests), page.requests
 
 
-def test_the_lens_panel_is_the_lens_page_of_the_pass(page, served):
+def test_the_lens_panel_is_the_lens_view_of_the_pass(page, served):
     open_page(page, served, "#model=toy&text=Hello%20World,%20this%20is&panel=lens")
-    lens_grid = wait_for_frame_grid(page, 15)
+    lens_grid = wait_for_grid(page, 15)
+    assert lens_grid["frame"] == page.main_frame  # drawn in the page: no frame of its own to scroll
     assert misplaced_cells(lens_grid) == [] and len(lens_grid["cells"]) == 3 * 5
     lens = anatomy.logit_lens(anatomy.from_pretrained("toy"), "Hello World, this is")
     shown = {(int(c["row"]), int(c["col"])): c["value"] for c in lens_grid["cells"]}
     for (layer, position), value in shown.items():  # each cell's value: its top token's probability
         assert value == pytest.approx(float(lens.extra["top_probs"][layer, 0, position, 0]), abs=1e-4)
-    frame_text = lens_grid["frame"].inner_text("body")
-    assert all(lens.extra["top_tokens"][layer][0][pos][0] in frame_text for layer in range(3) for pos in range(5))
+    shown_text = page.inner_text("[data-panel='lens']")
+    assert all(lens.extra["top_tokens"][layer][0][pos][0] in shown_text for layer in range(3) for pos in range(5))
 
 
 def test_the_walk_panel_checks_itself_and_follows_a_clicked_token(page, served):
@@ -165,7 +164,7 @@ def test_smollm2_predicts_paris_live(page, served):
     typed(page, "The capital of France is")
     assert next_rows(page)[0][0] == "␣Paris"
     assert [c.text_content() for c in page.query_selector_all("#tokens .chip .tok")][1] == "␣capital"
-    assert len(wait_for_frame_grid(page, 31 * 5)["cells"]) == 31 * 5
+    assert len(wait_for_grid(page, 31 * 5)["cells"]) == 31 * 5
     cells_sit_under_their_headers(page)
 
 
@@ -206,7 +205,7 @@ def test_patching_from_a_second_prompt_streams_its_progress_and_shows_the_patchi
     page.wait_for_selector("[data-panel='intervene'] .pair-row")
     page.fill("input[aria-label='corrupted prompt']", "Hello World, is this")
     page.click("#patch-controls button:text-is('patch')")
-    patched = wait_for_frame_grid(page, 10)
+    patched = wait_for_grid(page, 10)
     expected = anatomy.patch(anatomy.from_pretrained("toy"), "Hello World, this is", "Hello World, is this")
     values = {(int(c["row"]), int(c["col"])): c["value"] for c in patched["cells"]}
     assert len(values) == expected.values.numel()
@@ -219,14 +218,9 @@ def test_integrated_gradients_run_as_a_job_and_show_their_page(page, served):
     open_page(page, served, "#model=toy&text=Hello%20World,%20this%20is&panel=attribution")
     page.click("#attribution-controls button:text-is('integrated gradients')")
     page.click("#attribution-body button.run")  # hundreds of passes: they run when asked
-    page.wait_for_function("() => document.querySelector('#attribution-body iframe[src*=\"/api/jobs/\"]')",
-                           timeout=60000)
-    for _ in range(300):
-        frame = next((f for f in page.frames if "/api/jobs/" in f.url and f.query_selector(".check")), None)
-        if frame is not None:
-            break
-        page.wait_for_timeout(100)
-    assert "completeness" in frame.inner_text(".check") and frame.query_selector(".check.holds")
+    page.wait_for_selector("#attribution-body .analysis-view .check", timeout=60000)  # drawn in the page
+    assert "completeness" in page.inner_text("#attribution-body .check")
+    assert page.query_selector("#attribution-body .check.holds")
 
 
 def test_the_features_panel_lists_opens_and_steers(page, served, prenorm, sae_folder):
@@ -243,3 +237,23 @@ def test_the_features_panel_lists_opens_and_steers(page, served, prenorm, sae_fo
     page.dispatch_event("input[aria-label='steering strength']", "change")
     page.wait_for_function("() => document.querySelector('#feature-detail').textContent.includes('adding 5 ×')")
     assert "KL =" in page.text_content("#feature-detail")
+
+
+def test_the_discover_panel_runs_a_circuit_and_shows_the_librarys_edges(page, served, prenorm, tmp_path):
+    from anatomy.circuits.discovery import attribute_edges, make_task, top_edges
+
+    pairs = [{"clean": "Hello World, this is", "corrupt": "Hello World, is this", "answer": " Alejandro!", "wrong": " is"},
+             {"clean": "Hello World, this", "corrupt": "Hello World, is", "answer": " is", "wrong": " this"}]
+    open_page(page, served, f"#model={quote(prenorm)}&panel=discover")
+    page.select_option("select[aria-label='task']", "custom")
+    page.fill("textarea.discover-custom", "\n".join(__import__("json").dumps(pair) for pair in pairs))
+    page.click("#discover-controls button:text-is('Discover')")
+    page.wait_for_selector("table.discover-top tbody tr", timeout=60000)
+    model = anatomy.from_pretrained(prenorm)
+    edges = attribute_edges(model, make_task(model, "custom", pairs), method="eap-ig", steps=5)
+    graph = edges.extra["graph"]
+    shown = [row.query_selector("td").text_content() for row in page.query_selector_all("table.discover-top tbody tr")]
+    assert shown == [graph.edge_name(u, v) for u, v, _ in top_edges(edges, len(shown))]
+    page.wait_for_function("() => [...document.querySelectorAll('iframe')].some(f => f.src.includes('/api/jobs/'))")
+    assert page.query_selector(".discover-curve circle.chosen") is not None
+    page.screenshot(path=str(tmp_path / "discover.png"), full_page=True)

@@ -140,3 +140,22 @@ def test_nesting_depth_is_the_depth_of_any_json_value(value):
 def test_a_reply_holding_a_lone_surrogate_is_still_json():
     response = reply({"error": "model '\ud800' is not open"}, 400)
     assert json.loads(response.body) == {"error": "model '\ud800' is not open"}
+
+
+def test_the_longest_text_fits_an_exports_url(app):
+    """An export carries its text in the URL: the longest text of 4-byte characters, and as long a
+    target, percent-encoded, stay within the head's limit (what the page sends is never a 431)."""
+    from urllib.parse import urlencode
+
+    from starlette.requests import Request
+
+    from anatomy.explore.guard import Guard
+    from anatomy.explore.state import MAX_TEXT_CHARACTERS
+
+    longest = "\U0001F600" * MAX_TEXT_CHARACTERS
+    query = urlencode({"panel": "lens", "format": "json", "model": "toy-seq2seq", "text": longest,
+                       "target_text": longest}).encode()
+    scope = {"type": "http", "method": "GET", "path": "/api/export", "raw_path": b"/api/export", "query_string": query,
+             "headers": [(b"host", b"testserver"), (b"authorization", f"Bearer {TOKEN}".encode())],
+             "server": ("testserver", 80)}
+    assert len(query) > 180_000 and Guard(None, app.state.explorer).check(Request(scope)) is None

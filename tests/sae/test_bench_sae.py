@@ -22,3 +22,6 @@ def test_the_sae_group_runs_quick_and_names_what_it_compared(monkeypatch, tmp_pa
     assert re.search(r"^\| sae: harvest .* values equal to the full pass's trace: yes \|$", table, re.M), table
     assert re.search(r"^\| sae: train TopK SAE .*no SAELens comparison", table, re.M), table
     assert not (tmp_path / "venv-saelens").exists()
+    assert re.search(r"^\| sae: harvest every layer's MLP in and out .* the same values either way: yes", table, re.M), table
+    assert re.search(r"^\| sae: train 2 BatchTopK SAEs from one stream .*no SAELens comparison", table, re.M), table
+    assert re.search(r"^\| sae: train a skip transcoder on all 4 layers .* tokens an hour", table, re.M), table

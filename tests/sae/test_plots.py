@@ -44,3 +44,16 @@ def test_the_figure_is_written_as_a_png(tmp_path):
     path = plot_frontier(RUNS, tmp_path / "frontier.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*tmp*"))  # written whole, then renamed
+
+
+def test_every_held_out_point_of_the_training_figure_is_inside_its_axes():
+    """The dev set's records: held-out FVE below every train batch's (0.53 against 0.60 and up) is still drawn."""
+    from anatomy.sae.plots import training_figure
+
+    history = [{"step": s, "fve": f, "l0": 26.0, "dead": 0.0} for s, f in zip(range(5, 45, 5),
+                                                                             (0.67, 0.60, 0.60, 0.63, 0.66, 0.65, 0.67, 0.66))]
+    history += [{"step": 20, "val_fve": 0.53, "val_l0": 20.2}, {"step": 40, "val_fve": 0.58, "val_l0": 28.2}]
+    fig = training_figure(history, "a transcoder on each of 30 layers, means over the layers")
+    low, high = fig.axes[0].get_ylim()
+    assert low <= 0.53 and high >= 0.67
+    assert fig._suptitle.get_text().startswith("a transcoder on each")

@@ -42,6 +42,37 @@ def test_the_sparse_topk_step_has_the_gradients_of_the_dense_one(apply, transcod
         assert (a - b).abs().max() <= 1e-5 * max(1.0, b.abs().max().item())
 
 
+@pytest.mark.parametrize("skip", [False, True])
+def test_the_sparse_batchtopk_step_has_the_gradients_of_the_dense_one(skip):
+    """The textbook step, every product dense: batch_topk's [B, F] activations (modules.py) through W_dec, plus
+    a skip transcoder's x W_skip^T; the sparse step must give its loss and every gradient."""
+    from anatomy.sae.modules import batch_topk
+    from anatomy.sae.objectives import batchtopk_step
+
+    sae = SAE(24, 96, kind="batchtopk", k=5.0, d_out=20, transcoder=True, skip=skip, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in sae.parameters():
+            parameter.add_(0.1 * torch.randn(parameter.shape, generator=generator))
+    x, y = torch.randn(50, 24, generator=generator), torch.randn(50, 20, generator=generator)
+    dead = torch.zeros(96, dtype=torch.bool)
+    dead[::4] = True
+    params = [p for p in (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec, sae.W_skip) if p is not None]
+    loss, stats = batchtopk_step(sae, x, y, dead, aux_k=12, aux_coefficient=1 / 32)
+    ours = torch.autograd.grad(loss, params)
+
+    pre = x @ sae.W_enc + sae.b_enc
+    acts = batch_topk(pre, 5.0)
+    recon = acts @ sae.W_dec + sae.b_dec + (x @ sae.W_skip.T if skip else 0)
+    aux_values, aux_idx = pre.masked_fill(~dead, float("-inf")).topk(12, dim=-1)
+    predicted = torch.zeros_like(pre).scatter(-1, aux_idx, aux_values.relu()) @ sae.W_dec
+    reference = mse(recon, y) + (1 / 32) * min(int(dead.sum()) / 12, 1.0) * mse(predicted, (y - recon).detach())
+    assert torch.allclose(loss, reference, rtol=1e-6)
+    assert stats["l0"] == (acts > 0).sum() / 50 and torch.equal(stats["fired"], (acts > 0).any(0))
+    for a, b in zip(ours, torch.autograd.grad(reference, params)):
+        assert (a - b).abs().max() <= 1e-5 * max(1.0, b.abs().max().item())
+
+
 def test_jumprelu_straight_through_estimators_are_the_papers():
     """Rajamanoharan et al. 2024, eq. 11-12: d H(z - t)/dt = -(1/e) K((z - t)/e), d JumpReLU/dt = -(t/e) K(.),
     K the rectangle on (-1/2, 1/2); d JumpReLU/dz = H(z - t)."""
@@ -79,6 +110,8 @@ def test_training_recovers_sparse_data(tmp_path, kind, k, options):
     assert l0 < 32, l0
     if kind == "topk":
         assert l0 == 4
+    if kind == "batchtopk":  # the threshold calibrated at the end: k features a row on average, in use too
+        assert 3 < l0 < 5.5, l0
 
 
 def test_folded_scales_read_and_write_the_models_own_activations():
@@ -129,5 +162,35 @@ def test_a_resumed_run_is_the_uninterrupted_run(tmp_path):
     trainer.fit()
     for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
         assert torch.equal(a, b)
-    assert torch.equal(trainer.training.tokens_since_fired, uninterrupted.training.tokens_since_fired)
+    assert torch.equal(trainer.members[0].tokens_since_fired, uninterrupted.members[0].tokens_since_fired)
     assert [r["loss"] for r in trainer.history if "loss" in r] == [r["loss"] for r in uninterrupted.history if "loss" in r]
+
+
+@pytest.mark.parametrize("shape, count", [((64, 300), 1000), ((8, 50), 390), ((1, 5), 5), ((100, 100), 1)])
+def test_largest_finds_the_entries_topk_finds(shape, count):
+    """The threshold read from a sample only narrows the search: the same entries as topk, whether the sample
+    overestimates the threshold (then topk itself) or not."""
+    from anatomy.sae.objectives import largest
+
+    values = torch.randn(shape, generator=torch.Generator().manual_seed(count)).flatten()
+    indices, chosen = largest(values, count)
+    expected = values.topk(count).indices
+    assert torch.equal(indices.sort().values, expected.sort().values)
+    assert torch.equal(chosen, values[indices])
+
+
+def test_a_batchtopk_threshold_is_calibrated_on_the_final_weights(tmp_path):
+    """After a short run, when the moving average still lags the activations, the threshold is measured
+    again with the final weights: in use, the SAE keeps about k features a row on the batches it last saw."""
+    data = SparseData()
+    config = SAETrainConfig(kind="batchtopk", features=96, k=4.0, max_steps=25, batch_size=256, lr=1e-2, warmup=2,
+                            eval_every=0, save_every=0, progress=False, quiet=True)
+    sae = SAE(24, 96, kind="batchtopk", k=4.0, seed=0)
+    trainer = SAETrainer(sae, data, config, tmp_path)
+    trainer.fit()
+    member = trainer.members[0]
+    with torch.no_grad():
+        x = torch.cat([member.split(data.batch(step))[0] for step in range(17, 25)])
+        sae.eval()
+        l0 = (sae.encode(x) > 0).sum(-1).float().mean().item()
+    assert 3.2 < l0 < 4.8, l0

@@ -24,8 +24,8 @@ def test_walk_runs_for_each_toy_and_format(model, fmt, tmp_path):
         assert "Cross-attention" in text and "Hola" in text
 
 
-def test_no_arguments_runs_the_default_walk(capsys):
-    assert main([]) == 0
+def test_walk_alone_narrates_the_toy(capsys):
+    assert main(["walk"]) == 0
     out = capsys.readouterr().out
     assert "Step 1" in out and "<SOS>" in out and "after 'is' → Alejandro!" in out
     assert re.search(r"All \d+ checks passed", out)

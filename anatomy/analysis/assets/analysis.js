@@ -148,6 +148,7 @@ const LENS = {
       colorBar(panel.scale, legend),
       heatmap({
         name: panel.name, rows: rows.map((i) => panel.rows[i]), rowKeys: rows, cols: panel.cols,
+        colKeys: panel.colKeys,  // the positions, when the panel is a window of a longer text
         values, scale: panel.scale, corner: panel.corner, cellWidth: 104,
         cellHeight: target ? 34 : 8 + 16 * state.k,
         render(cell, r, j, value) {
@@ -166,7 +167,7 @@ const LENS = {
         tooltip(r, j) {
           const i = rows[r];
           const top = panel.top[i][j].map((token, k) => `${k + 1}. ${token}  ${formatValue(panel.probs[i][j][k])}`);
-          const head = `${panel.rows[i]} · position ${j} ${panel.cols[j]}`;
+          const head = `${panel.rows[i]} · position ${panel.colKeys ? panel.colKeys[j] : j} ${panel.cols[j]}`;
           const chosen = target ? [`p(${target.token}) = ${formatValue(target.probs[i][j])}`] : [];
           return [head, ...chosen, ...top].join("\n");
         },

@@ -22,6 +22,7 @@ export const state = {
   row: hash.has("row") ? Number(hash.get("row")) : null,
   models: [],
   run: null,  // the last /api/run answer
+  generation: 0,  // bumped by every change of the text, the model or the sampling settings
 };
 
 export function saveState() {
@@ -64,6 +65,44 @@ export async function api(path, body, slot = null) {
 
 export function isAbort(error) {
   return error && error.name === "AbortError";
+}
+
+// Cancel every request in flight: the text changed, and none of them describes it any more. The
+// server drops a cancelled request that has not started (explore/lanes.py).
+export function abortAll() {
+  for (const controller of inFlight.values()) controller.abort();
+  inFlight.clear();
+}
+
+// ---- freshness: whether each panel shows the current text, at a glance ----------------------------
+
+const FRESHNESS = {
+  current: "up to date", updating: "updating…", stale: "shows an earlier text", error: "error", empty: "",
+};
+
+// Mark panel `name` (its data-panel section) as showing the current text, updating, stale, an error
+// or nothing (no text); the badge in its title says which, and CSS dims what is not current.
+export function markFresh(name, kind) {
+  const section = document.querySelector(`[data-panel="${name}"]`);
+  if (!section) return;
+  section.dataset.fresh = kind;
+  section.dataset.generation = String(state.generation);
+  let badge = section.querySelector(":scope > h2 .fresh");
+  if (!badge) {
+    badge = el("span", {class: "fresh", role: "status"});
+    section.querySelector(":scope > h2")?.append(badge);
+  }
+  badge.textContent = FRESHNESS[kind] ?? kind;
+  badge.title = kind === "current" ? "this panel shows the text in the box" : badge.textContent;
+}
+
+// Draw an analysis payload (anatomy/analysis/views.py's, the one `anatomy analyze` pages draw) into
+// `element` with the analysis pages' own script (analysis.js, loaded by the page).
+export function drawPayload(element, payload) {
+  const body = el("div", {class: "viz analysis-view", "data-layout": payload.layout});
+  element.replaceChildren(body);
+  window.drawAnalysis(payload, body);
+  return body;
 }
 
 // The request body every panel starts from: the model and the text (and an encoder-decoder's target).
@@ -178,9 +217,8 @@ export function currentRow() {
   return state.row !== null && state.row >= 0 && state.row < n ? state.row : n - 1;
 }
 
-// An analysis panel shows the very page `anatomy analyze` writes for its result (its grid, colour
-// bar, check line and controls), in a frame of its own: the page's script and style stay apart
-// from this one's, and the numbers on it are the library's.
+// A page of its own in a frame (the circuits floor's graph page): its script and style stay apart
+// from this one's. The analysis panels are drawn in the page itself instead (drawPayload).
 export function pageFrame(title) {
   const frame = el("iframe", {class: "analysis-frame", title, sandbox: "allow-scripts"});
   frame.load = (src) => {
@@ -199,8 +237,9 @@ export function jobPageUrl(job) {
 }
 
 // A long analysis as a job (POST /api/jobs with `body`): its progress and a cancel button in `box`,
-// then its result's page in `frame`. A newer job in the same box cancels this one (cancelJobIn).
-export async function runJob(box, frame, body, what, unit, {bar = true} = {}) {
+// then its result drawn in `box` as the analysis pages draw it (its payload, result.view). A newer
+// job in the same box cancels this one (cancelJobIn).
+export async function runJob(box, body, what, unit, {bar = true} = {}) {
   cancelJobIn(box);
   const progress = el("div", {}, "starting…");
   clear(box, el("div", {class: "job"}, progress,
@@ -208,10 +247,9 @@ export async function runJob(box, frame, body, what, unit, {bar = true} = {}) {
   let job = null;
   try {
     job = box.job = await api("/api/jobs", body);
-    await followJob(job, (s) => clear(progress, `${what}: `, bar ? progressBar(s.done, s.total) : String(s.done), ` ${unit}`));
+    const done = await followJob(job, (s) => clear(progress, `${what}: `, bar ? progressBar(s.done, s.total) : String(s.done), ` ${unit}`));
     if (box.job !== job) return;
-    clear(box, frame);
-    await frame.load(jobPageUrl(job));
+    drawPayload(box, done.result.view);
   } catch (error) {
     if (!isAbort(error) && box.job === job) clear(box, errorBox(error));
   } finally {

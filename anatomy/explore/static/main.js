@@ -1,7 +1,7 @@
 // anatomy explore: the input, the tokens and the next token, and the panels below, kept in step.
 import {
-  api, clear, currentModel, el, errorBox, exportUrl, isAbort, panels, percent, saveState, shareLink, state,
-  status, textBody,
+  abortAll, api, clear, currentModel, el, errorBox, exportUrl, isAbort, markFresh, panels, percent, saveState,
+  shareLink, state, status, textBody,
 } from "./core.js";
 import "./panel-walk.js";
 import "./panel-attention.js";
@@ -11,14 +11,11 @@ import "./panel-intervene.js";
 import "./panel-heads.js";
 import "./panel-features.js";
 import "./panel-compare.js";
+import "./panel-discover.js";
 
 const TABS = [["walk", "Walk"], ["attention", "Attention"], ["lens", "Lens"], ["attribution", "Attribution"],
-              ["intervene", "Intervene"], ["heads", "Heads"], ["features", "Features"], ["compare", "Compare"]];
-// Keystrokes wait for a pause before the model runs, in proportion to what a pass costs: none for a
-// toy (a pass takes a millisecond), up to MAX_DEBOUNCE_MS for a real model, so that typing fast
-// runs the last text, not every text on the way. A newer request always cancels an older one.
-const MAX_DEBOUNCE_MS = 80;
-let debounceMs = 40;
+              ["intervene", "Intervene"], ["heads", "Heads"], ["features", "Features"], ["compare", "Compare"],
+              ["discover", "Discover"]];
 const DEFAULT_TEXT = {
   decoder: "The capital of France is",
   encoder: "The capital of France is [MASK].",
@@ -38,56 +35,98 @@ function samplingSettings() {
 
 // ---- the first call for a text: tokens and the next-token distribution --------------------------
 
-async function run() {
+// The text, the model or a sampling setting changed: whatever was asked for the last text is
+// cancelled, every panel says it is updating (or, with no text, shows the empty state), and the
+// new text is asked for at once, no pause waited for: the server runs the newest request first and
+// drops the ones a later keystroke cancelled before they start (explore/lanes.py).
+function changed() {
   state.text = textBox.value;
   state.target = targetBox.value;
   saveState();
+  state.generation += 1;
+  abortAll();
+  if (state.text === "") return showEmpty();
+  document.querySelector("main.right").classList.remove("empty");
+  for (const name of ["tokens", "next"]) markFresh(name, "updating");
+  for (const [name] of TABS) markFresh(name, name === state.panel ? "updating" : "stale");
+  run();
+}
+
+async function run() {
+  const generation = state.generation;
   const began = performance.now();
   status("computing…", "busy");
   let data;
   try {
     data = await api("/api/run", textBody(samplingSettings()), "run");
   } catch (error) {
-    if (isAbort(error)) return;
+    if (isAbort(error) || generation !== state.generation) return;
     status("", "");
     // Nothing below describes this text: say so, rather than show the last text's numbers as its.
     state.run = null;
     clear(document.getElementById("tokens"));
+    document.getElementById("token-count").textContent = "";
     clear(document.getElementById("next"), errorBox(error));
     document.getElementById("next-summary").textContent = "";
     document.querySelector("main.right").classList.add("stale");
+    for (const name of ["tokens", "next"]) markFresh(name, "error");
+    for (const [name] of TABS) markFresh(name, "stale");
     return;
   }
+  if (generation !== state.generation) return;
   document.querySelector("main.right").classList.remove("stale");
   state.run = data;
-  debounceMs = Math.min(MAX_DEBOUNCE_MS, data.ms / 2);
   drawTokens(data);
   drawNext(data);
-  document.body.dataset.updated = String(Date.now());  // the benchmark waits for this
-  status(`${Math.round(performance.now() - began)} ms (pass ${data.ms} ms)`, "");
+  for (const name of ["tokens", "next"]) markFresh(name, "current");
+  document.body.dataset.updated = String(Date.now());  // the tests wait for this
+  status(`${Math.round(performance.now() - began)} ms (pass ${data.ms} ms, ${data.computed} of ${data.tokens.length} positions computed)`, "");
   updatePanel();
 }
-let timer = null;
-function runSoon() {
-  clearTimeout(timer);
-  if (debounceMs < 5) run();
-  else timer = setTimeout(run, debounceMs);
+
+// No text: no request (the server would refuse it), and every panel says what to do.
+function showEmpty() {
+  state.run = null;
+  status("", "");
+  clear(document.getElementById("tokens"));
+  document.getElementById("token-count").textContent = "";
+  clear(document.getElementById("next"), el("p", {class: "muted empty-note", text: "Type a text: its tokens and the model's next token appear here."}));
+  document.getElementById("next-summary").textContent = "";
+  const right = document.querySelector("main.right");
+  right.classList.remove("stale");
+  right.classList.add("empty");
+  for (const name of ["tokens", "next", ...TABS.map(([n]) => n)]) markFresh(name, "empty");
 }
 
 function chip(token, id, position, onclick) {
-  const node = el("button", {class: "chip", type: "button", title: `position ${position}, id ${id}`, onclick},
-                  el("span", {class: "tok", text: token}), el("span", {class: "id", text: String(id)}));
-  if (state.row === position) node.classList.add("selected");
-  return node;
+  return el("button", {class: "chip", type: "button", title: `position ${position}, id ${id}`, onclick},
+            el("span", {class: "tok", text: token}), el("span", {class: "id", text: String(id)}));
 }
 
+// The chip of the row the walk and the attention follow (state.row), outlined.
+function markRow(box) {
+  [...box.children].forEach((node, i) => node.classList.toggle("selected", i === state.row));
+}
+
+// The chips of a text; a keystroke's text shares all but its last tokens with the one before, and
+// their chips stay (a 500-token text redraws a few chips, not 500).
 function drawTokens(data) {
-  clear(document.getElementById("tokens"), data.tokens.map((token, i) => chip(token, data.ids[i], i, () => {
-    state.row = i;
-    saveState();
-    drawTokens(data);
-    updatePanel();
-  })));
+  const box = document.getElementById("tokens");
+  const kept = [...box.children].findIndex((node, i) => node.dataset.token !== `${data.ids[i]} ${data.tokens[i]}`);
+  const keep = kept === -1 ? Math.min(box.children.length, data.tokens.length) : kept;
+  while (box.children.length > keep) box.lastChild.remove();
+  box.append(...data.tokens.slice(keep).map((token, j) => {
+    const i = keep + j;
+    const node = chip(token, data.ids[i], i, () => {
+      state.row = i;
+      saveState();
+      markRow(box);
+      updatePanel();
+    });
+    node.dataset.token = `${data.ids[i]} ${token}`;
+    return node;
+  }));
+  markRow(box);
   document.getElementById("token-count").textContent = `(${data.tokens.length}${data.source ? " in the target" : ""})`;
   const source = document.getElementById("source-tokens");
   source.hidden = !data.source;
@@ -135,7 +174,7 @@ function barFill(fraction) {
 
 function append(text) {
   textBox.value += text;
-  run();
+  changed();
 }
 
 // ---- models -----------------------------------------------------------------------------------
@@ -153,7 +192,7 @@ async function loadModels() {
     state.head = 0;
     state.row = null;
     configureInput(true);
-    run();
+    changed();
   });
 }
 
@@ -191,11 +230,25 @@ function drawTabs() {
   for (const [name] of TABS) document.querySelector(`[data-panel="${name}"]`).hidden = name !== state.panel;
 }
 
-function updatePanel() {
-  const panel = panels.get(state.panel);
-  if (panel && state.run) panel.update().catch((error) => {
+// The open panel, for the current text; its badge says when it shows it.
+let panelCall = 0;
+async function updatePanel() {
+  const name = state.panel;
+  const panel = panels.get(name);
+  if (!panel) return;
+  if (!state.run) {
+    markFresh(name, state.text === "" ? "empty" : "stale");
+    return;
+  }
+  const call = ++panelCall;
+  const generation = state.generation;
+  markFresh(name, "updating");
+  try {
+    await panel.update();
+  } catch (error) {
     if (!isAbort(error)) console.error(error);
-  });
+  }
+  if (call === panelCall && generation === state.generation) markFresh(name, "current");
 }
 
 // The exports: every panel's page (as `anatomy viz` / `anatomy analyze` write it), PNG and JSON.
@@ -221,12 +274,12 @@ async function start() {
   configureInput(false);
   if (state.text !== null) textBox.value = state.text;
   if (state.target) targetBox.value = state.target;
-  textBox.addEventListener("input", runSoon);
-  targetBox.addEventListener("input", runSoon);
+  textBox.addEventListener("input", changed);
+  targetBox.addEventListener("input", changed);
   for (const input of Object.values(sampling)) input.addEventListener("input", () => {
     document.getElementById("temperature-out").textContent = Number(sampling.temperature.value).toFixed(2);
     document.getElementById("top-p-out").textContent = Number(sampling.topP.value).toFixed(2);
-    runSoon();
+    changed();
   });
   document.getElementById("share").addEventListener("click", async () => {
     await navigator.clipboard?.writeText(shareLink()).catch(() => {});
@@ -234,7 +287,7 @@ async function start() {
   });
   drawTabs();
   drawExports();
-  await run();
+  changed();
 }
 
 start();

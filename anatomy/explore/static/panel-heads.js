@@ -1,11 +1,10 @@
 // Head detection: previous-token, induction and duplicate-token scores of every head, on repeated
 // random tokens (anatomy.detect_heads), computed once per model as a job, each kind drawn by the
-// page `anatomy analyze heads` writes.
-import {api, clear, el, errorBox, exportUrl, followJob, pageFrame, progressBar, register, state} from "./core.js";
+// page `anatomy analyze heads` writes, in the page (analysis.js).
+import {api, clear, drawPayload, el, errorBox, followJob, isAbort, progressBar, register, state} from "./core.js";
 
 const controls = document.getElementById("heads-controls");
 const body = document.getElementById("heads-body");
-const frame = pageFrame("head scores");
 const KINDS = [["previous_token", "previous-token"], ["induction", "induction"], ["duplicate", "duplicate"]];
 let kind = "induction";
 const scored = new Set();  // models whose scores are computed
@@ -29,8 +28,14 @@ async function update() {
       return;
     }
   }
-  clear(body, frame);
-  await frame.load(exportUrl("heads", "html", {kind, inline: "1"}));
+  let data;
+  try {
+    data = await api("/api/heads", {model: state.model, kind}, "heads");
+  } catch (error) {
+    if (!isAbort(error)) clear(body, errorBox(error));
+    return;
+  }
+  drawPayload(body, data.view);
 }
 
 register("heads", {update, exportSettings: () => ({kind})});

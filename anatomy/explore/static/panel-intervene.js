@@ -2,7 +2,7 @@
 // distribution before and after; and activation patching from a second prompt, as a layer ×
 // position heatmap, run as a job with progress and a cancel button.
 import {
-  api, beforeAfterRows, clear, currentModel, el, errorBox, fmt, isAbort, numberSelect, pageFrame, register, runJob,
+  api, beforeAfterRows, clear, currentModel, el, errorBox, fmt, isAbort, numberSelect, register, runJob,
   textBody,
 } from "./core.js";
 
@@ -12,7 +12,6 @@ const patchControls = document.getElementById("patch-controls");
 const patchBody = document.getElementById("patch-body");
 const settings = {kind: "head", layer: 0, index: 0, scale: 0};
 let corrupt = "";
-const frame = pageFrame("activation patching");
 
 function drawControls() {
   const model = currentModel();
@@ -52,7 +51,7 @@ async function update() {
 }
 
 function patch() {
-  return runJob(patchBody, frame, textBody({kind: "patch", corrupt}), "patching", "cells");
+  return runJob(patchBody, textBody({kind: "patch", corrupt}), "patching", "cells");
 }
 
 register("intervene", {update});

@@ -1,0 +1,1 @@
+"""Circuits: attribution graphs over transcoder features, and the one page that draws any graph."""

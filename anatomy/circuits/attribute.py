@@ -1,0 +1,364 @@
+"""The attribution graph of one prompt: every direct effect between its nodes, in one backward sweep.
+
+Shape letters: T positions, E d_model, F transcoder features, V vocabulary, N nodes, R rows (targets)
+at one position, P = p + 1 the positions a row at position p reaches.
+
+Ameisen et al. 2025 ("Circuit Tracing", section 2.3): in the local replacement model (replacement.py)
+the residual stream is linear in what the nodes write, so the direct effect of a source s on a target t,
+through every path that passes no other node (attention with its patterns frozen, the residual, a
+transcoder's skip), is
+
+    A[t, s] = a_s (w_s . J_{t <- s})          J: the gradient of t's reading at s's writing point
+                                              w_s: s's output vector (a decoder row; an error; an embedding)
+    t's reading = enc_t . x_in  (a feature's pre-activation), or (u_tok - mean_v u_v) . h (a logit, demeaned)
+
+circuit-tracer computes the rows by batched backward passes of the whole model through autograd, one
+batch of rows at a time, each from its row's layer. Here the map is written out (replacement.py's
+transposes) and all rows travel down the layers together in one sweep, each carrying only the positions
+it can reach (its own and earlier ones: the mask is causal), rows joining at their own layer:
+
+    for layer L = n-1 ... 0:
+        project every row's gradient at L's MLP output on the vectors written there   -> A[rows, sources at L]
+        back through the transcoder's skip (if it has one)
+        rows of the features at layer L join, their encoder vectors at the MLP's input
+        back through L's attention, patterns and norm scales frozen
+    project on the token embeddings                                                    -> A[rows, tokens]
+
+The first position is left out as circuit-tracer leaves it out (its features and errors are not nodes):
+what it writes, with the biases and the positional embeddings, is what no node carries, computed by the
+replacement's forward pass with every node switched off. The result checks itself:
+
+    every feature's pre-activation and every target logit = sum of its row + what no node carries
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .graph import Graph, Node
+from .replacement import INPUT_POINTS, OUTPUT_POINTS, Replacement, unsupported
+
+
+@dataclass
+class Active:
+    """The active features of every layer (position 0 left out), in (layer, position, feature) order."""
+
+    layer: torch.Tensor  # [n] long
+    position: torch.Tensor  # [n] long
+    feature: torch.Tensor  # [n] long
+    activation: torch.Tensor  # [n]
+    pre: list[torch.Tensor]  # per layer [T, F]: every pre-activation (the targets' values)
+
+
+def prompt_ids(model: nn.Module, prompt) -> torch.Tensor:
+    """[T] ids: a text tokenized without the template's special tokens, with a BOS in front as circuit-tracer
+    puts one (the first special id among bos, pad, eos) unless it starts with a special token already;
+    ids as given. Raises ValueError for an empty prompt or one past the model's context."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError("the prompt is empty: give a text to explain")
+        if tokenizer is None:
+            raise ValueError("this model has no tokenizer: give the prompt as token ids")
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        specials = [i for i in (tokenizer.bos_id, tokenizer.pad_id, tokenizer.eos_id) if i is not None]
+        if not ids or ids[0] not in specials:
+            if not specials:
+                raise ValueError("the tokenizer has no BOS, pad or EOS token to put before the prompt")
+            ids = [specials[0]] + ids
+    else:
+        ids = [int(i) for i in (prompt.tolist() if torch.is_tensor(prompt) else prompt)]
+    if len(ids) < 2:
+        raise ValueError("the prompt needs at least one token after the first (the first position is no node)")
+    limit = model.config.max_seq_len if model.config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
+    if limit is not None and len(ids) > limit:
+        raise ValueError(f"the prompt has {len(ids)} tokens; this model reads at most {limit} (max_seq_len)")
+    if any(not 0 <= i < model.config.vocab_size for i in ids):
+        raise ValueError(f"token ids must be in [0, {model.config.vocab_size})")
+    return torch.tensor(ids)
+
+
+def check_fits(model: nn.Module, transcoders) -> None:
+    """Raise ValueError, in one line, when the model or the transcoder set cannot make a graph together."""
+    why = unsupported(model)
+    if why:
+        raise ValueError(why)
+    transcoders.check_fits(model)
+    for field, point, allowed in (("input point", transcoders.input_point(0), INPUT_POINTS),
+                                  ("output point", transcoders.output_point(0), OUTPUT_POINTS)):
+        inside = point.split(".", 2)[2]
+        if inside not in allowed:
+            raise ValueError(f"an attribution graph reads transcoders at blocks.L.{{{', '.join(allowed)}}} -> "
+                             f"blocks.L.{', '.join(OUTPUT_POINTS)}; this set's {field} is {point!r}")
+
+
+def active_features(rep: Replacement) -> Active:
+    """Encode every layer's input; the features that fire, position 0 zeroed as circuit-tracer zeroes it."""
+    layers, positions, features, values, pres = [], [], [], [], []
+    for layer in range(rep.n_layers):
+        pre = rep.transcoders.pre_activations(layer, rep.inputs[layer]).float()  # (T, F)
+        acts = rep.transcoders.activate(layer, pre)
+        acts[0] = 0
+        position, feature = acts.nonzero(as_tuple=True)
+        layers.append(torch.full_like(position, layer))
+        positions.append(position), features.append(feature), values.append(acts[position, feature]), pres.append(pre)
+    return Active(torch.cat(layers), torch.cat(positions), torch.cat(features), torch.cat(values), pres)
+
+
+def logit_targets(logits: torch.Tensor, max_logits: int, probability: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, probabilities) of the most likely next tokens until their cumulative probability reaches
+    `probability`, at most max_logits of them (circuit-tracer's salient logits)."""
+    probs = torch.softmax(logits.double(), dim=-1).float()
+    top, ids = probs.topk(min(max_logits, probs.numel()))
+    cutoff = int(torch.searchsorted(top.cumsum(0), torch.tensor(probability))) + 1
+    return ids[:cutoff], top[:cutoff]
+
+
+@dataclass
+class Layout:
+    """Where each node sits in the graph's node order: tokens, then per layer its features and its errors
+    (one per position, the first one included, as circuit-tracer numbers them), then the logits."""
+
+    n_tokens: int
+    feature_start: list[int]  # per layer: the first feature's node index
+    error_start: list[int]  # per layer: the error of position 0's node index
+    feature_offsets: list[torch.Tensor]  # per layer [T + 1]: where each position's features begin, from feature_start
+    logit_start: int
+    total: int
+
+
+def layout(active: Active, n_layers: int, T: int, n_logits: int) -> Layout:
+    feature_start, error_start, offsets = [], [], []
+    index = T
+    for layer in range(n_layers):
+        positions = active.position[active.layer == layer]
+        counts = torch.bincount(positions, minlength=T)
+        feature_start.append(index)
+        offsets.append(torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]))
+        index += int(counts.sum())
+        error_start.append(index)
+        index += T
+    return Layout(T, feature_start, error_start, offsets, index, index + n_logits)
+
+
+def build_nodes(rep: Replacement, active: Active, where: Layout, logit_ids: torch.Tensor, probs: torch.Tensor,
+                labels: list[str], logit_labels: list[str]) -> list[Node]:
+    """Nodes in graph order (Layout): every one named by what it is."""
+    nodes = [Node("token", -1, q, int(rep.ids[q]), label=labels[q]) for q in range(where.n_tokens)]
+    values = active.activation.tolist()
+    for layer in range(rep.n_layers):
+        chosen = (active.layer == layer).nonzero().flatten().tolist()
+        nodes += [Node("feature", layer, int(active.position[i]), int(active.feature[i]), value=values[i]) for i in chosen]
+        nodes += [Node("error", layer, q) for q in range(where.n_tokens)]
+    last = where.n_tokens - 1
+    nodes += [Node("logit", rep.n_layers, last, int(i), label=text, value=float(p))
+              for i, text, p in zip(logit_ids.tolist(), logit_labels, probs.tolist())]
+    return nodes
+
+
+class Sources:
+    """The vectors written at one layer's MLP output, by position: the activation-scaled decoder rows of the
+    features that write there (a CLT's earlier layers too) and the error, with their node columns."""
+
+    def __init__(self, rep: Replacement, active: Active, where: Layout, errors: torch.Tensor):
+        self.by_layer: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        T, transcoders = where.n_tokens, rep.transcoders
+        decoders = [transcoders.decoder_vectors(layer).detach().float() for layer in range(rep.n_layers)]
+        for layer in range(rep.n_layers):
+            at_layer = []
+            for q in range(T):
+                vectors, columns = [], []
+                for source in transcoders.writers(layer):
+                    mask = (active.layer == source) & (active.position == q)
+                    if mask.any():
+                        chosen = mask.nonzero().flatten()
+                        rows = decoders[source][active.feature[chosen], layer - source]  # (n, E)
+                        vectors.append(rows * active.activation[chosen, None])
+                        start = where.feature_start[source] + int(where.feature_offsets[source][q])
+                        columns.append(torch.arange(start, start + len(chosen)))
+                vectors.append(errors[layer, q][None])
+                columns.append(torch.tensor([where.error_start[layer] + q]))
+                at_layer.append((torch.cat(vectors), torch.cat(columns)))
+            self.by_layer.append(at_layer)
+
+
+def errors_of(rep: Replacement, active: Active, T: int) -> torch.Tensor:
+    """[L, T, E]: each MLP's output minus what the transcoders write there (position 0's left at 0: no node)."""
+    transcoders = rep.transcoders
+    features = []
+    for layer in range(rep.n_layers):
+        f = torch.zeros(T, transcoders.d_transcoder)
+        chosen = active.layer == layer
+        f[active.position[chosen], active.feature[chosen]] = active.activation[chosen]
+        features.append(f)
+    errors = torch.stack([rep.outputs[layer] - transcoders.reconstruct(layer, features, rep.inputs).detach().float()
+                          for layer in range(rep.n_layers)])  # (L, T, E)
+    errors[:, 0] = 0
+    return errors
+
+
+def encoder_rows(rep: Replacement, active: Active, layer: int, position: int) -> torch.Tensor:
+    """[k, E]: the encoder vectors of layer's features active at position (their pre-activation reads x_in . row)."""
+    chosen = (active.layer == layer) & (active.position == position)
+    W_enc = rep.transcoders.layers[layer].W_enc.detach().float()  # (E, F)
+    return W_enc[:, active.feature[chosen]].T
+
+
+def sweep(rep: Replacement, active: Active, where: Layout, sources: Sources, logit_vectors: torch.Tensor,
+          adjacency: torch.Tensor, progress=None) -> None:
+    """Fill adjacency's target rows (features, logits) with every direct effect, in one sweep down the layers
+    (module docstring). Rows at position p carry gradients [R_p, p + 1, E]; they join at their own layer."""
+    T, L, E = where.n_tokens, rep.n_layers, rep.embed.size(1)
+    n_logits = logit_vectors.size(0)
+    row_nodes = []  # per position: the rows' node indices, in joining order (logits, then layer L-1 ... 0)
+    for p in range(T):
+        nodes = [torch.arange(where.logit_start, where.logit_start + n_logits)] if p == T - 1 else []
+        for layer in reversed(range(L)):
+            start = where.feature_start[layer] + int(where.feature_offsets[layer][p])
+            nodes.append(torch.arange(start, where.feature_start[layer] + int(where.feature_offsets[layer][p + 1])))
+        row_nodes.append(torch.cat(nodes) if nodes else torch.zeros(0, dtype=torch.long))
+    grads = [torch.zeros(len(row_nodes[p]), p + 1, E) for p in range(T)]  # (R_p, P, E)
+    joined = [0] * T
+    grads[T - 1][:n_logits, T - 1] = rep.final_norm.transpose_at(logit_vectors, T - 1)
+    joined[T - 1] = n_logits
+
+    for layer in reversed(range(L)):
+        for p in range(1, T):
+            a = joined[p]
+            if a == 0:
+                continue
+            rows, g = row_nodes[p][:a], grads[p][:a]
+            for q in range(1, p + 1):  # position 0 writes through no node
+                vectors, columns = sources.by_layer[layer][q]
+                adjacency.index_put_((rows[:, None], columns[None, :]), g[:, q] @ vectors.T, accumulate=True)
+            through_skip = rep.skip_transpose(layer, g)
+            if through_skip is not None:
+                g += through_skip
+        for p in range(1, T):  # the features of this layer join, read at the MLP's input
+            encoders = encoder_rows(rep, active, layer, p)
+            if len(encoders):
+                grads[p][joined[p]:joined[p] + len(encoders), p] = rep.input_transpose_at(layer, encoders, p)
+                joined[p] += len(encoders)
+        attention, norm = rep.attentions[layer], rep.attn_norms[layer]
+        for p in range(T):
+            if joined[p]:
+                g = grads[p][:joined[p]]
+                g += norm.transpose(attention.transpose(g))
+        if progress is not None:
+            progress(L - layer, L + 1)
+    for p in range(T):
+        if joined[p]:
+            rows = row_nodes[p][:joined[p]]
+            adjacency[rows[:, None], torch.arange(p + 1)[None, :]] = (grads[p][:joined[p]] * rep.embed[:p + 1]).sum(-1)
+
+
+def unexplained(rep: Replacement, active: Active, where: Layout, logit_ids: torch.Tensor,
+                logit_vectors: torch.Tensor) -> torch.Tensor:
+    """[N]: what no node carries of each target, the replacement's forward pass with every node switched off:
+    positional embeddings, biases (attention's, the norms', b_dec, the encoders' b_enc), a skip's share of
+    them, and everything the first position writes."""
+    T = where.n_tokens
+    x = rep.trace["pos_embed"][0].float() if "pos_embed" in rep.trace else torch.zeros_like(rep.embed)  # (T, E)
+    result = torch.zeros(where.total)
+    for layer in range(rep.n_layers):
+        x = x + rep.attentions[layer].forward(rep.attn_norms[layer].forward(x))
+        read = rep.input_forward(layer, x)  # (T, E)
+        chosen = (active.layer == layer).nonzero().flatten()
+        if len(chosen):
+            pre = rep.transcoders.pre_activations(layer, read).float()  # (T, F)
+            start = where.feature_start[layer]
+            result[start:start + len(chosen)] = pre[active.position[chosen], active.feature[chosen]]
+        out = rep.transcoders.output_bias(layer).detach().float().expand(T, -1).clone()  # (T, E)
+        skip = rep.transcoders.skip(layer)
+        if skip is not None:
+            out += read @ skip.detach().float()
+        # the first position's whole output, but for the part its skip passes on (a linear path, counted above)
+        first = rep.outputs[layer][0] - rep.transcoders.output_bias(layer).detach().float()
+        if skip is not None:
+            first = first - rep.inputs[layer][0] @ skip.detach().float()
+        out[0] += first
+        x = x + out
+    h = rep.final_norm.forward(x)[-1]  # (E,)
+    result[where.logit_start:] = logit_vectors @ h + demeaned(rep.unembed_bias, logit_ids)
+    return result
+
+
+def demeaned(bias: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | float:
+    """b[ids] - mean(b): the LM head's bias as a demeaned logit sees it (0 without a bias)."""
+    return 0.0 if bias is None else bias[ids] - bias.mean()
+
+
+@torch.no_grad()
+def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int = 10, logit_probability: float = 0.95,
+                      max_feature_nodes: int | None = None, batch_size: int = 512, update_interval: int = 4,
+                      progress=None) -> Graph:
+    """The attribution graph of `prompt` (a text, or ids) through `model` with `transcoders` (a TranscoderSet).
+
+    Targets: the most likely next tokens until their probability reaches logit_probability (at most
+    max_logits), and every active feature. max_feature_nodes keeps only that many features, chosen as
+    circuit-tracer chooses them (by partial influence, in batches of batch_size, re-ranked every
+    update_interval batches; prune.capped_features). progress(done, total) after each layer. The graph
+    checks its identity (graph.check, graph.error). Raises ValueError, before any computation, for an
+    empty prompt, one past the context, a model the replacement cannot be built for, or a transcoder set
+    that does not fit the model."""
+    from .prune import capped_features
+
+    if isinstance(max_logits, bool) or not isinstance(max_logits, int) or max_logits < 1:
+        raise ValueError(f"max_logits must be a positive integer, got {max_logits!r}")
+    if not 0.0 < logit_probability <= 1.0:
+        raise ValueError(f"logit_probability must be in (0, 1], got {logit_probability!r}")
+    if max_feature_nodes is not None and (isinstance(max_feature_nodes, bool) or not isinstance(max_feature_nodes, int)
+                                          or max_feature_nodes < 1):
+        raise ValueError(f"max_feature_nodes must be a positive integer or None, got {max_feature_nodes!r}")
+    check_fits(model, transcoders)
+    ids = prompt_ids(model, prompt)
+    rep = Replacement(model, transcoders, ids)
+    active = active_features(rep)
+    T = len(ids)
+    logit_ids, probs = logit_targets(rep.logits, max_logits, logit_probability)
+    logit_vectors = rep.unembed[logit_ids] - rep.unembed.mean(dim=0)  # (k, E): demeaned, as circuit-tracer's
+    where = layout(active, rep.n_layers, T, len(logit_ids))
+    tokenizer = getattr(model, "tokenizer", None)
+    labels = tokenizer.labels(ids.tolist()) if tokenizer else [str(i) for i in ids.tolist()]
+    logit_labels = tokenizer.labels(logit_ids.tolist()) if tokenizer else [str(i) for i in logit_ids.tolist()]
+    nodes = build_nodes(rep, active, where, logit_ids, probs, labels, logit_labels)
+
+    adjacency = torch.zeros(where.total, where.total)
+    sources = Sources(rep, active, where, errors_of(rep, active, T))
+    sweep(rep, active, where, sources, logit_vectors, adjacency, progress)
+
+    values = torch.full((where.total,), float("nan"))
+    for layer in range(rep.n_layers):
+        chosen = (active.layer == layer).nonzero().flatten()
+        start = where.feature_start[layer]
+        values[start:start + len(chosen)] = active.pre[layer][active.position[chosen], active.feature[chosen]]
+    values[where.logit_start:] = rep.logits[logit_ids] - rep.logits.mean()
+    rest = unexplained(rep, active, where, logit_ids, logit_vectors)
+    targets = ~values.isnan()
+    rest[~targets] = 0.0
+    differences = (values[targets].double() - adjacency[targets].double().sum(1) - rest[targets].double()).abs()
+    terms = adjacency[targets].double().abs().sum(1) + rest[targets].double().abs()  # what each sum adds up
+    error = float((differences / terms.clamp(min=1e-30)).max())
+    weights = torch.zeros(where.total)
+    weights[where.logit_start:] = probs
+    text = prompt if isinstance(prompt, str) else (tokenizer.decode(ids.tolist()) if tokenizer else "")
+    graph = Graph(
+        nodes, adjacency, labels, rep.n_layers, output_weights=weights, kind="attribution graph",
+        about=f"the next token after {text!r}",
+        meta={"prompt": text, "prompt_ids": ids.tolist(), "model": "",
+              "prompt_texts": tokenizer.token_texts(ids.tolist()) if tokenizer else labels, "transcoders": dict(getattr(transcoders, "metadata", {})),
+              "cross_layer": bool(transcoders.cross_layer), "max_logits": max_logits,
+              "logit_probability": logit_probability, "features_active": len(active.layer)},
+        check=(f"every feature's pre-activation and every target logit = its edges + what no node carries: "
+               f"max |diff| {float(differences.max()):.2g}, at most {error:.2g} of the terms it sums"),
+        error=error, values=values, unexplained=rest,
+    )
+    if progress is not None:
+        progress(rep.n_layers + 1, rep.n_layers + 1)
+    if max_feature_nodes is not None and max_feature_nodes < len(active.layer):
+        keep = capped_features(graph, max_feature_nodes, batch_size, update_interval)
+        graph = graph.subgraph(keep, meta=dict(graph.meta, max_feature_nodes=max_feature_nodes))
+    return graph

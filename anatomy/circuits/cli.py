@@ -1,0 +1,132 @@
+"""`anatomy circuits TEXT --model M --transcoders RUN --out graph.html|graph.json|graph.safetensors`.
+
+    anatomy circuits "The capital of Germany is" --model smollm2 --transcoders runs/transcoders --out graph.html
+    anatomy circuits "..." --model smollm2 --transcoders runs/transcoders --out graph.json   # Neuronpedia's format
+    anatomy circuits discover ...                    # circuits over a dataset (anatomy.circuits.discovery.cli)
+
+The graph explains the most likely next tokens (until --logit-probability, at most --max-logits) through
+the transcoders' features; it is pruned at --node-threshold and --edge-threshold for the page and the JSON,
+and written whole to a .safetensors file. Every argument is checked before the model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from ..cli import (add_device_argument, add_model_argument, add_threads_argument, input_file, output_file, positive_int,
+                   printable, probability, summary_block, text)
+
+HANDED_ON = {"discover": "anatomy.circuits.discovery.cli"}  # `anatomy circuits discover ...`, before parsing
+
+
+def nonempty_text(value: str) -> str:
+    """An argparse type: a prompt with something in it."""
+    value = text(value)
+    if not value.strip():
+        raise argparse.ArgumentTypeError("the prompt is empty: give a text to explain")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`anatomy circuits TEXT ...` (and, handed on before parsing, `anatomy circuits discover ...`)."""
+    parser.description = ("the attribution graph of TEXT's next token through transcoder features "
+                          "(`anatomy circuits discover --help`: circuits over a dataset)")
+    parser.add_argument("prompt", metavar="TEXT", type=nonempty_text, help="the prompt whose next token to explain")
+    add_model_argument(parser, default="smollm2", help="the model")
+    parser.add_argument("--transcoders", required=True, metavar="RUN",
+                        help="a transcoder set: a run folder, or circuit-tracer's folder (config.yaml + safetensors)")
+    parser.add_argument("--out", required=True, type=output_file(".html", ".htm", ".json", ".safetensors"),
+                        help=".html (the page), .json (Neuronpedia's format) or .safetensors (the whole graph)")
+    parser.add_argument("--max-logits", type=positive_int, default=10, metavar="N", help="at most this many output tokens (default 10)")
+    parser.add_argument("--logit-probability", type=probability, default=0.95, metavar="P",
+                        help="output tokens until their probability adds up to this (default 0.95)")
+    parser.add_argument("--node-threshold", type=probability, default=0.8, metavar="P",
+                        help="pruning: keep the nodes holding this share of the influence (default 0.8)")
+    parser.add_argument("--edge-threshold", type=probability, default=0.98, metavar="P",
+                        help="pruning: keep the edges holding this share of the edge influence (default 0.98)")
+    parser.add_argument("--max-feature-nodes", type=positive_int, metavar="N",
+                        help="keep only this many features, chosen by partial influence as circuit-tracer does")
+    parser.add_argument("--contexts", nargs="+", type=input_file, metavar="FILE",
+                        help="text files to find each feature's top contexts in, for the page")
+    parser.add_argument("--max-context-tokens", type=positive_int, default=20_000, metavar="N",
+                        help="read at most this many tokens of --contexts (default 20000)")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_threads_argument(parser)
+    add_device_argument(parser)
+
+
+def run(args) -> int:
+    """Load, build, check, prune, describe, write (module docstring)."""
+    from ..checkpoints import from_pretrained
+    from ..sae.transcoders import load_transcoders
+    from .attribute import attribution_graph, check_fits
+    from .features import promoted_tokens, top_contexts
+    from .prune import pruned, scores
+
+    started = time.time()
+    transcoders = load_transcoders(args.transcoders)
+    model = from_pretrained(args.model).to(args.device).eval()
+    if getattr(model, "tokenizer", None) is None:
+        raise ValueError(f"{args.model!r} has no tokenizer: the text cannot be read")
+    check_fits(model, transcoders)
+    loaded = time.time()
+    progress, bar = progress_bar(args)
+    with bar:
+        graph = attribution_graph(model, args.prompt, transcoders, max_logits=args.max_logits,
+                                  logit_probability=args.logit_probability, max_feature_nodes=args.max_feature_nodes,
+                                  progress=progress)
+    graph.about = f"{args.model} on {args.prompt!r}"
+    graph.meta["model"] = str(args.model)
+    built = time.time()
+    replacement, completeness = scores(graph)
+    graph.meta.update(replacement=replacement, completeness=completeness)
+    suffix = Path(args.out).suffix.lower()
+    if suffix == ".safetensors":
+        out = graph.save(args.out)
+        shown = None
+    else:
+        shown = pruned(graph, args.node_threshold, args.edge_threshold)
+        if suffix == ".json":
+            out = shown.save(args.out)
+        else:
+            details = promoted_tokens(model, transcoders, shown)
+            if args.contexts:
+                from ..sae.store import corpus_tokens
+
+                tokens = corpus_tokens(args.contexts, model.tokenizer, eval_fraction=None)[0][:args.max_context_tokens]
+                details = top_contexts(model, transcoders, shown, tokens, details)
+            out = shown.view(details=details, scores=(replacement, completeness)).save(args.out)
+    if not args.quiet:
+        counts = {kind: sum(node.kind == kind for node in graph.nodes) for kind in ("feature", "error", "token", "logit")}
+        logits = ", ".join(f"{node.label} {node.value:.3f}" for node in graph.nodes if node.kind == "logit")
+        rows = [("model", printable(str(args.model))), ("prompt", printable(repr(args.prompt))),
+                ("outputs", printable(logits)),
+                ("graph", f"{counts['feature']:,} features, {counts['error']} errors, {counts['token']} tokens, "
+                          f"{counts['logit']} logits"),
+                ("check", graph.check),
+                ("scores", f"replacement {replacement:.3f}, completeness {completeness:.3f}")]
+        if shown is not None:
+            rows.append(("pruned", f"{len(shown)} nodes, {sum(1 for _ in shown.edges()):,} edges (node threshold "
+                                   f"{args.node_threshold}, edge threshold {args.edge_threshold})"))
+        rows.append(("time", f"loading {loaded - started:.1f} s, graph {built - loaded:.1f} s, "
+                             f"the rest {time.time() - built:.1f} s"))
+        print(summary_block(f"anatomy circuits -> {printable(str(out))}", rows))
+    return 0
+
+
+def progress_bar(args):
+    """(progress(done, total), a context manager): a bar on a terminal, nothing otherwise."""
+    from contextlib import nullcontext
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    if args.quiet or not console.is_terminal:
+        return (lambda done, total: None), nullcontext()
+    bar = Progress(TextColumn("graph"), BarColumn(), MofNCompleteColumn(), TextColumn("layers, ETA"),
+                   TimeRemainingColumn(), console=console, transient=True)
+    task = bar.add_task("graph", total=None)
+    return (lambda done, total: bar.update(task, completed=done, total=total)), bar

@@ -1,0 +1,232 @@
+"""Pruning by influence, and the scores of a graph: pure functions of its adjacency matrix.
+
+Shape letters: N nodes, B a block of rows, n the nodes a pruning keeps.
+
+Ameisen et al. 2025 ("Circuit Tracing", Appendix: graph pruning) rank nodes by their influence on the
+outputs. With Â the row-normalised |A| (each target's inputs as shares of its total input),
+
+    Â[t, s] = |A[t, s]| / sum_s' |A[t, s']|
+    influence = w Â + w Â^2 + w Â^3 + ...          w [N]: the outputs' weights (logit probabilities)
+
+the Neumann series of Â: every path from a node to an output, each hop weighted by its share. A graph's
+nodes are in topological order (graph.py), so Â is strictly lower triangular and the series is finite;
+`influence` sums it exactly in one pass over the rows, as a back-substitution (below), instead of one
+pass per path length.
+
+Pruning keeps the fewest nodes that hold `node_threshold` (0.8) of the total influence, then, among the
+edges between them, the fewest that hold `edge_threshold` (0.98) of the edge influence (an edge's
+share of its target's input times the target's influence), then drops nodes left without an edge out
+(or, for a node that receives edges, without one in) until nothing changes. Inputs and outputs stay.
+These are circuit-tracer 0.5's `prune_graph` and `compute_graph_scores`, with equal results (tests).
+
+The scores of a graph (same paper):
+
+    replacement  = influence of the tokens / influence of the tokens and the errors
+                   (the share of the inputs' effect on the outputs that flows through features)
+    completeness = sum_t (1 - Â[t, errors]) (influence_t + w_t) / sum_t (influence_t + w_t)
+                   (each node's input not from errors, weighted by how much that node matters)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .graph import INPUT_KINDS, OUTPUT_KINDS, SOURCE_KINDS, Graph
+
+BLOCK = 1024  # rows of the adjacency read at a time: no [N, N] temporary is ever made
+
+
+def normalized(rows: torch.Tensor) -> torch.Tensor:
+    """[B, N] -> [B, N]: |A[t, s]| / sum_s |A[t, s]|, each row's inputs as shares (a row without input stays 0)."""
+    absolute = rows.abs()
+    return absolute / absolute.sum(dim=1, keepdim=True).clamp(min=1e-10)
+
+
+def neumann_influence(adjacency: torch.Tensor, weights: torch.Tensor, max_terms: int = 1000) -> torch.Tensor:
+    """[N]: sum_{k>=1} w Â^k term by term, the definition (for small graphs and for testing `influence`).
+    Raises RuntimeError when the series has not ended after max_terms (a graph with a cycle)."""
+    normal = normalized(adjacency)
+    term = weights @ normal
+    total = term.clone()
+    for _ in range(max_terms):
+        if not term.any():
+            return total
+        term = term @ normal
+        total += term
+    raise RuntimeError(f"the influence series did not end after {max_terms} terms: the graph has a cycle")
+
+
+def influence(adjacency: torch.Tensor, weights: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """[N]: each node's influence on the outputs, sum_{k>=1} w Â^k, for Â strictly lower triangular.
+
+    y = w + influence satisfies y_s = w_s + sum_{t > s} y_t Â[t, s]: a node's weight plus what it passes
+    to the later nodes it feeds. Taken in blocks of rows from the last: the rows below a block are final,
+    their contributions are added to every earlier column (acc += y_J Â[J, :a]), and inside the block
+    y_J (I - Â[J, J]) = w_J + acc_J is a small triangular system."""
+    n = adjacency.size(0)
+    y = torch.zeros(n, dtype=torch.float32)
+    acc = torch.zeros(n, dtype=torch.float32)  # what the processed rows pass to each earlier column
+    weights = weights.float()
+    for end in range(n, 0, -block):
+        start = max(0, end - block)
+        rows = normalized(adjacency[start:end, :end].float())  # (B, end): later columns are 0
+        inside = rows[:, start:end]  # (B, B), strictly lower triangular
+        eye = torch.eye(end - start)
+        rhs = (weights[start:end] + acc[start:end])[:, None]  # (B, 1)
+        # y_J (I - inside) = rhs^T  <=>  (I - inside)^T y_J^T = rhs: upper triangular
+        y[start:end] = torch.linalg.solve_triangular((eye - inside).T, rhs, upper=True).flatten()
+        acc[:start] += y[start:end] @ rows[:, :start]
+    return y - weights
+
+
+def error_share(adjacency: torch.Tensor, is_error: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """[N]: each node's share of input from error nodes, sum over errors s of Â[t, s]."""
+    shares = torch.zeros(adjacency.size(0))
+    for start in range(0, adjacency.size(0), block):
+        shares[start:start + block] = normalized(adjacency[start:start + block].float())[:, is_error].sum(dim=1)
+    return shares
+
+
+def find_threshold(scores: torch.Tensor, fraction: float) -> float:
+    """The score s such that the scores >= s are the fewest that hold `fraction` of the total (scores >= 0).
+    Sorted over the non-zero scores only (zeros add nothing to the total): 0.0 when even all of them do not
+    reach the fraction, so that everything is kept, as circuit-tracer's sort over every score gives."""
+    positive = scores[scores > 0].flatten()
+    if positive.numel() == 0:
+        return 0.0
+    ordered = positive.sort(descending=True).values
+    cumulative = ordered.cumsum(0) / ordered.sum()
+    index = int(torch.searchsorted(cumulative, torch.tensor(fraction, dtype=cumulative.dtype)))
+    if index >= ordered.numel():
+        return 0.0 if positive.numel() < scores.numel() else float(ordered[-1])
+    return float(ordered[index])
+
+
+@dataclass
+class Pruning:
+    """What `prune` decided: node_mask [N]; edge_mask [n, n] over the kept nodes (in graph order);
+    influence [N] on the outputs; cumulative [N]: the share of the total influence held by the nodes at
+    least as influential as each (what Neuronpedia's pages read as 'influence')."""
+
+    node_mask: torch.Tensor
+    edge_mask: torch.Tensor
+    influence: torch.Tensor
+    cumulative: torch.Tensor
+    node_threshold: float
+    edge_threshold: float
+
+
+def check_threshold(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a number from 0 to 1, got {value!r}")
+    return float(value)
+
+
+def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Pruning:
+    """Keep the nodes holding node_threshold of the influence and the edges holding edge_threshold of the
+    edge influence, then drop nodes left unconnected (see the module docstring). Raises ValueError for a
+    threshold outside [0, 1]."""
+    node_threshold = check_threshold("node_threshold", node_threshold)
+    edge_threshold = check_threshold("edge_threshold", edge_threshold)
+    weights = graph.output_weights.float()
+    node_influence = influence(graph.adjacency, weights)
+    node_mask = node_influence >= find_threshold(node_influence, node_threshold)
+    node_mask |= graph.mask(*INPUT_KINDS, *OUTPUT_KINDS)
+
+    kept = node_mask.nonzero().flatten()
+    sub = graph.adjacency[kept][:, kept].float()  # (n, n): the edges between kept nodes
+    shares = normalized(sub)
+    sub_influence = neumann_influence(sub, weights[kept]) if len(kept) <= BLOCK else influence(sub, weights[kept])
+    edge_scores = shares * (sub_influence + weights[kept])[:, None]  # (n, n)
+    edge_mask = edge_scores >= find_threshold(edge_scores, edge_threshold)
+    edge_mask &= sub != 0
+
+    kinds = [graph.nodes[i].kind for i in kept.tolist()]
+    needs_out = torch.tensor([kind not in INPUT_KINDS + OUTPUT_KINDS for kind in kinds])  # features, errors, components
+    needs_in = torch.tensor([kind not in SOURCE_KINDS + OUTPUT_KINDS for kind in kinds])  # what edges point into
+    alive = torch.ones(len(kept), dtype=torch.bool)
+    while True:
+        edge_mask &= alive[:, None] & alive[None, :]
+        now = alive & ~(needs_out & ~edge_mask.any(dim=0)) & ~(needs_in & ~edge_mask.any(dim=1))
+        if torch.equal(now, alive):
+            break
+        alive = now
+    node_mask[kept[~alive]] = False
+    edge_mask = edge_mask[alive][:, alive]
+
+    ordered, order = node_influence.sort(descending=True)
+    cumulative = torch.zeros_like(node_influence)
+    cumulative[order] = ordered.cumsum(0) / ordered.sum().clamp(min=1e-30)
+    return Pruning(node_mask, edge_mask, node_influence, cumulative, node_threshold, edge_threshold)
+
+
+def pruned(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Graph:
+    """The pruned graph itself: the kept nodes and edges, with meta["influence"] (each kept node's
+    cumulative influence share, in node order) and the thresholds."""
+    decision = prune(graph, node_threshold, edge_threshold)
+    meta = dict(graph.meta, node_threshold=node_threshold, edge_threshold=edge_threshold, pruned=True,
+                influence=[round(float(x), 6) for x in decision.cumulative[decision.node_mask]],
+                nodes_before=len(graph), edges_before=int(count_edges(graph.adjacency)))
+    return graph.subgraph(decision.node_mask, decision.edge_mask, meta=meta)
+
+
+def count_edges(adjacency: torch.Tensor, block: int = BLOCK) -> int:
+    """How many entries are non-zero, in blocks of rows."""
+    return sum(int((adjacency[start:start + block] != 0).sum()) for start in range(0, adjacency.size(0), block))
+
+
+def scores(graph: Graph) -> tuple[float, float]:
+    """(replacement, completeness) of the graph (module docstring). Raises ValueError for a graph without
+    token and error nodes, for which neither is defined."""
+    is_error, is_token = graph.mask("error"), graph.mask("token")
+    if not is_error.any() or not is_token.any():
+        raise ValueError("replacement and completeness need token and error nodes (an attribution graph)")
+    weights = graph.output_weights.float()
+    node_influence = influence(graph.adjacency, weights)
+    token, error = node_influence[is_token].sum(), node_influence[is_error].sum()
+    replacement = float(token / (token + error))
+    output_influence = node_influence + weights
+    completeness = float(((1 - error_share(graph.adjacency, is_error)) * output_influence).sum() / output_influence.sum())
+    return replacement, completeness
+
+
+def capped_features(graph: Graph, max_features: int, batch_size: int = 512, update_interval: int = 4) -> torch.Tensor:
+    """[N] bool: the nodes of the graph with only max_features of its features, chosen as circuit-tracer 0.5's
+    `attribute(max_feature_nodes=...)` chooses them. It computes rows in batches of batch_size, the logits'
+    first; every update_interval batches it ranks the features not yet taken by their partial influence,
+
+        influence over the rows computed so far: p <- p[rows] Â_rows, summed while p is non-zero
+
+    (Â_rows: those rows, row-normalised, starting from the logits' probabilities), and takes the next ones
+    in that order. Here every row is already known, so the choice is replayed on them."""
+    features = graph.mask("feature").nonzero().flatten()
+    logits = graph.mask(*OUTPUT_KINDS).nonzero().flatten()
+    chosen: list[torch.Tensor] = []
+    taken = torch.zeros(len(features), dtype=torch.bool)
+    n_taken = 0
+    while n_taken < max_features:
+        rows = torch.cat([logits] + [features[c] for c in chosen])
+        shares = graph.adjacency[rows].abs()
+        shares /= shares.sum(dim=1, keepdim=True).clamp(min=1e-8)  # circuit-tracer's clamp here
+        partial = torch.zeros(len(graph))
+        flow = torch.zeros(len(graph))
+        flow[logits] = graph.output_weights[logits].float()
+        for _ in range(128):
+            flow = flow[rows] @ shares
+            if not flow.any():
+                break
+            partial += flow
+        else:
+            raise RuntimeError("the partial influence did not converge in 128 steps")
+        rank = torch.argsort(partial[features], descending=True, stable=True)
+        pending = rank[~taken[rank]][:min(update_interval * batch_size, max_features - n_taken)]
+        for start in range(0, len(pending), batch_size):
+            batch = pending[start:start + batch_size]
+            chosen.append(batch)
+            taken[batch] = True
+            n_taken += len(batch)
+    keep = ~graph.mask("feature")
+    keep[features[taken]] = True
+    return keep

@@ -1,0 +1,78 @@
+"""`anatomy circuits discover`: a circuit from a file of pairs on a pre-norm toy, written as the graph
+page and as the Graph; every mistake is one line on stderr, exit status 2, before the model loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from anatomy.checkpoints.toys import build_toy, toy_tokenizer
+from anatomy.circuits.graph import load_graph
+from anatomy.cli import main
+
+PAIRS = [{"clean": "Hello World, this is", "corrupt": "Hello World, is this", "answer": " Alejandro!", "wrong": " is"},
+         {"clean": "Hello World, this", "corrupt": "Hello World, is", "answer": " is", "wrong": " this"}]
+
+
+def status(argv: list[str]) -> int:
+    """main's exit status, argparse's own exit included."""
+    try:
+        return main(argv)
+    except SystemExit as exit:
+        return exit.code
+
+
+@pytest.fixture(scope="module")
+def prenorm(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("prenorm-toy")
+    build_toy("toy", norm_position="pre", final_norm=True).save_pretrained(folder)
+    toy_tokenizer("toy").save(folder)
+    return str(folder)
+
+
+@pytest.fixture
+def pairs_file(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps(pair) for pair in PAIRS) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_discover_writes_the_circuit(prenorm, pairs_file, tmp_path, capsys):
+    html, graph = tmp_path / "circuit.html", tmp_path / "circuit.safetensors"
+    assert main(["circuits", "discover", "--task", pairs_file, "--model", prenorm, "--steps", "2", "--verify", "5",
+                 "--out", str(html)]) == 0
+    out = capsys.readouterr().out
+    assert "2 pairs kept" in out and "Spearman" in out and "curve" in out
+    assert all(len(line) <= 80 for line in out.splitlines()[1:])  # the first names the output file, whatever its length
+    assert "view-graph" in html.read_text(encoding="utf-8")
+    assert main(["circuits", "discover", "--task", pairs_file, "--model", prenorm, "--method", "eap", "--edges", "3",
+                 "--out", str(graph), "--quiet"]) == 0
+    circuit = load_graph(graph)
+    assert circuit.kind == "circuit" and sum(1 for _ in circuit.edges()) == 3
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (["--task", "poetry"], "is not a task; allowed values: ioi"),
+    (["--task", "ioi", "--steps", "0"], "0 is not a positive integer"),
+    (["--task", "ioi", "--pairs", "1000000"], "1000000 pairs is more than 100000"),
+    (["--task", "ioi", "--method", "acdc"], "invalid choice: 'acdc'"),
+    (["--task", "ioi", "--model", "toy"], "circuit discovery needs a pre-norm decoder"),
+])
+def test_mistakes_are_one_line(arguments, words, capsys):
+    assert status(["circuits", "discover", *arguments]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_pair_of_unequal_length_is_one_line(prenorm, tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({**PAIRS[0], "corrupt": "Hello World, this"}) + "\n", encoding="utf-8")
+    assert main(["circuits", "discover", "--task", str(path), "--model", prenorm]) == 2
+    err = capsys.readouterr().err
+    assert "pair 0: the clean prompt has 5 tokens, the corrupted 4" in err and len(err.strip().splitlines()) == 1
+
+
+def test_k_larger_than_the_edges_is_one_line(prenorm, pairs_file, capsys):
+    assert main(["circuits", "discover", "--task", pairs_file, "--model", prenorm, "--verify", "100000"]) == 2
+    assert "--verify 100000: choose 1 to" in capsys.readouterr().err
