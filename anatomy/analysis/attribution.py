@@ -108,8 +108,9 @@ def integrated_gradients(
     (relative) or `max_steps` gradients were computed (see the module docstring); an integer uses
     that many Gauss-Legendre points, as Captum's LayerIntegratedGradients does. extra["steps"] is
     the number of gradients computed, extra["per_dim"] the [batch, pos, d_model] attributions.
-    progress(done, total): called after each pass with the gradients computed so far and the most
-    that may be computed; an exception it raises stops the analysis (how a caller cancels it).
+    progress(done, total): called before the first pass of the path (done = 0) and after each, with
+    the gradients computed so far and the most that may be computed; an exception it raises stops
+    the analysis (how a caller cancels it).
     Raises ValueError for a bad argument."""
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise ValueError(f"steps must be None (adaptive) or an integer >= 1, got {steps!r}")
@@ -165,6 +166,8 @@ def integrated_gradients(
         attributed = ((x - x_base).double() * total).sum((-1, -2))  # (B,)
         return ((attributed - delta).abs() / delta.abs().clamp_min(1e-12)).max().item()
 
+    if progress is not None:
+        progress(0, budget)  # a caller that cancels before the first pass is heard before it runs
     if steps is not None:
         total, _ = weighted_gradients(*gauss_legendre(steps))
         error, computed, rule = completeness(total), steps, f"{steps} Gauss-Legendre steps"

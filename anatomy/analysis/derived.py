@@ -28,6 +28,7 @@ anything recorded under autocast (the recipe would run in another precision).
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -188,9 +189,14 @@ class Derivations:
 
     @contextmanager
     def capturing(self) -> Iterator["Derivations"]:
-        """Keep each attention layer's keyword arguments (mask, bias, cache) while the block runs."""
+        """Keep each attention layer's keyword arguments (mask, bias, cache) while the block runs, of
+        this thread's pass only: like a trace, it belongs to the thread that opened it (a pass in
+        another thread, on the same model at the same time, has a mask of its own)."""
+        owner = threading.get_ident()
+
         def keep(module, args, kwargs):
-            self.calls[module] = kwargs
+            if threading.get_ident() == owner:
+                self.calls[module] = kwargs
 
         handles = [m.register_forward_pre_hook(keep, with_kwargs=True) for m in self._attention]
         try:

@@ -25,6 +25,8 @@ from .inputs import Batch, Text
 from .lens import stack_of
 from .result import Result
 
+LENGTH = 24  # the random sequence's length n by default (the input is 2n), where the model allows it
+
 
 def repeated_tokens(vocab_size: int, length: int, batch: int, seed: int, avoid: set[int] = frozenset()) -> torch.Tensor:
     """[batch, 2*length] ids: a seeded random sequence of `length` distinct tokens, twice."""
@@ -49,33 +51,49 @@ def _keys(kind: str, length: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def detect_heads(
     model: nn.Module, kind: str = "induction", *, length: int | None = None, batch: int = 8, seed: int = 0,
+    runs_per_pass: int | None = None, progress=None,
 ) -> Result:
     """[layer, head] scores of `kind` ("previous_token", "induction" or "duplicate") on `batch`
     seeded random sequences of `length` distinct tokens (default: 24, or fewer where the positions
     or the vocabulary allow fewer), repeated. Special tokens are avoided. An encoder-decoder is
-    scored on its decoder's self-attention, with the same sequence as source."""
+    scored on its decoder's self-attention, with the same sequence as source.
+
+    runs_per_pass: how many of the sequences one forward pass reads (default: all). progress(done,
+    total): called before the first pass (done = 0) and after each, with the sequences read so
+    far; an exception it raises stops the analysis (how a caller cancels it)."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} is not supported; allowed values: {', '.join(KINDS)}")
     config = model.config
     special = {getattr(config, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id")} - {None}
     limit = config.max_seq_len if config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
     if length is None:
-        length = min(24, config.vocab_size - len(special), (limit or 48) // 2)
+        length = min(LENGTH, config.vocab_size - len(special), (limit or 2 * LENGTH) // 2)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
     if isinstance(length, bool) or not isinstance(length, int) or length < 2:
         raise ValueError(f"length must be >= 2 (got {length}): a repeated sequence needs two distinct tokens")
     if limit is not None and 2 * length > limit:
         raise ValueError(f"2 x length = {2 * length} positions exceed max_seq_len={limit}; pass a smaller length")
+    if runs_per_pass is not None and (isinstance(runs_per_pass, bool) or not isinstance(runs_per_pass, int)
+                                      or runs_per_pass < 1):
+        raise ValueError(f"runs_per_pass must be an integer >= 1, got {runs_per_pass!r}")
     model.eval()
     ids = repeated_tokens(config.vocab_size, length, batch, seed, special)
-    text = Text(ids, None, [[str(int(i)) for i in row] for row in ids])
-    inputs = Batch(text, text) if config.arch == "encoder-decoder" else Batch(text)
     prefix = "decoder." if config.arch == "encoder-decoder" else ""
-    with torch.no_grad(), trace(model, f"{prefix}blocks.*.attn.pattern") as t:
-        inputs.run(model)
     n_layers = len(stack_of(model).blocks)
-    patterns = torch.stack([t[f"{prefix}blocks.{i}.attn.pattern"] for i in range(n_layers)])  # (L, B, H, 2n, 2n)
+    chunk = runs_per_pass or batch
+    progress = progress or (lambda done, total: None)
+    parts = []
+    progress(0, batch)
+    for start in range(0, batch, chunk):
+        rows = ids[start:start + chunk]  # (b, 2n)
+        text = Text(rows, None, [[str(int(i)) for i in row] for row in rows])
+        inputs = Batch(text, text) if config.arch == "encoder-decoder" else Batch(text)
+        with torch.no_grad(), trace(model, f"{prefix}blocks.*.attn.pattern") as t:
+            inputs.run(model)
+        parts.append(torch.stack([t[f"{prefix}blocks.{i}.attn.pattern"] for i in range(n_layers)]))  # (L, b, H, 2n, 2n)
+        progress(start + len(rows), batch)
+    patterns = torch.cat(parts, dim=1)  # (L, B, H, 2n, 2n)
     queries, keys = _keys(kind, length)
     scores = patterns[..., queries, keys].mean(dim=(1, 3))  # (L, H)
     best = divmod(int(scores.argmax()), scores.size(1))

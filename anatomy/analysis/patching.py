@@ -98,8 +98,8 @@ def patch(
     last real position. logits_at="last": the metric reads only the last position, so it is given
     logits [B, 1, V] of each row's last real token and the LM head skips every other position (the
     default metric does this). runs_per_pass: how many patched runs share one forward pass.
-    progress(done, total): called after each pass with the cells patched so far; an exception it
-    raises stops the analysis (how a caller cancels it).
+    progress(done, total): called before the first pass (done = 0) and after each, with the cells
+    patched so far; an exception it raises stops the analysis (how a caller cancels it).
     """
     if by not in BY:
         raise ValueError(f"by={by!r} is not supported; allowed values: {', '.join(BY)}")
@@ -199,6 +199,7 @@ def _activation(model, corrupt, names, clean_acts, axis, cells, metric, logits_o
     chunk = runs_per_pass or max(1, min(4096 // tokens_per_run, 2**26 // logits_per_run))
     with torch.no_grad():
         parts = []
+        progress(0, len(cells))  # a caller that cancels before the first pass is heard before it runs
         for start in range(0, len(cells), chunk):
             parts.append(_run_cells(model, corrupt, names, clean_acts, axis, cells[start:start + chunk], metric, logits_of))
             progress(min(start + chunk, len(cells)), len(cells))

@@ -35,7 +35,8 @@ PACKAGES = ["circuit-tracer==0.5.0", "nnsight==0.6.1", "transformer-lens==3.2.1"
 
 def circuit_tracer_python(install: bool) -> tuple[str | None, str]:
     """(the python of an environment with circuit-tracer, or None; what was done or why not)."""
-    return peer_python("circuit-tracer", "ANATOMY_CIRCUIT_TRACER_PYTHON", "venv-circuit-tracer", PACKAGES, install)
+    return peer_python("circuit-tracer", "ANATOMY_CIRCUIT_TRACER_PYTHON", "venv-circuit-tracer", PACKAGES, install,
+                       "it pins nnsight 0.6.1, transformer-lens 3 and transformers 4.57.3")
 
 
 def prepare(settings: Settings, folder: Path) -> tuple[Path, Path, str]:

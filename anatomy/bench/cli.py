@@ -31,7 +31,7 @@ import datetime
 import torch
 
 from ..checkpoints.parity import quiet_progress_bars
-from ..cli import add_threads_argument, non_negative_int
+from ..cli import add_threads_argument, non_negative_int, positive_float
 from .common import Row, Settings, cpu_model, fmt, load_average, matmul_peak, read_bandwidth
 from .analysis import bench_analysis
 from .circuits import bench_circuits
@@ -44,6 +44,7 @@ from .load import bench_load
 from .overhead import bench_overhead
 from .refusals import bench_refusals
 from .sae import bench_sae
+from .soak import bench_soak
 from .trace import bench_trace
 from .train import bench_train
 
@@ -57,7 +58,7 @@ GROUPS = {
     "load": bench_load,
     "analysis": bench_analysis,
     "sae": bench_sae,
-    "explore": bench_explore,
+    "explore": lambda settings: bench_explore(settings) + bench_soak(settings),  # the page timed, then the soak
     "circuits": bench_circuits,
     "refusals": bench_refusals,
     "discovery": bench_discovery,
@@ -87,6 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", nargs="+", choices=sorted(GROUPS), metavar="GROUP",
                         help=f"run only these groups ({', '.join(GROUPS)})")
     parser.add_argument("--repeats", type=repeats, default=0, help="timed runs per side (default: per case)")
+    parser.add_argument("--soak-seconds", type=positive_float, default=0.0, metavar="S",
+                        help="how long the explorer's soak types (explore group; default 600, 20 with --quick)")
     add_threads_argument(parser)
 
 
@@ -99,7 +102,8 @@ def repeats(value: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = Settings(quick=args.quick, repeats=2 if args.quick and not args.repeats else args.repeats)
+    settings = Settings(quick=args.quick, repeats=2 if args.quick and not args.repeats else args.repeats,
+                        soak_seconds=args.soak_seconds)
     try:
         import transformers
     except ImportError:

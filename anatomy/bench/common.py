@@ -68,42 +68,6 @@ def read_bandwidth(megabytes: int = 256, repeats: int = 10) -> float:
     return matrix.numel() * 4 / fastest(lambda: torch.mv(matrix, vector), repeats) / 1e9
 
 
-# A peer in an environment of its own -----------------------------------------------------------------
-
-
-def peer_python(name: str, variable: str, venv_name: str, packages: list[str], install: bool) -> tuple[str | None, str]:
-    """(the python of an environment holding a peer, or None; what was done or why not): $variable when set,
-    else the cached environment venv_name, made when absent and `install` (python -m venv, then the CPU torch
-    this process runs, then `packages`), never in --quick (CI has neither the time nor the network)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from ..checkpoints.files import cache_root
-
-    given = os.environ.get(variable)
-    if given:
-        return (given, f"{name} from ${variable}={given}") if Path(given).is_file() else (None, f"${variable}={given} is not a file")
-    venv = cache_root() / venv_name
-    python = venv / "bin" / "python"
-    if not python.is_file() and not install:
-        return None, f"no {name} environment (${variable} unset, {venv} absent; --quick installs none)"
-    if not python.is_file():
-        torch_version = torch.__version__.split("+")[0]
-        print(f"  installing {name} into {venv} (torch=={torch_version} first, then {' '.join(packages)}): it pins its "
-              "own stack, so it gets an environment of its own; a few minutes, once", flush=True)
-        try:
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-            for chosen in ([f"torch=={torch_version}"], packages):
-                subprocess.run([str(python), "-m", "pip", "install", "-q", *chosen], check=True, capture_output=True,
-                               timeout=1800)
-        except (subprocess.SubprocessError, OSError) as error:
-            detail = getattr(error, "stderr", b"") or b""
-            return None, f"could not install {name} into {venv}: {type(error).__name__} {detail.decode()[-200:]}"
-    return str(python), f"{name} from {venv}"
-
-
 # Memory -------------------------------------------------------------------------------------------
 
 
@@ -198,6 +162,7 @@ class Settings:
     repeats: int
     peak_gflops: float = 0.0  # measured at the start of the run
     bandwidth_gbs: float = 0.0
+    soak_seconds: float = 0.0  # the explorer's soak (soak.py); 0: its default, 600 s (20 s with quick)
 
 
 # Same weights on both sides ------------------------------------------------------------------------

@@ -8,8 +8,9 @@ budget; a decoder's pass continues the last text's, analysis/prefix.py), panels 
 drawn from the floors below: walk, viz, analysis, generation), lens, features and compare (those
 panels), exports (a panel's JSON, page or PNG), lanes (where requests wait: a quick and a slow lane
 per model, the newest first), jobs (patching, integrated gradients and head scores off the request
-path, with progress and cancelling), guard (the checks of a local server: token, Host, Origin, size),
-server (the ASGI application: the page, its assets, the JSON API of docs/explore.md), cli (the
+path, with progress, cancelling and bounds), guard (the checks of a local server: token, Host, Origin,
+sizes, the JSON a body may hold), connections (the deadlines and the bound on connections uvicorn
+lacks), server (the ASGI application: the page, its assets, the JSON API of docs/explore.md), cli (the
 command), static/ (the page: one script per panel).
 """
 

@@ -70,7 +70,7 @@ def int_setting(settings: dict, name: str, default: int, low: int, high: int) ->
 def float_setting(settings: dict, name: str, default: float | None, low: float, high: float) -> float | None:
     value = settings.get(name, default)
     if value is None:
-        return None
+        return default  # null means "not given", as int_setting reads it
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
         raise ExploreError(f"'{name}' must be a number in [{low}, {high}], got {value!r}")
     return float(value)
@@ -372,30 +372,33 @@ def intervene(slot: ModelSlot, p: Pass, settings: dict) -> dict:
 # ---- heads, computed once per model ---------------------------------------------------------------
 
 
-def head_scores(slot: ModelSlot, kind: str):
-    """The Result of anatomy.detect_heads(model, kind), computed once per model and kept."""
+def head_scores(slot: ModelSlot, kind: str, **options):
+    """The Result of anatomy.detect_heads(model, kind, **options), computed once per model and kept."""
     scores = slot.cache.setdefault("heads", {})
     if kind not in scores:
-        scores[kind] = detect_heads(slot.get(), kind)
+        scores[kind] = detect_heads(slot.get(), kind, **options)
     return scores[kind]
 
 
-def heads(slot: ModelSlot, settings: dict, progress=None) -> dict:
+def heads(slot: ModelSlot, settings: dict, progress=None, runs_per_pass: int | None = None) -> dict:
     """Previous-token, induction and duplicate-token scores of every head (anatomy.detect_heads on
     repeated random tokens), computed once per model and kept; `view`: the scores of `kind` (default
-    induction) as the analysis pages draw them."""
+    induction) as the analysis pages draw them. progress(done, total): the kinds scored, called
+    after every forward pass (runs_per_pass sequences each), so that a caller may stop it between
+    any two."""
     model = slot.get()
     shown = settings.get("kind", "induction")
     if shown not in KINDS:
         raise ExploreError(f"'kind' must be one of {', '.join(KINDS)}, got {str(shown)[:50]!r}")
     out = {"kinds": list(KINDS), "n_layers": layer_count(model), "n_heads": head_count(model), "scores": {}}
-    for done, kind in enumerate(KINDS):
-        result = head_scores(slot, kind)
+    for index, kind in enumerate(KINDS):
+        def kind_progress(done, total, index=index):
+            if progress is not None:
+                progress(index + (done == total), len(KINDS))
+        result = head_scores(slot, kind, runs_per_pass=runs_per_pass, progress=kind_progress)
         out["scores"][kind] = {"values": rounded(result.values, 4), "check": result.check}
         if kind == shown:
             out["view"] = analysis_view(result)  # the `kind` asked for, as the analysis pages draw it
-        if progress is not None:
-            progress(done + 1, len(KINDS))
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -18,12 +19,13 @@ from importlib import resources
 import torch
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..analysis import integrated_gradients, patch
+from ..analysis.heads import LENGTH as HEADS_LENGTH
 from ..checkpoints import CheckpointError
 from ..viz.html import asset, content_security_policy
 from ..viz.html import page as page_shell
@@ -35,8 +37,8 @@ from . import features as sae_panels
 from . import lens as lens_panel
 from . import panels
 from .exports import export_file
-from .guard import HEADERS, Access, Guard, refuse, reply
-from .jobs import Jobs
+from .guard import HEADERS, Access, Guard, json_settings, refuse, reply
+from .jobs import ENDED, KEEP_SECONDS, MAX_KEPT, Jobs, Then, runs_per_pass
 from .lanes import QUICK, SLOW, Gone, Lanes
 from .panels import finite
 from .state import CACHE_BYTES, ExploreError, Models, Passes, check_text, give_back_memory
@@ -48,6 +50,9 @@ PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src
 EXPORT_POLICY = content_security_policy(script=True) + "; frame-ancestors 'self'"
 VIZ_ASSETS = ("common.js", "grid.js", "view.css")  # what the page borrows from anatomy.viz
 ANALYSIS_ASSETS = resources.files("anatomy.analysis") / "assets"  # analysis.js draws the analysis panels
+PATCH_POINTS = ("resid_pre", "resid_mid", "resid_post", "attn.out", "mlp.out")  # what a patch job may patch
+LOG = logging.getLogger("anatomy.explore")
+HEARTBEAT_SECONDS = 15  # a job's event stream says it is alive this often while nothing changes
 
 
 
@@ -67,13 +72,12 @@ class Explorer(Access):
         self.lanes = Lanes()
 
 async def settings_of(request: Request) -> dict:
+    """The request's JSON object (guard.json_settings: depth, numbers, Unicode checked); a client
+    that leaves before its body has arrived raises starlette's ClientDisconnect (answered by `left`)."""
     try:
-        data = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ExploreError("the body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise ExploreError("the body must be a JSON object")
-    return data
+        return json_settings(await request.body())
+    except ValueError as error:
+        raise ExploreError(str(error)) from None
 
 
 async def with_model(request: Request, explorer: Explorer, settings: dict, work: Callable, key: str = "model",
@@ -86,6 +90,11 @@ async def with_model(request: Request, explorer: Explorer, settings: dict, work:
         return await explorer.lanes.lane(slot.name, lane).run(request, lambda: work(slot))
     finally:
         give_back_memory()
+
+
+def pass_inputs(p) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """A pass's ids as the model's input: [1, T], or an encoder-decoder's ([1, S], [1, T])."""
+    return torch.tensor([p.ids]) if p.source_ids is None else (torch.tensor([p.source_ids]), torch.tensor([p.ids]))
 
 
 def text_settings(settings: dict) -> tuple[str, str | None]:
@@ -154,12 +163,12 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         raise ExploreError("no such asset", status=404)
 
     async def list_models(request: Request) -> Response:
-        return reply({"models": [slot.describe() for slot in explorer.models.slots.values()],
+        return reply({"models": [slot.describe() for slot in explorer.models.listed()],
                       "allow_open": explorer.models.allow_open})
 
     async def open_model(request: Request) -> Response:
         settings = await settings_of(request)
-        slot = await run_in_threadpool(explorer.models.slot, settings.get("model"))
+        slot = await run_in_threadpool(explorer.models.open, settings.get("model"))
         return reply(slot.describe())
 
     async def heads(request: Request) -> Response:
@@ -177,70 +186,91 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         return reply(await with_model(request, explorer, settings, lambda slot: comparing.compare(*a, *b, settings)))
 
     # ---- jobs -------------------------------------------------------------------------------------
+    # A kind of job: async (request, settings, slot) -> work(progress) -> result. It checks its
+    # settings and prepares its inputs on the request path (a 400 at once), and leaves the long
+    # analysis to work, which hands it `progress` (jobs.py: a cancel stops it within one pass).
+
+    async def heads_job(request: Request, settings: dict, slot) -> Callable:
+        def work(progress):
+            return panels.heads(slot, {}, progress, runs_per_pass=runs_per_pass(2 * HEADS_LENGTH))
+        return work
+
+    async def discover_job(request: Request, settings: dict, slot) -> Callable:
+        # a circuit over a dataset (discover.py): the text box plays no part
+        return await run_in_threadpool(discover_work, slot, settings)
+
+    async def ig_job(request: Request, settings: dict, slot) -> Callable:
+        model, pass_, inputs = await job_inputs(request, settings, slot)
+        position = panels.default_position(model, pass_)
+        if position is None:
+            raise ExploreError("integrated gradients explain a predicted token: this model predicts none here")
+        target_id = panels.target_id(model, pass_, settings, position)
+
+        def work(progress):
+            result = integrated_gradients(model, inputs, target_id, position=position, progress=progress,
+                                          steps_per_pass=runs_per_pass(len(pass_.ids) + len(pass_.source_ids or ())))
+            return panels.result_json(result, tokens=result.tokens[0], values=panels.rounded(result.values[0], 5),
+                                       target=model.tokenizer.labels([target_id])[0], steps=result.extra["steps"],
+                                       page=result.view(title="Integrated gradients").html)
+        return work
+
+    async def patch_job(request: Request, settings: dict, slot) -> Callable:
+        point = settings.get("point", "resid_pre")
+        if point not in PATCH_POINTS:
+            raise ExploreError(f"'point' must be one of {', '.join(PATCH_POINTS)}")
+        model, pass_, inputs = await job_inputs(request, settings, slot)
+        corrupt_text = check_text(settings.get("corrupt", ""), "corrupt")
+        corrupt = await with_model(request, explorer, settings,
+                                   lambda s: explorer.passes.get(s, corrupt_text, pass_.target))
+        if len(corrupt.ids) != len(pass_.ids) or (corrupt.source_ids and len(corrupt.source_ids) != len(pass_.source_ids)):
+            raise ExploreError(f"the corrupted text must have as many tokens as the clean one ({len(pass_.ids)}); "
+                               f"it has {len(corrupt.ids)}: {' '.join(corrupt.tokens)[:200]}")
+        corrupt_inputs = pass_inputs(corrupt)
+        # patch's default metric: the log-prob of the clean run's top token at the last position;
+        # its value on the clean and on the corrupted run bound what patching can recover.
+        clean_log_probs = torch.log_softmax(pass_.logits_at(len(pass_.ids) - 1), dim=-1)
+        top = int(clean_log_probs.argmax())
+        bounds = {"clean": float(clean_log_probs[top]),
+                  "corrupt": float(torch.log_softmax(corrupt.logits_at(len(corrupt.ids) - 1), dim=-1)[top])}
+
+        def work(progress):
+            result = patch(model, inputs, corrupt_inputs, point=point, progress=progress,
+                           runs_per_pass=runs_per_pass(len(pass_.ids) + len(pass_.source_ids or ())))
+            return panels.result_json(result, rows=result.labels["layer"], cols=pass_.tokens,
+                                       corrupt_tokens=corrupt.tokens, values=panels.rounded(result.values, 5),
+                                       point=point, top=model.tokenizer.labels([top])[0], **bounds,
+                                       page=result.view(title="Activation patching").html)
+        return work
+
+    async def circuit_job(request: Request, settings: dict, slot) -> Callable:
+        # an attribution graph of the text over the attached transcoders (circuits.py)
+        _, pass_, _ = await job_inputs(request, settings, slot)
+        return circuits.circuit_work(slot, pass_, {**settings, "text": pass_.text})
+
+    job_kinds = {"patch": patch_job, "ig": ig_job, "heads": heads_job, "circuit": circuit_job,
+                 "discover": discover_job}
+
+    async def job_inputs(request: Request, settings: dict, slot):
+        """(model, the text's pass, the model's inputs for it) of a job on a text."""
+        text, target = text_settings(settings)
+        pass_ = await with_model(request, explorer, settings, lambda s: explorer.passes.get(s, text, target))
+        return slot.get(), pass_, pass_inputs(pass_)
+
     async def start_job(request: Request) -> Response:
         settings = await settings_of(request)
         kind = settings.get("kind")
+        if not isinstance(kind, str) or kind not in job_kinds:
+            raise ExploreError(f"'kind' must be one of {', '.join(job_kinds)}, got {str(kind)[:100]!r}")
         slot = explorer.models.slot(settings.get("model"))
-        if kind == "heads":
-            job = explorer.jobs.start("heads", lambda progress: panels.heads(slot, {}, progress))
-            return reply(job.status(), 202)
-        if kind == "discover":  # a circuit over a dataset: the text box plays no part
-            job = explorer.jobs.start("discover", await run_in_threadpool(discover_work, slot, settings))
-            return reply(job.status(), 202)
-        text, target = text_settings(settings)
-        pass_ = await with_model(request, explorer, settings, lambda s: explorer.passes.get(s, text, target))
-        model = slot.get()
-        inputs = torch.tensor([pass_.ids]) if pass_.source_ids is None else (
-            torch.tensor([pass_.source_ids]), torch.tensor([pass_.ids]))
-        if kind == "circuit":  # an attribution graph of the text (explore/circuits.py)
-            job = explorer.jobs.start(kind, circuits.circuit_work(slot, pass_, {**settings, "text": text}))
-            return reply(job.status(), 202)
-        if kind == "ig":
-            position = panels.default_position(model, pass_)
-            if position is None:
-                raise ExploreError("integrated gradients explain a predicted token: this model predicts none here")
-            target_id = panels.target_id(model, pass_, settings, position)
-
-            def work(progress):
-                result = integrated_gradients(model, inputs, target_id, position=position, progress=progress)
-                return panels.result_json(result, tokens=result.tokens[0], values=panels.rounded(result.values[0], 5),
-                                           target=model.tokenizer.labels([target_id])[0], steps=result.extra["steps"],
-                                           page=result.view(title="Integrated gradients").html)
-        elif kind == "patch":
-            corrupt_text = check_text(settings.get("corrupt", ""), "corrupt")
-            corrupt = await with_model(request, explorer, settings,
-                                       lambda s: explorer.passes.get(s, corrupt_text, target))
-            if len(corrupt.ids) != len(pass_.ids) or (corrupt.source_ids and len(corrupt.source_ids) != len(pass_.source_ids)):
-                raise ExploreError(f"the corrupted text must have as many tokens as the clean one ({len(pass_.ids)}); "
-                                   f"it has {len(corrupt.ids)}: {' '.join(corrupt.tokens)[:200]}")
-            corrupt_inputs = torch.tensor([corrupt.ids]) if corrupt.source_ids is None else (
-                torch.tensor([corrupt.source_ids]), torch.tensor([corrupt.ids]))
-            point = settings.get("point", "resid_pre")
-            if point not in ("resid_pre", "resid_mid", "resid_post", "attn.out", "mlp.out"):
-                raise ExploreError("'point' must be one of resid_pre, resid_mid, resid_post, attn.out, mlp.out")
-
-            # patch's default metric: the log-prob of the clean run's top token at the last position;
-            # its value on the clean and on the corrupted run bound what patching can recover.
-            clean_log_probs = torch.log_softmax(pass_.logits_at(len(pass_.ids) - 1), dim=-1)
-            top = int(clean_log_probs.argmax())
-            bounds = {"clean": float(clean_log_probs[top]),
-                      "corrupt": float(torch.log_softmax(corrupt.logits_at(len(corrupt.ids) - 1), dim=-1)[top])}
-
-            def work(progress):
-                result = patch(model, inputs, corrupt_inputs, point=point, progress=progress)
-                return panels.result_json(result, rows=result.labels["layer"], cols=pass_.tokens,
-                                           corrupt_tokens=corrupt.tokens, values=panels.rounded(result.values, 5),
-                                           point=point, top=model.tokenizer.labels([top])[0], **bounds,
-                                           page=result.view(title="Activation patching").html)
-        else:
-            raise ExploreError(f"'kind' must be one of patch, ig, heads, circuit, discover, got {kind!r}")
-        job = explorer.jobs.start(kind, work)
-        return reply(job.status(), 202)
+        explorer.jobs.check_room()  # before the inputs cost a pass
+        work = await job_kinds[kind](request, settings, slot)
+        return reply(explorer.jobs.start(kind, work).status(), 202)
 
     def job_of(request: Request):
         job = explorer.jobs.get(request.path_params["job"])
         if job is None:
-            raise ExploreError("no such job (finished jobs are kept for ten minutes)", status=404)
+            raise ExploreError(f"no such job (finished jobs are kept for {KEEP_SECONDS // 60} minutes, at most "
+                               f"{MAX_KEPT} of them)", status=404)
         return job
 
     async def job_status(request: Request) -> Response:
@@ -261,22 +291,23 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
         return reply(job.status())
 
     async def job_events(request: Request) -> Response:
+        """Server-Sent Events: the job's state at once and at every change ("progress"), then one
+        "result", "error" or "cancelled" event; a comment line every HEARTBEAT_SECONDS of quiet.
+        Each stream awaits the job on the event loop (no worker thread), within the followers' bounds."""
         job = job_of(request)
+        release = explorer.jobs.follow(job, request.client.host if request.client else "unknown")  # 429 past the bounds
 
         async def events():
             version = -1
             while True:
-                version = await run_in_threadpool(job.wait, version, 15.0)
-                status = job.status()
-                if job.state in ("done", "error", "cancelled"):
-                    yield f"event: {'result' if job.state == 'done' else job.state}\ndata: " \
-                          f"{json.dumps(finite({**status, 'result': job.result}))}\n\n"
+                seen, version = version, await job.next_change(version, HEARTBEAT_SECONDS)
+                if job.state in ENDED:
+                    name = "result" if job.state == "done" else job.state
+                    yield f"event: {name}\ndata: {json.dumps(finite({**job.status(), 'result': job.result}))}\n\n"
                     return
-                yield f"event: progress\ndata: {json.dumps(status)}\n\n"
-                if await request.is_disconnected():
-                    return
+                yield f"event: progress\ndata: {json.dumps(job.status())}\n\n" if version != seen else ": still running\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers=HEADERS)
+        return Then(StreamingResponse(events(), media_type="text/event-stream", headers=HEADERS), release)
 
     # ---- exports: the pages `anatomy viz` and `anatomy analyze` write, a PNG, the JSON ------------
     async def export(request: Request) -> Response:
@@ -347,8 +378,13 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
     async def gone(request: Request, error: Exception) -> Response:
         return Response(status_code=499)  # nobody reads it: the browser cancelled the request
 
+    async def left(request: Request, error: Exception) -> Response:
+        # A client that leaves mid-body is no error of the server's: one line, for whoever asks for it.
+        LOG.info("a client left before its request's body arrived: %s %r", request.method, request.url.path[:200])
+        return Response(status_code=499)
+
     app = Starlette(routes=routes, exception_handlers={ExploreError: explore_error, CheckpointError: explore_error,
-                                                       ValueError: explore_error, Gone: gone})
+                                                       ValueError: explore_error, Gone: gone, ClientDisconnect: left})
     app.state.explorer = explorer
     app.add_middleware(Guard, explorer=explorer)
     return app

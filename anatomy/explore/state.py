@@ -33,6 +33,7 @@ from .lanes import raise_if_gone
 MAX_TEXT_CHARACTERS = 8000  # a text the page may send
 MAX_TOKENS = 512  # positions a pass may have (the panels page through longer axes)
 MAX_TRANSLATION = 48  # tokens an encoder-decoder writes when no target is given
+MAX_OPENED = 4  # models the page may have opened (--allow-open) at once, besides those given
 
 
 def give_back_memory() -> None:
@@ -102,12 +103,18 @@ class ModelSlot:
 
 
 class Models:
-    """The models given on the command line (and, with allow_open, any the page names)."""
+    """The models given on the command line, and (with allow_open) up to max_opened more that the
+    page opened: each resolved and loaded before it is listed, the least recently used closed when
+    one more opens."""
 
-    def __init__(self, names: list[str], *, allow_open: bool = False, saes: list[str] = (), transcoders: list[str] = ()):
+    def __init__(self, names: list[str], *, allow_open: bool = False, saes: list[str] = (),
+                 transcoders: list[str] = (), max_opened: int = MAX_OPENED):
         self.slots: dict[str, ModelSlot] = {}
         self.allow_open = allow_open
+        self.max_opened = max_opened
+        self._opened: OrderedDict[str, ModelSlot] = OrderedDict()  # opened from the page, least recently used first
         self._lock = threading.Lock()
+        self._opening = threading.Lock()  # one model opens at a time
         for name in names:
             self.add(name)
         for given in saes:
@@ -147,22 +154,64 @@ class Models:
         slot.saes[Path(path).name or path] = sae.eval()
 
     def add(self, name: str) -> ModelSlot:
-        """A slot for `name`, its config read without loading a weight (CheckpointError if none)."""
+        """A slot for a model given on the command line, its config read without loading a weight
+        (CheckpointError if none)."""
         with self._lock:
             if name not in self.slots:
                 self.slots[name] = ModelSlot(name, config_of(name))
             return self.slots[name]
 
+    def listed(self) -> list[ModelSlot]:
+        """The models the page may use now, those given first."""
+        with self._lock:
+            return list(self.slots.values())
+
     def slot(self, name) -> ModelSlot:
+        """A listed model (ExploreError: 403 for another name, 404 with allow_open: open it first)."""
         if not isinstance(name, str) or not name:
             raise ExploreError("'model' must be the name of a model; GET /api/models lists them")
-        if name in self.slots:
-            return self.slots[name]
+        with self._lock:
+            found = self.slots.get(name)
+            if found is not None:
+                if name in self._opened:
+                    self._opened.move_to_end(name)
+                return found
         if not self.allow_open:
             raise ExploreError(f"model {name[:200]!r} is not open here: the explorer was started with "
-                               f"{', '.join(self.slots)}; opening another path or Hub id from the page needs "
-                               "`anatomy explore --allow-open`", status=403)
-        return self.add(name)
+                               f"{', '.join(list(self.slots)[:8])}; opening another path or Hub id from the page "
+                               "needs `anatomy explore --allow-open`", status=403)
+        raise ExploreError(f"model {name[:200]!r} is not open: POST /api/open {{\"model\": NAME}} opens it", status=404)
+
+    def open(self, name) -> ModelSlot:
+        """A listed model, or (allow_open) the model `name` opened now: its config resolved, its
+        weights loaded (a Hub id fetched), then listed; a model that cannot open is never listed.
+        Blocks while it loads: call it from a worker thread. Raises ExploreError: 403 without
+        allow_open, 429 while another model opens, 400 naming why this one cannot open."""
+        if not isinstance(name, str) or not name:
+            raise ExploreError("'model' must be the name of a model, a folder, a .gguf file or a Hub id")
+        try:
+            return self.slot(name)
+        except ExploreError as error:
+            if error.status != 404:
+                raise
+        if not self._opening.acquire(blocking=False):
+            raise ExploreError("another model is opening; ask again once it has", status=429)
+        try:
+            slot = ModelSlot(name, config_of(name))
+            slot.get()
+        except ExploreError:
+            raise
+        except Exception as error:  # noqa: BLE001 - whatever a named path or Hub id does, the page is told why
+            why = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+            raise ExploreError(f"cannot open {name[:200]!r}: {why[:300]}") from None
+        finally:
+            self._opening.release()
+        with self._lock:
+            self.slots[name] = self._opened[name] = slot
+            while len(self._opened) > self.max_opened:
+                closed, _ = self._opened.popitem(last=False)
+                del self.slots[closed]  # its weights go once no request and no job holds them
+        return slot
 
 
 @dataclass
@@ -259,11 +308,14 @@ def check_text(text, name: str = "text") -> str:
 # The traced passes' memory budget: four SmolLM2 passes of 16 tokens (about 15 MB each), so the panels
 # of the text being typed and the last few read from memory. Every 64 MB more was 64-96 MB more resident.
 CACHE_BYTES = 64 * 2**20
+# ... and at most this many passes: a toy's pass holds 2.5 KB of tensors but 26 KB in all (Python's
+# objects around them), so a byte budget alone kept 25,000 of them (650 MB) after as many keystrokes.
+MAX_PASSES = 64
 
 
 class Passes:
     """Traced passes by (model, text, target), least recently used first out, within `budget` bytes
-    (the newest pass is kept whatever its size).
+    and MAX_PASSES passes (the newest pass is kept whatever its size).
 
     A decoder's pass continues the cached pass of the same model that shares the longest prefix of
     token ids with it (analysis/prefix.py): a keystroke computes the positions after that prefix only,
@@ -303,7 +355,7 @@ class Passes:
                     found = self._run(slot, text, target)
                     with self._lock:
                         self._passes[key] = found
-                        while len(self._passes) > 1 and self.held() > self.budget:
+                        while len(self._passes) > 1 and (self.held() > self.budget or len(self._passes) > MAX_PASSES):
                             self._passes.popitem(last=False)
                 finally:
                     with self._lock:
@@ -359,4 +411,4 @@ class Passes:
         return len(self._passes)
 
 
-__all__ = ["CACHE_BYTES", "ExploreError", "MAX_TOKENS", "ModelSlot", "Models", "Pass", "Passes", "check_text"]
+__all__ = ["CACHE_BYTES", "ExploreError", "MAX_OPENED", "MAX_PASSES", "MAX_TOKENS", "ModelSlot", "Models", "Pass", "Passes", "check_text"]

@@ -245,3 +245,24 @@ def test_resid_mid_is_stored_while_dropout_is_active():
     held = mb(cache.stored())
     _ = cache["blocks.0.resid_mid"]
     assert mb(cache.stored()) == held  # it was a tensor already: x + Dropout(update) is not x + update
+
+
+def test_a_pass_on_another_thread_meanwhile_leaves_the_derived_values_alone():
+    """The explorer runs a job's passes and a panel's traced pass on one model at once: the recipes
+    of the traced pass read its own mask, never the other thread's (a padded batch of 4 here)."""
+    import threading
+
+    model = anatomy.from_pretrained("toy")
+    text, other = "Hello World, this is", ["Hello World,", "Hello World, this is Alejandro!"]
+
+    def meanwhile(x):  # inside the traced pass, between the attention's call and its pattern
+        thread = threading.Thread(target=lambda: as_batch(model, other).run(model))
+        thread.start()
+        thread.join()
+
+    derivations = Derivations(model)
+    with torch.no_grad(), anatomy.trace(model, None, derive=derivations,
+                                        interventions={"blocks.0.attn.q": meanwhile}) as cache, derivations.capturing():
+        model(torch.tensor([model.tokenizer.encode_prompt(text)]))
+    _, stored = run_with_cache(model, text, names=["blocks.0.attn.pattern"])  # recorded, not derived
+    torch.testing.assert_close(cache["blocks.0.attn.pattern"], stored["blocks.0.attn.pattern"], atol=0, rtol=0)

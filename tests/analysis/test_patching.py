@@ -148,7 +148,8 @@ def test_patching_and_integrated_gradients_report_progress_and_stop_when_told():
     anatomy.patch(model, clean, corrupt, runs_per_pass=3, progress=lambda done, total: seen.append((done, total)))
     total = seen[-1][1]
     assert total == 2 * 8 and seen[-1][0] == total  # 2 layers x 8 positions
-    assert [done for done, _ in seen] == sorted({done for done, _ in seen}) and len(seen) == 6
+    assert [done for done, _ in seen] == sorted({done for done, _ in seen}) and len(seen) == 7  # 0, then 6 passes
+    assert seen[0] == (0, total)  # before the first pass: a caller may stop it before any
 
     class Stop(Exception):
         pass
@@ -161,6 +162,6 @@ def test_patching_and_integrated_gradients_report_progress_and_stop_when_told():
     counts = []
     anatomy.integrated_gradients(model, clean, 3, steps=20, steps_per_pass=7,
                                  progress=lambda done, total: counts.append((done, total)))
-    assert counts == [(7, 20), (14, 20), (20, 20)]
+    assert counts == [(0, 20), (7, 20), (14, 20), (20, 20)]
     with pytest.raises(Stop):
         anatomy.integrated_gradients(model, clean, 3, progress=stop)

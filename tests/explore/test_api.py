@@ -182,31 +182,6 @@ def test_integrated_gradients_and_heads_run_as_jobs(client):
     torch.testing.assert_close(torch.tensor(last["result"]["scores"]["induction"]["values"]), scores, atol=1e-4, rtol=0)
 
 
-def test_a_job_can_be_cancelled():
-    from anatomy.explore.jobs import Jobs
-
-    jobs = Jobs()
-    started = []
-
-    def slow(progress):
-        for step in range(1000):
-            started.append(step)
-            progress(step, 1000)
-            __import__("time").sleep(0.01)
-        return {}
-
-    job = jobs.start("patch", slow)
-    while not started:
-        __import__("time").sleep(0.005)
-    jobs.cancel(job.id)
-    job.wait(-1, 5)
-    for _ in range(500):
-        if job.state != "running":
-            break
-        __import__("time").sleep(0.01)
-    assert job.state == "cancelled" and len(started) < 1000
-
-
 # ---- safe by default ----------------------------------------------------------------------------
 
 
@@ -220,7 +195,8 @@ def test_every_call_needs_the_token(client):
 
 def test_a_foreign_host_or_origin_is_refused(client):
     assert client.get("/api/models", headers={"Host": "evil.example"}).status_code == 403  # DNS rebinding
-    assert client.get("/api/models", headers={"Host": "localhost:8765"}).status_code == 200
+    assert client.get("/api/models", headers={"Host": "localhost:8765"}).status_code == 403  # another port
+    assert client.get("/api/models", headers={"Host": "localhost"}).status_code == 200  # this one's, 80
     assert client.post("/api/run", json={"model": "toy", "text": "x"},
                        headers={"Origin": "http://evil.example"}).status_code == 403
     assert client.post("/api/run", json={"model": "toy", "text": "x"},

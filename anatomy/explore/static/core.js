@@ -237,9 +237,9 @@ export function jobPageUrl(job) {
 }
 
 // A long analysis as a job (POST /api/jobs with `body`): its progress and a cancel button in `box`,
-// then its result drawn in `box` as the analysis pages draw it (its payload, result.view). A newer
-// job in the same box cancels this one (cancelJobIn).
-export async function runJob(box, body, what, unit, {bar = true} = {}) {
+// then its result drawn in `box` as the analysis pages draw it (its payload, result.view), or, given a
+// `frame` (pageFrame), the job's own page in it. A newer job in the same box cancels this one (cancelJobIn).
+export async function runJob(box, body, what, unit, {bar = true, frame = null} = {}) {
   cancelJobIn(box);
   const progress = el("div", {}, "starting…");
   clear(box, el("div", {class: "job"}, progress,
@@ -249,7 +249,12 @@ export async function runJob(box, body, what, unit, {bar = true} = {}) {
     job = box.job = await api("/api/jobs", body);
     const done = await followJob(job, (s) => clear(progress, `${what}: `, bar ? progressBar(s.done, s.total) : String(s.done), ` ${unit}`));
     if (box.job !== job) return;
-    drawPayload(box, done.result.view);
+    if (frame === null) {
+      drawPayload(box, done.result.view);
+    } else {
+      clear(box, frame);
+      await frame.load(jobPageUrl(job));
+    }
   } catch (error) {
     if (!isAbort(error) && box.job === job) clear(box, errorBox(error));
   } finally {

@@ -40,7 +40,7 @@ async function update() {
   if (builtFor === key && body.contains(frame)) return;
   const run = el("button", {type: "button", class: "run", text: "build the graph", onclick: () => {
     builtFor = key;
-    runJob(body, frame, textBody({kind: "circuit", ...settings}), "attribution graph", "layers");
+    runJob(body, textBody({kind: "circuit", ...settings}), "attribution graph", "layers", {frame});
   }});
   clear(body, el("p", {class: "small"},
                  builtFor ? "The text changed since the last graph. " : "",
