@@ -3,9 +3,9 @@
 # Each reads its MLP's input (blocks.L.mlp_norm.out) and predicts its output (blocks.L.mlp.out) as a skip
 # transcoder: 2304 BatchTopK features (4 x d_model, k = 32 a token on average) plus a linear path that starts
 # at the least-squares map from input to output (Paulo et al. 2025), the encoder at a tenth of its norm;
-# Adam (0.9, 0.999), lr 4e-3, 50 warmup steps, cosine decay to 0; batches of 1024 tokens, 1000 steps
-# (1.02M tokens, about 1.3 epochs); AuxK on features silent for 250k tokens.
-# Why these: an hour of 2 idle cores trains about 1M tokens through all 30 layers (harvest and training cost
+# Adam (0.9, 0.999), lr 4e-3, 50 warmup steps, cosine decay to 0; batches of 1024 tokens, 600 steps
+# (0.61M tokens, about 0.8 of an epoch); AuxK on features silent for 250k tokens.
+# Why these: 40 minutes of 2 idle cores train about 0.6M tokens through all 30 layers (harvest and training cost
 # about the same: 265 tokens/s and 265 rows/s with one thread on the shared machine, `anatomy bench --only
 # sae`). Measured on layers 2, 14, 26 (150 and 300 steps of 1024; FVE of the MLP output on held-out
 # Shakespeare): the linear path alone explains 0.36 / 0.62 / 0.49; features started at full strength added
@@ -20,7 +20,7 @@
 # transcoders spliced in at once, the CE loss recovered without and with error terms, against zero and
 # mean ablation), transcoders.png, and heldout.txt.
 # usage: recipes/transcoders_smollm2.sh [OUT_DIR] [extra `anatomy sae train-transcoders` arguments...]
-#        THREADS=2 by default (the full run: about an hour on 2 idle cores, 4.7 GB at most); BUFFER=1 (GiB).
+#        THREADS=2 by default (the full run: about 40 minutes on 2 idle cores, 4.7 GB at most); BUFFER=1 (GiB).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the repository; the data lives beside it in ../shared/data
 DATA_DIR=${DATA_DIR:-$ROOT/../shared/data}
@@ -34,7 +34,7 @@ if [ ! -f "$OUT/eval.json" ]; then
   RESUME=()
   [ -d "$OUT/checkpoints" ] && RESUME=(--resume)  # a killed run continues where its last checkpoint left it
   python -m anatomy.cli sae train-transcoders --model smollm2 --data "${TEXT[@]}" --eval-fraction 0.05 \
-    --kind batchtopk --features 2304 --k 32 --context 128 --skip 1 --batch-size 1024 --max-steps 1000 --lr 4e-3 \
+    --kind batchtopk --features 2304 --k 32 --context 128 --skip 1 --batch-size 1024 --max-steps 600 --lr 4e-3 \
     --warmup 50 --dead-tokens 250000 --eval-every 125 --save-every 125 --log-every 20 --ce-contexts 32 \
     --buffer-memory "${BUFFER:-1}" \
     --out "$OUT" --threads "${THREADS:-2}" --no-progress ${RESUME[@]+"${RESUME[@]}"} "$@"

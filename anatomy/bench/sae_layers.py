@@ -163,7 +163,7 @@ def bench_transcoder_step(settings: Settings, model, tokens: np.ndarray, context
                      f"{batch}): one step", "rows/s", rate, None, True)
     row.notes = [f"median of {steps - 1} steps after the first; every row trains all {n_layers}",
                  f"with the one-pass harvest above: about {hour / 1e6:.2f}M tokens an hour with {torch.get_num_threads()} "
-                 f"thread(s) (recipes/transcoders_smollm2.sh: 1000 x 1024 = 1.02M)", f"load {load_average()}"]
+                 f"thread(s) (recipes/transcoders_smollm2.sh: 600 x 1024 = 0.61M)", f"load {load_average()}"]
     return row
 
 
