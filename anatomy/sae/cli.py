@@ -36,11 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the trace point it reads (blocks.12.resid_post; TransformerLens names too)")
     train.add_argument("--point-out", type=text,
                        help="a transcoder: the point it predicts (e.g. --point blocks.3.mlp_norm.out --point-out blocks.3.mlp.out)")
-    train.add_argument("--data", required=True, nargs="+", type=input_file, help="UTF-8 text files")
-    train.add_argument("--eval-fraction", type=probability, default=0.05,
-                       help="the last share of each file held out for evaluation")
-    train.add_argument("--out", required=True, type=output_folder, help="run folder")
-    train.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
+    add_corpus_arguments(train)
     g = train.add_argument_group("the SAE")
     g.add_argument("--kind", choices=KINDS, default="topk",
                    help="relu (an L1 penalty), topk (k features per token), batchtopk (k per token on average over "
@@ -115,6 +111,16 @@ def add_training_arguments(g, *, max_steps: int, batch_size: int, lr: float, war
                    help="steps between checkpoints (0: only at the end)")
     g.add_argument("--ce-contexts", type=non_negative_int, default=ce_contexts,
                    help="held-out contexts for the cross-entropy loss recovered (0: skip it)")
+
+
+def add_corpus_arguments(train: argparse.ArgumentParser) -> None:
+    """--data, --eval-fraction, --out and --resume: the text a training command reads and the run
+    folder it writes (sae train, train-transcoders)."""
+    train.add_argument("--data", required=True, nargs="+", type=input_file, help="UTF-8 text files")
+    train.add_argument("--eval-fraction", type=probability, default=0.05,
+                       help="the last share of each file held out for evaluation")
+    train.add_argument("--out", required=True, type=output_folder, help="run folder")
+    train.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:

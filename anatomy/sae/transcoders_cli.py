@@ -34,15 +34,11 @@ RUNTIME_BYTES = 300 * 2**20  # the interpreter, torch and the tokenizer before a
 def add_arguments(commands) -> None:
     """The two commands, added to `anatomy sae`'s sub-commands (with the option groups of sae's cli.py)."""
     from ..cli import add_model_argument
-    from .cli import add_run_arguments, add_training_arguments
+    from .cli import add_corpus_arguments, add_run_arguments, add_training_arguments
 
     train = commands.add_parser("train-transcoders", help="train a transcoder on every layer, from one harvest")
     add_model_argument(train, default="smollm2", help="the model whose MLPs the transcoders replace")
-    train.add_argument("--data", required=True, nargs="+", type=input_file, help="UTF-8 text files")
-    train.add_argument("--eval-fraction", type=probability, default=0.05,
-                       help="the last share of each file held out for evaluation")
-    train.add_argument("--out", required=True, type=output_folder, help="run folder")
-    train.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
+    add_corpus_arguments(train)
     g = train.add_argument_group("the transcoders")
     g.add_argument("--kind", choices=KINDS, default="batchtopk",
                    help="the kinds circuit-tracer reads: batchtopk (a JumpReLU in use), jumprelu, relu")

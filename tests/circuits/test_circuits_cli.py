@@ -10,18 +10,13 @@ import pytest
 
 from anatomy.circuits import load_graph
 from anatomy.cli import main
+from cli_status import status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "graphs"
 PROMPT = json.loads((FIXTURES / "README.json").read_text())["prompt"]
 BASE = ["circuits", PROMPT, "--model", str(FIXTURES / "llama"), "--transcoders", str(FIXTURES / "plt_jumprelu"),
         "--threads", "1"]
 
-
-def status(arguments: list[str]) -> int:
-    try:
-        return main(arguments)
-    except SystemExit as stop:
-        return stop.code
 
 
 def test_one_graph_written_to_several_files(tmp_path, capsys):

@@ -10,17 +10,11 @@ import pytest
 from anatomy.checkpoints.toys import build_toy, toy_tokenizer
 from anatomy.circuits.graph import load_graph
 from anatomy.cli import main
+from cli_status import status
 
 PAIRS = [{"clean": "Hello World, this is", "corrupt": "Hello World, is this", "answer": " Alejandro!", "wrong": " is"},
          {"clean": "Hello World, this", "corrupt": "Hello World, is", "answer": " is", "wrong": " this"}]
 
-
-def status(argv: list[str]) -> int:
-    """main's exit status, argparse's own exit included."""
-    try:
-        return main(argv)
-    except SystemExit as exit:
-        return exit.code
 
 
 @pytest.fixture(scope="module")

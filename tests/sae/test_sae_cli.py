@@ -7,6 +7,7 @@ import json
 import pytest
 
 from anatomy.cli import main
+from cli_status import status
 from anatomy.sae import load_sae
 
 SENTENCE = "Hello World, this is Alejandro!\n"
@@ -23,13 +24,6 @@ TRAIN = ["sae", "train", "--model", "toy", "--point", "blocks.1.hook_resid_post"
          "--context", "8", "--batch-size", "32", "--max-steps", "6", "--warmup", "1", "--eval-every", "3",
          "--save-every", "3", "--log-every", "1", "--ce-contexts", "4", "--fill-tokens", "64", "--quiet", "--threads", "1"]
 
-
-def status(arguments: list[str]) -> int:
-    """The exit status of `anatomy ARGUMENTS` (argparse's mistakes exit; anatomy's own return)."""
-    try:
-        return main(arguments)
-    except SystemExit as stop:
-        return stop.code
 
 
 @pytest.fixture(scope="module")

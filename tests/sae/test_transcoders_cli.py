@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from anatomy.cli import main
+from cli_status import status
 from anatomy.sae import load_transcoders
 
 SENTENCE = "Hello World, this is Alejandro!\n"
@@ -23,12 +24,6 @@ def text(tmp_path_factory):
     path.write_text(SENTENCE * 120)
     return path
 
-
-def status(arguments: list[str]) -> int:
-    try:
-        return main(arguments)
-    except SystemExit as stop:
-        return stop.code
 
 
 @pytest.fixture(scope="module")

@@ -32,8 +32,9 @@ async function update() {
   if (!model.transcoders) {
     clear(body, el("p", {class: "small"},
                    `No transcoders are attached to ${model.name}. Start the explorer with `,
-                   el("code", {text: `--transcoders ${model.name}=RUN`}),
-                   " (an `anatomy sae train-transcoders` run, or circuit-tracer's files) to build its graphs."));
+                   el("code", {text: `--transcoders ${model.name}=RUN`}), " (an ",
+                   el("code", {text: "anatomy sae train-transcoders"}),
+                   " run, or circuit-tracer's files) to build its graphs."));
     return;
   }
   const key = `${state.model}\u0000${state.text}\u0000${settings.node_threshold}\u0000${settings.edge_threshold}`;
