@@ -94,6 +94,11 @@ def protocol_for(limits: Limits) -> type[H11Protocol]:
             self.phase = phase
             self.deadline = None if phase is None else self.loop.call_later(seconds, self.expire)
 
+        def _unsupported_upgrade_warning(self) -> None:
+            # The app has no WebSocket: an upgrade request is answered as plain HTTP, in one line at the
+            # INFO level, not uvicorn's two warnings (one advising a WebSocket library it does not need).
+            self.logger.info("an upgrade request (%s) was answered as plain HTTP", self._get_upgrade())
+
         def expire(self) -> None:
             self.deadline = self.phase = None
             if not self.transport.is_closing():

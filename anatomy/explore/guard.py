@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import re
 import secrets
 
@@ -127,12 +128,55 @@ class Guard:
         if not explorer.token_ok(request):
             return "the access token is missing or wrong: open the URL `anatomy explore` printed", 401
         if request.method == "POST":
-            if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
                 return "a POST must send JSON (Content-Type: application/json)", 415
+            if "transfer-encoding" in request.headers:  # a chunked body's length is known only once read
+                return f"the request body must be sent whole, with its Content-Length (at most {MAX_BODY} bytes), " \
+                       "not in chunks (Transfer-Encoding)", 411
             length = request.headers.get("content-length")
             if length is None or not length.isdigit() or int(length) > MAX_BODY:
                 return f"the request body must say its length and be at most {MAX_BODY} bytes", 413
         return None
+
+
+QUERY_INTEGER = re.compile(r"-?[0-9]{1,%d}" % MAX_DIGITS)
+QUERY_NUMBER = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def query_settings(raw: bytes, strings: tuple[str, ...] = ()) -> dict:
+    """A GET's settings from its query string: each value percent-decoded as UTF-8 (InputError, a
+    ValueError naming the field, otherwise: the server answers 400), checked as a body's strings are,
+    and read as JSON would read it: an integer or a finite number when it is one, written in ASCII
+    digits (at most MAX_DIGITS characters), else a string. The fields named in `strings` (a text) stay
+    strings."""
+    settings: dict = {}
+    for pair in raw.split(b"&"):
+        if not pair:
+            continue
+        name_bytes, _, value_bytes = pair.partition(b"=")
+        name = _query_text(name_bytes, "a name in the query")
+        value = _query_text(value_bytes, f"'{name}'")
+        if name in strings:
+            settings[name] = value
+        elif len(value) <= MAX_DIGITS and QUERY_INTEGER.fullmatch(value):
+            settings[name] = int(value)
+        elif len(value) <= MAX_DIGITS and QUERY_NUMBER.fullmatch(value) and math.isfinite(float(value)):
+            settings[name] = float(value)
+        else:
+            settings[name] = value
+    return settings
+
+
+def _query_text(raw: bytes, where: str) -> str:
+    from urllib.parse import unquote_to_bytes
+
+    decoded = unquote_to_bytes(raw.replace(b"+", b" "))
+    try:
+        text = decoded.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{where} in the query is not UTF-8 (byte {error.start} is {decoded[error.start]:#04x})") from None
+    check_text(text, where, empty=True)
+    return text
 
 
 def json_settings(body: bytes) -> dict:
@@ -211,5 +255,5 @@ def _check_strings(value, where: str) -> None:
             _check_strings(item, f"{where}[{index}]")
 
 
-__all__ = ["HEADERS", "LOCAL_NAMES", "MAX_BODY", "MAX_DEPTH", "MAX_HEAD", "MAX_DIGITS", "Access", "Guard", "json_settings",
+__all__ = ["HEADERS", "LOCAL_NAMES", "MAX_BODY", "MAX_DEPTH", "MAX_HEAD", "MAX_DIGITS", "Access", "Guard", "json_settings", "query_settings",
            "nesting_depth", "refuse", "reply"]

@@ -63,7 +63,7 @@ def int_setting(settings: dict, name: str, default: int, low: int, high: int) ->
     if value is None:
         value = default
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ExploreError(f"'{name}' must be an integer in [{low}, {high}], got {value!r}")
+        raise ExploreError(f"'{name}' must be an integer in [{low}, {high}], got {str(value)[:40]!r}")
     return value
 
 
@@ -72,7 +72,7 @@ def float_setting(settings: dict, name: str, default: float | None, low: float, 
     if value is None:
         return default  # null means "not given", as int_setting reads it
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
-        raise ExploreError(f"'{name}' must be a number in [{low}, {high}], got {value!r}")
+        raise ExploreError(f"'{name}' must be a number in [{low}, {high}], got {str(value)[:40]!r}")
     return float(value)
 
 

@@ -37,7 +37,7 @@ from . import features as sae_panels
 from . import lens as lens_panel
 from . import panels
 from .exports import export_file
-from .guard import HEADERS, Access, Guard, json_settings, refuse, reply
+from .guard import HEADERS, Access, Guard, json_settings, query_settings, refuse, reply
 from .jobs import ENDED, KEEP_SECONDS, MAX_KEPT, Jobs, Then, runs_per_pass
 from .lanes import QUICK, SLOW, Gone, Lanes
 from .panels import finite
@@ -311,11 +311,12 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
 
     # ---- exports: the pages `anatomy viz` and `anatomy analyze` write, a PNG, the JSON ------------
     async def export(request: Request) -> Response:
-        query = dict(request.query_params)
-        settings = {k: (int(v) if v.lstrip("-").isdigit() else v) for k, v in query.items() if k != "token"}
-        settings["text"] = query.get("text", "")
-        if "target_text" in query:
-            settings["target_text"] = query["target_text"]
+        try:
+            query = query_settings(request.scope.get("query_string", b""), strings=("text", "target_text", "token"))
+        except ValueError as error:
+            raise ExploreError(str(error)) from None
+        settings = {k: v for k, v in query.items() if k != "token"}
+        settings.setdefault("text", "")
         what, fmt = settings.get("panel"), settings.get("format", "html")
         if fmt not in ("html", "png", "json"):
             raise ExploreError("'format' must be html, png or json")
@@ -336,6 +337,7 @@ def create_app(models: list[str], *, token: str | None = None, hosts: list[str] 
                                   style=".refused { color: #8a4b00; font: 14px system-ui, sans-serif; margin: 16px; }")
             return Response(document, status_code=getattr(error, "status", 400), media_type="text/html",
                             headers={**HEADERS, "Content-Security-Policy": EXPORT_POLICY})
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:100]  # a header: no text of the request's in it
         headers = {**HEADERS, "Content-Disposition": f'attachment; filename="{name}"'}
         if media == "text/html":
             headers["Content-Security-Policy"] = EXPORT_POLICY

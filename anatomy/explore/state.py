@@ -278,12 +278,24 @@ def storages(passes, shared: set) -> dict[int, int]:
     return held
 
 
-def text_ids(model: nn.Module, text: str, target: str | None) -> tuple[list[int], list[int] | None, bool]:
-    """(ids, source ids or None, whether the target was translated by the model) for a text."""
+def check_length(model: nn.Module, name: str, count: int) -> None:
+    """ExploreError (413) when a text of `count` tokens is past MAX_TOKENS or the model's positions."""
+    if count > MAX_TOKENS:
+        raise ExploreError(f"the text is {count} tokens long; the explorer reads at most {MAX_TOKENS}", status=413)
+    config = model.config
+    limit = config.max_seq_len if config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
+    if limit is not None and count > limit:
+        raise ExploreError(f"the text is {count} tokens long; {name} reads at most {limit}", status=413)
+
+
+def text_ids(model: nn.Module, text: str, target: str | None, name: str = "the model") -> tuple[list[int], list[int] | None, bool]:
+    """(ids, source ids or None, whether the target was translated by the model) for a text; a
+    source past the limits is refused (check_length) before the model translates it."""
     tokenizer, config = model.tokenizer, model.config
     if config.arch != "encoder-decoder":
         return tokenizer.encode_for(config, text)[0], None, False
     source = tokenizer.encode(text)
+    check_length(model, name, len(source))
     if target is not None:
         return tokenizer.encode_target(target, config.decoder_start_token_id), source, False
     start = config.decoder_start_token_id if config.decoder_start_token_id is not None else tokenizer.bos_id
@@ -365,15 +377,10 @@ class Passes:
     def _run(self, slot: ModelSlot, text: str, target: str | None) -> Pass:
         model = slot.get()
         began = time.perf_counter()
-        ids, source, translated = text_ids(model, text, target)
-        longest = max(len(ids), len(source or []))
-        if longest > MAX_TOKENS:
-            raise ExploreError(f"the text is {longest} tokens long; the explorer reads at most {MAX_TOKENS}", status=413)
+        ids, source, translated = text_ids(model, text, target, slot.name)
+        check_length(model, slot.name, max(len(ids), len(source or [])))
         if not ids:
             raise ExploreError("the text has no tokens: type something")
-        limit = model.config.max_seq_len if model.config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
-        if limit is not None and longest > limit:
-            raise ExploreError(f"the text is {longest} tokens long; {slot.name} reads at most {limit}", status=413)
         tokenizer = model.tokenizer
         tokens = tokenizer.labels(ids)
         if source is None and extendable(model):

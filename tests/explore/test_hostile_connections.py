@@ -151,6 +151,33 @@ def test_clients_that_leave_mid_body_cost_at_most_one_line_each_and_no_traceback
     assert sum("left" in r.getMessage() for r in log.records) <= 30
 
 
+def test_a_chunked_body_is_refused_whatever_content_length_it_claims(server):
+    # h11 reads a body by its chunks when both are given: a Content-Length of 10 let 200 MB through
+    # (the head and a first chunk: the answer comes from the headers, before any body is read)
+    head = request_head(server, "POST", "/api/run", 10, extra="Transfer-Encoding: chunked\r\n")
+    with connect(server) as sock:
+        sock.sendall(head + b"%x\r\n" % 200_000_000 + b'{"model": "toy", "text": "Hello", "x": "aaaa')
+        answer = b""
+        while not answer.endswith(b"}"):  # the status line, the headers, then the JSON error
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            answer += piece
+    assert answer.startswith(b"HTTP/1.1 411"), answer[:200]
+    assert b"Transfer-Encoding" in answer
+
+
+def test_an_upgrade_request_is_answered_as_http_without_a_warning(server):
+    upgrade = ("Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: x3JJHMbDL1EzLkh9GBhXDw==\r\n"
+               "Sec-WebSocket-Version: 13\r\n")
+    with Log() as log:
+        for path in ("/api/models", "/static/main.js"):
+            with connect(server) as sock:
+                sock.sendall(request_head(server, "GET", path, extra=upgrade))
+                assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    assert log.shown() == []
+
+
 @pytest.mark.parametrize("pieces", [1, 40])
 def test_headers_past_the_limit_are_refused_in_one_line(server, pieces):
     head = request_head(server, "GET", "/api/models", extra=f"X-Big: {'a' * (MAX_HEAD + 100)}\r\n")
