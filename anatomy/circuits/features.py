@@ -72,10 +72,11 @@ def top_contexts(model: nn.Module, transcoders, graph: Graph, tokens: np.ndarray
     for start in range(0, n_contexts, batch):
         stop = min(n_contexts, start + batch)
         ids = torch.from_numpy(np.asarray(tokens[start * context:stop * context], dtype=np.int64).reshape(-1, context))
-        values = dict(zip(layers, harvest(model, ids, points)))  # layer -> (n, T, E)
+        values = harvest(model, ids, points)  # each layer's input: (n, T, E)
+        features = {layer: transcoders.encode(layer, x) for layer, x in zip(layers, values)}  # (n, T, d_transcoder)
         for row, i in enumerate(chosen):
             node = graph.nodes[i]
-            acts = transcoders.encode(node.layer, values[node.layer])[..., node.index]  # (n, T)
+            acts = features[node.layer][..., node.index].clone()  # (n, T)
             acts[:, :skip] = 0
             peak, position = acts.max(dim=1)  # (n,): each context's strongest token for this feature
             around = position[:, None] + offsets  # (n, W)
