@@ -39,3 +39,12 @@ class Served:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+def refused(response, *words: str) -> str:
+    """The error message of a 4xx JSON answer holding every one of `words`."""
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
+    message = response.json()["error"]
+    for word in words:
+        assert word in message, message
+    return message

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from explore_servers import TOKEN
+from explore_servers import TOKEN, refused
 from starlette.testclient import TestClient
 
 from anatomy.explore.guard import MAX_DEPTH, json_settings, nesting_depth, reply
@@ -27,15 +27,6 @@ def hostile(app):
 
 def send(client, route: str, body: bytes):
     return client.post(route, content=body, headers={"Content-Type": "application/json"})
-
-
-def refused(response, *words: str) -> str:
-    """The error message of a 4xx JSON answer holding every one of `words`."""
-    assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
-    message = response.json()["error"]
-    for word in words:
-        assert word in message, message
-    return message
 
 
 def test_a_body_nested_30000_deep_is_refused_on_every_route_before_the_parser_recurses(hostile):

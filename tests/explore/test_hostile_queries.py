@@ -9,7 +9,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 import pytest
-from explore_servers import TOKEN
+from explore_servers import TOKEN, refused
 from starlette.testclient import TestClient
 
 import anatomy.explore.state as state
@@ -27,14 +27,6 @@ def hostile(app):
 
 def export(client, query: str):
     return client.get(f"/api/export?model=toy&text={quote(TEXT)}&{query}")
-
-
-def refused(response, *words: str) -> str:
-    assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
-    message = response.json()["error"]
-    for word in words:
-        assert word in message, message
-    return message
 
 
 @pytest.mark.parametrize("view", ["x\r\nX-Injected: 1", 'x"; filename="evil.exe', "\u2603", "heads"])
