@@ -116,6 +116,9 @@ class Guard:
             len(name) + len(value) for name, value in scope["headers"])
         if head > MAX_HEAD:
             return f"the request line and headers hold {head} bytes; at most {MAX_HEAD}", 431
+        for name in ("host", "origin"):  # a second one could differ from the one checked
+            if len(request.headers.getlist(name)) > 1:
+                return f"a request may carry one {name.title()} header, not several", 400
         host = request.headers.get("host")
         server = request.scope.get("server")
         if not explorer.host_allowed(host, server[1] if server else None):

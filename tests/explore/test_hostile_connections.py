@@ -167,6 +167,15 @@ def test_a_chunked_body_is_refused_whatever_content_length_it_claims(server):
     assert b"Transfer-Encoding" in answer
 
 
+@pytest.mark.parametrize("twice", ["Origin: http://127.0.0.1:{port}\r\nOrigin: http://evil.example\r\n",
+                                   "Host: evil.example\r\n"])
+def test_a_second_host_or_origin_header_is_refused(server, twice):
+    with connect(server) as sock:
+        sock.sendall(request_head(server, "GET", "/api/models", extra=twice.format(port=server.port)))
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+
+
 def test_an_upgrade_request_is_answered_as_http_without_a_warning(server):
     upgrade = ("Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: x3JJHMbDL1EzLkh9GBhXDw==\r\n"
                "Sec-WebSocket-Version: 13\r\n")
