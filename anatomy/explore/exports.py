@@ -28,6 +28,9 @@ ATTENTION_VIEWS = ("head", "model", "neuron")
 def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, str, str]:
     """(body, media type, file name) of one panel's export: its JSON, the self-contained HTML page
     `anatomy viz` or `anatomy analyze` writes for it, or a PNG figure."""
+    view = settings.get("view", "head")
+    if view not in ATTENTION_VIEWS:  # only the attention page has views; a wrong one is refused anywhere
+        raise ExploreError(f"'view' must be one of {', '.join(ATTENTION_VIEWS)}, got {str(view)[:40]!r}")
     model = slot.get()
     stem = f"anatomy-{what}"
     if fmt == "json":
@@ -52,8 +55,6 @@ def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, st
 
             return _png(map_heatmap(maps[0], layer, head)), "image/png", f"{stem}.png"
         view = settings.get("view", "head")
-        if view not in ATTENTION_VIEWS:
-            raise ExploreError(f"'view' must be one of {', '.join(ATTENTION_VIEWS)}, got {str(view)[:40]!r}")
         title = f"“{p.text[:80]}” · {slot.name}"
         if view == "model":
             page = attention_views.model_view(maps, layer=layer, head=head, title=f"Every layer and head · {title}")

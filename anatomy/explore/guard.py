@@ -157,7 +157,7 @@ def query_settings(raw: bytes, strings: tuple[str, ...] = ()) -> dict:
         if not pair:
             continue
         name_bytes, _, value_bytes = pair.partition(b"=")
-        name = _query_text(name_bytes, "a name in the query")
+        name = _query_text(name_bytes, "a name")
         value = _query_text(value_bytes, f"'{name}'")
         if name in strings:
             settings[name] = value

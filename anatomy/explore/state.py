@@ -280,12 +280,12 @@ def storages(passes, shared: set) -> dict[int, int]:
 
 def check_length(model: nn.Module, name: str, count: int) -> None:
     """ExploreError (413) when a text of `count` tokens is past MAX_TOKENS or the model's positions."""
-    if count > MAX_TOKENS:
-        raise ExploreError(f"the text is {count} tokens long; the explorer reads at most {MAX_TOKENS}", status=413)
     config = model.config
     limit = config.max_seq_len if config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
-    if limit is not None and count > limit:
+    if limit is not None and limit <= MAX_TOKENS and count > limit:  # the smaller limit is the one to name
         raise ExploreError(f"the text is {count} tokens long; {name} reads at most {limit}", status=413)
+    if count > MAX_TOKENS:
+        raise ExploreError(f"the text is {count} tokens long; the explorer reads at most {MAX_TOKENS}", status=413)
 
 
 def text_ids(model: nn.Module, text: str, target: str | None, name: str = "the model") -> tuple[list[int], list[int] | None, bool]:

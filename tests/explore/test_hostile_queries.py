@@ -36,6 +36,12 @@ def test_an_attention_view_outside_the_three_is_refused_naming_view(hostile, vie
     assert "X-Injected" not in response.headers
 
 
+@pytest.mark.parametrize("query", ["panel=attention&format=json", "panel=attention&format=png",
+                                   "panel=lens&format=html", "panel=walk&format=html"])
+def test_a_wrong_view_is_refused_on_every_export(hostile, query):
+    refused(export(hostile, f"{query}&view=bogus"), "'view' must be one of head, model, neuron")
+
+
 @pytest.mark.parametrize("view", ["head", "model", "neuron"])
 def test_each_attention_view_exports_under_a_name_of_its_own(hostile, view):
     response = export(hostile, f"panel=attention&format=html&view={view}")
@@ -61,7 +67,7 @@ def test_numbers_in_a_query_are_read_as_json_reads_them(hostile, query):
 
 
 @pytest.mark.parametrize("raw, field", [("text=%ED%A0%80", "'text'"), ("text=%FF%FE", "'text'"),
-                                        ("panel=%80", "'panel'"), ("%FF=1", "a name in the query")])
+                                        ("panel=%80", "'panel'"), ("%FF=1", "a name in the query is not UTF-8")])
 def test_a_query_value_that_is_not_utf8_is_refused_naming_its_field(hostile, raw, field):
     response = hostile.get(f"/api/export?model=toy&format=html&{raw}")
     refused(response, field, "not UTF-8")
@@ -73,11 +79,12 @@ def test_query_settings_reads_what_json_would():
     assert query_settings(b"n=" + b"9" * 41) == {"n": "9" * 41}  # past 40 characters: a string, refused by its setting
 
 
-def test_a_source_past_the_models_positions_is_a_413_before_it_is_translated(hostile, monkeypatch):
+@pytest.mark.parametrize("words", [40, 600])
+def test_a_source_past_the_models_positions_is_a_413_before_it_is_translated(hostile, monkeypatch, words):
     def no_translation(*args, **kwargs):
         raise AssertionError("translated before the length was checked")
 
     monkeypatch.setattr(state, "generate", no_translation)
-    response = hostile.post("/api/run", json={"model": "toy-seq2seq", "text": " ".join(["Hello"] * 40)})
+    response = hostile.post("/api/run", json={"model": "toy-seq2seq", "text": " ".join(["Hello"] * words)})
     assert response.status_code == 413, response.text
     assert "toy-seq2seq reads at most 16" in response.json()["error"]
