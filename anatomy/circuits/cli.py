@@ -98,6 +98,7 @@ def run(args) -> int:
     from .features import promoted_tokens, top_contexts
     from .interventions import intervene
     from .prune import pruned, scores
+    from .save import save
 
     started = time.time()
     transcoders = load_transcoders(args.transcoders)
@@ -122,11 +123,11 @@ def run(args) -> int:
     for path in args.out:
         suffix = Path(path).suffix.lower()
         if suffix == ".safetensors":
-            written.append(graph.save(path))
+            written.append(save(graph, path))
             continue
         shown = shown or pruned(graph, args.node_threshold, args.edge_threshold)
         if suffix == ".json":
-            written.append(shown.save(path))
+            written.append(save(shown, path))
             continue
         details = promoted_tokens(model, transcoders, shown)
         if args.contexts:
@@ -134,7 +135,7 @@ def run(args) -> int:
 
             tokens = corpus_tokens(args.contexts, model.tokenizer, eval_fraction=None)[0][:args.max_context_tokens]
             details = top_contexts(model, transcoders, shown, tokens, details)
-        written.append(shown.view(details=details, scores=(replacement, completeness), intervention=tested).save(path))
+        written.append(save(shown, path, details=details, scores=(replacement, completeness), intervention=tested))
     if not args.quiet:
         counts = {kind: sum(node.kind == kind for node in graph.nodes) for kind in ("feature", "error", "token", "logit")}
         # a token and its probability kept on one line (a no-break space, which the folding never breaks at)

@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from .residual import ResidualGraph
     from .generators import build_task
     from .verify import verify_edges
+    from ..save import save
 
     config = config_of(args.model)
     if config is not None and (config.arch != "decoder" or config.norm_position != "pre"):
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     circuit = circuit_graph(result, kept, about=about, meta={"model": str(args.model), "task": task.name})
     out = None
     if args.out:
-        out = circuit.save(args.out) if args.out.endswith(".safetensors") else circuit.view().save(args.out)
+        out = save(circuit, args.out)
     if not args.quiet:
         sizes, values = curve.extra["sizes"], curve.values.tolist()
         points = ", ".join(f"{n}: {v:.2f}" for n, v in zip(sizes, values))
