@@ -6,7 +6,8 @@
     t["blocks.6.resid_post.sae.features"]              # [batch, pos, feature]
 
     modules.py     SAE: relu, topk, batchtopk, jumprelu; transcoders (and skip transcoders); encode, decode, splice
-    formats.py     load_sae / save_sae: SAELens's folder, Gemma Scope's params.npz, Hub ids
+    formats.py     load_sae: SAELens's folder, Gemma Scope's params.npz, Hub ids
+    saelens.py     save_sae (and SAE.save): SAELens's folder, its architecture names both ways
     transcoders.py TranscoderSet: transcoders on every layer, per-layer or cross-layer; the replacement model
     transcoder_files.py  load_transcoders / save_transcoders: circuit-tracer's sets, Gemma Scope 2's
     attach.py      interventions on features: zero, clamp, scale, steer, no_error
@@ -26,7 +27,7 @@ from ..lazy import lazy_names
 
 __all__ = lazy_names(__name__, {
     **{name: ".attach" for name in ("clamp", "no_error", "scale", "steer", "zero")},
-    "load_sae": ".formats", "save_sae": ".formats",
+    "load_sae": ".formats", "save_sae": ".saelens",
     "KINDS": ".modules", "SAE": ".modules",
     "load_transcoders": ".transcoder_files", "save_transcoders": ".transcoder_files",
     "TranscoderSet": ".transcoders",
