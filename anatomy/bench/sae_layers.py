@@ -8,7 +8,7 @@ Three rows, in the sae group:
 - **training N BatchTopK SAEs in one process from one stream** (N of SmolLM2's blocks.L.mlp.out, 576 -> 2304
   features, k 32, batches of 2048, Adam, warmup and cosine decay, AuxK): anatomy's `SAETrainer` over a list
   of SAEs against SAELens's `MultiSAETrainer` (what its MultiSAETrainingRunner drives), on the same rows in
-  the same order, each in its own process (bench/sae.py's worker and saelens_multi_worker.py), alternating: rows per second (each row trains all N), medians
+  the same order, each in its own process (sae_workers.py's and saelens_multi_worker.py), alternating: rows per second (each row trains all N), medians
   over the steps after the first 5, and the mean held-out FVE at the end. Both are given the activations:
   the runner's own harvest needs a TransformerLens model, which SmolLM2 is not offline. SAELens's
   MultiSAETrainer trains SAEs only (no transcoders), hence SAEs on both sides.
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .common import Row, Settings, alternate, load_average
+from .sae_workers import run_worker, saelens_python
 
 WORKER = Path(__file__).with_name("saelens_multi_worker.py")
 
@@ -55,8 +56,7 @@ def _model_and_tokens(settings: Settings):
 def bench_harvest_layers(settings: Settings, model, tokens: np.ndarray, context: int) -> Row:
     """One pass for every layer's MLP input and output against one pass per layer, alternating."""
     from ..sae.store import harvest
-    from ..sae.transcoders import mlp_points
-    from ..sae.transcoders_cli import points_of
+    from ..sae.transcoders import mlp_points, points_of
 
     n_layers = len(model.blocks)
     points = points_of(*mlp_points(model), n_layers)
@@ -90,7 +90,6 @@ def bench_multi_training(settings: Settings, model, tokens: np.ndarray, context:
     from safetensors.torch import save_file
 
     from ..sae.store import rows_of
-    from .sae import run_worker, saelens_python
 
     o = _options(settings)
     n_layers = len(model.blocks)
@@ -103,7 +102,7 @@ def bench_multi_training(settings: Settings, model, tokens: np.ndarray, context:
     with tempfile.TemporaryDirectory() as folder:
         rows_path = str(Path(folder) / "rows.safetensors")
         save_file({"train": train, "held_out": held}, rows_path)
-        commands = {"anatomy": lambda out: [sys.executable, "-m", "anatomy.bench.sae", rows_path, out, json.dumps(o)],
+        commands = {"anatomy": lambda out: [sys.executable, "-m", "anatomy.bench.sae_workers", rows_path, out, json.dumps(o)],
                     "SAELens": lambda out: [python, str(WORKER), rows_path, out, json.dumps(o)]}
         order = ["anatomy", "SAELens", "SAELens", "anatomy"] if python else ["anatomy", "anatomy"]
         results: dict[str, list[dict]] = {"anatomy": [], "SAELens": []}
@@ -135,8 +134,7 @@ def bench_transcoder_step(settings: Settings, model, tokens: np.ndarray, context
     from ..sae import SAE
     from ..sae.store import rows_of
     from ..sae.train import SAETrainConfig, SAETrainer
-    from ..sae.transcoders import mlp_points
-    from ..sae.transcoders_cli import points_of
+    from ..sae.transcoders import mlp_points, points_of
 
     n_layers, width = len(model.blocks), model.config.d_model
     features, batch, steps = (128, 256, 4) if settings.quick else (2304, 1024, 6)

@@ -1,0 +1,88 @@
+"""The SAE rows' worker processes: each side trains in a process of its own, on the same rows, and writes what
+it measured to a JSON file.
+
+anatomy's side is this module, `python -m anatomy.bench.sae_workers ROWS.safetensors OUT.json OPTIONS`
+(anatomy_worker); SAELens's are saelens_worker.py and saelens_multi_worker.py, run by the python of SAELens's
+own environment (saelens_python); run_worker runs either and reads its JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from .common import peer_python
+
+
+def anatomy_worker(rows_path: str, out_path: str, options: str) -> None:
+    """anatomy's side, in its own process: the same batches, SAETrainer.train_step, the held-out FVE and L0.
+    With options "layers" N (default 1), N SAEs of options "kind" (default topk) each read their own E columns
+    of the rows (E = the width / N); the FVE and L0 are then lists, one a SAE."""
+    from safetensors.torch import load_file
+
+    from ..sae import SAE
+    from ..sae.train import SAETrainConfig, SAETrainer
+
+    o = json.loads(options)
+    torch.set_num_threads(o["threads"])
+    rows = load_file(rows_path)
+    train, held = rows["train"], rows["held_out"]
+    batch, n, kind = o["batch_size"], o.get("layers", 1), o.get("kind", "topk")
+    width, k = train.size(1) // n, o["k"] if kind == "topk" else float(o["k"])
+
+    class Batches:
+        def batch(self, step: int) -> torch.Tensor:
+            start = (step * batch) % (len(train) - batch + 1)
+            return train[start:start + batch]
+
+    config = SAETrainConfig(kind=kind, features=o["d_sae"], k=k, max_steps=o["steps"], batch_size=batch,
+                            lr=o["lr"], warmup=o["warmup"], min_lr_ratio=o["min_lr_ratio"], eps=1e-8,
+                            aux_coefficient=o["aux_coefficient"], dead_tokens=o["dead_steps"] * batch,
+                            eval_every=0, save_every=0, progress=False, quiet=True, seed=o["seed"])
+    saes = [SAE(width, o["d_sae"], kind=kind, k=k, seed=o["seed"] + i) for i in range(n)]
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = SAETrainer(saes if n > 1 else saes[0], Batches(), config, run_dir, offsets=[i * width for i in range(n)])
+        seconds = []
+        for _ in range(o["steps"]):
+            start = time.perf_counter()
+            trainer.train_step()
+            seconds.append(time.perf_counter() - start)
+        trainer.calibrate()
+        trained = trainer.trained_saes()
+    fves, l0s = [], []
+    for i, sae in enumerate(trained):
+        x = held[:, i * width:(i + 1) * width].float()
+        with torch.no_grad():
+            f = sae.encode(x)
+            fves.append(1 - (x - sae.decode(f)).pow(2).sum().item() / (x - x.mean(0)).pow(2).sum().item())
+            l0s.append((f > 0).sum(-1).float().mean().item())
+    with open(out_path, "w") as handle:
+        json.dump({"seconds": seconds, "fve": fves if n > 1 else fves[0], "l0": l0s if n > 1 else l0s[0]}, handle)
+
+
+def saelens_python(install: bool = True) -> tuple[str | None, str]:
+    """(the python of an environment with sae-lens, or None; what was done or why not). install: make the
+    cached environment when it is absent (never in --quick: CI has neither the time nor the network)."""
+    return peer_python("SAELens", "ANATOMY_SAELENS_PYTHON", "venv-saelens", ["sae-lens"], install,
+                       "SAELens pins transformer-lens < 4")
+
+
+def run_worker(command: list[str]) -> dict:
+    """A worker process's JSON result (its command ends in OUT.json OPTIONS), or RuntimeError with its stderr."""
+    out = command[-2]
+    run = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         timeout=3600)
+    if run.returncode != 0:
+        raise RuntimeError(f"{Path(command[1]).name if len(command) > 1 else command[0]} failed: {run.stderr[-600:]}")
+    return json.loads(Path(out).read_text())
+
+
+if __name__ == "__main__":
+    anatomy_worker(*sys.argv[1:4])
