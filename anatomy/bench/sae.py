@@ -17,10 +17,7 @@ Two rows:
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +25,7 @@ import torch
 
 from .common import Row, Settings, alternate, load_average
 from .sae_layers import bench_every_layer
-from .sae_workers import run_worker, saelens_python
+from .sae_workers import alternate_workers, smollm2_tokens
 
 POINT = "blocks.15.resid_post"
 WORKER = Path(__file__).with_name("saelens_worker.py")
@@ -51,11 +48,7 @@ def _activations(settings: Settings) -> tuple[torch.Tensor, torch.Tensor, object
         from ..checkpoints import from_pretrained
 
         model = from_pretrained("smollm2").eval()
-        # the repository's neighbour ../shared/data (a checkout); installed elsewhere, random tokens
-        text = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-        ids = model.tokenizer.encode(text.read_text(encoding="utf-8")[:400_000], add_special_tokens=False) \
-            if text.is_file() else np.random.default_rng(0).integers(0, model.config.vocab_size, 80_000)
-        rows = rows_of(model, [POINT], np.asarray(ids), context=128, limit=4096 * 12 + 8192)
+        rows = rows_of(model, [POINT], smollm2_tokens(model), context=128, limit=4096 * 12 + 8192)
     order = torch.from_numpy(np.random.default_rng(0).permutation(len(rows)))
     rows = rows[order]
     norms = rows.norm(dim=-1)
@@ -74,24 +67,13 @@ def _options(settings: Settings, d_in: int) -> dict:
 
 def bench_training(settings: Settings, train: torch.Tensor, held: torch.Tensor) -> Row:
     """The training row: each side's worker process in turn, rows per second and held-out FVE."""
-    from safetensors.torch import save_file
-
     options = _options(settings, train.size(1))
-    python, how = saelens_python(install=not settings.quick)
-    with tempfile.TemporaryDirectory() as folder:
-        rows_path = str(Path(folder) / "rows.safetensors")
-        save_file({"train": train, "held_out": held}, rows_path)
-        ours_command = lambda out: [sys.executable, "-m", "anatomy.bench.sae_workers", rows_path, out, json.dumps(options)]  # noqa: E731
-        theirs_command = lambda out: [python, str(WORKER), rows_path, out, json.dumps(options)]  # noqa: E731
-        order = ["anatomy", "SAELens", "SAELens", "anatomy"] if python else ["anatomy", "anatomy"]
-        results: dict[str, list[dict]] = {"anatomy": [], "SAELens": []}
-        for i, side in enumerate(order):
-            out = str(Path(folder) / f"{side}-{i}.json")
-            results[side].append(run_worker(ours_command(out) if side == "anatomy" else theirs_command(out)))
+    results, how = alternate_workers(train, held, options, WORKER, install=not settings.quick)
+    python = "SAELens" in results
     skip = min(5, options["steps"] - 1)
     rate = {side: statistics.median(options["batch_size"] / s for r in runs for s in r["seconds"][skip:])
-            for side, runs in results.items() if runs}
-    fve = {side: statistics.mean(r["fve"] for r in runs) for side, runs in results.items() if runs}
+            for side, runs in results.items()}
+    fve = {side: statistics.mean(r["fve"] for r in runs) for side, runs in results.items()}
     case = (f"train TopK SAE {train.size(1)}->{options['d_sae']}, k {options['k']}, batch {options['batch_size']}, "
             f"{options['steps']} steps" + (", theirs = SAELens" if python else ""))
     row = Row("sae", case, "rows/s", rate["anatomy"], rate.get("SAELens"), True)
@@ -102,7 +84,7 @@ def bench_training(settings: Settings, train: torch.Tensor, held: torch.Tensor) 
                          f"{results['anatomy'][0]['l0']:.1f} vs {results['SAELens'][0]['l0']:.1f}")
     else:
         row.notes.append(f"no SAELens comparison; held-out FVE {fve['anatomy']:.4f}")
-    row.notes.append(f"{len(order) // (2 if python else 1)} runs a side, alternating, one process each; load {load_average()}")
+    row.notes.append(f"{len(results['anatomy'])} runs a side, alternating, one process each; load {load_average()}")
     return row
 
 

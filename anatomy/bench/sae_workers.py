@@ -3,7 +3,8 @@ it measured to a JSON file.
 
 anatomy's side is this module, `python -m anatomy.bench.sae_workers ROWS.safetensors OUT.json OPTIONS`
 (anatomy_worker); SAELens's are saelens_worker.py and saelens_multi_worker.py, run by the python of SAELens's
-own environment (saelens_python); run_worker runs either and reads its JSON.
+own environment (saelens_python); run_worker runs either and reads its JSON, and alternate_workers runs both
+sides in turn on the same rows. smollm2_tokens is the text both SAE benches harvest from.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .common import peer_python
@@ -82,6 +84,37 @@ def run_worker(command: list[str]) -> dict:
     if run.returncode != 0:
         raise RuntimeError(f"{Path(command[1]).name if len(command) > 1 else command[0]} failed: {run.stderr[-600:]}")
     return json.loads(Path(out).read_text())
+
+
+def alternate_workers(train: torch.Tensor, held: torch.Tensor, options: dict, peer_worker: Path,
+                      install: bool) -> tuple[dict[str, list[dict]], str]:
+    """Each side's worker on the same rows (train [R, W], held out [H, W]) with the same options, in turn:
+    anatomy, SAELens, SAELens, anatomy (anatomy twice when SAELens's environment is absent; install: make
+    it, saelens_python). Returns ({side: each of its runs' JSON}, how SAELens's environment was found or
+    why not); the SAELens side is absent without it."""
+    from safetensors.torch import save_file
+
+    python, how = saelens_python(install=install)
+    with tempfile.TemporaryDirectory() as folder:
+        rows_path = str(Path(folder) / "rows.safetensors")
+        save_file({"train": train, "held_out": held}, rows_path)
+        commands = {"anatomy": lambda out: [sys.executable, "-m", "anatomy.bench.sae_workers", rows_path, out,
+                                            json.dumps(options)],
+                    "SAELens": lambda out: [python, str(peer_worker), rows_path, out, json.dumps(options)]}
+        order = ["anatomy", "SAELens", "SAELens", "anatomy"] if python else ["anatomy", "anatomy"]
+        results: dict[str, list[dict]] = {side: [] for side in dict.fromkeys(order)}
+        for i, side in enumerate(order):
+            results[side].append(run_worker(commands[side](str(Path(folder) / f"{side}-{i}.json"))))
+    return results, how
+
+
+def smollm2_tokens(model) -> np.ndarray:
+    """tinyshakespeare's first 400,000 characters as `model`'s token ids, from the repository's neighbour
+    ../shared/data (a checkout); installed elsewhere, 80,000 random ids."""
+    text = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+    if not text.is_file():
+        return np.random.default_rng(0).integers(0, model.config.vocab_size, 80_000)
+    return np.asarray(model.tokenizer.encode(text.read_text(encoding="utf-8")[:400_000], add_special_tokens=False))
 
 
 if __name__ == "__main__":
