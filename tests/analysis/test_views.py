@@ -13,7 +13,8 @@ import torch
 
 import anatomy
 from analysis_models import ids, tiny
-from anatomy.analysis.views import diverging, figure, panels
+from anatomy.analysis.scales import diverging
+from anatomy.analysis.views import figure, panels
 
 HOSTILE = ['<img src=x onerror="window.__pwned=1">', "</script><script>window.__pwned=1</script>", "&amp; $x$"]
 
