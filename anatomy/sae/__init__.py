@@ -16,6 +16,7 @@
     store.py       activations harvested from passes that stop at the point, shuffled, sharded on disk
     objectives.py  the training losses by kind, and the sparse TopK step
     train.py       SAETrainer on the training floor (run folder, checkpoints, resume, torchrun); several at once
+    member.py      one SAE in training: its scales, its dead-feature counts, the scales folded out at the end
     evaluate.py    L0, variance explained, CE loss recovered, dead and dense features; of a transcoder set
     features.py    the feature page (top contexts, density, histogram, logits)
     plots.py       training curves; variance explained against L0
