@@ -16,8 +16,8 @@ from ..circuits.discovery import (ResidualGraph, attribute_edges, build_task, ci
                                   make_task, top_edges)
 from ..circuits.discovery.edges import METHODS
 from ..circuits.discovery.generators import TASKS
-from .panels import rounded
-from .state import ExploreError, ModelSlot
+from .models import ModelSlot
+from .values import ExploreError, rounded
 
 MAX_PAIRS = 200  # generated pairs: a job of minutes on SmolLM2, not hours
 MAX_CUSTOM = 64  # pairs typed into the page
