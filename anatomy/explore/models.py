@@ -96,8 +96,7 @@ class Models:
         (its layers and width) before any pass; CheckpointError or ValueError in one line."""
         from ..sae import load_transcoders
 
-        model, _, path = given.rpartition("=") if "=" in given and given.split("=", 1)[0] in self.slots else ("", "", given)
-        slot = self.slots[model] if model else next(iter(self.slots.values()))
+        slot, path = self._slot_and_path(given)
         transcoders = load_transcoders(path)
         config = slot.config
         if config is not None and (transcoders.n_layers != config.n_layers or transcoders.d_model != config.d_model):
@@ -111,8 +110,7 @@ class Models:
         against the model's width before any pass."""
         from ..sae import load_sae
 
-        model, _, path = given.rpartition("=") if "=" in given and given.split("=", 1)[0] in self.slots else ("", "", given)
-        slot = self.slots[model] if model else next(iter(self.slots.values()))
+        slot, path = self._slot_and_path(given)
         sae = load_sae(path)
         if sae.point is None:
             raise ValueError(f"the SAE in {path!r} does not say which trace point it reads")
@@ -120,6 +118,11 @@ class Models:
         if width is not None and not sae.flatten_heads and sae.d_in != width:
             raise ValueError(f"the SAE in {path!r} reads vectors of {sae.d_in}; {slot.name} has d_model {width}")
         slot.saes[Path(path).name or path] = sae.eval()
+
+    def _slot_and_path(self, given: str) -> tuple[ModelSlot, str]:
+        """(the slot, the path) of `MODEL=PATH`, MODEL a model given; else (the first model's slot, `given`)."""
+        model, _, path = given.rpartition("=") if "=" in given and given.split("=", 1)[0] in self.slots else ("", "", given)
+        return (self.slots[model] if model else next(iter(self.slots.values()))), path
 
     def add(self, name: str) -> ModelSlot:
         """A slot for a model given on the command line, its config read without loading a weight
