@@ -12,14 +12,12 @@ same payload with matplotlib.
 
 from __future__ import annotations
 
-import html
 from importlib import resources
 from pathlib import Path
-from string import Template
 from typing import TYPE_CHECKING
 
 from ..checkpoints.token_text import legend_for
-from ..viz.html import View, asset, page, script_json
+from ..viz.html import View, asset, view_document
 from .identity import identity, identity_line
 from .layouts import lens_candidates, lens_panel, layout_of
 
@@ -49,11 +47,9 @@ def html_view(result: Result, *, title: str | None = None) -> View:
 def payload_view(analysis: dict, title: str, subtitle: str = "") -> View:
     """A payload (panels(result)'s form) as one self-contained, offline HTML page (a viz View)."""
     payload = {"view": "analysis", "initial": {}, "analysis": analysis}
-    body = Template(asset("view.html")).substitute(
-        title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
-    style = asset("view.css") + (ASSETS / "analysis.css").read_text(encoding="utf-8")
-    script = "\n".join([asset("common.js"), asset("grid.js"), (ASSETS / "analysis.js").read_text(encoding="utf-8")])
-    document = page(title, body, style=style, script=script, body_class="view-analysis")
+    document = view_document("analysis", title, subtitle, payload,
+                             scripts=[asset("common.js"), asset("grid.js"), (ASSETS / "analysis.js").read_text(encoding="utf-8")],
+                             style=asset("view.css") + (ASSETS / "analysis.css").read_text(encoding="utf-8"))
     return View("analysis", document, height=640)
 
 

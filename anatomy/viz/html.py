@@ -136,12 +136,19 @@ def write_atomically(path: str | Path, data: str | bytes) -> Path:
     return path
 
 
-def render(view: str, title: str, subtitle: str, payload: dict) -> str:
-    """The whole HTML document for `view` ("head", "model", "neuron" or "generation")."""
+def view_document(view: str, title: str, subtitle: str, payload: dict, *, scripts: list[str], style: str) -> str:
+    """A view's whole HTML document: the views' body (view.html: `title` and `subtitle`, escaped here, and
+    `payload` as JSON no token can break out of) in the page shell, with the view's `scripts` (joined by
+    new lines) and `style`. Every view of anatomy's floors (attention, analyses, features) is one."""
     body = Template(asset("view.html")).substitute(
         title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
-    script = "\n".join([asset("common.js"), asset("grid.js"), asset(f"{view}.js")])
-    return page(title, body, style=asset("view.css"), script=script, body_class=f"view-{view}")
+    return page(title, body, style=style, script="\n".join(scripts), body_class=f"view-{view}")
+
+
+def render(view: str, title: str, subtitle: str, payload: dict) -> str:
+    """The whole HTML document for `view` ("head", "model", "neuron" or "generation")."""
+    return view_document(view, title, subtitle, payload, scripts=[asset("common.js"), asset("grid.js"), asset(f"{view}.js")],
+                         style=asset("view.css"))
 
 
 class View:
