@@ -27,10 +27,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..checkpoints.files import SAFETENSORS_DTYPES, CheckpointError, read_json, shorten
-from ..checkpoints.memory import available_memory
+from ..checkpoints.memory import check_tensors_memory
 from ..hook_names import anatomy_name
 from .modules import SAE
-from .saelens import ARCHITECTURES, CONFIG, WEIGHTS, WITH_SKIP, WRITTEN_KEYS, save_sae  # noqa: F401 - save_sae: here too
+from .saelens import ARCHITECTURES, CONFIG, WEIGHTS, WITH_SKIP, WRITTEN_KEYS, save_sae
 
 GEMMA_SCOPE = "params.npz"
 
@@ -180,7 +180,7 @@ def read_tensors(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.
     unknown = sorted(k for k in present if SAFETENSORS_DTYPES.get(dtypes[k]) not in DTYPES.values())
     if unknown:
         raise CheckpointError(f"{what} {str(path)!r}: tensors {unknown} are not floating point")
-    _check_memory(str(path), [shapes[k] for k in present], dtype)
+    check_tensors_memory(str(path), [shapes[k] for k in present], dtype, "the SAE")
     try:
         return {k: handle.get_tensor(k).to(dtype) for k in present}
     except Exception as error:  # safetensors reports truncated data only when a tensor is read
@@ -199,13 +199,6 @@ def check_shapes(where: str, shapes: dict, expected: dict, optional: dict | None
     for key, shape in {**expected, **{k: v for k, v in optional.items() if k in shapes}}.items():
         if tuple(shapes[key]) != tuple(shape):
             raise CheckpointError(f"{where!r}: {key} has shape {tuple(shapes[key])}, the configuration says {shape}")
-
-
-def _check_memory(where: str, shapes: list[tuple[int, ...]], dtype: torch.dtype) -> None:
-    need = sum(int(np.prod(shape, dtype=np.float64)) for shape in shapes) * dtype.itemsize
-    if need > available_memory():
-        raise CheckpointError(f"{where!r}: the SAE needs {need / 2**30:.2f} GiB, more than the "
-                              f"{available_memory() / 2**30:.2f} GiB of memory available")
 
 
 def _assign(sae: SAE, tensors: dict[str, torch.Tensor]) -> None:
@@ -236,7 +229,7 @@ def _load_gemma_scope(path: Path, source: str, point: str | None, dtype: torch.d
                 "threshold": (d_sae,)}
     check_shapes(str(path), shapes, expected)
     dtype = dtype or torch.float32
-    _check_memory(str(path), list(expected.values()), dtype)
+    check_tensors_memory(str(path), list(expected.values()), dtype, "the SAE")
     where, point_out, flatten = _gemma_scope_point(source, point)
     transcoder = point_out is not None or d_out != d_in
     sae = SAE(d_in, d_sae, kind="jumprelu", d_out=d_out, point=where, point_out=point_out, transcoder=transcoder,
@@ -310,3 +303,6 @@ def _from_hub(source: str, revision: str | None) -> Path:
     prefix = f"{folder}/" if folder else ""
     snapshot = fetch(f"{org}/{name}", [prefix + f for f in (CONFIG, WEIGHTS, GEMMA_SCOPE)], revision)
     return snapshot / folder if folder else snapshot
+
+
+__all__ = ["check_shapes", "load_sae", "read_tensors", "save_sae"]  # save_sae: saelens.py's, here too
