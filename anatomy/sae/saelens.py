@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from safetensors.torch import save_file
 
+from ..checkpoints.writing import replacing, write_atomically
 from ..hook_names import transformer_lens_name
 
 if TYPE_CHECKING:
@@ -67,16 +68,12 @@ def saelens_config(sae: SAE) -> dict:
 def save_sae(sae: SAE, folder: str | os.PathLike) -> Path:
     """Write `sae` to `folder` as SAELens writes one: cfg.json and sae_weights.safetensors (W_enc, b_enc,
     W_dec, b_dec, and threshold for a JumpReLU or BatchTopK), each file atomically, mode 0644."""
-    from ..training.checkpoint import make_readable, write_text_atomically
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     names = ["W_enc", "b_enc", "W_dec", "b_dec"] + (["threshold"] if sae.kind in ("jumprelu", "batchtopk") else []) \
         + (["W_skip"] if sae.W_skip is not None else [])
     tensors = {name: getattr(sae, name).detach().cpu().contiguous().clone() for name in names}
-    temporary = folder / f".{WEIGHTS}.tmp{os.getpid()}"
-    save_file(tensors, str(temporary))
-    make_readable(temporary)
-    os.replace(temporary, folder / WEIGHTS)
-    write_text_atomically(folder / CONFIG, json.dumps(saelens_config(sae), indent=1) + "\n")
+    with replacing(folder / WEIGHTS, durable=True) as temporary:
+        save_file(tensors, str(temporary))
+    write_atomically(folder / CONFIG, json.dumps(saelens_config(sae), indent=1) + "\n", durable=True)
     return folder
