@@ -11,17 +11,10 @@ import time
 
 import pytest
 from explore_servers import Served
-from hostile_sockets import LIVENESS, SHORT, Log, answers_200_again, closed_while, connect, request_head
+from hostile_sockets import LIVENESS, Log, answers_200_again, closed_while, connect, request_head
 
 from anatomy.explore.connections import Limits
 from anatomy.explore.guard import MAX_HEAD
-
-
-@pytest.fixture(scope="module")
-def server():
-    served = Served(["toy"], limits=SHORT)
-    yield served
-    served.stop()
 
 
 def test_a_connection_that_never_sends_a_byte_is_closed(server):

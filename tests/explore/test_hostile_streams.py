@@ -18,13 +18,6 @@ from hostile_sockets import LIVENESS, SHORT, answers_200_again, connect, request
 from anatomy.explore.jobs import MAX_FOLLOWERS_PER_CLIENT, MAX_FOLLOWERS_PER_JOB, Job, Jobs, Refused
 
 
-@pytest.fixture(scope="module")
-def server():
-    served = Served(["toy"], limits=SHORT)
-    yield served
-    served.stop()
-
-
 def on_loop(served, coroutine_function):
     """Run an async function on the server's own event loop; its result."""
     loop = served.server.servers[0].get_loop()
