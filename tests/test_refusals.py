@@ -142,7 +142,7 @@ def test_a_misspelt_command_gets_did_you_mean(word, suggestion, capsys):
 
 def test_an_argument_no_command_takes_is_named_by_that_command(capsys):
     status, _, err = run(["generate", "--prompt", "x", "--out", "y.html"], capsys)
-    assert status == 2 and err.startswith("anatomy generate: error: unrecognized arguments: --out y.html"), err
+    assert status == 2 and err.startswith("anatomy generate: error: unknown option --out (see anatomy generate --help)"), err
 
 
 def test_a_word_like_no_command_lists_the_commands(capsys):

@@ -17,9 +17,9 @@ import json
 import random
 from pathlib import Path
 
-from ..cli import (add_device_argument, add_model_argument, add_threads_argument, input_file, non_negative_float,
-                   non_negative_int, one_line, output_folder, positive_float, positive_int, printable, probability, seed,
-                   summary_block, text)
+from ..arguments import (add_compute_arguments, add_model_argument, input_file, non_negative_float, non_negative_int,
+                         output_folder, positive_float, positive_int, probability, seed, text)
+from ..terminal import one_line, printable, summary_block
 from ..config import ACTIVATIONS, ATTN_IMPLS, NORM_POSITIONS, NORMS, POS_ENCODINGS, QK_NORMS
 from .choices import KINDS
 from .schedules import SCHEDULES
@@ -127,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cls.add_argument("--labels", type=label_list,
                      help="comma-separated allowed labels, in class order (default: those in --train)")
     cls.add_argument("--max-len", type=positive_int, default=64, help="tokens kept per text")
-    add_model_argument(cls, default=None, flag="--init", required=False, help="fine-tune this pretrained encoder")
+    add_model_argument(cls, default=None, flag="--init", help="fine-tune this pretrained encoder")
     cls.add_argument("--pooling", choices=("first", "mean"), default="mean",
                      help="the sequence's vector: its first token's, or the mean of its tokens'")
 
@@ -140,11 +140,9 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
     g.add_argument("--out", required=True, type=output_folder, help="run directory")
     g.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
     g.add_argument("--seed", type=seed, default=1337, help="seed of the weights, the data order and dropout")
-    add_device_argument(g, default="auto")
-    add_threads_argument(g)
+    add_compute_arguments(g)
     g.add_argument("--cache-dir", type=output_folder,
                    help="where token ids are cached (default: ~/.cache/anatomy/tokens)")
-    g.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     g.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
     g = p.add_argument_group("tokenizer")

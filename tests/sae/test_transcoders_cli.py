@@ -58,7 +58,9 @@ def test_the_start_says_the_memory_it_will_hold(text, tmp_path, capsys):
     assert main(TRAIN + ["--data", str(text), "--out", str(tmp_path / "tc"), "--max-steps", "1"]) == 0
     out = capsys.readouterr().out
     assert " at most: python and torch " in out and "model" in out and "activations" in out and "transcoders" in out
-    assert max(len(line) for line in out.splitlines()[1:8]) <= 80  # the rows under the title, folded
+    lines = out.splitlines()
+    title = next(i for i, line in enumerate(lines) if line.startswith("anatomy sae train-transcoders ->"))
+    assert max(len(line) for line in lines[title + 1:title + 8]) <= 80  # the rows under the title, folded
 
 
 def test_resume_continues_and_a_second_run_needs_it(run, text, capsys):
