@@ -98,7 +98,8 @@ class Stages:
     def times(self) -> str:
         """Each stage ended so far and its time, "loading the model 3.1 s, the graph 41.0 s": a summary's row."""
         self._finish()
-        return ", ".join(f"{label} {seconds:.1f} s" for label, seconds in self.seconds.items())
+        # a no-break space, which folding (terminal.summary_block) never breaks at, holds "graph 41.0 s" together
+        return ", ".join(f"{label}\u00a0{seconds:.1f}\u00a0s" for label, seconds in self.seconds.items())
 
     def _finish(self) -> None:
         if self._current is not None:

@@ -28,10 +28,9 @@ CHANGE = re.compile(r"^(\d+):(\d+)(?:@(\d+))?(?:=(-?[0-9.]+(?:e-?\d+)?))?$")
 
 
 def feature_change(kind: str):
-    """An argparse type for --ablate L:F[@P], --clamp L:F[@P]=V, --steer L:F[@P]=A (layer, feature, position)."""
+    """An argparse type for --ablate L:F[@P], --clamp L:F[@P]=V, --steer L:F[@P]=A (layer, feature, position):
+    a function that makes the FeatureChange once the arguments are checked (interventions.py imports torch)."""
     def parse(text: str):
-        from .interventions import FeatureChange
-
         match = CHANGE.match(text.strip())
         if not match or (kind != "ablate") != (match.group(4) is not None):
             form = "LAYER:FEATURE[@POSITION]" + ("" if kind == "ablate" else "=VALUE")
@@ -39,9 +38,8 @@ def feature_change(kind: str):
         layer, feature = int(match.group(1)), int(match.group(2))
         position = None if match.group(3) is None else int(match.group(3))
         amount = None if match.group(4) is None else float(match.group(4))
-        if kind == "steer":
-            return FeatureChange(layer, feature, position, add=amount)
-        return FeatureChange(layer, feature, position, value=0.0 if kind == "ablate" else amount)
+        return lambda FeatureChange: (FeatureChange(layer, feature, position, add=amount) if kind == "steer" else
+                                      FeatureChange(layer, feature, position, value=0.0 if kind == "ablate" else amount))
     return parse
 
 
@@ -93,7 +91,7 @@ def run(args) -> int:
     from ..checkpoints import from_pretrained
     from ..sae import load_transcoders
     from .attribute import attribution_graph, check_fits
-    from .interventions import intervene
+    from .interventions import FeatureChange, intervene
 
     prompt = args.text if args.text is not None else args.prompt  # one of them: the parser says so
     with Stages.of(args) as stages:
@@ -113,7 +111,7 @@ def run(args) -> int:
                                   progress=stages.start("the graph", "layers"))
         graph.about = f"{name} on {prompt!r}"
         graph.meta["model"] = str(name)
-        changes = args.ablate + args.clamp + args.steer
+        changes = [make(FeatureChange) for make in args.ablate + args.clamp + args.steer]
         if changes:
             stages.start("the interventions")
         tested = intervene(model, prompt, transcoders, changes, freeze=args.freeze, graph=graph) if changes else None

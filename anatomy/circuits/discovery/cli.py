@@ -31,6 +31,8 @@ OPTIONS = {"path": ("eap-ig",), "steps": ("eap-ig", "ig"), "nodes": NODE_METHODS
 DEFAULTS = {"path": "inputs", "steps": 5, "nodes": "heads", "ablation": "corrupt", "target": 0.8}
 OUTPUTS = {"edges": (".html", ".htm", ".safetensors"), "nodes": (".html", ".htm", ".png", ".svg")}
 TOP = 10  # the nodes listed
+NODE_NAMES = {"heads": "heads", "q": "heads' queries", "k": "key heads' keys", "v": "value heads' values",
+              "mlp": "MLPs", "neurons": "neurons"}
 
 
 def task_name(value: str) -> str:
@@ -177,10 +179,10 @@ def node_ranking(args, model, task, stages: Stages) -> tuple[list, list, Path | 
     from .verify import _node_name, verify_nodes
 
     result = attribute_nodes(model, task, kind=args.nodes, method=args.method, steps=args.steps,
-                             progress=stages.start(f"scoring the {args.nodes}", "passes"))
+                             progress=stages.start(f"scoring the {NODE_NAMES[args.nodes]}", "passes"))
     count = result.values.numel()
     if args.verify > count:
-        raise ValueError(f"--verify {args.verify}: choose 1 to {count}, the {args.nodes} nodes of this model")
+        raise ValueError(f"--verify {args.verify}: choose 1 to {count}, the {NODE_NAMES[args.nodes]} of this model")
     check = verify_nodes(model, task, result, args.verify, progress=stages.start("verifying", "passes")) \
         if args.verify else None
     width = 1 if result.values.dim() == 1 else result.values.size(1)
@@ -191,7 +193,7 @@ def node_ranking(args, model, task, stages: Stages) -> tuple[list, list, Path | 
     if args.out:
         stages.start("writing")
         out = result.save(args.out)
-    rows = [("nodes", f"{count:,} {args.nodes} scored by {args.method}" +
+    rows = [("nodes", f"{count:,} {NODE_NAMES[args.nodes]} scored by {args.method}" +
              (f" ({args.steps} steps)" if args.method == "ig" else "") + ("; unsigned" if args.method == "atp*" else "")),
             ("strongest", top)]
     if check is not None:
