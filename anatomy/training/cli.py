@@ -157,13 +157,15 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
     g.add_argument("--n-layers", type=layer_count, default=model_defaults["n_layers"], help="blocks (per stack)")
     g.add_argument("--d-ff", type=positive_int, help="feed-forward width (default: 4 x d_model)")
     g.add_argument("--dropout", type=probability, default=model_defaults["dropout"], help="dropout probability")
-    g.add_argument("--pos-encoding", default=model_defaults["pos_encoding"], choices=POS_ENCODINGS,
-                   help="how positions enter the model")
+    g.add_argument("--pos-encoding", default=model_defaults["pos_encoding"], choices=POS_ENCODINGS, metavar="KIND",
+                   help=f"how positions enter the model: {', '.join(POS_ENCODINGS)}")
     g.add_argument("--norm", default="layernorm", choices=NORMS, help="the normalisation")
-    g.add_argument("--norm-position", default="pre", choices=NORM_POSITIONS,
-                   help="norm before each sublayer (GPT-2) or after the residual sum (the paper)")
-    g.add_argument("--activation", default="gelu", choices=ACTIVATIONS,
-                   help="gated ones (swiglu, geglu) have 3 matrices: d_ff 2/3 as wide keeps the parameters")
+    g.add_argument("--norm-position", default="pre", choices=NORM_POSITIONS, metavar="WHERE",
+                   help="pre: x + f(Norm(x)) (GPT-2), post: Norm(x + f(x)) (the paper), sandwich: x + Norm(f(Norm(x))) "
+                        "(Gemma 2), post_sublayer: x + Norm(f(x)) (OLMo 2)")
+    g.add_argument("--activation", default="gelu", choices=ACTIVATIONS, metavar="NAME",
+                   help=f"{', '.join(ACTIVATIONS)}; gated ones (swiglu, geglu) have 3 matrices: d_ff 2/3 as wide keeps "
+                        "the parameters")
     g.add_argument("--qk-norm", default="none", choices=QK_NORMS, help="RMSNorm on queries and keys")
     g.add_argument("--no-bias", dest="bias", action="store_false", help="no biases in attention and feed-forward")
     g.add_argument("--untied", action="store_true", help="an output matrix of its own, not the token embeddings")

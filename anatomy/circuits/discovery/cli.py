@@ -64,14 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="eap-ig: the input embeddings interpolated from corrupt to clean, or every edge moved "
                              f"together (auto-circuit's) (default: {DEFAULTS['path']})")
     parser.add_argument("--steps", type=within(positive_int, 1, MAX_STEPS, "steps", " (each is a forward and a "
-                                               "backward pass)"),
+                                               "backward pass)"), metavar="N",
                         help=f"eap-ig, ig: points on the path (default: {DEFAULTS['steps']})")
     parser.add_argument("--pairs", type=within(positive_int, 1, MAX_PAIRS, "pairs"), default=100, metavar="N",
                         help="pairs the model gets right (default 100)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="the task generator's seed (default 0)")
     parser.add_argument("--ablation", choices=ABLATIONS,
                         help=f"eap, eap-ig: what an ablated edge carries (default: {DEFAULTS['ablation']})")
-    parser.add_argument("--target", type=probability,
+    parser.add_argument("--target", type=probability, metavar="P",
                         help=f"eap, eap-ig: faithfulness the drawn circuit reaches (default: {DEFAULTS['target']})")
     parser.add_argument("--edges", type=positive_int, metavar="N", help="eap, eap-ig: draw the top N edges instead")
     parser.add_argument("--verify", type=non_negative_int, default=0, metavar="K",
