@@ -55,8 +55,7 @@ def _model_and_tokens(settings: Settings):
 def bench_harvest_layers(settings: Settings, model, tokens: np.ndarray, context: int) -> Row:
     """One pass for every layer's MLP input and output against one pass per layer, alternating."""
     from ..sae.store import harvest
-    from ..sae.transcoders import mlp_points
-    from ..sae.transcoders_cli import points_of
+    from ..sae.transcoders import mlp_points, points_of
 
     n_layers = len(model.blocks)
     points = points_of(*mlp_points(model), n_layers)
@@ -135,8 +134,7 @@ def bench_transcoder_step(settings: Settings, model, tokens: np.ndarray, context
     from ..sae import SAE
     from ..sae.store import rows_of
     from ..sae.train import SAETrainConfig, SAETrainer
-    from ..sae.transcoders import mlp_points
-    from ..sae.transcoders_cli import points_of
+    from ..sae.transcoders import mlp_points, points_of
 
     n_layers, width = len(model.blocks), model.config.d_model
     features, batch, steps = (128, 256, 4) if settings.quick else (2304, 1024, 6)

@@ -77,11 +77,6 @@ def add_arguments(commands) -> None:
     add_run_arguments(evaluate)
 
 
-def points_of(input_point: str, output_point: str, n_layers: int) -> list[str]:
-    """[in_0, out_0, in_1, out_1, ...]: the columns of a harvested row, layer by layer."""
-    return [p.replace("L", str(layer), 1) for layer in range(n_layers) for p in (input_point, output_point)]
-
-
 def memory_plan(model, n_layers: int, d_in: int, d_out: int, features: int, skip: bool, fill_rows: int,
                 row_width: int, store_dtype: torch.dtype, batch_size: int, eval_rows: int, harvest_rows: int
                 ) -> dict[str, int]:
@@ -110,7 +105,7 @@ def run_train_transcoders(args) -> int:
     from .store import ActivationStore, corpus_tokens, harvest, rows_of
     from .train import SAETrainer, write_summary
     from .transcoder_files import save_transcoders
-    from .transcoders import TranscoderSet, mlp_points
+    from .transcoders import TranscoderSet, mlp_points, points_of
 
     with training_run(args) as (info, run_dir), Stages(quiet=args.quiet or not info.is_main,
                                                         bar=not args.no_progress) as stages:
