@@ -46,18 +46,24 @@ def bad_value(action: argparse.Action) -> str | None:
 
 
 def mistakes() -> list[tuple[str, list[str], str]]:
-    """(prog, argv, what the one line must say) for every command: an unknown option, a misspelt option,
-    and every option with choices or a typed value given a value it refuses."""
+    """(prog, argv, what the one line must say) for every command: an unknown option, a prefix of an option,
+    every choice misspelt (its first allowed value and an x: "did you mean" it), and every typed value given a
+    value it refuses."""
     cases = []
     for prog, (words, parser) in COMMANDS.items():
         words = list(words)
         cases.append((prog, words + ["--no-such-option"], "unknown option --no-such-option"))
+        first = next((a for a in parser._actions if not a.option_strings and a.dest != "help"), None)
+        if first is not None and first.choices:  # a positional choice: `anatomy analyze lensx`
+            allowed = list(first.choices)[0]
+            cases.append((prog, words + [f"{allowed}x"], f"did you mean {allowed!r}?"))
         for action in parser._actions:
             if not action.option_strings or action.nargs == 0:
                 continue
             flag = action.option_strings[-1]
             if action.choices is not None:
-                cases.append((prog, words + [flag, "nope"], "invalid choice: 'nope'"))
+                allowed = list(action.choices)[0]
+                cases.append((prog, words + [flag, f"{allowed}x"], f"invalid choice: '{allowed}x'; did you mean {allowed!r}?"))
             elif (value := bad_value(action)) is not None:
                 cases.append((prog, words + [flag, value], f"argument {flag}"))
             if flag.startswith("--") and len(flag) > 5:  # a prefix is no abbreviation
