@@ -254,7 +254,7 @@ def device(text: str) -> str:
 
 DEVICE_HELP = "where the model and every tensor live: cpu, cuda, cuda:N, mps or auto (default: cpu)"
 THREADS_HELP = "torch CPU threads (default: {0}, from OMP_NUM_THREADS if set, else half the cores)"
-NO_PROGRESS_HELP = "no live progress bar: each stage as one line with its time, as when the output is redirected"
+NO_PROGRESS_HELP = "no live progress bar: each stage as one line with its time instead"
 
 
 def add_device_argument(parser) -> None:

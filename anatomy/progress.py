@@ -13,7 +13,9 @@ Where the lines go (`stream`, stdout unless the command's stdout is its product)
 - a terminal, with stderr one too: a live bar on stderr (the stage, done/total, elapsed, ETA) that
   disappears when the command is done;
 - redirected (`anatomy circuits discover ... > log`), or --no-progress: one line per stage as it starts,
-  flushed at once, "[ 12.3 s] loading the model …", the time since the command began;
+  flushed at once, "[ 12.3 s] loading the model …", the time since the command began (a short command
+  whose stdout is its product, `walk` or `generate`, says its stages redirected only when asked, by
+  --no-progress: its stderr stays its notes and its errors);
 - quiet: nothing.
 """
 
@@ -32,9 +34,9 @@ Progress = Callable[[int, int], None]  # (done, total): what the library's long 
 class Stages:
     """The stages of one command (module docstring); a context manager around the work."""
 
-    def __init__(self, *, quiet: bool = False, bar: bool = True, stream=None):
+    def __init__(self, *, quiet: bool = False, bar: bool = True, stream=None, redirected: bool = True):
         self.stream = stream if stream is not None else sys.stdout
-        self.quiet = quiet
+        self.quiet = quiet or (bar and not redirected and not _is_terminal(self.stream))
         self.began = time.perf_counter()
         self.seconds: dict[str, float] = {}  # each stage's time, in order: the summary reads it
         self._current: tuple[str, float] | None = None
@@ -49,9 +51,11 @@ class Stages:
             self._task = None
 
     @classmethod
-    def of(cls, args, stream=None) -> Stages:
-        """The stages of a command, as its options ask (--quiet, --no-progress)."""
-        return cls(quiet=getattr(args, "quiet", False), bar=not getattr(args, "no_progress", False), stream=stream)
+    def of(cls, args, stream=None, redirected: bool = True) -> Stages:
+        """The stages of a command, as its options ask (--quiet, --no-progress). redirected=False: no line
+        where the output is redirected unless --no-progress asks for them (the module docstring)."""
+        return cls(quiet=getattr(args, "quiet", False), bar=not getattr(args, "no_progress", False), stream=stream,
+                   redirected=redirected)
 
     def __enter__(self) -> Stages:
         if self._bar is not None:

@@ -75,3 +75,14 @@ def test_a_stage_handed_over_to_another_display_comes_back(monkeypatch):
         with stages.handed_over():
             assert not stages._bar.live.is_started  # the trainer's bar may start: one live display at a time
         assert stages._bar.live.is_started
+
+
+def test_a_short_command_says_its_stages_redirected_only_when_asked():
+    """walk and generate: stdout is the product, stderr the notes and errors; --no-progress asks for the lines."""
+    log = Log()
+    with Stages(stream=log, redirected=False) as stages:
+        stages.start("loading the model")
+    assert log.getvalue() == ""
+    with Stages(stream=log, redirected=False, bar=False) as stages:
+        stages.start("loading the model")
+    assert LINE.match(log.getvalue().strip())

@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     from .generate import generate
     from .runner import context_window
 
-    with Stages.of(args, sys.stderr) as stages:  # stdout is the text itself
+    with Stages.of(args, sys.stderr, redirected=False) as stages:  # stdout is the text, stderr its notes
         stages.start("loading the model")
         model = from_pretrained(args.model, device=args.device)
     tokenizer = getattr(model, "tokenizer", None) or load_tokenizer(args.model)

@@ -180,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.example and (args.text is not None or args.target is not None or args.model != "toy"):
         raise WalkError("--example walks a source text's own model and numbers: it takes no TEXT, --model or --target")
-    with Stages.of(args, sys.stderr) as stages:  # stdout is the walk itself; stages once the checks are done
+    # stdout is the walk itself, stderr its notes and errors: stages once the checks are done, as lines if asked
+    with Stages.of(args, sys.stderr, redirected=False) as stages:
         walk = example_walk(args.example) if args.example else build(args, stages)
     if args.format == "markdown":
         output = walk.to_markdown()
