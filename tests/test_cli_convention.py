@@ -90,6 +90,7 @@ def test_the_walk_reaches_every_subcommand():
     (["analyze", "lense", "Hi"], "did you mean 'lens'?"),
     (["walk", "--format", "markdwn"], "did you mean 'markdown'?"),
     (["train", "lm", "--schedule", "cosin"], "did you mean 'cosine'?"),
+    (["train", "lm", "--tokenizer", "bep"], "did you mean 'bpe'?"),
 ])
 def test_a_misspelling_is_named_with_what_was_meant(argv, said, capsys):
     try:

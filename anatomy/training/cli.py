@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..arguments import (add_compute_arguments, add_model_argument, input_file, non_negative_float, non_negative_int,
                          output_folder, positive_float, positive_int, probability, seed, text)
+from ..parser import closest
 from ..terminal import one_line, printable, summary_block
 from ..config import ACTIVATIONS, ATTN_IMPLS, NORM_POSITIONS, NORMS, POS_ENCODINGS, QK_NORMS
 from .choices import KINDS
@@ -86,8 +87,10 @@ def tokenizer_choice(value: str) -> str:
     except (OSError, ValueError):
         exists = False
     if not exists:
+        meant = closest(value, KINDS)
         raise argparse.ArgumentTypeError(f"{one_line(value, 100)!r} is no tokenizer kind ({', '.join(KINDS)}) and "
-                                         "no tokenizer.json or folder that exists")
+                                         "no tokenizer.json or folder that exists"
+                                         + (f"; did you mean {meant!r}?" if meant else ""))
     return value
 
 
