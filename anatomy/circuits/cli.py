@@ -143,6 +143,7 @@ def write_graph(args, graph, model, transcoders, tested):
     (the paths written, the pruned graph or None, (replacement, completeness) scores)."""
     from .features import promoted_tokens, top_contexts
     from .prune import pruned, scores
+    from .save import save
 
     replacement, completeness = scores(graph)
     graph.meta.update(replacement=replacement, completeness=completeness)
@@ -150,11 +151,11 @@ def write_graph(args, graph, model, transcoders, tested):
     for path in args.out:
         suffix = Path(path).suffix.lower()
         if suffix == ".safetensors":
-            written.append(graph.save(path))
+            written.append(save(graph, path))
             continue
         shown = shown or pruned(graph, args.node_threshold, args.edge_threshold)
         if suffix == ".json":
-            written.append(shown.save(path))
+            written.append(save(shown, path))
             continue
         details = promoted_tokens(model, transcoders, shown)
         if args.contexts:
@@ -162,7 +163,7 @@ def write_graph(args, graph, model, transcoders, tested):
 
             tokens = corpus_tokens(args.contexts, model.tokenizer, eval_fraction=None)[0][:args.max_context_tokens]
             details = top_contexts(model, transcoders, shown, tokens, details)
-        written.append(shown.view(details=details, scores=(replacement, completeness), intervention=tested).save(path))
+        written.append(save(shown, path, details=details, scores=(replacement, completeness), intervention=tested))
     return written, shown, (replacement, completeness)
 
 

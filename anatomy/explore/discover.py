@@ -16,6 +16,7 @@ from ..circuits.discovery import (ResidualGraph, attribute_edges, build_task, ci
                                   make_task, top_edges)
 from ..circuits.discovery.edges import METHODS
 from ..circuits.discovery.generators import TASKS
+from ..circuits.page import graph_view
 from .panels import rounded
 from .state import ExploreError, ModelSlot
 
@@ -79,7 +80,7 @@ def discover_work(slot: ModelSlot, settings: dict) -> Callable[[Callable[[int, i
             "smallest": curve.extra["smallest"], "target": curve.extra["target"], "size": size,
             "top": [[graph.edge_name(u, v), rounded(edges.values.new_tensor(score), 4)]
                     for u, v, score in top_edges(edges, min(TOP, graph.edge_count))],
-            "page": circuit.view().html,
+            "page": graph_view(circuit).html,
         }
 
     return work

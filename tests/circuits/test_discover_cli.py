@@ -9,7 +9,7 @@ import re
 import pytest
 
 from anatomy.checkpoints.toys import build_toy, toy_tokenizer
-from anatomy.circuits.graph import load_graph
+from anatomy.circuits import load_graph
 from anatomy.cli import main
 from cli_status import status
 

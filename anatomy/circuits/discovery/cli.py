@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
 def edge_circuit(args, model, task, stages: Stages) -> tuple[list, list, Path | None]:
     """Score every edge, draw the faithfulness curve, write the circuit; (summary rows, the circuit's heads
     strongest first, the file written)."""
+    from ..save import save
     from .circuit import circuit_graph
     from .edges import attribute_edges
     from .faithfulness import faithfulness, kept_masks
@@ -161,7 +162,7 @@ def edge_circuit(args, model, task, stages: Stages) -> tuple[list, list, Path | 
     out = None
     if args.out:
         stages.start("writing")
-        out = circuit.save(args.out) if args.out.endswith(".safetensors") else circuit.view().save(args.out)
+        out = save(circuit, args.out)
     weights = head_weights(graph, result.values, kept)
     rows = [("metric", f"clean {curve.extra['clean']:.3f}, ablated {curve.extra['ablated']:.3f}"),
             ("edges", f"{graph.edge_count:,} between {len(graph.sources)} sources and {len(graph.destinations)} inputs"),
