@@ -15,9 +15,7 @@ under torchrun each rank harvests its own share of the contexts.
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 from ..arguments import add_model_argument, input_file, non_negative_int, positive_float, positive_int, text
 from ..progress import Stages
