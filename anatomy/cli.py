@@ -47,6 +47,7 @@ SUBCOMMANDS = {
     "circuits": ("anatomy.circuits.cli", "attribution graphs over transcoder features, and circuits found over data"),
 }
 
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only `command`'s module is imported (None: list commands only)."""
     parser = Parser(
