@@ -21,6 +21,7 @@
     features.py    the feature page (top contexts, density, histogram, logits)
     plots.py       training curves; variance explained against L0
     cli.py         `anatomy sae train | eval | features`
+    cli_common.py  what the sae commands share: option groups, the model loaded and checked, a run's folder
     transcoders_cli.py  `anatomy sae train-transcoders | eval-transcoders`: every layer from one harvest
 """
 

@@ -241,7 +241,8 @@ def mlp_points(model: nn.Module) -> tuple[str, str]:
 
 
 def points_of(input_point: str, output_point: str, n_layers: int) -> list[str]:
-    """[in_0, out_0, in_1, out_1, ...]: the columns of a harvested row, layer by layer."""
+    """[in_0, out_0, in_1, out_1, ...]: the points of every layer's transcoder (L for the layer in each), in the
+    order a harvested row holds them."""
     return [p.replace("L", str(layer), 1) for layer in range(n_layers) for p in (input_point, output_point)]
 
 

@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from ...analysis.inputs import Batch, Text
+from .choices import MAX_PAIRS
 
 Metric = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-MAX_PAIRS = 100_000
 
 
 def logit_difference(logits: torch.Tensor, answers: torch.Tensor, wrongs: torch.Tensor) -> torch.Tensor:
