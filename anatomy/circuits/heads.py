@@ -19,6 +19,10 @@ splits the edge A[t, s] = r . M w into
 with A_{k,h}(w)[p] = A_h[p, q] (norm(w)[q] W_V^h) W_O^h. Every part is one head's (or the skip's) first move
 of the source's vector; the parts sum to the edge (`HeadSplit.check`). A cross-layer feature writes at several
 layers: its parts are summed over them. This is what circuit-tracer's open pull request #114 attempts.
+
+A head's part is itself a sum over the query positions p it moves the vector to, from the source's own
+position q (the key): pairs[(k, h)][(p, q)] = G_k[p] . A_h[p, q] (norm(w)[q] W_V^h) W_O^h, the (query, key)
+position pairs that carry it, whose attention score qk.py explains.
 """
 
 from __future__ import annotations
@@ -28,15 +32,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attribute import active_features, check_fits, errors_of, prompt_ids
 from .graph import Graph, Node
 from .replacement import Replacement
+from .stream import NodeStream
 
 
 @dataclass
 class HeadSplit:
     """The parts of one edge: {"residual" | (layer, head) | (layer, "skip"): value}, the edge they add up to
-    and the identity with its measured difference."""
+    and the identity with its measured difference; pairs: {(layer, head): {(query, key): value}}, each head's
+    part by the position pairs that carry it (they add up to the part)."""
 
     target: Node
     source: Node
@@ -44,6 +49,16 @@ class HeadSplit:
     edge: float
     check: str
     error: float
+    pairs: dict
+
+    def heads(self, n: int | None = None) -> list[tuple[tuple[int, int], float]]:
+        """((layer, head), part) of the heads, largest |part| first (the n largest)."""
+        heads = [(part, value) for part, value in self.parts.items() if isinstance(part, tuple) and part[1] != "skip"]
+        return sorted(heads, key=lambda item: -abs(item[1]))[:n]
+
+    def positions(self, layer: int, head: int) -> list[tuple[tuple[int, int], float]]:
+        """((query, key), value) of the position pairs that carry one head's part, largest |value| first."""
+        return sorted(self.pairs.get((layer, head), {}).items(), key=lambda item: -abs(item[1]))
 
     def largest(self, n: int = 10) -> list[tuple[str, float]]:
         """The n largest parts by size, named ("L3 H5", "L4 skip", "residual")."""
@@ -60,28 +75,36 @@ def split_by_head(model: nn.Module, transcoders, graph: Graph, target: Node | st
     target, source = graph.nodes[graph.index(target)], graph.nodes[graph.index(source)]
     if target.kind not in ("feature", "logit"):
         raise ValueError(f"an edge's target is a feature or a logit, not a {target.kind}")
-    check_fits(model, transcoders)
-    rep = Replacement(model, transcoders, prompt_ids(model, graph.meta["prompt_ids"]))
-    T, L = len(rep.ids), rep.n_layers
+    stream = NodeStream(model, transcoders, graph.meta["prompt_ids"])
+    return split_edge(stream, target, source, float(graph.adjacency[graph.index(target), graph.index(source)]))
+
+
+def split_edge(stream: NodeStream, target: Node, source: Node, edge: float) -> HeadSplit:
+    """split_by_head on a prompt's NodeStream, for an edge of value `edge` (the graph's) from source to target."""
+    rep = stream.rep
+    L = rep.n_layers
     read_layer, start, at_mid, at_post = target_gradients(rep, target)
-    writes = source_writes(rep, source, T)
     parts: dict = {}
-    for layer, w, q in writes:  # w [E] written at resid_post(layer) (layer -1: the embeddings), position q
+    pairs: dict = {}
+    for layer, w, q in source_writes(stream, source):  # w [E] written at resid_post(layer) (-1: the embeddings), at q
         if layer >= read_layer:
             continue  # written after the target reads: no path
         if q == target.column:
             parts["residual"] = parts.get("residual", 0.0) + float(start[q] @ w)
         for k in range(layer + 1, min(read_layer, L - 1) + 1):
-            for head, value in enumerate(head_moves(rep, k, at_mid[k], w, q).tolist()):
+            moves = head_moves(rep, k, at_mid[k], w, q)  # (H, T): by the query position each head moves w to
+            for head, value in enumerate(moves.sum(1).tolist()):
                 parts[(k, head)] = parts.get((k, head), 0.0) + value
+            for head, p in moves.nonzero().tolist():
+                carried = pairs.setdefault((k, head), {})
+                carried[(p, q)] = carried.get((p, q), 0.0) + float(moves[head, p])
             if rep.skips[k] is not None and k < read_layer:
                 moved = normed_at(rep, k, w, q) @ rep.skips[k] if rep.reads_normed(k) else w @ rep.skips[k]
                 parts[(k, "skip")] = parts.get((k, "skip"), 0.0) + float(at_post[k][q] @ moved)
-    edge = float(graph.adjacency[graph.index(target), graph.index(source)])
     total = sum(parts.values())
     error = abs(total - edge) / max(1.0, sum(abs(v) for v in parts.values()))
     check = f"the parts add up to the edge ({edge:.6g}): difference {abs(total - edge):.2g}, {error:.2g} of their sizes"
-    return HeadSplit(target, source, parts, edge, check, error)
+    return HeadSplit(target, source, parts, edge, check, error, pairs)
 
 
 def target_gradients(rep: Replacement, target: Node) -> tuple[int, torch.Tensor, list, list]:
@@ -130,23 +153,24 @@ def normed_at(rep: Replacement, layer: int, w: torch.Tensor, q: int) -> torch.Te
 
 
 def head_moves(rep: Replacement, layer: int, gradient: torch.Tensor, w: torch.Tensor, q: int) -> torch.Tensor:
-    """[H]: gradient . A_{layer,h}(w at position q) for every head h: w normed and moved by each head alone."""
+    """[H, T]: gradient[p] . A_{layer,h}(w at position q)[p] for every head h and query position p: w normed and
+    moved by each head alone, from q to p."""
     a, norm = rep.sublayers[layer].attention, rep.sublayers[layer].norm
     H, K, D = a.n_heads, a.n_kv, a.d_head
     x = w - w.mean() if norm.centred else w
     v = ((x * norm.scale[q] * norm.gain) @ a.w_v.T).view(K, D).repeat_interleave(a.group, dim=0)  # (H, D): its values
     u = (gradient @ a.w_o).view(-1, H, D)  # (T, H, D): each head's share of the gradient at the output
-    towards = torch.einsum("hp,phd->hd", a.pattern[:, :, q], u)  # (H, D): sum_p A_h[p, q] u_h[p]
-    return (towards * v).sum(-1)
+    T = u.size(0)
+    return a.pattern[:, :T, q] * torch.einsum("phd,hd->hp", u, v)  # (H, T): A_h[p, q] u_h[p] . v_h
 
 
-def source_writes(rep: Replacement, source: Node, T: int) -> list[tuple[int, torch.Tensor, int]]:
+def source_writes(stream: NodeStream, source: Node) -> list[tuple[int, torch.Tensor, int]]:
     """[(layer it writes after (-1: the embeddings), its vector [E], its position)] for a token, feature or error."""
+    rep = stream.rep
     if source.kind == "token":
         return [(-1, rep.embed[source.column], source.column)]
     if source.kind == "error":
-        active = active_features(rep)
-        return [(source.layer, errors_of(rep, active, T)[source.layer, source.column], source.column)]
+        return [(source.layer, stream.errors[source.layer, source.column], source.column)]
     if source.kind == "feature":
         rows = rep.transcoders.decoder_vectors(source.layer)[source.index].detach().float() * source.value  # (O, E)
         return [(source.layer + j, rows[j], source.column) for j in range(rows.size(0))]

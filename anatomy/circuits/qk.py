@@ -1,0 +1,251 @@
+"""Why a head attends where it does: its attention score at one (query, key) position pair, split into pairs of
+nodes (Kamath et al. 2025, "Tracing Attention Computation Through Feature Interactions").
+
+Shape letters: T positions, E d_model, H query heads, K key/value heads, D d_head, N nodes, n the nodes that
+reach one side.
+
+Head h of layer l scores key position q for query position p as
+
+    score = c  q_p . k_q,     q_p = Rot_p QN(W_Q^h norm(x_p) + b_Q^h),     k_q = Rot_q KN(W_K^g norm(x_q) + b_K^g)
+
+x = resid_pre(l); norm: the sublayer's norm, its scale frozen (replacement.py); QN, KN: the q/k norms (Qwen3,
+OLMo 2, Gemma 3), their scales frozen at this prompt's likewise; Rot_p: the rotary rotation at position p (each
+side at its own, the model's positional.RotaryEmbedding); g = h // (H / K), the query head's own key/value head
+(grouped-query attention); c: the score's scale (1/sqrt(D), or query_pre_attn_scalar's). With the scales frozen
+both sides are affine in the stream, and the stream is the sum of what the nodes write (stream.py), so
+
+    q_p = sum_s Q_s + Q_0     Q_s = Rot_p QN W_Q^h norm(M_{l,p <- s} w_s)   (the linear parts: one per node s)
+    k_q = sum_t K_t + K_0     Q_0, K_0: what no node carries (biases, b_Q, b_K, positions, the first position)
+
+    score = sum_{s,t} c Q_s . K_t                               the pair terms (query-side node, key-side node)
+          + sum_s c Q_s . K_0 + sum_t c Q_0 . K_t + c Q_0 . K_0    the terms with no node on one side, or both
+
+Marginals: each side's node against the whole other side, c Q_s . k_q (query side) and c q_p . K_t (key side).
+The score the identity is checked against is the model's own, c q . k from its trace points q_rot and k_rot. A
+Gemma 2 score is soft-capped after this, cap tanh(score / cap) (the cap keeps the scores' order): the
+decomposition is of the score before the cap, and says so; an ALiBi bias is added after, a term of no node.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..layers import norm_parts
+from ..positional import alibi_bias
+from ..trace import trace
+from .graph import Node
+from .stream import NodeStream
+
+PAIR_BLOCK = 4_000_000  # pair terms computed at once when searching for the strongest
+
+
+@dataclass
+class QKAttribution:
+    """One head's score at (query, key), split (module docstring). pairs: [(query node, key node, term)], the
+    strongest by |term|; query_marginals, key_marginals: [(node, marginal)], the strongest; no_node: the terms with
+    no node on the key side ("query nodes x rest"), the query side ("rest x key nodes") or either ("rest x rest");
+    score: the model's score before any cap; capped: after Gemma 2's soft-cap (None without one); bias: ALiBi's
+    (0.0 without); pattern: the head's attention weight at (query, key); pair_total: the sum of every pair term;
+    check/error: the identity score = pair_total + no_node terms, its difference as a share of the terms' sizes."""
+
+    layer: int
+    head: int
+    kv_head: int
+    query: int
+    key: int
+    score: float
+    pattern: float
+    pairs: list[tuple[Node, Node, float]]
+    query_marginals: list[tuple[Node, float]]
+    key_marginals: list[tuple[Node, float]]
+    no_node: dict[str, float]
+    pair_total: float
+    check: str
+    error: float
+    capped: float | None = None
+    bias: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"L{self.layer} H{self.head} @{self.query}->{self.key}"
+
+
+class HeadScores:
+    """What one traced pass of the model gives every head of `layers`: the rotated queries and keys [H or K, T, D]
+    (the score the identity checks against), the scores after any cap, and the q/k norms' inputs (their scales,
+    frozen)."""
+
+    def __init__(self, stream: NodeStream, layers: list[int]):
+        model = stream.rep.model
+        self.stream, self.model = stream, model
+        rotary = model.config.pos_encoding == "rotary"
+        names = [f"blocks.{l}.attn.{point}" for l in layers
+                 for point in (("q_rot", "k_rot") if rotary else ("q", "k")) + ("scores",)]
+        self.norm_inputs: dict = {}
+        handles = []
+        for l in layers:
+            attn = model.blocks[l].attn
+            for which in ("q_norm", "k_norm"):
+                if hasattr(attn, which):
+                    handles.append(getattr(attn, which).register_forward_pre_hook(
+                        lambda module, args, key=(l, which): self.norm_inputs.__setitem__(key, args[0].detach())))
+        try:
+            with torch.no_grad(), trace(model, names) as t:
+                model(stream.rep.ids[None])
+        finally:
+            for handle in handles:
+                handle.remove()
+        self.q = {l: t[f"blocks.{l}.attn.{'q_rot' if rotary else 'q'}"][0].double() for l in layers}  # (H, T, D)
+        self.k = {l: t[f"blocks.{l}.attn.{'k_rot' if rotary else 'k'}"][0].double() for l in layers}  # (K, T, D)
+        self.scores = {l: t[f"blocks.{l}.attn.scores"][0].double() for l in layers}  # (H, T, T)
+
+    def side(self, layer: int, which: str, head: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(M [D, E], m [D]): one head's rotated query (which="q", head a query head) or key ("k", a key/value
+        head) at `position` as M x + m of resid_pre(layer)[position] = x, with the sublayer's norm and the q/k norm
+        frozen; m includes every bias. The linear map is Rot diag(sigma gamma_qk) W diag(s gamma) C (C: a
+        LayerNorm's centring)."""
+        attn = self.model.blocks[layer].attn
+        norm = self.stream.rep.sublayers[layer].norm
+        D = attn.d_head
+        projection = attn.q_proj if which == "q" else attn.k_proj
+        rows = slice(head * D, (head + 1) * D)
+        W = projection.weight.detach().float()[rows]  # (D, E)
+        b = torch.zeros(D) if projection.bias is None else projection.bias.detach().float()[rows]
+        M = W * (norm.scale[position] * norm.gain)  # (D, E): W diag(s gamma)
+        if norm.centred:
+            M = M - M.mean(dim=1, keepdim=True)  # ... C, the centring (symmetric)
+        beta = torch.zeros(W.size(1)) if norm.bias is None else norm.bias
+        no_node = self.stream.no_node_stream(layer)[position]  # (E,)
+        centred = no_node - no_node.mean() if norm.centred else no_node
+        pre = W @ (centred * norm.scale[position] * norm.gain + beta) + b  # (D,): the no-node stream's projection
+        gain = self.qk_norm_gain(layer, which, head, position)  # (D,)
+        rotation = self.rotation(layer, position)  # (D, D)
+        return rotation @ (gain[:, None] * M), rotation @ (gain * pre)
+
+    def qk_norm_gain(self, layer: int, which: str, head: int, position: int) -> torch.Tensor:
+        """[D]: sigma gamma of the q/k norm for one head at one position (its frozen scale times its gain; ones
+        without a q/k norm)."""
+        attn = self.model.blocks[layer].attn
+        D = attn.d_head
+        key = (layer, f"{which}_norm")
+        if key not in self.norm_inputs:
+            return torch.ones(D)
+        parts = norm_parts(getattr(attn, f"{which}_norm"), self.norm_inputs[key])
+        if attn.qk_norm == "per_head":  # input (1, heads, T, D): a scale per head and position
+            return float(parts.scale[0, head, position]) * parts.gain.float()
+        return float(parts.scale[0, position]) * parts.gain.float()[head * D:(head + 1) * D]  # (1, T, heads*D)
+
+    def rotation(self, layer: int, position: int) -> torch.Tensor:
+        """[D, D]: the layer's rotary rotation at `position` (the identity without rotary), from the model's own
+        RotaryEmbedding applied to the basis vectors."""
+        attn = self.model.blocks[layer].attn
+        D = attn.d_head
+        if attn.rotary is None:
+            return torch.eye(D)
+        basis = torch.eye(D, dtype=attn.rotary.cos.dtype)[None, :, None, :]  # (1, D as heads, 1 position, D)
+        rotated = attn.rotary(basis, torch.tensor([position]))  # (1, D, 1, D): row j is Rot e_j
+        return rotated[0, :, 0, :].T.float()
+
+
+def score_scale(attn) -> float:
+    """c: the factor on q . k (1/sqrt(D), or query_pre_attn_scalar's)."""
+    return 1.0 / math.sqrt(attn.d_head) if attn.scale is None else float(attn.scale)
+
+
+@torch.no_grad()
+def qk_attributions(stream: NodeStream, heads: list[tuple[int, int, int, int]], top: int = 10) -> list[QKAttribution]:
+    """One QKAttribution for each (layer, head, query position, key position) of `heads`, every side's rows carried
+    back in one sweep (stream.read_back). Raises ValueError for a head, a layer or positions out of range, or a
+    key after its query."""
+    model, T = stream.rep.model, len(stream.rep.ids)
+    config = model.config
+    for layer, head, query, key in heads:
+        if not (0 <= layer < config.n_layers and 0 <= head < config.n_heads):
+            raise ValueError(f"no head L{layer} H{head}: layers 0 .. {config.n_layers - 1}, heads 0 .. {config.n_heads - 1}")
+        if not 0 <= key <= query < T:
+            raise ValueError(f"positions must satisfy 0 <= key <= query < {T} (the prompt's length); got query "
+                             f"{query}, key {key}")
+    scores = HeadScores(stream, sorted({layer for layer, *_ in heads}))
+    group = config.n_heads // config.n_kv_heads
+    sides: dict = {}  # (layer, "q"|"k", head, position) -> (M, m): each side once
+    for layer, head, query, key in heads:
+        for side in ((layer, "q", head, query), (layer, "k", head // group, key)):
+            if side not in sides:
+                sides[side] = scores.side(*side)
+    order = list(sides)
+    read = stream.read_back([(side[0], side[3], sides[side][0]) for side in order])  # (layer, position, rows M)
+    terms = {s: terms.T.double() for s, terms in zip(order, read)}  # (N, D) each: every node's share of the side
+    return [attribution(stream, scores, terms, sides, layer, head, query, key, top) for layer, head, query, key in heads]
+
+
+def attribution(stream: NodeStream, scores: HeadScores, terms: dict, sides: dict, layer: int, head: int, query: int,
+                key: int, top: int) -> QKAttribution:
+    """The QKAttribution of one head and position pair from its two sides' node terms (qk_attributions)."""
+    attn = stream.rep.model.blocks[layer].attn
+    c = score_scale(attn)
+    kv = head // (attn.n_heads // attn.n_kv_heads)
+    Q, K = terms[(layer, "q", head, query)], terms[(layer, "k", kv, key)]  # (N, D)
+    Q0, K0 = sides[(layer, "q", head, query)][1].double(), sides[(layer, "k", kv, key)][1].double()  # (D,)
+    q_nodes, k_nodes = Q.abs().sum(1).nonzero().flatten(), K.abs().sum(1).nonzero().flatten()
+    Q, K = Q[q_nodes], K[k_nodes]  # (n, D): the nodes that reach each side
+    q_total, k_total = Q.sum(0) + Q0, K.sum(0) + K0
+    pair_total = c * float(Q.sum(0) @ K.sum(0))
+    no_node = {"query nodes x rest": c * float(Q.sum(0) @ K0), "rest x key nodes": c * float(Q0 @ K.sum(0)),
+               "rest x rest": c * float(Q0 @ K0)}
+    model_score = c * float(scores.q[layer][head, query] @ scores.k[layer][kv, key])
+    q_marginals, k_marginals = c * (Q @ k_total), c * (K @ q_total)  # (n,)
+    difference = model_score - pair_total - sum(no_node.values())
+    sizes = float(q_marginals.abs().sum()) + c * abs(float(Q0 @ k_total))
+    error = abs(difference) / max(sizes, 1e-30)
+    node = stream.nodes
+    pairs = [(node[int(q_nodes[i])], node[int(k_nodes[j])], c * value) for i, j, value in strongest_pairs(Q, K, top)]
+    capped, bias, notes = None, 0.0, []
+    if attn.softcap is not None:
+        capped = attn.softcap * math.tanh(model_score / attn.softcap)
+        notes.append(f"the score is soft-capped after this, {attn.softcap:g} tanh(score / {attn.softcap:g}) = "
+                     f"{capped:.6g}: the terms split the score before the cap")
+    if getattr(stream.rep.model, "alibi_slopes", None) is not None:
+        bias = float(alibi_bias(stream.rep.model.alibi_slopes, torch.tensor([query]), torch.tensor([key]))[head, 0, 0])
+        notes.append(f"ALiBi adds {bias:.6g} after it, a term of no node")
+    check = (f"score {model_score:.6g} (the model's, before any cap) = the pair terms {pair_total:.6g} + the terms with "
+             f"no node {sum(no_node.values()):.6g}: difference {abs(difference):.2g}, {error:.2g} of the marginals' sizes")
+    return QKAttribution(
+        layer, head, kv, query, key, model_score, float(stream.rep.sublayers[layer].attention.pattern[head, query, key]),
+        pairs, strongest(node, q_nodes, q_marginals, top), strongest(node, k_nodes, k_marginals, top), no_node,
+        pair_total, check, error, capped, bias, notes)
+
+
+def strongest(nodes: list[Node], columns: torch.Tensor, values: torch.Tensor, n: int) -> list[tuple[Node, float]]:
+    """(node, value) of the n largest |values| (values [n'] for the nodes at columns [n'])."""
+    chosen = values.abs().topk(min(n, len(values))).indices
+    return [(nodes[int(columns[i])], float(values[i])) for i in chosen]
+
+
+def strongest_pairs(Q: torch.Tensor, K: torch.Tensor, n: int) -> list[tuple[int, int, float]]:
+    """(i, j, Q_i . K_j) of the n largest |Q_i . K_j| (Q [a, D], K [b, D]), exactly, without every product when the
+    sizes allow: |Q_i . K_j| <= |Q_i| |K_j| (Cauchy-Schwarz), so once a block of the largest vectors holds n
+    products of at least tau, only the rows with |Q_i| max|K| >= tau and the columns with max|Q| |K_j| >= tau can
+    hold a larger one."""
+    if len(Q) == 0 or len(K) == 0 or n <= 0:
+        return []
+    q_size, k_size = Q.norm(dim=1), K.norm(dim=1)
+    first = min(len(Q), max(n, 64)), min(len(K), max(n, 64))
+    block = Q[q_size.topk(first[0]).indices] @ K[k_size.topk(first[1]).indices].T  # (a', b')
+    tau = float(block.abs().flatten().topk(min(n, block.numel())).values[-1]) if block.numel() >= n else 0.0
+    rows = (q_size * k_size.max() >= tau).nonzero().flatten()
+    columns = (k_size * q_size.max() >= tau).nonzero().flatten()
+    best_values, best_at = torch.zeros(0, dtype=Q.dtype), torch.zeros(0, 2, dtype=torch.long)
+    step = max(1, PAIR_BLOCK // max(1, len(columns)))
+    for start in range(0, len(rows), step):
+        chunk = Q[rows[start:start + step]] @ K[columns].T  # (r, b'')
+        values, flat = chunk.abs().flatten().topk(min(n, chunk.numel()))
+        at = torch.stack([rows[start + flat // chunk.size(1)], columns[flat % chunk.size(1)]], dim=1)
+        best_values, best_at = torch.cat([best_values, chunk.flatten()[flat]]), torch.cat([best_at, at])
+        keep = best_values.abs().topk(min(n, len(best_values))).indices
+        best_values, best_at = best_values[keep], best_at[keep]
+    order = best_values.abs().argsort(descending=True)
+    return [(int(i), int(j), float(v)) for (i, j), v in zip(best_at[order].tolist(), best_values[order].tolist())]

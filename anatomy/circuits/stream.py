@@ -1,0 +1,114 @@
+"""The residual stream of one prompt as the sum of what its nodes write, and any reading of it carried back to them.
+
+Shape letters: T positions, E d_model, R rows (readings carried together), P the positions 1 .. P they reach,
+N nodes (tokens, every active feature, errors: the whole graph's layout, no logits).
+
+In the local replacement model (replacement.py: attention patterns and norm scales frozen, each MLP its
+transcoder's features plus an error) the stream entering layer l is linear in what the nodes write,
+
+    resid_pre(l)[p] = sum over nodes s of M_{l,p <- s} w_s  +  b_{l,p}
+
+M: the replacement's linear paths from s's writing point (the residual, attention with its patterns frozen, a
+skip); b: what no node carries (positional embeddings, biases, everything the first position writes). So any
+linear reading of the stream, r . resid_pre(l)[p], splits into one term per node, r . M w_s, plus r . b. The
+terms are computed as the graph's rows are (sweep.py): the reading vectors carried down the layers through the
+replacement's transposes, every row at once, meeting each node's vector where it writes. b is the replacement's
+forward pass with every node switched off (as attribute.unexplained computes it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attribute import active_features, build_nodes, check_fits, prompt_ids
+from .graph import Node
+from .layout import layout
+from .replacement import Replacement
+from .sweep import Sources, errors_of
+
+
+class NodeStream:
+    """The nodes of one prompt's replacement and their vectors: rep (Replacement), active (the features that fire),
+    where (Layout, no logits), errors [L, T, E], sources (each layer's written vectors by position), nodes [N].
+
+    Built once and shared by every edge split (heads.py) and QK attribution (qk.py) of one graph."""
+
+    def __init__(self, model: nn.Module, transcoders, prompt, labels: list[str] | None = None):
+        check_fits(model, transcoders)
+        self.rep = rep = Replacement(model, transcoders, prompt_ids(model, prompt))
+        T = len(rep.ids)
+        self.active = active_features(rep)
+        self.where = layout(self.active, rep.n_layers, T, 0)
+        self.errors = errors_of(rep, self.active, T)
+        self.sources = Sources(rep, self.active, self.where, self.errors)
+        labels = labels or [str(i) for i in rep.ids.tolist()]
+        self.nodes = build_nodes(rep, self.active, self.where, torch.zeros(0, dtype=torch.long), torch.zeros(0), labels, [])
+        self.first_images = rep.first_position_images()
+        self._no_node: list[torch.Tensor] | None = None
+
+    def no_node_stream(self, layer: int) -> torch.Tensor:
+        """[T, E]: resid_pre(layer) of the replacement with every node switched off (b above): positional
+        embeddings, every bias, the first position's whole output but for what its token's node carries."""
+        if self._no_node is None:
+            rep = self.rep
+            x = rep.trace["pos_embed"][0].float() if "pos_embed" in rep.trace else torch.zeros_like(rep.embed)  # (T, E)
+            streams = [x]
+            for k in range(rep.n_layers - 1):
+                x = x + rep.sublayers[k].forward(x)
+                read = rep.input_forward(k, x)  # (T, E)
+                bias = rep.transcoders.output_bias(k).detach().float()
+                out = bias.expand(x.size(0), -1).clone()
+                skip = rep.skips[k]
+                if skip is not None:
+                    out += read @ skip
+                first = rep.outputs[k][0] - bias  # the first position's output, but for its skip's linear share
+                out[0] += first if skip is None else first - rep.inputs[k][0] @ skip
+                x = x + out
+                streams.append(x)
+            self._no_node = streams
+        return self._no_node[layer]
+
+    @torch.no_grad()
+    def read_back(self, readings: list[tuple[int, int, torch.Tensor]]) -> list[torch.Tensor]:
+        """For each reading (layer l, position p, rows r [R, E]) of resid_pre(l)[p]: [R, N], each node's term
+        r . M_{l,p <- s} w_s (module docstring). Every reading travels in one sweep down the layers, joining
+        at its own layer; rows at position 0 meet the first token alone (its image there)."""
+        rep, E, N = self.rep, self.rep.embed.size(1), len(self.nodes)
+        out = [torch.zeros(len(rows), N) for _, _, rows in readings]
+        for i, (layer, position, rows) in enumerate(readings):
+            if position == 0:
+                out[i][:, 0] = rows @ self.first_images[layer]
+        carried = [i for i, (_, position, _) in enumerate(readings) if position > 0]
+        if not carried:
+            return out
+        carried.sort(key=lambda i: -readings[i][0])  # the highest layer joins first
+        P = max(readings[i][1] for i in carried)
+        sizes = [len(readings[i][2]) for i in carried]
+        starts = [sum(sizes[:j]) for j in range(len(sizes) + 1)]
+        grads = torch.zeros(starts[-1], P, E)  # (R, P, E): each row's gradient at positions 1 .. P
+        terms = torch.zeros(starts[-1], N)
+        joined, to_first = 0, torch.zeros(starts[-1])
+        top = readings[carried[0]][0]
+        for layer in reversed(range(-1, top)):  # rows that read resid_pre(layer + 1) join, then cross layer
+            while joined < len(carried) and readings[carried[joined]][0] == layer + 1:
+                _, position, rows = readings[carried[joined]]
+                grads[starts[joined]:starts[joined + 1], position - 1] = rows
+                joined += 1
+            if layer < 0:
+                break
+            rows_in = starts[joined]
+            g = grads[:rows_in]
+            for q in range(1, P + 1):  # the vectors written at this layer's MLP output, at each position
+                vectors, columns = self.sources.by_layer[layer][q]
+                terms[:rows_in, columns] += g[:, q - 1] @ vectors.T
+            rep.add_skip_transpose(layer, g)
+            to_first[:rows_in] += rep.sublayers[layer].add_transpose(g, self.first_images[layer])
+        terms[:, 1:P + 1] += torch.einsum("rpe,pe->rp", grads, rep.embed[1:P + 1])  # the tokens at positions 1 .. P
+        terms[:, 0] += to_first
+        for j, i in enumerate(carried):
+            out[i] = terms[starts[j]:starts[j + 1]]
+        return out
+
+    def node(self, column: int) -> Node:
+        return self.nodes[column]
