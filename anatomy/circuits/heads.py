@@ -83,7 +83,9 @@ def split_edge(stream: NodeStream, target: Node, source: Node, edge: float) -> H
     """split_by_head on a prompt's NodeStream, for an edge of value `edge` (the graph's) from source to target."""
     rep = stream.rep
     L = rep.n_layers
-    read_layer, start, at_mid, at_post = target_gradients(rep, target)
+    if target.id not in stream.gradients:  # every edge into one target shares its gradients
+        stream.gradients[target.id] = target_gradients(rep, target)
+    read_layer, start, at_mid, at_post = stream.gradients[target.id]
     parts: dict = {}
     pairs: dict = {}
     for layer, w, q in source_writes(stream, source):  # w [E] written at resid_post(layer) (-1: the embeddings), at q
@@ -108,8 +110,9 @@ def split_edge(stream: NodeStream, target: Node, source: Node, edge: float) -> H
 
 
 def target_gradients(rep: Replacement, target: Node) -> tuple[int, torch.Tensor, list, list]:
-    """(the layer it reads at (n_layers for a logit), its reading vector's gradient where it reads [T, E], and its
-    gradient at each attention's output and at each MLP's output: per layer [T, E], None above the target)."""
+    """(the layer it reads at (n_layers for a logit), its reading vector's gradient where it reads [T, E], its
+    gradient at each attention's output, per head (times W_O^h: [T, H, D]), and at each MLP's output ([T, E]):
+    per layer, None above the target)."""
     T, L, E = len(rep.ids), rep.n_layers, rep.embed.size(1)
     g = torch.zeros(T, E)
     if target.kind == "logit":
@@ -128,21 +131,22 @@ def target_gradients(rep: Replacement, target: Node) -> tuple[int, torch.Tensor,
             if rep.skips[k] is not None:
                 through = g @ rep.skips_back[k]
                 g = g + (through * rep.mlp_norms[k].scale[:, None] if rep.reads_normed(k) else through)
-        at_mid[k] = g.clone()
-        g = g + one_row_transpose(rep, k, g)
+        at_mid[k], back = one_row_transpose(rep, k, g)
+        g = g + back
     return read_layer, start, at_mid, at_post
 
 
-def one_row_transpose(rep: Replacement, layer: int, g: torch.Tensor) -> torch.Tensor:
-    """[T, E] one row's gradient at the attention sublayer's output -> what it adds at its input (resid_pre),
-    every position: the sublayer's transpose (replacement.FrozenSublayer), written out for a single row."""
+def one_row_transpose(rep: Replacement, layer: int, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, E] one row's gradient at the attention sublayer's output -> (its share at each head's output, g W_O^h
+    [T, H, D]; what it adds at the sublayer's input (resid_pre) [T, E], every position): the sublayer's transpose
+    (replacement.FrozenSublayer), written out for a single row."""
     sublayer = rep.sublayers[layer]
     a = sublayer.attention
     T = g.size(0)
     u = (g @ a.w_o).view(T, a.n_heads, a.d_head)  # (T, H, D)
     dv = torch.einsum("hpq,phd->qhd", a.pattern[:, :T, :T], u)  # (T, H, D): to each key q
     dv = dv.view(T, a.n_kv, a.group, a.d_head).sum(2) * sublayer.norm.scale[:T, None, None]  # (T, K, D)
-    return dv.reshape(T, -1) @ sublayer.w_back
+    return u, dv.reshape(T, -1) @ sublayer.w_back
 
 
 def normed_at(rep: Replacement, layer: int, w: torch.Tensor, q: int) -> torch.Tensor:
@@ -152,14 +156,13 @@ def normed_at(rep: Replacement, layer: int, w: torch.Tensor, q: int) -> torch.Te
     return x * norm.scale[q] * norm.gain
 
 
-def head_moves(rep: Replacement, layer: int, gradient: torch.Tensor, w: torch.Tensor, q: int) -> torch.Tensor:
+def head_moves(rep: Replacement, layer: int, u: torch.Tensor, w: torch.Tensor, q: int) -> torch.Tensor:
     """[H, T]: gradient[p] . A_{layer,h}(w at position q)[p] for every head h and query position p: w normed and
-    moved by each head alone, from q to p."""
+    moved by each head alone, from q to p (u [T, H, D]: the gradient at each head's output, g W_O^h)."""
     a, norm = rep.sublayers[layer].attention, rep.sublayers[layer].norm
     H, K, D = a.n_heads, a.n_kv, a.d_head
     x = w - w.mean() if norm.centred else w
     v = ((x * norm.scale[q] * norm.gain) @ a.w_v.T).view(K, D).repeat_interleave(a.group, dim=0)  # (H, D): its values
-    u = (gradient @ a.w_o).view(-1, H, D)  # (T, H, D): each head's share of the gradient at the output
     T = u.size(0)
     return a.pattern[:, :T, q] * torch.einsum("phd,hd->hp", u, v)  # (H, T): A_h[p, q] u_h[p] . v_h
 

@@ -49,7 +49,8 @@ class QKAttribution:
     no node on the key side ("query nodes x rest"), the query side ("rest x key nodes") or either ("rest x rest");
     score: the model's score before any cap; capped: after Gemma 2's soft-cap (None without one); bias: ALiBi's
     (0.0 without); pattern: the head's attention weight at (query, key); pair_total: the sum of every pair term;
-    check/error: the identity score = pair_total + no_node terms, its difference as a share of the terms' sizes."""
+    check/error: the identity score = pair_total + no_node terms, its difference as a share of the terms' sizes
+    (c times the sum of the query side's vector lengths times the key side's: the most they can add up to)."""
 
     layer: int
     head: int
@@ -178,7 +179,7 @@ def qk_attributions(stream: NodeStream, heads: list[tuple[int, int, int, int]], 
                 sides[side] = scores.side(*side)
     order = list(sides)
     read = stream.read_back([(side[0], side[3], sides[side][0]) for side in order])  # (layer, position, rows M)
-    terms = {s: terms.T.double() for s, terms in zip(order, read)}  # (N, D) each: every node's share of the side
+    terms = {s: terms.T for s, terms in zip(order, read)}  # (W, D) each: the share of each node below the layer
     return [attribution(stream, scores, terms, sides, layer, head, query, key, top) for layer, head, query, key in heads]
 
 
@@ -188,10 +189,10 @@ def attribution(stream: NodeStream, scores: HeadScores, terms: dict, sides: dict
     attn = stream.rep.model.blocks[layer].attn
     c = score_scale(attn)
     kv = head // (attn.n_heads // attn.n_kv_heads)
-    Q, K = terms[(layer, "q", head, query)], terms[(layer, "k", kv, key)]  # (N, D)
+    Q, K = terms[(layer, "q", head, query)], terms[(layer, "k", kv, key)]  # (W, D)
     Q0, K0 = sides[(layer, "q", head, query)][1].double(), sides[(layer, "k", kv, key)][1].double()  # (D,)
     q_nodes, k_nodes = Q.abs().sum(1).nonzero().flatten(), K.abs().sum(1).nonzero().flatten()
-    Q, K = Q[q_nodes], K[k_nodes]  # (n, D): the nodes that reach each side
+    Q, K = Q[q_nodes].double(), K[k_nodes].double()  # (n, D): the nodes that reach each side, in float64 from here
     q_total, k_total = Q.sum(0) + Q0, K.sum(0) + K0
     pair_total = c * float(Q.sum(0) @ K.sum(0))
     no_node = {"query nodes x rest": c * float(Q.sum(0) @ K0), "rest x key nodes": c * float(Q0 @ K.sum(0)),
@@ -199,7 +200,8 @@ def attribution(stream: NodeStream, scores: HeadScores, terms: dict, sides: dict
     model_score = c * float(scores.q[layer][head, query] @ scores.k[layer][kv, key])
     q_marginals, k_marginals = c * (Q @ k_total), c * (K @ q_total)  # (n,)
     difference = model_score - pair_total - sum(no_node.values())
-    sizes = float(q_marginals.abs().sum()) + c * abs(float(Q0 @ k_total))
+    # the terms' sizes: c times each side's vector lengths summed, a bound on every pair and no-node term added up
+    sizes = c * float(Q.norm(dim=1).sum() + Q0.norm()) * float(K.norm(dim=1).sum() + K0.norm())
     error = abs(difference) / max(sizes, 1e-30)
     node = stream.nodes
     pairs = [(node[int(q_nodes[i])], node[int(k_nodes[j])], c * value) for i, j, value in strongest_pairs(Q, K, top)]
@@ -212,7 +214,7 @@ def attribution(stream: NodeStream, scores: HeadScores, terms: dict, sides: dict
         bias = float(alibi_bias(stream.rep.model.alibi_slopes, torch.tensor([query]), torch.tensor([key]))[head, 0, 0])
         notes.append(f"ALiBi adds {bias:.6g} after it, a term of no node")
     check = (f"score {model_score:.6g} (the model's, before any cap) = the pair terms {pair_total:.6g} + the terms with "
-             f"no node {sum(no_node.values()):.6g}: difference {abs(difference):.2g}, {error:.2g} of the marginals' sizes")
+             f"no node {sum(no_node.values()):.6g}: difference {abs(difference):.2g}, {error:.2g} of the terms' sizes")
     return QKAttribution(
         layer, head, kv, query, key, model_score, float(stream.rep.sublayers[layer].attention.pattern[head, query, key]),
         pairs, strongest(node, q_nodes, q_marginals, top), strongest(node, k_nodes, k_marginals, top), no_node,

@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from .attribute import active_features, build_nodes, check_fits, prompt_ids
-from .graph import Node
 from .layout import layout
 from .replacement import Replacement
 from .sweep import Sources, errors_of
@@ -46,6 +45,7 @@ class NodeStream:
         self.nodes = build_nodes(rep, self.active, self.where, torch.zeros(0, dtype=torch.long), torch.zeros(0), labels, [])
         self.first_images = rep.first_position_images()
         self._no_node: list[torch.Tensor] | None = None
+        self.gradients: dict = {}  # a target's gradients down the layers, by node id (heads.target_gradients)
 
     def no_node_stream(self, layer: int) -> torch.Tensor:
         """[T, E]: resid_pre(layer) of the replacement with every node switched off (b above): positional
@@ -71,44 +71,57 @@ class NodeStream:
 
     @torch.no_grad()
     def read_back(self, readings: list[tuple[int, int, torch.Tensor]]) -> list[torch.Tensor]:
-        """For each reading (layer l, position p, rows r [R, E]) of resid_pre(l)[p]: [R, N], each node's term
-        r . M_{l,p <- s} w_s (module docstring). Every reading travels in one sweep down the layers, joining
-        at its own layer; rows at position 0 meet the first token alone (its image there)."""
-        rep, E, N = self.rep, self.rep.embed.size(1), len(self.nodes)
-        out = [torch.zeros(len(rows), N) for _, _, rows in readings]
-        for i, (layer, position, rows) in enumerate(readings):
+        """For each reading (layer l, position p, rows r [R, E]) of resid_pre(l)[p]: [R, W], each node's term
+        r . M_{l,p <- s} w_s (module docstring), over the first W nodes (those below layer l, width(l); the rest
+        write nothing there). The readings of one position travel down the layers together,
+        each joining at its own layer; rows at position 0 meet the first token alone (its image there)."""
+        out: list[torch.Tensor | None] = [None] * len(readings)
+        for position in sorted({p for _, p, _ in readings}):
+            chosen = [i for i, (_, p, _) in enumerate(readings) if p == position]
             if position == 0:
-                out[i][:, 0] = rows @ self.first_images[layer]
-        carried = [i for i, (_, position, _) in enumerate(readings) if position > 0]
-        if not carried:
-            return out
-        carried.sort(key=lambda i: -readings[i][0])  # the highest layer joins first
-        P = max(readings[i][1] for i in carried)
-        sizes = [len(readings[i][2]) for i in carried]
-        starts = [sum(sizes[:j]) for j in range(len(sizes) + 1)]
+                for i in chosen:
+                    layer, _, rows = readings[i]
+                    out[i] = torch.zeros(len(rows), self.width(layer))
+                    out[i][:, 0] = rows @ self.first_images[layer]
+                continue
+            for i, terms in zip(chosen, self.sweep(position, [readings[i][0] for i in chosen],
+                                                   [readings[i][2] for i in chosen])):
+                out[i] = terms
+        return out
+
+    def width(self, layer: int) -> int:
+        """W: how many nodes lie below resid_pre(layer) (tokens, then every layer under it: a prefix of the node
+        order); the nodes past it write nothing there."""
+        return self.where.feature_start[layer] if layer < self.rep.n_layers else len(self.nodes)
+
+    def sweep(self, P: int, layers: list[int], rows: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Rows reading resid_pre(layers[i]) at position P, carried down together (sweep.py's loop, rows joining
+        where they read): [R_i, W] each, over the nodes below the highest layer read (width)."""
+        rep, E = self.rep, self.rep.embed.size(1)
+        order = sorted(range(len(rows)), key=lambda i: -layers[i])  # the highest layer joins first
+        W = self.width(layers[order[0]])  # the nodes below the highest reading: a prefix of the node order
+        starts = [0]
+        for i in order:
+            starts.append(starts[-1] + len(rows[i]))
         grads = torch.zeros(starts[-1], P, E)  # (R, P, E): each row's gradient at positions 1 .. P
-        terms = torch.zeros(starts[-1], N)
-        joined, to_first = 0, torch.zeros(starts[-1])
-        top = readings[carried[0]][0]
-        for layer in reversed(range(-1, top)):  # rows that read resid_pre(layer + 1) join, then cross layer
-            while joined < len(carried) and readings[carried[joined]][0] == layer + 1:
-                _, position, rows = readings[carried[joined]]
-                grads[starts[joined]:starts[joined + 1], position - 1] = rows
+        terms = torch.zeros(starts[-1], W)
+        to_first = torch.zeros(starts[-1])
+        joined = 0
+        for layer in reversed(range(-1, layers[order[0]])):  # rows that read resid_pre(layer + 1) join, then cross it
+            while joined < len(order) and layers[order[joined]] == layer + 1:
+                grads[starts[joined]:starts[joined + 1], P - 1] = rows[order[joined]]
                 joined += 1
             if layer < 0:
                 break
-            rows_in = starts[joined]
-            g = grads[:rows_in]
+            g = grads[:starts[joined]]
             for q in range(1, P + 1):  # the vectors written at this layer's MLP output, at each position
                 vectors, columns = self.sources.by_layer[layer][q]
-                terms[:rows_in, columns] += g[:, q - 1] @ vectors.T
+                terms[:len(g), columns] += g[:, q - 1] @ vectors.T
             rep.add_skip_transpose(layer, g)
-            to_first[:rows_in] += rep.sublayers[layer].add_transpose(g, self.first_images[layer])
+            to_first[:len(g)] += rep.sublayers[layer].add_transpose(g, self.first_images[layer])
         terms[:, 1:P + 1] += torch.einsum("rpe,pe->rp", grads, rep.embed[1:P + 1])  # the tokens at positions 1 .. P
         terms[:, 0] += to_first
-        for j, i in enumerate(carried):
-            out[i] = terms[starts[j]:starts[j + 1]]
-        return out
-
-    def node(self, column: int) -> Node:
-        return self.nodes[column]
+        result: list[torch.Tensor] = [torch.zeros(0)] * len(rows)
+        for j, i in enumerate(order):
+            result[i] = terms[starts[j]:starts[j + 1]]
+        return result
