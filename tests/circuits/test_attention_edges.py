@@ -1,0 +1,108 @@
+"""Attention explained wherever a graph goes: the strongest attention-mediated edges split by head (the parts and
+their position pairs add up to the edge), each head's score explained (the identity holds), one record in the
+graph's meta that the safetensors file keeps and Neuronpedia's JSON carries as qk_tracing_results, valid against
+its schema, every contributor resolving to a node or to qk_only_nodes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+
+import anatomy
+from anatomy.circuits import load_graph, pruned, save
+from anatomy.circuits.attention_edges import attention_mediated, explain_attention
+from anatomy.circuits.attribute import attribution_graph
+from anatomy.circuits.neuronpedia import neuronpedia_json
+from anatomy.sae import load_transcoders
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SCHEMA = json.loads((FIXTURES / "neuronpedia" / "graph-schema.json").read_text())
+PROMPT = json.loads((FIXTURES / "graphs" / "README.json").read_text())["prompt"]
+
+
+@pytest.fixture(scope="module")
+def explained():
+    model = anatomy.from_pretrained(str(FIXTURES / "graphs" / "llama")).eval()
+    transcoders = load_transcoders(FIXTURES / "graphs" / "plt_relu_skip")
+    graph = pruned(attribution_graph(model, PROMPT, transcoders))
+    edges = explain_attention(model, transcoders, graph, n=6)
+    return model, transcoders, graph, edges
+
+
+def test_the_strongest_edges_across_positions_are_chosen():
+    model = anatomy.from_pretrained(str(FIXTURES / "graphs" / "llama")).eval()
+    graph = attribution_graph(model, PROMPT, load_transcoders(FIXTURES / "graphs" / "plt_jumprelu"))
+    chosen = attention_mediated(graph, 5)
+    weights = [abs(float(graph.adjacency[graph.index(t), graph.index(s)])) for t, s in chosen]
+    assert all(s.column < t.column for t, s in chosen) and weights == sorted(weights, reverse=True)
+    across = [abs(w) for t, s, w in graph.edges() if graph.nodes[s].column < graph.nodes[t].column]
+    assert weights[0] == max(across)
+
+
+def test_every_edge_is_its_heads_and_every_head_its_position_pairs(explained):
+    _, _, graph, edges = explained
+    assert len(edges) == 6
+    for edge in edges:
+        split = edge.split
+        assert split.error < 1e-5, split.check
+        assert abs(sum(split.parts.values()) - split.edge) < 1e-4 * max(1.0, abs(split.edge))
+        assert "residual" not in split.parts  # the source sits before the target: only heads move it
+        for (layer, head), part in split.heads():
+            pairs = split.positions(layer, head)
+            assert abs(sum(v for _, v in pairs) - part) < 1e-5 * max(1.0, abs(part))
+            assert all(key == split.source.column and key <= query <= split.target.column for (query, key), _ in pairs)
+        assert 1 <= len(edge.qk) <= 3
+        for (layer, head), qk in edge.qk.items():
+            assert qk.error < 1e-5, qk.check
+            assert (qk.query, qk.key) == split.positions(layer, head)[0][0]
+
+
+def test_the_record_survives_the_safetensors_file_and_names_every_contributor(explained, tmp_path):
+    _, _, graph, _ = explained
+    record = graph.meta["attention"]
+    assert record["error"] < 1e-5 and len(record["edges"]) == 6
+    for qk in record["qk"]:
+        for q, k, _ in qk["pairs"]:
+            assert q in record["nodes"] and k in record["nodes"]
+        total = qk["pair_total"] + sum(qk["no_node"].values())
+        assert abs(total - qk["score"]) < 1e-5 * max(1.0, abs(qk["score"]))
+    again = load_graph(save(graph, tmp_path / "g.safetensors"))
+    assert again.meta["attention"] == json.loads(json.dumps(record))
+
+
+def test_neuronpedias_json_carries_qk_tracing_results_valid_against_its_schema(explained):
+    _, _, graph, _ = explained
+    data = neuronpedia_json(graph, slug="qk")
+    jsonschema.validate(data, SCHEMA)
+    traced = [node for node in data["nodes"] if "qk_tracing_results" in node]
+    targets = {e["target"] for e in graph.meta["attention"]["edges"]}
+    assert len(traced) == len(targets)
+    known = {node["node_id"] for node in data["nodes"]} | set(data.get("qk_only_nodes", {}))
+    for node in traced:
+        results = node["qk_tracing_results"]
+        assert results["pair_wise_contributors"] and results["top_q_marginal_contributors"]
+        for q, k, _ in results["pair_wise_contributors"]:
+            assert q in known and k in known
+        for i, _ in results["top_q_marginal_contributors"] + results["top_k_marginal_contributors"]:
+            assert i in known
+    strongest = max(graph.meta["attention"]["edges"], key=lambda e: abs(e["edge"]))
+    qk = graph.meta["attention"]["qk"][strongest["heads"][0]["qk"]]
+    record = data["nodes"][graph.index(strongest["target"])]  # the records are in the graph's node order
+    assert [v for *_, v in record["qk_tracing_results"]["pair_wise_contributors"]] == [v for *_, v in qk["pairs"]]
+
+
+def test_bad_requests_are_refused_in_words(explained):
+    model, transcoders, graph, _ = explained
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        explain_attention(model, transcoders, graph, n=-1)
+    with pytest.raises(ValueError, match="heads must be a positive integer"):
+        explain_attention(model, transcoders, graph, heads=0)
+    token = next(node for node in graph.nodes if node.kind == "token")
+    with pytest.raises(ValueError, match="not a token"):
+        explain_attention(model, transcoders, graph, edges=[(token, token)])
+    with pytest.raises(KeyError):
+        explain_attention(model, transcoders, graph, edges=[("feature:0:0:999", token)])
