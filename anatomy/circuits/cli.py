@@ -36,10 +36,13 @@ def feature_change(kind: str):
             raise argparse.ArgumentTypeError(f"{text!r} is not {form} (e.g. 12:345@4{'' if kind == 'ablate' else '=2.5'})")
         layer, feature = int(match.group(1)), int(match.group(2))
         position = None if match.group(3) is None else int(match.group(3))
-        amount = None if match.group(4) is None else float(match.group(4))
-        if kind == "steer":
-            return FeatureChange(layer, feature, position, add=amount)
-        return FeatureChange(layer, feature, position, value=0.0 if kind == "ablate" else amount)
+        try:  # 1e999 is inf, 1.2.3 no number: FeatureChange says what a value may be
+            amount = None if match.group(4) is None else float(match.group(4))
+            if kind == "steer":
+                return FeatureChange(layer, feature, position, add=amount)
+            return FeatureChange(layer, feature, position, value=0.0 if kind == "ablate" else amount)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
     return parse
 
 
@@ -95,7 +98,7 @@ def run(args) -> int:
     from ..checkpoints import from_pretrained
     from ..sae import load_transcoders
     from .attribute import attribution_graph, check_fits
-    from .features import promoted_tokens, top_contexts
+    from .features import context_tokens, promoted_tokens, top_contexts
     from .interventions import intervene
     from .prune import pruned, scores
     from .save import save
@@ -130,10 +133,8 @@ def run(args) -> int:
             written.append(save(shown, path))
             continue
         details = promoted_tokens(model, transcoders, shown)
-        if args.contexts:
-            from ..sae.store import corpus_tokens
-
-            tokens = corpus_tokens(args.contexts, model.tokenizer, eval_fraction=None)[0][:args.max_context_tokens]
+        if args.contexts:  # read a piece at a time, up to the cap
+            tokens = context_tokens(args.contexts, model.tokenizer, args.max_context_tokens)
             details = top_contexts(model, transcoders, shown, tokens, details)
         written.append(save(shown, path, details=details, scores=(replacement, completeness), intervention=tested))
     if not args.quiet:

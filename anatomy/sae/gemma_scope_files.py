@@ -85,9 +85,9 @@ def _reader(weights, layer: int, blocks: int, cross_layer: bool):
     return read
 
 
-def gemma_scope_2_folder(folder: Path, variant: str | None) -> tuple[list[Path], str, dict]:
+def gemma_scope_2_folder(folder: Path, root: Path, variant: str | None) -> tuple[list[Path], str, dict]:
     """(params.safetensors of every layer, the variant, config.json's points and model name) of a Gemma Scope 2
-    folder transcoder_all/layer_{i}_{variant}/. CheckpointError naming the variants when none is chosen and
+    folder transcoder_all/layer_{i}_{variant}/, every file inside `root`. CheckpointError naming the variants when none is chosen and
     there are several, or naming the first layer missing."""
     by_variant: dict[str, dict[int, Path]] = {}
     for count, params in enumerate(folder.glob(f"layer_*/{PARAMS}")):
@@ -110,9 +110,9 @@ def gemma_scope_2_folder(folder: Path, variant: str | None) -> tuple[list[Path],
     if missing < len(layers):
         raise CheckpointError(f"{where}: layer_{missing}_{shorten(variant, 80)} is missing; a set has every layer "
                               f"0 .. {len(layers) - 1} and no other")
-    files = [inside(layers[i], folder, "Gemma Scope 2 file") for i in range(len(layers))]
+    files = [inside(layers[i], root, "Gemma Scope 2 file") for i in range(len(layers))]
     config_file = layers[0].parent / "config.json"
-    config = read_json(inside(config_file, folder, "Gemma Scope 2 config"), "Gemma Scope 2 config") \
+    config = read_json(inside(config_file, root, "Gemma Scope 2 config"), "Gemma Scope 2 config") \
         if config_file.is_file() else {}
     points = {}
     for key, default in DEFAULT_POINTS.items():

@@ -110,7 +110,8 @@ class MappedFile:
 
 
 def mapped_file(path: str | os.PathLike) -> MappedFile:
-    """The file at `path` (.safetensors or .npz), its headers read and checked (module docstring)."""
+    """The file at `path` (an .npz if it is a zip, else .safetensors), its headers read and checked (module
+    docstring)."""
     path = Path(path)
     where = repr(shorten(str(path)))
     try:
@@ -118,9 +119,9 @@ def mapped_file(path: str | os.PathLike) -> MappedFile:
             raise CheckpointError(f"weights file {where} " + ("is not a regular file" if path.exists() else "is missing"))
     except OSError as error:
         raise CheckpointError(f"weights file {where} cannot be opened: {error.strerror or error}") from None
-    if path.suffix == ".npz":
-        return _npz(path, where)
-    return _safetensors(path, where)
+    with open(path, "rb") as file:  # by what it holds: a Hub cache names its blobs by their hash, no suffix
+        zipped = file.read(4) == b"PK\x03\x04"
+    return _npz(path, where) if zipped else _safetensors(path, where)
 
 
 def _safetensors(path: Path, where: str) -> MappedFile:

@@ -81,7 +81,7 @@ def load_transcoders(source: str | os.PathLike, *, dtype: torch.dtype = torch.fl
     if path.is_dir() and (path / "transcoder_all").is_dir():
         path = path / "transcoder_all"
     if path.is_dir() and any(path.glob("layer_*/params.safetensors")):
-        files, variant, about = gemma_scope_2_folder(path, variant)
+        files, variant, about = gemma_scope_2_folder(path, root, variant)
         points = (about.pop("hf_hook_point_in"), about.pop("hf_hook_point_out"))
         return _set(gemma_scope_plans(files), points, about, str(path), **options)
     if not _exists(path):
@@ -264,7 +264,7 @@ def _listed_plans(folder: Path, root: Path, listed: list[str], where: str) -> li
                                   f"{shorten(name)!r}")
         seen[real] = layer
         files.append(real)
-    suffixes = {path.suffix for path in files}
+    suffixes = {Path(name.split("?")[0]).suffix for name in listed}
     if ".npz" in suffixes:
         if suffixes != {".npz"}:
             raise CheckpointError(f"{shorten(where)!r} lists .npz and other files; a set is in one layout")
