@@ -93,7 +93,7 @@ def gemma_scope_2_folder(folder: Path, root: Path, variant: str | None) -> tuple
     for count, params in enumerate(folder.glob(f"layer_*/{PARAMS}")):
         if count >= 64 * MAX_LAYERS:
             raise CheckpointError(f"{shorten(str(folder))!r} holds more than {64 * MAX_LAYERS:,} layer folders")
-        match = re.fullmatch(r"layer_(\d{1,6})_(.{1,200})", params.parent.name)
+        match = re.fullmatch(r"layer_(\d+)_(.{1,200})", params.parent.name)
         if match:
             by_variant.setdefault(match.group(2), {})[int(match.group(1))] = params
     where = repr(shorten(str(folder)))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -252,7 +253,7 @@ def load_pairs(model: nn.Module, path: str | Path, *, metric: Metric | str = "lo
         handle = path.open("rb")
     except OSError as error:
         raise ValueError(f"{shorten(str(path))}: {error.strerror or error}") from None
-    pairs = []
+    pairs, lines = [], []
     with handle:
         for number in range(1, 10 * MAX_PAIRS):
             raw = handle.readline(MAX_LINE + 1)
@@ -264,10 +265,13 @@ def load_pairs(model: nn.Module, path: str | Path, *, metric: Metric | str = "lo
             pair = _pair(raw, f"{path.name} line {number}")
             if pair is not None:
                 pairs.append(pair)
+                lines.append(number)
     try:
         return make_task(model, path.stem, pairs, metric=metric, about=f"pairs from {path.name}")
-    except ValueError as error:  # "pair 3: ..." is the fourth pair read: say which file
-        raise ValueError(f"{path.name}: {error}") from None
+    except ValueError as error:  # "pair 3: ..." is the fourth pair read: say which line of which file
+        found = re.match(r"pair (\d+)", str(error))
+        where = f"{path.name} line {lines[int(found.group(1))]}, " if found else f"{path.name}: "
+        raise ValueError(where + str(error)) from None
 
 
 def _pair(raw: bytes, where: str) -> dict | None:
