@@ -23,6 +23,7 @@ CONFIG = "config.yaml"
 MAX_CONFIG_BYTES = 1_000_000
 MAX_LAYERS = 1024  # the deepest models have ~130 layers; a set is one file (or two) a layer
 MAX_DEPTH = 32
+MAX_SCALARS = 20_000  # values in one config: a list of 1,024 files, and far more
 MAX_NAME = 4096  # a file name or a hook name
 KINDS = {"transcoder_set": False, "cross_layer_transcoder": True}  # model_kind -> cross_layer
 
@@ -56,25 +57,27 @@ def read_bounded(path: Path, limit: int, what: str) -> bytes:
     return data
 
 
-def _loader():
-    """yaml.SafeLoader without aliases and with a bounded depth (module docstring)."""
+def parse(text: str):
+    """The YAML document `text` as data, with the safe loader (libyaml's where installed), after its events are
+    scanned: an alias, nesting past MAX_DEPTH or more than MAX_SCALARS values is refused before anything is
+    built (yaml.YAMLError)."""
     yaml = yaml_module()
-
-    class Loader(yaml.SafeLoader):
-        depth = 0
-
-        def compose_node(self, parent, index):
-            if self.check_event(yaml.AliasEvent):
-                raise yaml.YAMLError("it uses an alias (*name); a transcoder config has no need of anchors")
-            self.depth += 1
-            if self.depth > MAX_DEPTH:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    depth = scalars = 0
+    for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.YAMLError("it uses an alias (*name); a transcoder config has no need of anchors")
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
                 raise yaml.YAMLError(f"it is nested more than {MAX_DEPTH} deep")
-            try:
-                return super().compose_node(parent, index)
-            finally:
-                self.depth -= 1
-
-    return Loader
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+        elif isinstance(event, yaml.ScalarEvent):
+            scalars += 1
+            if scalars > MAX_SCALARS:
+                raise yaml.YAMLError(f"it holds more than {MAX_SCALARS:,} values")
+    return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
 
 
 def read_config(path: Path) -> dict:
@@ -84,7 +87,7 @@ def read_config(path: Path) -> dict:
     where = repr(shorten(str(path)))
     data = read_bounded(path, MAX_CONFIG_BYTES, "transcoder config")
     try:
-        config = yaml.load(data.decode("utf-8"), Loader=_loader())  # noqa: S506 - a SafeLoader subclass
+        config = parse(data.decode("utf-8"))
     except UnicodeDecodeError as error:
         raise CheckpointError(f"transcoder config {where} is not UTF-8 text (byte {error.start})") from None
     except (yaml.YAMLError, RecursionError, ValueError, OverflowError) as error:

@@ -21,6 +21,7 @@ the model gets right (m(clean) > 0), saying how many they dropped.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -40,6 +41,7 @@ Metric = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 MAX_PAIRS = 100_000
 MAX_LINE = 1_000_000  # bytes of one JSONL pair: two prompts and their answers
 MAX_ANSWERS = 1_000  # texts a pair lists as its answers (greater-than lists up to 99)
+MAX_BLANK = 10_000  # blank lines of a pair file
 
 
 def logit_difference(logits: torch.Tensor, answers: torch.Tensor, wrongs: torch.Tensor) -> torch.Tensor:
@@ -255,10 +257,13 @@ def load_pairs(model: nn.Module, path: str | Path, *, metric: Metric | str = "lo
         raise ValueError(f"{shorten(str(path))}: {error.strerror or error}") from None
     pairs, lines = [], []
     with handle:
-        for number in range(1, 10 * MAX_PAIRS):
+        for number in itertools.count(1):
             raw = handle.readline(MAX_LINE + 1)
             if not raw or len(pairs) >= limit:
                 break
+            if number - len(pairs) > MAX_BLANK:
+                raise ValueError(f"{path.name} has more than {MAX_BLANK:,} blank lines by line {number:,}; a file of "
+                                 "pairs has one pair a line")
             if len(raw) > MAX_LINE:
                 raise ValueError(f"{path.name} line {number} is longer than {MAX_LINE:,} bytes; a pair of prompts is "
                                  "far shorter")
