@@ -26,15 +26,6 @@ GEMMA_CONFIG = ("model_name: google/gemma-2-2b\nmodel_kind: transcoder_set\nfeat
                 "".join(f"  - hf://google/gemma-scope-2b-pt-transcoders/{f}\n" for f in GEMMA_FILES))
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    folder = tmp_path / "hub"
-    folder.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(folder))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return folder
-
-
 def outputs(transcoders, x):
     with torch.no_grad():
         features = [transcoders.encode(layer, torch.from_numpy(x[layer])) for layer in range(transcoders.n_layers)]
@@ -50,17 +41,17 @@ def check_computes(transcoders, layers):
         assert np.abs(recon[layer] - expected_output(values, x[layer])).max() < 1e-4
 
 
-def gemma_cache(cache, skip=False):
+def gemma_cache(offline_cache, skip=False):
     layers = [arrays(D_MODEL, D_SAE, seed=i, skip=skip) for i in range(N_LAYERS)]
-    fake_repo(cache, "mwhanna/gemma-scope-transcoders", {"config.yaml": GEMMA_CONFIG.encode(), "README.md": b"hi"})
-    fake_repo(cache, "google/gemma-scope-2b-pt-transcoders",
+    fake_repo(offline_cache, "mwhanna/gemma-scope-transcoders", {"config.yaml": GEMMA_CONFIG.encode(), "README.md": b"hi"})
+    fake_repo(offline_cache, "google/gemma-scope-2b-pt-transcoders",
               {f: params_npz(values) for f, values in zip(GEMMA_FILES, layers)})
     return layers
 
 
 @pytest.mark.parametrize("skip", [False, True])
-def test_gemma_is_circuit_tracers_preset_read_from_the_cache(cache, skip):
-    layers = gemma_cache(cache, skip)
+def test_gemma_is_circuit_tracers_preset_read_from_the_cache(offline_cache, skip):
+    layers = gemma_cache(offline_cache, skip)
     transcoders = load_transcoders("gemma")
     assert transcoders.metadata["model_name"] == "google/gemma-2-2b"
     assert (transcoders.input_point(1), transcoders.output_point(1)) == ("blocks.1.mlp_norm.out", "blocks.1.mlp_out_norm.out")
@@ -68,8 +59,8 @@ def test_gemma_is_circuit_tracers_preset_read_from_the_cache(cache, skip):
     check_computes(transcoders, layers)
 
 
-def test_layers_are_read_when_used_memory_mapped_and_kept_as_asked(cache):
-    gemma_cache(cache)
+def test_layers_are_read_when_used_memory_mapped_and_kept_as_asked(offline_cache):
+    gemma_cache(offline_cache)
     transcoders = load_transcoders("gemma", resident=1)
     assert transcoders.lazy and transcoders.layers.built() == []  # only headers were read
     W_enc = transcoders.layers[1].W_enc
@@ -85,17 +76,17 @@ def test_layers_are_read_when_used_memory_mapped_and_kept_as_asked(cache):
     assert transcoders.layers.built() == []
 
 
-def test_llama_reads_per_layer_files_and_nothing_else_of_the_repository(cache):
+def test_llama_reads_per_layer_files_and_nothing_else_of_the_repository(offline_cache):
     layers = [arrays(D_MODEL, D_SAE, seed=10 + i, skip=True) for i in range(N_LAYERS)]
     config = b"model_kind: transcoder_set\nfeature_input_hook: mlp.hook_in\nfeature_output_hook: mlp.hook_out\nscan: llama\n"
-    fake_repo(cache, "mntss/transcoder-Llama-3.2-1B", {"config.yaml": config, "README.md": b"# sets",
+    fake_repo(offline_cache, "mntss/transcoder-Llama-3.2-1B", {"config.yaml": config, "README.md": b"# sets",
               **{f"layer_{i}.safetensors": layer_safetensors(values) for i, values in enumerate(layers)}})
     transcoders = load_transcoders("llama")
     assert (transcoders.input_point(0), transcoders.output_point(0)) == ("blocks.0.mlp_norm.out", "blocks.0.mlp.out")
     check_computes(transcoders, layers)
 
 
-def test_a_folder_of_a_repository_in_the_cross_layer_layout(cache):
+def test_a_folder_of_a_repository_in_the_cross_layer_layout(offline_cache):
     rng = np.random.default_rng(4)
     files = {"clt/config.yaml": b"model_kind: cross_layer_transcoder\nfeature_input_hook: hook_resid_mid\n"
                                 b"feature_output_hook: hook_mlp_out\n", "other/layer_0.safetensors": b"not read"}
@@ -104,13 +95,13 @@ def test_a_folder_of_a_repository_in_the_cross_layer_layout(cache):
             f"W_enc_{i}": torch.tensor(rng.normal(size=(D_SAE, D_MODEL)), dtype=torch.float32),
             f"b_enc_{i}": torch.zeros(D_SAE), f"b_dec_{i}": torch.full((D_MODEL,), float(i))})
         files[f"clt/W_dec_{i}.safetensors"] = save({f"W_dec_{i}": torch.ones(D_SAE, N_LAYERS - i, D_MODEL)})
-    fake_repo(cache, "someone/clt-tiny", files)
+    fake_repo(offline_cache, "someone/clt-tiny", files)
     transcoders = load_transcoders("someone/clt-tiny/clt")
     assert transcoders.cross_layer and [transcoders.decoder_vectors(i).shape for i in range(2)] == [(16, 2, 8), (16, 1, 8)]
     assert torch.equal(transcoders.output_bias(1), torch.ones(D_MODEL))
 
 
-def gemma_scope_2_cache(cache):
+def gemma_scope_2_cache(offline_cache):
     layers = {variant: [arrays(D_MODEL, D_SAE, seed=20 + 2 * i + k, skip=True) for i in range(N_LAYERS)]
               for k, variant in enumerate(["width_16k_l0_small_affine", "width_16k_l0_big_affine"])}
     config = (b'{"hf_hook_point_in": "model.layers.0.pre_feedforward_layernorm.output", '
@@ -120,37 +111,37 @@ def gemma_scope_2_cache(cache):
         for i, layer in enumerate(values):
             files[f"transcoder_all/layer_{i}_{variant}/params.safetensors"] = params_safetensors(layer)
             files[f"transcoder_all/layer_{i}_{variant}/config.json"] = config
-    fake_repo(cache, "google/gemma-scope-2-tiny-pt", files)
+    fake_repo(offline_cache, "google/gemma-scope-2-tiny-pt", files)
     return layers
 
 
 @pytest.mark.parametrize("source, variant", [("google/gemma-scope-2-tiny-pt", "width_16k_l0_big_affine"),
                                              ("google/gemma-scope-2-tiny-pt/transcoder_all", "width_16k_l0_big_affine"),
                                              ("google/gemma-scope-2-tiny-pt/transcoder_all/width_16k_l0_big_affine", None)])
-def test_gemma_scope_2_by_id_with_its_variant(cache, source, variant):
-    layers = gemma_scope_2_cache(cache)
+def test_gemma_scope_2_by_id_with_its_variant(offline_cache, source, variant):
+    layers = gemma_scope_2_cache(offline_cache)
     transcoders = load_transcoders(source, variant=variant)
     assert transcoders.output_point(0) == "blocks.0.mlp_out_norm.out" and transcoders.metadata["model_name"] == "gemma-3-tiny"
     check_computes(transcoders, layers["width_16k_l0_big_affine"])
 
 
-def test_gemma_scope_2_without_a_variant_names_them(cache):
-    gemma_scope_2_cache(cache)
+def test_gemma_scope_2_without_a_variant_names_them(offline_cache):
+    gemma_scope_2_cache(offline_cache)
     with pytest.raises(CheckpointError, match="several variants; choose one .*width_16k_l0_big_affine, width_16k_l0_small"):
         load_transcoders("google/gemma-scope-2-tiny-pt")
 
 
-def test_a_set_not_in_the_cache_names_the_id_the_cache_and_the_command(cache):
+def test_a_set_not_in_the_cache_names_the_id_the_cache_and_the_command(offline_cache):
     with pytest.raises(CheckpointError) as error:
         load_transcoders("gemma")
     message = str(error.value)
-    assert "'gemma' (mwhanna/gemma-scope-transcoders)" in message and str(cache) in message
+    assert "'gemma' (mwhanna/gemma-scope-transcoders)" in message and str(offline_cache) in message
     assert "HF_HUB_OFFLINE is set" in message and "anatomy.load_transcoders('gemma')" in message
 
 
-def test_files_a_config_lists_but_the_cache_lacks_are_named_in_one_command(cache):
-    gemma_cache(cache)
-    blob = (cache / "models--google--gemma-scope-2b-pt-transcoders" / "snapshots").rglob("params.npz")
+def test_files_a_config_lists_but_the_cache_lacks_are_named_in_one_command(offline_cache):
+    gemma_cache(offline_cache)
+    blob = (offline_cache / "models--google--gemma-scope-2b-pt-transcoders" / "snapshots").rglob("params.npz")
     for link in blob:
         link.unlink()
     with pytest.raises(CheckpointError) as error:
@@ -158,19 +149,19 @@ def test_files_a_config_lists_but_the_cache_lacks_are_named_in_one_command(cache
     assert f"`hf download google/gemma-scope-2b-pt-transcoders {GEMMA_FILES[0]} {GEMMA_FILES[1]}`" in str(error.value)
 
 
-def test_a_pinned_revision_that_is_not_cached_is_named(cache):
-    gemma_cache(cache)
+def test_a_pinned_revision_that_is_not_cached_is_named(offline_cache):
+    gemma_cache(offline_cache)
     with pytest.raises(CheckpointError, match="at revision 'v2'.*--revision v2"):
         load_transcoders("mwhanna/gemma-scope-transcoders@v2")
 
 
-def test_a_repository_without_a_set_says_what_it_expected(cache):
-    fake_repo(cache, "someone/models", {"config.json": b"{}", "model.safetensors": b"x"})
+def test_a_repository_without_a_set_says_what_it_expected(offline_cache):
+    fake_repo(offline_cache, "someone/models", {"config.json": b"{}", "model.safetensors": b"x"})
     with pytest.raises(CheckpointError, match="holds no transcoder set at its root .*config.yaml"):
         load_transcoders("someone/models")
 
 
-def test_a_local_folder_wins_over_a_short_name(cache, tmp_path, monkeypatch):
+def test_a_local_folder_wins_over_a_short_name(offline_cache, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "gemma").mkdir()
     with pytest.raises(CheckpointError, match="no transcoder set in 'gemma'"):
