@@ -28,6 +28,7 @@ CONFIG_AND_TOKENIZER = [
 ]
 SAFETENSORS = ["*.safetensors", "*.safetensors.index.json"]
 PICKLED = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
+MAX_NAMED = 4  # files named in one `hf download` command: a message stays one short line
 
 
 def is_hub_id(name: str) -> bool:
@@ -63,17 +64,20 @@ def fetch(repo_id: str, patterns: list[str], revision: str | None = None) -> Pat
     return _download(repo_id, revision, patterns)
 
 
-def fetch_files(repo_id: str, files: list[str], revision: str | None = None, subject: str | None = None) -> Path:
+def fetch_files(repo_id: str, files: list[str], revision: str | None = None, subject: str | None = None,
+                command: str | None = None) -> Path:
     """The snapshot folder of `repo_id` holding exactly `files` (paths in the repository), each downloaded if
     needed. Offline, every missing file is named at once, in the one command that fetches them all (the
-    message starts with `subject` if given, {n} in it the number missing)."""
+    message starts with `subject` if given, {n} in it the number missing; `command`, if given, is named
+    instead of `hf download` when more than a few files are missing, so that the line stays short)."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
     if offline():
         missing = [f for f in files if not isinstance(try_to_load_from_cache(repo_id, f, cache_dir=cache_dir(),
                                                                               revision=revision), str)]
         if missing:
-            raise CheckpointError(not_cached(repo_id, revision, missing, subject and subject.replace("{n}", str(len(missing)))))
+            raise CheckpointError(not_cached(repo_id, revision, missing, subject and subject.replace("{n}", str(len(missing))),
+                                             command))
     folder = None
     with hub_errors(repo_id, revision, files):
         for file in files:
@@ -83,13 +87,15 @@ def fetch_files(repo_id: str, files: list[str], revision: str | None = None, sub
     return folder
 
 
-def not_cached(repo_id: str, revision: str | None, files: list[str] | None = None, subject: str | None = None) -> str:
+def not_cached(repo_id: str, revision: str | None, files: list[str] | None = None, subject: str | None = None,
+               command: str | None = None) -> str:
     """The message for a repository (or some of its files) that is not in the cache, with the command that
-    fetches it: unset HF_HUB_OFFLINE, or `hf download`."""
+    fetches it: unset HF_HUB_OFFLINE, or `hf download` (or `command`, for more than MAX_NAMED files)."""
     files = list(files or [])
-    download = f"`hf download {repo_id}" + "".join(f" {f}" for f in files[:40]) + \
-               (f" --revision {revision}" if revision else "") + "`" + \
-               (f" (then the {len(files) - 40} files left)" if len(files) > 40 else "")
+    download = f"`hf download {repo_id}" + "".join(f" {f}" for f in files) + \
+               (f" --revision {revision}" if revision else "") + "`"
+    if command and len(files) > MAX_NAMED:
+        download = f"`{command}` (it fetches all {len(files)})"
     # name only what is set: advice about a variable the user never set would mislead
     how = (f"HF_HUB_OFFLINE is set: unset it and load it once with network, or run {download}" if offline()
            else f"the Hub cannot be reached from here: run {download} where it can, or copy the folder here")

@@ -60,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "(`anatomy circuits discover --help`: circuits over a dataset)")
     parser.add_argument("prompt", metavar="TEXT", type=nonempty_text, help="the prompt whose next token to explain")
     add_model_argument(parser, default="smollm2", help="the model")
-    parser.add_argument("--transcoders", required=True, metavar="RUN",
-                        help="a transcoder set: a run folder, or circuit-tracer's folder (config.yaml + safetensors)")
+    parser.add_argument("--transcoders", required=True, metavar="SET",
+                        help="a transcoder set: a run folder, circuit-tracer's or Gemma Scope's files, a Hub id "
+                             "(org/name[/folder]), or circuit-tracer's names gemma and llama")
     parser.add_argument("--out", required=True, nargs="+", type=output_file(".html", ".htm", ".json", ".safetensors"),
                         help="one or more of .html (the page), .json (Neuronpedia's format), .safetensors (the whole "
                              "graph): one graph, written to each")

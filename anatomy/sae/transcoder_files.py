@@ -69,15 +69,17 @@ def load_transcoders(source: str | os.PathLike, *, dtype: torch.dtype = torch.fl
     _check_options(source, dtype, variant, revision, mlp_out_norm, resident)
     path = Path(source).expanduser()
     root = None
+    called = ", ".join([repr(str(source))] + [f"{k}={v!r}" for k, v in (("variant", variant), ("revision", revision)) if v])
+    command = f'HF_HUB_OFFLINE=0 python -c "import anatomy; anatomy.load_transcoders({called})"'  # fetches what it lacks
     if not _exists(path) and hub_source(str(source)) is not None:
-        found = resolve(str(source), variant, revision)
+        found = resolve(str(source), variant, revision, command)
         path, root, variant, mlp_out_norm = found.folder, found.root, found.variant, mlp_out_norm or found.mlp_out_norm
     if path.is_dir() and not (path / CONFIG).is_file() and (path / RUN_FOLDER / CONFIG).is_file():
         path = path / RUN_FOLDER
     root = root or path
     options = dict(dtype=dtype, resident=resident)
     if path.is_dir() and (path / CONFIG).is_file():
-        return _load_circuit_tracer(path, root, mlp_out_norm, options)
+        return _load_circuit_tracer(path, root, mlp_out_norm, options, command)
     if path.is_dir() and (path / "transcoder_all").is_dir():
         path = path / "transcoder_all"
     if path.is_dir() and any(path.glob("layer_*/params.safetensors")):
@@ -133,7 +135,7 @@ def _set(plans: list[LayerPlan], points: tuple[str, str], metadata: dict, where:
 
 
 # ---- circuit-tracer ---------------------------------------------------------------------------------
-def _load_circuit_tracer(folder: Path, root: Path, mlp_out_norm: bool, options: dict) -> TranscoderSet:
+def _load_circuit_tracer(folder: Path, root: Path, mlp_out_norm: bool, options: dict, command: str) -> TranscoderSet:
     config = read_config(inside(folder / CONFIG, root, "transcoder config"))
     where = str(folder / CONFIG)
     try:
@@ -148,7 +150,7 @@ def _load_circuit_tracer(folder: Path, root: Path, mlp_out_norm: bool, options: 
     if cross_layer:
         plans = _clt_plans(folder, root, where)
     elif "transcoders" in config:
-        plans = _listed_plans(folder, root, config["transcoders"], where)
+        plans = _listed_plans(folder, root, config["transcoders"], where, command)
     else:
         plans = _plt_plans(_numbered(folder, root, "layer_{}.safetensors", where))
     return _set(plans, points, metadata, str(folder), cross_layer=cross_layer, **options)
@@ -241,14 +243,14 @@ def _clt_plans(folder: Path, root: Path, where: str) -> list[LayerPlan]:
     return plans
 
 
-def _listed_plans(folder: Path, root: Path, listed: list[str], where: str) -> list[LayerPlan]:
+def _listed_plans(folder: Path, root: Path, listed: list[str], where: str, command: str) -> list[LayerPlan]:
     """config.yaml's `transcoders`: one file per layer, inside the folder or hf://org/name/path[?revision=r]
     (fetched into the Hugging Face cache), in circuit-tracer's layout, Gemma Scope 2's params.safetensors or
-    Gemma Scope's params.npz."""
+    Gemma Scope's params.npz. command: what fetches them, named when the cache lacks them offline."""
     from .transcoder_hub import fetch_uris
 
     check_listed(listed, repr(shorten(where)))
-    remote = fetch_uris([name for name in listed if name.startswith("hf://")], f"{shorten(where)!r} lists")
+    remote = fetch_uris([name for name in listed if name.startswith("hf://")], f"{shorten(where)!r} lists", command)
     files, seen = [], {}
     for layer, name in enumerate(listed):
         if name in remote:

@@ -58,21 +58,23 @@ def hub_source(text: str) -> tuple[str, str, str | None] | None:
     return match.group("repo"), match.group("folder").strip("/"), match.group("revision")
 
 
-def resolve(text: str, variant: str | None, revision: str | None) -> HubSet:
+def resolve(text: str, variant: str | None, revision: str | None, command: str) -> HubSet:
     """The local copy of the set `text` names (module docstring), fetching only its files. CheckpointError
-    naming the name, the repository and the cache for a set not cached offline, a repository holding no set
-    where named, or a layout anatomy does not read."""
+    naming the name, the repository and the cache for a set not cached offline (with `command`, the one that
+    fetches it, when many files are missing), a repository holding no set where named, or a layout anatomy
+    does not read."""
     repo, folder, pinned = hub_source(text)
     revision = revision or pinned
     named = f"transcoder set {text!r}" + (f" ({repo})" if text in SHORT_NAMES else "")
     try:
-        files = _listing(repo, revision, text)
+        files = _listing(repo, revision, command)
         prefix = f"{folder}/" if folder else ""
         if prefix + CONFIG in files:
-            snapshot = _circuit_tracer_files(repo, revision, prefix, files, named)
+            snapshot = _circuit_tracer_files(repo, revision, prefix, files, named, command)
             return HubSet(snapshot / folder, _repository_folder(repo), None, text in MLP_OUT_NORM)
         base, variant, needed = _gemma_scope_2_files(files, folder, variant, named)
-        snapshot = fetch_files(repo, needed, revision, subject=f"the {named}: {{n}} of its {len(needed)} files")
+        snapshot = fetch_files(repo, needed, revision, subject=f"the {named}: {{n}} of its {len(needed)} files",
+                               command=command)
         return HubSet(snapshot / base, _repository_folder(repo), variant, False)
     except CheckpointError as error:
         message = str(error)
@@ -83,14 +85,13 @@ def _repository_folder(repo: str) -> Path:
     return cache_dir() / f"models--{repo.replace('/', '--')}"
 
 
-def _listing(repo: str, revision: str | None, text: str) -> set[str]:
+def _listing(repo: str, revision: str | None, command: str) -> set[str]:
     """The repository's files: the Hub's listing, or offline the cached snapshot's (CheckpointError with the
     command that fetches the set when nothing of it is cached)."""
     if offline():
         if not (_repository_folder(repo) / "snapshots").is_dir():
             raise CheckpointError(f"{repo!r} is not in the Hugging Face cache {str(cache_dir())!r}: HF_HUB_OFFLINE is "
-                                  "set: unset it and load the set once with network (`python -c \"import anatomy; "
-                                  f"anatomy.load_transcoders('{text}')\"` fetches only its files)")
+                                  f"set: unset it and load the set once with network (`{command}` fetches only its files)")
         snapshot = fetch(repo, [], revision)  # the snapshot folder of the revision, or the not-cached error
         found = set()
         for path in snapshot.rglob("*"):
@@ -105,7 +106,7 @@ def _listing(repo: str, revision: str | None, text: str) -> set[str]:
         return set(HfApi().list_repo_files(repo, revision=revision, token=os.environ.get("HF_TOKEN") or None)[:MAX_LISTED])
 
 
-def _circuit_tracer_files(repo: str, revision: str | None, prefix: str, files: set[str], named: str) -> Path:
+def _circuit_tracer_files(repo: str, revision: str | None, prefix: str, files: set[str], named: str, command: str) -> Path:
     """Fetch a circuit-tracer folder's config.yaml, then the layer files it lists (those in this repository;
     hf:// ones of others are fetched as the loader reads them) or, without a list, every numbered file."""
     snapshot = fetch_files(repo, [prefix + CONFIG], revision, subject=f"the {named}'s {CONFIG}")
@@ -121,7 +122,7 @@ def _circuit_tracer_files(repo: str, revision: str | None, prefix: str, files: s
             raise CheckpointError(f"{repo}/{prefix}{CONFIG} names no layer files beside it "
                                   + ("in the cache (HF_HUB_OFFLINE is set: unset it to fetch them)" if offline() else ""))
     if needed:
-        fetch_files(repo, needed, revision, subject=f"the {named}: {{n}} of its {len(needed)} files")
+        fetch_files(repo, needed, revision, subject=f"the {named}: {{n}} of its {len(needed)} files", command=command)
     return snapshot
 
 
@@ -157,7 +158,7 @@ def _gemma_scope_2_files(files: set[str], folder: str, variant: str | None, name
     return base, variant, needed + ([config] if config in files else [])
 
 
-def fetch_uris(uris: list[str], subject: str) -> dict[str, tuple[Path, Path]]:
+def fetch_uris(uris: list[str], subject: str, command: str) -> dict[str, tuple[Path, Path]]:
     """{uri: (the local file, its repository's cache folder)} of hf://org/name/path/to/file[?revision=r] URIs,
     fetched a repository at a time (offline, every missing file of one is named in one command).
     CheckpointError for a URI that is not one."""
@@ -175,6 +176,6 @@ def fetch_uris(uris: list[str], subject: str) -> dict[str, tuple[Path, Path]]:
     found = {}
     for (repo, revision), members in groups.items():
         snapshot = fetch_files(repo, [file for _, file in members], revision,
-                               subject=f"{subject} {len(members)} files of {repo!r}; {{n}} of them")
+                               subject=f"{subject} {len(members)} files of {repo!r}; {{n}} of them", command=command)
         found.update({uri: (snapshot / file, _repository_folder(repo)) for uri, file in members})
     return found

@@ -177,3 +177,16 @@ def test_a_compressed_npz_is_read_as_well(tmp_path):
     for i, values in enumerate(layers):
         (folder / f"l{i}.npz").write_bytes(params_npz(values, compressed=True))
     check_computes(load_transcoders(folder), layers)
+
+
+def test_many_missing_files_are_named_by_the_one_call_that_fetches_them(offline_cache):
+    files = [f"layer_{i}/width_16k/average_l0_{i}/params.npz" for i in range(26)]
+    config = GEMMA_CONFIG.split("transcoders:")[0] + "transcoders:\n" + "".join(
+        f"  - hf://google/gemma-scope-2b-pt-transcoders/{f}\n" for f in files)
+    fake_repo(offline_cache, "mwhanna/gemma-scope-transcoders", {"config.yaml": config.encode()})
+    with pytest.raises(CheckpointError) as error:
+        load_transcoders("gemma")
+    message = str(error.value)
+    assert "26 files of 'google/gemma-scope-2b-pt-transcoders'; 26 of them are not in the Hugging Face cache" in message
+    assert """`HF_HUB_OFFLINE=0 python -c "import anatomy; anatomy.load_transcoders('gemma')"`""" in message
+    assert len(message) < 500  # one line the command line prints whole
