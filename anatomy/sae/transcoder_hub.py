@@ -90,8 +90,9 @@ def _listing(repo: str, revision: str | None, command: str) -> set[str]:
     command that fetches the set when nothing of it is cached)."""
     if offline():
         if not (_repository_folder(repo) / "snapshots").is_dir():
-            raise CheckpointError(f"{repo!r} is not in the Hugging Face cache {str(cache_dir())!r}: HF_HUB_OFFLINE is "
-                                  f"set: unset it and load the set once with network (`{command}` fetches only its files)")
+            raise CheckpointError(f"it is no local folder, and {repo!r} is not in the Hugging Face cache "
+                                  f"{str(cache_dir())!r}: HF_HUB_OFFLINE is set: unset it and load the set once with "
+                                  f"network (`{command}` fetches only its files)")
         snapshot = fetch(repo, [], revision)  # the snapshot folder of the revision, or the not-cached error
         found = set()
         for path in snapshot.rglob("*"):
