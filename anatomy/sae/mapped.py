@@ -121,7 +121,7 @@ def mapped_file(path: str | os.PathLike) -> MappedFile:
         raise CheckpointError(f"weights file {where} cannot be opened: {error.strerror or error}") from None
     with open(path, "rb") as file:  # by what it holds: a Hub cache names its blobs by their hash, no suffix
         zipped = file.read(4) == b"PK\x03\x04"
-    return _npz(path, where) if zipped else _safetensors(path, where)
+    return _npz(path, where) if zipped or path.suffix == ".npz" else _safetensors(path, where)
 
 
 def _safetensors(path: Path, where: str) -> MappedFile:

@@ -74,11 +74,11 @@ def load_transcoders(source: str | os.PathLike, *, dtype: torch.dtype = torch.fl
     if not _exists(path) and hub_source(str(source)) is not None:
         found = resolve(str(source), variant, revision, command)
         path, root, variant, mlp_out_norm = found.folder, found.root, found.variant, mlp_out_norm or found.mlp_out_norm
-    if path.is_dir() and not (path / CONFIG).is_file() and (path / RUN_FOLDER / CONFIG).is_file():
+    if path.is_dir() and not os.path.lexists(path / CONFIG) and (path / RUN_FOLDER / CONFIG).is_file():
         path = path / RUN_FOLDER
     root = root or path
     options = dict(dtype=dtype, resident=resident)
-    if path.is_dir() and (path / CONFIG).is_file():
+    if path.is_dir() and os.path.lexists(path / CONFIG):  # a config.yaml that is no regular file is named as such
         return _load_circuit_tracer(path, root, mlp_out_norm, options, command)
     if path.is_dir() and (path / "transcoder_all").is_dir():
         path = path / "transcoder_all"
@@ -231,7 +231,7 @@ def _clt_plans(folder: Path, root: Path, where: str) -> list[LayerPlan]:
         check_shapes(str(encoder_file), encoder.shapes, expected)
         check_shapes(str(decoder_file), decoder.shapes, {f"W_dec_{i}": (d_sae, n_layers - i, d_model)})
         spec = LayerSpec("jumprelu" if thresholded else "relu", d_model, d_sae, (n_layers - i) * d_model, False,
-                         str(encoder_file))
+                         f"{encoder_file}, {decoder_file.name}")
 
         def read(i=i, encoder=encoder, decoder=decoder) -> dict[str, torch.Tensor]:
             tensors = {"W_enc": encoder.tensor(f"W_enc_{i}").T, "b_enc": encoder.tensor(f"b_enc_{i}"),
