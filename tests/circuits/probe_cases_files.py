@@ -4,13 +4,11 @@ Each case makes its files in a fresh folder and calls the floor the way a user w
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
 import shutil
 import struct
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path

@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save
 
-from probe_cases_files import HOOKS, PWN, SETS, Case, base_graph, copied, read_all, sparse
+from probe_cases_files import HOOKS, PWN, SETS, Case, base_graph, copied, read_all
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "sae"))
 from transcoder_cases import arrays, fake_repo, params_npz  # noqa: E402

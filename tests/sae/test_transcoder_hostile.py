@@ -186,7 +186,7 @@ def test_a_weight_that_is_not_finite_is_refused_when_its_layer_is_read(tmp_path,
     save_file(tensors, str(folder / "layer_1.safetensors"))
     transcoders = load_transcoders(folder)
     transcoders.encode(0, torch.zeros(2, 16))  # layer 0 is clean
-    with pytest.raises(CheckpointError, match=f"layer_1.safetensors: .*of layer 1 holds (NaN|an infinity); every weight"):
+    with pytest.raises(CheckpointError, match="layer_1.safetensors: .*of layer 1 holds (NaN|an infinity); every weight"):
         transcoders.encode(1, torch.zeros(2, 16))
 
 
