@@ -7,7 +7,8 @@ argument, what it was (cut short) and what it may be.
     model_and_transcoders(model, transcoders)         a model with a config, a TranscoderSet
 
 A loop that runs `count` times or a step of `count` items is only ever given a count that ends it: a step
-of 0 or -1 is refused here, not found to hang later.
+of 0 or -1 is refused here, not found to hang later. This module imports torch only where a check needs it,
+so that the command line's argument types use it before torch loads.
 """
 
 from __future__ import annotations
@@ -15,18 +16,17 @@ from __future__ import annotations
 import math
 import numbers
 
-import torch
-from torch import nn
+from ..terminal import one_line
 
-from ..checkpoints.files import shorten
-
-__all__ = ["count", "function", "json_text", "model_and_transcoders", "number", "token_ids"]
+__all__ = ["MAX_CHANGE", "count", "function", "json_text", "model_and_transcoders", "number", "token_ids"]
 
 MAX_IDS = 1_000_000  # a prompt's ids, beyond any context
+MAX_CHANGE = 1e6  # a feature's value set or added (interventions): real activations are at most hundreds, and past
+# this float32 arithmetic overflows into inf and NaN
 
 
 def _shown(value) -> str:
-    return shorten(repr(value), 80)
+    return one_line(repr(value), 80)
 
 
 def count(name: str, value, *, minimum: int = 1, maximum: int | None = None, none: bool = False) -> int | None:
@@ -68,6 +68,8 @@ def function(name: str, value) -> None:
 def token_ids(prompt) -> list[int]:
     """The ids of a prompt given as ids: a 1-D integer tensor (or [1, T]), or a list or tuple of integers.
     ValueError for bytes (read as text? as ids?), floats (truncated?), bools, nesting or anything else."""
+    import torch
+
     if torch.is_tensor(prompt):
         if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
             raise ValueError(f"a prompt of ids must hold integers; got a tensor of {prompt.dtype}")
@@ -89,6 +91,8 @@ def token_ids(prompt) -> list[int]:
 
 def model_and_transcoders(model, transcoders) -> None:
     """ValueError unless `model` is an anatomy model (a Module with a config) and `transcoders` a TranscoderSet."""
+    from torch import nn
+
     from ..sae.transcoders import TranscoderSet
 
     if not isinstance(model, nn.Module) or getattr(model, "config", None) is None:

@@ -39,7 +39,6 @@ from .graph import Graph
 from .replacement import FrozenNorm, Replacement
 
 FREEZES = ("none", "attention", "all")
-MAX_CHANGE = 1e6  # a value set or added: real activations are at most hundreds
 
 
 @dataclass(frozen=True)
@@ -59,8 +58,9 @@ class FeatureChange:
         checks.count("a feature change's layer", self.layer, minimum=0)
         checks.count("a feature change's feature", self.feature, minimum=0)
         checks.count("a feature change's position", self.position, minimum=0, none=True)
-        for name in ("value", "add"):  # beyond this, float32 arithmetic overflows into inf and NaN
-            checks.number(f"a feature change's {name}", getattr(self, name), low=-MAX_CHANGE, high=MAX_CHANGE, none=True)
+        for name in ("value", "add"):
+            checks.number(f"a feature change's {name}", getattr(self, name), low=-checks.MAX_CHANGE,
+                          high=checks.MAX_CHANGE, none=True)
 
     def __str__(self) -> str:
         """'L3 #12 @4 = 0' (ablated there), 'L3 #12 += 2.5' (steered at every position)."""

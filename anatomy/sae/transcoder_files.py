@@ -37,12 +37,12 @@ from pathlib import Path
 import torch
 
 from ..checkpoints.files import CheckpointError, inside, shorten
-from ..checkpoints.memory import available_memory
+from ..checkpoints.memory import check_tensors_memory
 from ..hook_names import circuit_tracer_hook, circuit_tracer_point
 from .formats import DTYPES, check_shapes
 from .gemma_scope_files import gemma_scope_2_folder, gemma_scope_plans
 from .mapped import mapped_file
-from .transcoder_config import CONFIG, KINDS, MAX_LAYERS, yaml_module, check_listed, read_config
+from .transcoder_config import CONFIG, KINDS, MAX_LAYERS, check_listed, read_config, yaml_module
 from .transcoder_layers import LayerPlan, LayerSpec, LazyLayers, first_block
 from .transcoders import TranscoderSet
 
@@ -121,11 +121,9 @@ def _set(plans: list[LayerPlan], points: tuple[str, str], metadata: dict, where:
     """The TranscoderSet of `plans`, each layer checked to fit in memory in `dtype` (a converted copy's worst
     case), every disagreement between layers a CheckpointError naming `where`."""
     spec = plans[0].spec
-    need = (spec.d_in * spec.d_sae + spec.d_sae * spec.d_out + 2 * spec.d_sae + spec.d_out
-            + (spec.d_out * spec.d_in if spec.skip else 0)) * dtype.itemsize
-    if need > available_memory():
-        raise CheckpointError(f"{shorten(where)!r}: one layer of the transcoder set needs {need / 2**30:.2f} GiB, more "
-                              f"than the {available_memory() / 2**30:.2f} GiB of memory available")
+    shapes = [(spec.d_in, spec.d_sae), (spec.d_sae, spec.d_out), (2 * spec.d_sae + spec.d_out,)]
+    check_tensors_memory(shorten(where), shapes + ([(spec.d_out, spec.d_in)] if spec.skip else []), dtype,
+                         "one layer of the transcoder set")
     cross_layer = spec.d_out != spec.d_in if cross_layer is None else cross_layer  # layer 0 of a CLT writes every layer
     try:
         return TranscoderSet(LazyLayers(plans, dtype, resident), cross_layer=cross_layer, input_point=points[0],

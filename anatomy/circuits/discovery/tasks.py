@@ -36,9 +36,9 @@ from torch import nn
 from ...analysis.inputs import Batch, Text
 from ...checkpoints.files import shorten
 from ...text import check_text
+from .choices import MAX_PAIRS
 
 Metric = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-MAX_PAIRS = 100_000
 MAX_LINE = 1_000_000  # bytes of one JSONL pair: two prompts and their answers
 MAX_ANSWERS = 1_000  # texts a pair lists as its answers (greater-than lists up to 99)
 MAX_BLANK = 10_000  # blank lines of a pair file
