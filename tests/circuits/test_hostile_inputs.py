@@ -96,7 +96,7 @@ def test_interventions_are_checked_for_what_they_are(llama):
 
 # ---- the command line ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("option, words", [(["--clamp", "0:0=1e999"], "value must be a finite number"),
-                                           (["--steer", "0:0@1=-1e308"], "add must be a finite number"),
+                                           (["--steer", "0:0@1=-1e308"], "added value must be a finite number"),
                                            (["--clamp", "0:0=1.2.3"], "--clamp")])
 def test_a_clamp_or_steer_past_float32_is_one_line(tmp_path, capsys, option, words):
     assert status(BASE + ["--out", str(tmp_path / "g.json")] + option) == 2
