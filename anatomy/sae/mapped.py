@@ -202,8 +202,8 @@ def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str, nam
     except Exception as error:  # noqa: BLE001 - numpy parses the header (literal_eval: no code runs) in many ways
         raise CheckpointError(f"{where}: the header of {shorten(name)!r} is malformed: {shorten(str(error))}") from None
     if dtype.hasobject or dtype.kind != "f":
-        raise CheckpointError(f"{where}: {shorten(name)!r} holds {shorten(str(dtype))}, not floating point numbers "
-                              "(nothing is unpickled)")
+        raise CheckpointError(f"{where}: {shorten(name)!r} holds {shorten(str(dtype))}; weights are floating point, "
+                              "not numbers of another kind nor objects (nothing is unpickled)")
     return tuple(shape), dtype, fortran, header
 
 
