@@ -246,6 +246,8 @@ def load_pairs(model: nn.Module, path: str | Path, *, metric: Metric | str = "lo
     """A Task from a JSONL file, one pair a line: {"clean": ..., "corrupt": ..., "answer": ..., "wrong": ...};
     the first `limit` pairs, read a line at a time (no line longer than MAX_LINE bytes is read whole).
     Raises ValueError naming the file and the line for anything that is not a pair (make_task's checks)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path must be a .jsonl file of pairs, got {type(path).__name__}")
     path = Path(path)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAIRS:
         raise ValueError(f"limit must be an integer from 1 to {MAX_PAIRS}, got {shorten(repr(limit), 80)}")
