@@ -18,7 +18,7 @@ import numbers
 
 from ..terminal import one_line
 
-__all__ = ["MAX_CHANGE", "count", "function", "json_text", "model_and_transcoders", "number", "token_ids"]
+__all__ = ["MAX_CHANGE", "count", "function", "model_and_transcoders", "number", "token_ids"]
 
 MAX_IDS = 1_000_000  # a prompt's ids, beyond any context
 MAX_CHANGE = 1e6  # a feature's value set or added (interventions): real activations are at most hundreds, and past
@@ -99,30 +99,3 @@ def model_and_transcoders(model, transcoders) -> None:
         raise ValueError(f"model must be an anatomy model (anatomy.from_pretrained); got {type(model).__name__}")
     if not isinstance(transcoders, TranscoderSet):
         raise ValueError(f"transcoders must be a TranscoderSet (anatomy.load_transcoders); got {type(transcoders).__name__}")
-
-
-def json_text(data, **options) -> str:
-    """json.dumps(data), with every number that is not finite written as null: JSON has no NaN nor Infinity
-    (Python writes them, JSON.parse refuses the file). Containers are walked without recursion."""
-    import json
-
-    def finite(value):
-        if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):  # numpy's floats too
-            value = float(value)
-            return value if math.isfinite(value) else None
-        return value
-
-    root = [data]
-    pending = [(root, 0)]
-    while pending:
-        holder, key = pending.pop()
-        value = holder[key]
-        if isinstance(value, dict):
-            value = holder[key] = dict(value)
-            pending += [(value, k) for k in value]
-        elif isinstance(value, (list, tuple)):
-            value = holder[key] = list(value)
-            pending += [(value, i) for i in range(len(value))]
-        else:
-            holder[key] = finite(value)
-    return json.dumps(root[0], allow_nan=False, **options)

@@ -19,7 +19,6 @@ from safetensors import SafetensorError, safe_open
 
 from ..checkpoints.files import CheckpointError, shorten
 from ..text import check_text
-from .checks import json_text
 from .graph import KINDS, Graph, Node
 
 FORMAT = "anatomy graph 1"
@@ -31,7 +30,7 @@ def save_graph(graph: Graph, path: str | Path) -> Path:
     and the node table as tensors; labels, ports, columns and meta as JSON in the header."""
     from safetensors.torch import save
 
-    from ..viz.html import write_atomically
+    from ..viz.html import json_text, write_atomically
 
     nodes = graph.nodes
     tensors = {

@@ -21,7 +21,6 @@ import json
 from pathlib import Path
 
 from .. import __version__
-from .checks import json_text
 from .graph import Graph, Node
 
 
@@ -97,7 +96,7 @@ def save_neuronpedia(graph: Graph, path: str | Path, **options) -> Path:
     and list it in graph-metadata.json beside it (kept, one entry per slug), as circuit-tracer's
     create_graph_files does: that folder is what its local server shows (`circuit_tracer start-server
     --graph_file_dir FOLDER`)."""
-    from ..viz.html import write_atomically
+    from ..viz.html import json_text, write_atomically
 
     path = Path(path)
     options.setdefault("slug", path.stem or "anatomy-graph")

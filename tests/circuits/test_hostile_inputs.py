@@ -5,8 +5,10 @@ files read only as far as their caps. Every file is made here, small."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -133,13 +135,17 @@ def test_json_is_written_without_nan(tmp_path, llama):
     model, transcoders = llama
     graph = attribution_graph(model, PROMPT, transcoders)
     graph.meta.update(replacement=math.nan, completeness=math.inf, odd=[math.nan, {"x": -math.inf}])
-    for path in (tmp_path / "g.json", tmp_path / "g.safetensors"):
+    graph.nodes[-1] = dataclasses.replace(graph.nodes[-1], value=math.nan)  # a logit's probability, on the page
+    for path in (tmp_path / "g.json", tmp_path / "g.safetensors", tmp_path / "g.html"):
         save_graph(graph, path)
 
     def refuse(constant):
         raise AssertionError(f"{constant} written into JSON")
     json.loads((tmp_path / "g.json").read_text(), parse_constant=refuse)
     assert load_graph(tmp_path / "g.safetensors").meta["odd"] == [None, {"x": None}]
+    page = (tmp_path / "g.html").read_text()
+    block = re.search(r'<script type="application/json"[^>]*>(.*?)</script>', page, re.S).group(1)
+    json.loads(block, parse_constant=refuse)  # what the page's JSON.parse reads
 
 
 # ---- text read in bounded pieces ---------------------------------------------------------------------------
