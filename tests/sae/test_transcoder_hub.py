@@ -8,6 +8,7 @@ from memory-mapped files; what is not cached is named with the command that fetc
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -190,3 +191,22 @@ def test_many_missing_files_are_named_by_the_one_call_that_fetches_them(offline_
     assert "26 files of 'google/gemma-scope-2b-pt-transcoders'; 26 of them are not in the Hugging Face cache" in message
     assert """`HF_HUB_OFFLINE=0 python -c "import anatomy; anatomy.load_transcoders('gemma')"`""" in message
     assert len(message) < 500  # one line the command line prints whole
+
+
+def test_the_command_line_resolves_gemma_offline_and_checks_it_against_the_model(offline_cache, tmp_path, capsys):
+    """`--transcoders gemma` from the filled cache: read, then checked against the model before any pass (the
+    fixture Llama has no norm after its MLP, which the Gemma Scope set writes to)."""
+    from anatomy.cli import main
+
+    llama = Path(__file__).parent.parent / "circuits" / "fixtures" / "graphs" / "llama"
+    layers = [arrays(32, D_SAE, seed=40 + i) for i in range(3)]
+    files = [f"layer_{i}/width_16k/average_l0_{i}/params.npz" for i in range(3)]
+    config = GEMMA_CONFIG.split("transcoders:")[0] + "transcoders:\n" + "".join(
+        f"  - hf://google/gemma-scope-2b-pt-transcoders/{f}\n" for f in files)
+    fake_repo(offline_cache, "mwhanna/gemma-scope-transcoders", {"config.yaml": config.encode()})
+    fake_repo(offline_cache, "google/gemma-scope-2b-pt-transcoders", {f: params_npz(v) for f, v in zip(files, layers)})
+    code = main(["circuits", "The capital", "--model", str(llama), "--transcoders", "gemma", "--out", str(tmp_path / "g.json")])
+    error = capsys.readouterr().err
+    assert code == 2 and len(error.strip().splitlines()) == 1
+    assert "output point 'blocks.L.mlp_out_norm.out' is not in block 0 of this model" in error
+    assert not (tmp_path / "g.json").exists()
