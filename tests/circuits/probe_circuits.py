@@ -200,10 +200,10 @@ def main() -> int:
         if outcome == "refused":
             slowest = max(slowest, result["seconds"])
         outcomes[case["group"]][outcome] += 1
-        shown[outcome].append(f"{case['group']}: {case['name']}: {result.get('message', '')[:160]!r}")
+        shown[outcome].append(f"{case['group']}: {case['name'][:60]}: {result.get('message', '')[:160]!r}")
         records.append({**case, "outcome": outcome, "seconds": round(result["seconds"], 3),
                         "message": result.get("message", "")[:500]})
-        print(f"{outcome:>14}  {result['seconds']:6.2f} s  {case['group']}: {case['name']}", file=sys.stderr, flush=True)
+        print(f"{outcome:>14}  {result['seconds']:6.2f} s  {case['group']}: {case['name'][:60]}", file=sys.stderr, flush=True)
     watched.kill()
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))
