@@ -232,7 +232,7 @@ def _load_gemma_scope(path: Path, source: str, point: str | None, dtype: torch.d
                 "threshold": (d_sae,)}
     check_shapes(str(path), shapes, expected)
     dtype = dtype or torch.float32
-    _check_memory(str(path), list(expected.values()), dtype)
+    check_tensors_memory(str(path), list(expected.values()), dtype, "the SAE")
     where, point_out, flatten = _gemma_scope_point(source, point)
     transcoder = point_out is not None or d_out != d_in
     sae = SAE(d_in, d_sae, kind="jumprelu", d_out=d_out, point=where, point_out=point_out, transcoder=transcoder,
