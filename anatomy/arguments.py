@@ -140,6 +140,10 @@ def output_file(*suffixes: str):
         shown = one_line(value, 200)
         if not value.strip():
             raise argparse.ArgumentTypeError("an empty file name")
+        try:  # a name of bytes that are not UTF-8 would fail only when written into a page or a listing
+            check_text(value, "the file name")
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"{shown}: {error}") from None
         path = Path(value).expanduser()
         try:
             if value.endswith(os.sep) or path.is_dir():

@@ -22,6 +22,7 @@ from pathlib import Path
 from ..arguments import add_compute_arguments, add_model_argument, input_file, output_file, positive_int, probability, text
 from ..progress import Stages
 from ..terminal import printable, summary_block
+from .checks import MAX_CHANGE, number
 
 HANDED_ON = {"discover": "anatomy.circuits.discovery.cli"}  # `anatomy circuits discover ...`, before parsing
 CHANGE = re.compile(r"^(\d+):(\d+)(?:@(\d+))?(?:=(-?[0-9.]+(?:e-?\d+)?))?$")
@@ -37,7 +38,11 @@ def feature_change(kind: str):
             raise argparse.ArgumentTypeError(f"{text!r} is not {form} (e.g. 12:345@4{'' if kind == 'ablate' else '=2.5'})")
         layer, feature = int(match.group(1)), int(match.group(2))
         position = None if match.group(3) is None else int(match.group(3))
-        amount = None if match.group(4) is None else float(match.group(4))
+        try:  # 1e999 is inf, 1.2.3 no number: the value FeatureChange would refuse, refused here
+            amount = None if match.group(4) is None else float(match.group(4))
+            number(f"the {'added ' if kind == 'steer' else ''}value", amount, low=-MAX_CHANGE, high=MAX_CHANGE, none=True)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
         return lambda FeatureChange: (FeatureChange(layer, feature, position, add=amount) if kind == "steer" else
                                       FeatureChange(layer, feature, position, value=0.0 if kind == "ablate" else amount))
     return parse
@@ -54,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--prompt discover ...`) or that starts with '-'")
     add_model_argument(parser, named_by="the transcoder set's files", help="the model the transcoders replace the "
                        "MLPs of")
-    parser.add_argument("--transcoders", required=True, metavar="RUN",
-                        help="a transcoder set: a run folder, or circuit-tracer's folder (config.yaml + safetensors)")
+    parser.add_argument("--transcoders", required=True, metavar="SET",
+                        help="a transcoder set: a run folder, circuit-tracer's or Gemma Scope's files, a Hub id "
+                             "(org/name[/folder]), or circuit-tracer's names gemma and llama")
     parser.add_argument("--out", required=True, nargs="+", type=output_file(".html", ".htm", ".json", ".safetensors"),
                         help="one or more of .html (the page), .json (Neuronpedia's format), .safetensors (the whole "
                              "graph): one graph, written to each")
@@ -141,7 +147,7 @@ def run(args) -> int:
 def write_graph(args, graph, model, transcoders, tested):
     """Write the graph to every --out (pruned for the page and the JSON, whole to .safetensors); returns
     (the paths written, the pruned graph or None, (replacement, completeness) scores)."""
-    from .features import promoted_tokens, top_contexts
+    from .features import context_tokens, promoted_tokens, top_contexts
     from .prune import pruned, scores
     from .save import save
 
@@ -158,10 +164,8 @@ def write_graph(args, graph, model, transcoders, tested):
             written.append(save(shown, path))
             continue
         details = promoted_tokens(model, transcoders, shown)
-        if args.contexts:
-            from ..sae.store import corpus_tokens
-
-            tokens = corpus_tokens(args.contexts, model.tokenizer, eval_fraction=None)[0][:args.max_context_tokens]
+        if args.contexts:  # read a piece at a time, up to the cap
+            tokens = context_tokens(args.contexts, model.tokenizer, args.max_context_tokens)
             details = top_contexts(model, transcoders, shown, tokens, details)
         written.append(save(shown, path, details=details, scores=(replacement, completeness), intervention=tested))
     return written, shown, (replacement, completeness)
