@@ -112,6 +112,7 @@ def graph_payload(graph: Graph, details: FeatureDetails | None = None, scores: t
         "thresholds": {k: graph.meta[k] for k in ("node_threshold", "edge_threshold") if k in graph.meta},
         "counts": {k: graph.meta[k] for k in ("nodes_before", "edges_before") if k in graph.meta},
         "edgesInGraph": int(torch.count_nonzero(graph.adjacency)),
+        "attention": graph.meta.get("attention"),  # attention_edges.explain_attention's record, if made
         "intervention": None if intervention is None else {
             "freeze": intervention.freeze, "changes": [str(c) for c in intervention.changes],
             "unseen": [str(c) for c in intervention.unseen],

@@ -106,3 +106,46 @@ def test_bad_requests_are_refused_in_words(explained):
         explain_attention(model, transcoders, graph, edges=[(token, token)])
     with pytest.raises(KeyError):
         explain_attention(model, transcoders, graph, edges=[("feature:0:0:999", token)])
+
+
+def test_the_command_writes_the_attention_to_every_output(tmp_path, capsys):
+    from anatomy.cli import main
+
+    base = ["circuits", PROMPT, "--model", str(FIXTURES / "graphs" / "llama"), "--transcoders",
+            str(FIXTURES / "graphs" / "plt_jumprelu"), "--threads", "1"]
+    outputs = [str(tmp_path / name) for name in ("g.html", "g.json", "g.safetensors")]
+    assert main(base + ["--qk", "4", "--out", *outputs]) == 0
+    printed = capsys.readouterr().out
+    assert "4 edges across positions split by head" in printed and all(len(line) <= 80 for line in printed.splitlines())
+    record = load_graph(tmp_path / "g.safetensors").meta["attention"]
+    assert len(record["edges"]) == 4 and record["error"] < 1e-5
+    assert any("qk_tracing_results" in node for node in json.loads((tmp_path / "g.json").read_text())["nodes"])
+    assert '"attention"' in (tmp_path / "g.html").read_text()
+    assert main(base + ["--qk", "0", "--out", str(tmp_path / "none.safetensors"), "--quiet"]) == 0
+    assert "attention" not in load_graph(tmp_path / "none.safetensors").meta
+
+
+def test_a_bad_qk_is_one_line_before_loading(tmp_path, capsys):
+    from cli_status import status
+
+    assert status(["circuits", PROMPT, "--transcoders", "x", "--out", str(tmp_path / "g.html"), "--qk", "-2"]) == 2
+    error = capsys.readouterr().err
+    assert "--qk" in error and len(error.strip().splitlines()) == 1
+
+
+def test_the_bench_times_the_attention_beyond_the_graph(monkeypatch, tmp_path):
+    import contextlib
+    import io
+    import re
+
+    from anatomy.cli import main
+
+    monkeypatch.delenv("ANATOMY_CIRCUIT_TRACER_PYTHON", raising=False)
+    monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["bench", "--quick", "--only", "circuits"]) == 0
+    row = re.search(r"^\| circuits: why attention attends: the (\d+) strongest .* beyond the graph \| s \| ([0-9.]+) .*"
+                    r"goal 10 s; (\d+) heads' scores .* at most ([0-9.e-]+) of the terms' sizes", out.getvalue(), re.M)
+    assert row, out.getvalue()
+    assert int(row[1]) == 20 and int(row[3]) > 0 and float(row[4]) < 1e-5
