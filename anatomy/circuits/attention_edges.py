@@ -121,6 +121,8 @@ def attention_record(edges: list[AttentionEdge], graph: Graph) -> dict:
             "pairs": [[q.id, k.id, value] for q, k, value in qk.pairs],
             "query_marginals": [[node.id, value] for node, value in qk.query_marginals],
             "key_marginals": [[node.id, value] for node, value in qk.key_marginals],
+            "position_pairs": [list(pair) for pair in qk.position_pairs],
+            "query_positions": [list(p) for p in qk.query_positions], "key_positions": [list(p) for p in qk.key_positions],
             "no_node": qk.no_node, "pair_total": qk.pair_total, "check": qk.check, "error": qk.error, "notes": qk.notes})
     worst = max([r["error"] for r in records] + [r["error"] for r in qk_records], default=0.0)
     return {"edges": records, "qk": qk_records, "error": worst,

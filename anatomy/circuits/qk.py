@@ -50,7 +50,9 @@ class QKAttribution:
     score: the model's score before any cap; capped: after Gemma 2's soft-cap (None without one); bias: ALiBi's
     (0.0 without); pattern: the head's attention weight at (query, key); pair_total: the sum of every pair term;
     check/error: the identity score = pair_total + no_node terms, its difference as a share of the terms' sizes
-    (c times the sum of the query side's vector lengths times the key side's: the most they can add up to)."""
+    (c times the sum of the query side's vector lengths times |k|: the most its marginals can add up to);
+    position_pairs [(query-side position, key-side position, term)]: the pair terms summed over the nodes at each
+    position, the strongest; query_positions, key_positions [(position, marginal)]: the marginals so summed."""
 
     layer: int
     head: int
@@ -69,6 +71,9 @@ class QKAttribution:
     capped: float | None = None
     bias: float = 0.0
     notes: list[str] = field(default_factory=list)
+    position_pairs: list[tuple[int, int, float]] = field(default_factory=list)
+    query_positions: list[tuple[int, float]] = field(default_factory=list)
+    key_positions: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -157,6 +162,14 @@ def score_scale(attn) -> float:
     return 1.0 / math.sqrt(attn.d_head) if attn.scale is None else float(attn.scale)
 
 
+def qk_attribution(model, transcoders, prompt, layer: int, head: int, query: int, key: int,
+                   top: int = 10) -> QKAttribution:
+    """Why head `head` of layer `layer` attends from position `query` to position `key` on `prompt` (a text or ids,
+    as attribution_graph reads it: a BOS in front), split into pairs of nodes of the prompt's attribution graph
+    (module docstring). Raises ValueError as qk_attributions and attribute.prompt_ids do."""
+    return qk_attributions(NodeStream(model, transcoders, prompt), [(layer, head, query, key)], top)[0]
+
+
 @torch.no_grad()
 def qk_attributions(stream: NodeStream, heads: list[tuple[int, int, int, int]], top: int = 10) -> list[QKAttribution]:
     """One QKAttribution for each (layer, head, query position, key position) of `heads`, every side's rows carried
@@ -200,8 +213,8 @@ def attribution(stream: NodeStream, scores: HeadScores, terms: dict, sides: dict
     model_score = c * float(scores.q[layer][head, query] @ scores.k[layer][kv, key])
     q_marginals, k_marginals = c * (Q @ k_total), c * (K @ q_total)  # (n,)
     difference = model_score - pair_total - sum(no_node.values())
-    # the terms' sizes: c times each side's vector lengths summed, a bound on every pair and no-node term added up
-    sizes = c * float(Q.norm(dim=1).sum() + Q0.norm()) * float(K.norm(dim=1).sum() + K0.norm())
+    # the terms' sizes: c (sum_s |Q_s| + |Q_0|) |k|, a bound on the query side's marginals added up
+    sizes = c * float(Q.norm(dim=1).sum() + Q0.norm()) * float(k_total.norm())
     error = abs(difference) / max(sizes, 1e-30)
     node = stream.nodes
     pairs = [(node[int(q_nodes[i])], node[int(k_nodes[j])], c * value) for i, j, value in strongest_pairs(Q, K, top)]
@@ -218,7 +231,24 @@ def attribution(stream: NodeStream, scores: HeadScores, terms: dict, sides: dict
     return QKAttribution(
         layer, head, kv, query, key, model_score, float(stream.rep.sublayers[layer].attention.pattern[head, query, key]),
         pairs, strongest(node, q_nodes, q_marginals, top), strongest(node, k_nodes, k_marginals, top), no_node,
-        pair_total, check, error, capped, bias, notes)
+        pair_total, check, error, capped, bias, notes, *by_position(node, q_nodes, k_nodes, Q, K, q_total, k_total, c, top))
+
+
+def by_position(nodes: list[Node], q_nodes: torch.Tensor, k_nodes: torch.Tensor, Q: torch.Tensor, K: torch.Tensor,
+                q_total: torch.Tensor, k_total: torch.Tensor, c: float, top: int) -> tuple[list, list, list]:
+    """(position pairs, query positions, key positions): the pair terms and the marginals summed over the nodes at each
+    position (Q [n, D] for the nodes q_nodes, K likewise), c (sum_{s at a} Q_s) . (sum_{t at b} K_t)."""
+    T = 1 + max([nodes[int(i)].column for i in torch.cat([q_nodes, k_nodes])], default=0)
+    at_q = torch.zeros(T, Q.size(1), dtype=Q.dtype).index_add_(0, torch.tensor([nodes[int(i)].column for i in q_nodes], dtype=torch.long), Q)
+    at_k = torch.zeros(T, K.size(1), dtype=K.dtype).index_add_(0, torch.tensor([nodes[int(i)].column for i in k_nodes], dtype=torch.long), K)
+    pairs = c * at_q @ at_k.T  # (T, T): query-side position, key-side position
+    chosen = pairs.abs().flatten().topk(min(top, pairs.numel())).indices
+    position_pairs = [(int(i) // T, int(i) % T, float(pairs.flatten()[i])) for i in chosen if pairs.flatten()[i] != 0]
+    sides = []
+    for at, other in ((at_q, k_total), (at_k, q_total)):
+        marginals = c * at @ other  # (T,)
+        sides.append([(int(p), float(marginals[p])) for p in marginals.abs().argsort(descending=True) if at[p].any()])
+    return position_pairs, sides[0], sides[1]
 
 
 def strongest(nodes: list[Node], columns: torch.Tensor, values: torch.Tensor, n: int) -> list[tuple[Node, float]]:

@@ -34,6 +34,8 @@ class NodeStream:
     Built once and shared by every edge split (heads.py) and QK attribution (qk.py) of one graph."""
 
     def __init__(self, model: nn.Module, transcoders, prompt, labels: list[str] | None = None):
+        """prompt: a text or ids (attribute.prompt_ids); labels: the tokens' labels (default: the tokenizer's). Raises
+        ValueError, before any pass, for a model or set that cannot make a graph, or a prompt that cannot be read."""
         check_fits(model, transcoders)
         self.rep = rep = Replacement(model, transcoders, prompt_ids(model, prompt))
         T = len(rep.ids)
@@ -41,7 +43,8 @@ class NodeStream:
         self.where = layout(self.active, rep.n_layers, T, 0)
         self.errors = errors_of(rep, self.active, T)
         self.sources = Sources(rep, self.active, self.where, self.errors)
-        labels = labels or [str(i) for i in rep.ids.tolist()]
+        tokenizer = getattr(model, "tokenizer", None)
+        labels = labels or (tokenizer.labels(rep.ids.tolist()) if tokenizer else [str(i) for i in rep.ids.tolist()])
         self.nodes = build_nodes(rep, self.active, self.where, torch.zeros(0, dtype=torch.long), torch.zeros(0), labels, [])
         self.first_images = rep.first_position_images()
         self._no_node: list[torch.Tensor] | None = None

@@ -74,6 +74,11 @@ def test_every_term_is_the_frozen_models_change(name, transcoder):
     try:
         for result in results:
             assert result.error < 1e-5, result.check
+            rest = result.no_node
+            by_query = sum(v for _, v in result.query_positions) + rest["rest x key nodes"] + rest["rest x rest"]
+            by_key = sum(v for _, v in result.key_positions) + rest["query nodes x rest"] + rest["rest x rest"]
+            assert abs(by_query - result.score) < 1e-5 * max(1.0, abs(result.score))
+            assert abs(by_key - result.score) < 1e-5 * max(1.0, abs(result.score))
             args = (result.layer, result.head, result.query, result.key)
             clean = frozen.score(*args)
             assert abs(clean - result.score) < 1e-5 * max(1.0, abs(clean)), (result.name, clean, result.score)
@@ -112,6 +117,19 @@ def test_the_terms_of_a_key_on_the_first_position_and_of_one_position():
     assert {k.kind for _, k, _ in first.pairs} == {"token"} and {k.column for _, k, _ in first.pairs} == {0}
     assert all(q.column <= 5 for q, _, _ in first.pairs) and first.error < 1e-5
     assert all(q.column <= 3 and k.column <= 3 for q, k, _ in same.pairs) and same.error < 1e-5
+
+
+def test_the_position_pairs_are_the_node_pairs_summed_by_position():
+    model, transcoders = shaped("gpt2: LayerNorm, biases, learned positions")
+    stream = NodeStream(model, transcoders, torch.tensor(PROMPT))
+    result = qk_attributions(stream, [(2, 1, 6, 4)], top=10**6)[0]  # every pair term
+    sums = {}
+    for q, k, term in result.pairs:
+        sums[(q.column, k.column)] = sums.get((q.column, k.column), 0.0) + term
+    assert result.position_pairs and len(result.position_pairs) <= 10**6
+    for q, k, term in result.position_pairs:
+        assert abs(sums[(q, k)] - term) < 1e-9 * max(1.0, abs(term))
+    assert abs(sum(sums.values()) - result.pair_total) < 1e-9 * max(1.0, abs(result.pair_total))
 
 
 def test_the_strongest_pairs_are_the_largest_products():
