@@ -126,8 +126,9 @@ def render(payload: dict, title: str, subtitle: str) -> str:
     body = Template((ASSETS / "graph.html").read_text(encoding="utf-8")).substitute(
         title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
     script = "\n".join([asset("common.js")] + [(ASSETS / name).read_text(encoding="utf-8")
-                                                 for name in ("graph-draw.js", "graph.js")])
-    style = asset("view.css") + "\n" + (ASSETS / "graph.css").read_text(encoding="utf-8")
+                                                 for name in ("graph-draw.js", "graph.js", "graph-qk.js")])
+    style = "\n".join([asset("view.css")] + [(ASSETS / name).read_text(encoding="utf-8")
+                                             for name in ("graph.css", "graph-qk.css")])
     return page(title, body, style=style, script=script, body_class="view-graph")
 
 
