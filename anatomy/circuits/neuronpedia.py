@@ -150,7 +150,7 @@ def add_qk_tracing(graph: Graph, records: list[dict]) -> dict:
         record = node_record(Node(n["kind"], n["layer"], n["column"], n["index"], label=n["label"], value=n["value"]),
                              graph.n_layers, None, False)
         record["clerp"] = record["clerp"] or n["name"]
-        only.setdefault(record["node_id"], {key: record[key] for key in QK_ONLY_FIELDS})
+        only.setdefault(record["node_id"], {key: record.get(key) for key in QK_ONLY_FIELDS})
         return record["node_id"]
 
     done = set()

@@ -95,6 +95,19 @@ def test_neuronpedias_json_carries_qk_tracing_results_valid_against_its_schema(e
     assert [v for *_, v in record["qk_tracing_results"]["pair_wise_contributors"]] == [v for *_, v in qk["pairs"]]
 
 
+def test_contributors_pruned_out_are_described_in_qk_only_nodes():
+    model = anatomy.from_pretrained(str(FIXTURES / "graphs" / "llama")).eval()
+    transcoders = load_transcoders(FIXTURES / "graphs" / "plt_relu_skip")
+    graph = pruned(attribution_graph(model, PROMPT, transcoders), 0.3, 0.9)  # few nodes: contributors are out
+    explain_attention(model, transcoders, graph, n=4)
+    data = neuronpedia_json(graph, slug="qk-only")
+    jsonschema.validate(data, SCHEMA)
+    only = data["qk_only_nodes"]
+    kinds = {entry["feature_type"] for entry in only.values()}
+    assert kinds == {"mlp reconstruction error", "cross layer transcoder"}, kinds
+    assert not set(only) & {node["node_id"] for node in data["nodes"]}
+
+
 def test_bad_requests_are_refused_in_words(explained):
     model, transcoders, graph, _ = explained
     with pytest.raises(ValueError, match="n must be a positive integer"):
