@@ -98,8 +98,8 @@ def test_neuronpedias_json_carries_qk_tracing_results_valid_against_its_schema(e
 def test_contributors_pruned_out_are_described_in_qk_only_nodes():
     model = anatomy.from_pretrained(str(FIXTURES / "graphs" / "llama")).eval()
     transcoders = load_transcoders(FIXTURES / "graphs" / "plt_relu_skip")
-    graph = pruned(attribution_graph(model, PROMPT, transcoders), 0.3, 0.9)  # few nodes: contributors are out
-    explain_attention(model, transcoders, graph, n=4)
+    graph = pruned(attribution_graph(model, PROMPT, transcoders), 0.8, 0.9)  # with its skips, some contributors are out
+    explain_attention(model, transcoders, graph, n=10)
     data = neuronpedia_json(graph, slug="qk-only")
     jsonschema.validate(data, SCHEMA)
     only = data["qk_only_nodes"]
