@@ -18,8 +18,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from ..cli import (add_device_argument, add_model_argument, add_threads_argument, input_file, output_file, positive_int,
-                   printable, probability, summary_block, text)
+from ..cli import (add_device_argument, add_model_argument, add_threads_argument, input_file, output_file, positive_float,
+                   positive_int, printable, probability, summary_block, text)
 
 HANDED_ON = {"discover": "anatomy.circuits.discovery.cli"}  # `anatomy circuits discover ...`, before parsing
 CHANGE = re.compile(r"^(\d+):(\d+)(?:@(\d+))?(?:=(-?[0-9.]+(?:e-?\d+)?))?$")
@@ -75,6 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="text files to find each feature's top contexts in, for the page")
     parser.add_argument("--max-context-tokens", type=positive_int, default=20_000, metavar="N",
                         help="read at most this many tokens of --contexts (default 20000)")
+    parser.add_argument("--context-seconds", type=positive_float, default=30.0, metavar="S",
+                        help="stop reading --contexts after about this many seconds (default 30)")
     g = parser.add_argument_group("interventions: test the graph on the model")
     g.add_argument("--ablate", nargs="+", default=[], type=feature_change("ablate"), metavar="L:F[@P]",
                    help="set a feature to 0 (at position P, else everywhere)")
@@ -95,7 +97,6 @@ def run(args) -> int:
     from ..checkpoints import from_pretrained
     from ..sae import load_transcoders
     from .attribute import attribution_graph, check_fits
-    from .features import promoted_tokens, top_contexts
     from .interventions import intervene
     from .prune import pruned, scores
     from .save import save
@@ -119,22 +120,17 @@ def run(args) -> int:
     tested = intervene(model, args.prompt, transcoders, changes, freeze=args.freeze, graph=graph) if changes else None
     replacement, completeness = scores(graph)
     graph.meta.update(replacement=replacement, completeness=completeness)
-    written, shown = [], None
+    written, shown, details = [], None, None
     for path in args.out:
         suffix = Path(path).suffix.lower()
         if suffix == ".safetensors":
             written.append(save(graph, path))
             continue
         shown = shown or pruned(graph, args.node_threshold, args.edge_threshold)
+        details = details or feature_details(args, model, transcoders, shown)
         if suffix == ".json":
-            written.append(save(shown, path))
+            written.append(save(shown, path, labels=details.labels))
             continue
-        details = promoted_tokens(model, transcoders, shown)
-        if args.contexts:
-            from ..sae.store import corpus_tokens
-
-            tokens = corpus_tokens(args.contexts, model.tokenizer, eval_fraction=None)[0][:args.max_context_tokens]
-            details = top_contexts(model, transcoders, shown, tokens, details)
         written.append(save(shown, path, details=details, scores=(replacement, completeness), intervention=tested))
     if not args.quiet:
         counts = {kind: sum(node.kind == kind for node in graph.nodes) for kind in ("feature", "error", "token", "logit")}
@@ -156,6 +152,21 @@ def run(args) -> int:
         if tested is not None:
             print(intervention_table(tested))
     return 0
+
+
+def feature_details(args, model, transcoders, shown):
+    """What the page and the JSON say of the pruned graph's features: the tokens each promotes and suppresses,
+    and with --contexts its top contexts, read within --context-seconds; a label from them."""
+    from .features import promoted_tokens, top_contexts
+
+    details = promoted_tokens(model, transcoders, shown)
+    if args.contexts:
+        from ..sae.store import corpus_tokens
+
+        tokens = corpus_tokens(args.contexts, model.tokenizer, eval_fraction=None)[0][:args.max_context_tokens]
+        details = top_contexts(model, transcoders, shown, tokens, details, seconds=args.context_seconds)
+        details.source = ", ".join(Path(name).name for name in args.contexts)
+    return details
 
 
 def intervention_table(result) -> str:

@@ -72,7 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ...checkpoints import from_pretrained
     from ...checkpoints.describe import config_of
-    from .circuit import circuit_graph
+    from pathlib import Path
+
+    from .circuit import circuit_for_page, circuit_graph
     from .edges import attribute_edges
     from .faithfulness import faithfulness, kept_masks
     from .residual import ResidualGraph
@@ -104,10 +106,12 @@ def run(args: argparse.Namespace) -> int:
     sizes = curve.extra["sizes"]
     reached = f"; they recover {curve.values[sizes.index(size)].item():.2f} of the gap" if size in sizes else ""
     about = f"{args.model}, {task.name}: {len(task)} pairs, {args.method}, the top {size} of {graph.edge_count:,} edges{reached}"
-    circuit = circuit_graph(result, kept, about=about, meta={"model": str(args.model), "task": task.name})
+    meta = {"model": str(args.model), "task": task.name}
     out = None
-    if args.out:
-        out = save(circuit, args.out)
+    if args.out and Path(args.out).suffix.lower() == ".safetensors":
+        out = save(circuit_graph(result, kept, about=about, meta=meta), args.out)
+    elif args.out:  # the page: the circuit grown from its smallest by a slider, beside the curve, heads by role
+        out = save(circuit_for_page(model, task, result, curve, size=size, about=about, meta=meta), args.out)
     if not args.quiet:
         sizes, values = curve.extra["sizes"], curve.values.tolist()
         points = ", ".join(f"{n}: {v:.2f}" for n, v in zip(sizes, values))

@@ -50,11 +50,14 @@ def name_mover_scores(model: nn.Module, task: Task, batch_size: int = 16) -> Res
                 direct[layer, head] += (right.values[c, index, last] - wrong.values[c, index, last]).double().sum()
         ids = clean.target.ids
         where = (ids == answers[:, None]).double().argmax(dim=1)  # (B,) the answer's first position in the prompt
+        # a pair whose prompt does not hold its answer (greater-than's years) counts 0: argmax would point at
+        # position 0, the attention sink, and make every head a "name mover"
+        present = (ids == answers[:, None]).any(dim=1).double()  # (B,)
         with torch.no_grad(), trace(model, "blocks.*.attn.pattern") as t:
             clean.last_logits(model)
         for layer in range(n_layers):
             pattern = t[f"blocks.{layer}.attn.pattern"]  # (B, H, T, T)
-            attention[layer] += pattern[index, :, last, where].double().sum(0)  # (H,)
+            attention[layer] += (pattern[index, :, last, where].double() * present[:, None]).sum(0)  # (H,)
     direct, attention = direct / len(task), attention / len(task)
     labels = {"layer": [str(i) for i in range(n_layers)], "head": [str(h) for h in range(n_heads)]}
     return Result("name-mover heads (direct effect on the logit difference)", direct, ("layer", "head"), labels=labels,
