@@ -3,18 +3,24 @@
 Shape letters: N nodes of the graph shown, M edges.
 
 The page is viz's page shell (a Content-Security-Policy that allows no request, every label set as text)
-with this floor's graph.js. It draws what the library computed and nothing else:
+with this floor's scripts (SCRIPTS). It draws what the library computed and nothing else:
 
     layout    one row per layer (inputs at the bottom, outputs at the top), one column per position (an
-              attribution graph) or per component slot (a circuit); the tokens as text under their columns
-    edges     one curve per edge, blue for a positive effect and red for a negative one, as wide as |weight|
-    a node    on hover, its edges; on click, its numbers: value, influence, its strongest inputs and outputs,
-              and for a feature the tokens its decoder direction promotes and suppresses and, when given,
-              its top contexts
-    subgraph  pinned nodes, drawn apart with the edges between them; pinned nodes grouped into supernodes
+              attribution graph) or per component slot (a circuit), each as wide as the nodes it holds,
+              packed so that the whole graph fits the window as it opens (graph-layout.js); zoom and pan,
+              the layer names and the tokens in bands that stay in view (graph-draw.js, one canvas)
+    edges     the MAX_EDGES strongest, blue for a positive effect and red for a negative one, as wide
+              as |weight|
+    a node    a click selects it: its edges lit, the rest faded, until another click or Escape; the
+              arrows walk to its neighbours. Its panel (graph-panel.js): value, influence, its strongest
+              inputs (a head's by port: a head is one box) and outputs, and for a feature the tokens its
+              decoder direction promotes and suppresses, its top contexts when given, and its label
+    a circuit the smallest circuit reaching the target at open, a slider over the curve's sizes to grow
+              it, the faithfulness curve beside it, the heads' roles as badges (graph-circuit.js)
+    subgraph  pinned nodes, drawn apart by the same renderer; pinned nodes grouped into supernodes
               (their edges summed)
     export    the graph as JSON (Neuronpedia's format for an attribution graph, with the pinned nodes and
-              supernodes in its qParams) and the drawing as PNG
+              supernodes in its qParams and the labels as clerps) and the drawing as PNG
 
 An attribution graph is drawn pruned (prune.pruned) unless it already is; a circuit as it is given.
 """
@@ -164,7 +170,9 @@ def graph_view(graph: Graph, *, prune: bool | None = None, node_threshold: float
     title = title or ("Attribution graph" if graph.kind == "attribution graph" else "Circuit")
     in_graph = payload["edgesInGraph"]
     counts = f"{len(shown)} nodes, {in_graph:,} edges" + (
-        f" (the {len(payload['edges']):,} strongest drawn)" if len(payload["edges"]) < in_graph else "")
+        f" (the {len(payload['edges']):,} strongest on the page)" if len(payload["edges"]) < in_graph else "")
+    if payload["circuit"]:
+        counts = f"the page holds its top {len(payload['edges']):,} edges, between {len(shown)} nodes"
     if "nodes_before" in shown.meta:
         counts += f" (pruned from {shown.meta['nodes_before']:,} nodes and {shown.meta['edges_before']:,} edges)"
     subtitle = f"{graph.about}: {counts}" if graph.about else counts

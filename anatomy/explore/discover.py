@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..circuits.discovery import ResidualGraph, attribute_edges, build_task, faithfulness, make_task, top_edges
-from ..circuits.discovery.circuit import circuit_for_page
+from ..circuits.discovery import (ResidualGraph, attribute_edges, build_task, circuit_for_page, faithfulness, make_task,
+                                  top_edges)
 from ..circuits.discovery.edges import METHODS
 from ..circuits.discovery.generators import TASKS
 from ..circuits.page import graph_view
