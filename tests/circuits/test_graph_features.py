@@ -11,8 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tokenizers import Tokenizer as Backend
+from tokenizers.models import WordLevel
 
 import anatomy
+from anatomy.checkpoints.tokenizer import Tokenizer
 from anatomy.circuits import attribution_graph, pruned
 from anatomy.circuits.features import feature_label, promoted_tokens, top_contexts
 from anatomy.sae import load_transcoders
@@ -45,9 +48,10 @@ def test_promoted_tokens_are_the_decoders_direct_logits_centred(made):
 
 
 def test_a_feature_with_known_promoted_and_suppressed_tokens_shows_them_with_their_signs(made):
-    """A decoder row made to raise ' cat' by 3 and 'mat' by 2 and lower 'dog' by 3 and 'red' by 2 over the rest,
+    """A decoder row made to raise 'cat' by 3 and 'mat' by 2 and lower 'dog' by 3 and 'red' by 2 over the rest,
     on top of a shift of +5 on every token: the raw logits are all positive, so without the centring its
-    'most suppressed' tokens would show positive numbers (the defect a reader saw on SmolLM2)."""
+    'most suppressed' tokens would show positive numbers (the defect a reader saw on SmolLM2). Its tokens
+    are shown as everywhere in anatomy: ' cat' as '␣cat', a control character escaped."""
     model, transcoders, graph = made
     node = next(n for n in graph.nodes if n.kind == "feature")
     vocab = model.tokenizer.labels(range(model.config.vocab_size))
@@ -58,15 +62,23 @@ def test_a_feature_with_known_promoted_and_suppressed_tokens_shows_them_with_the
     unembed = model.lm_head.proj.weight.detach()  # (V, E), V < E: any logits can be made exactly
     row = torch.linalg.lstsq(unembed, wanted[:, None]).solution[:, 0] / model.final_norm.weight.detach()
     decoder = transcoders.decoder_vectors(node.layer)
-    saved = decoder[node.index].clone()
-    with torch.no_grad():
-        decoder[node.index] = 0
-        decoder[node.index, 0] = row  # what the feature writes to its own layer; nothing to later ones
-        details = promoted_tokens(model, transcoders, graph, k=2)
-        decoder[node.index] = saved
-    assert details.promoted[node.id] == [("cat", pytest.approx(3.0, abs=1e-3)), ("mat", pytest.approx(2.0, abs=1e-3))]
-    assert details.suppressed[node.id] == [("dog", pytest.approx(-3.0, abs=1e-3)), ("red", pytest.approx(-2.0, abs=1e-3))]
-    assert details.labels[node.id] == "auto: → cat"
+    saved, tokenizer = decoder[node.index].clone(), model.tokenizer
+    # the same ids, two of them written as a reader must not see them raw: a leading space, a control character
+    model.tokenizer = Tokenizer(Backend(WordLevel({{"cat": " cat", "dog": "dog\x1a"}.get(piece, piece): i
+                                                   for i, piece in enumerate(vocab)}, unk_token="<unk>")))
+    try:
+        with torch.no_grad():
+            decoder[node.index] = 0
+            decoder[node.index, 0] = row  # what the feature writes to its own layer; nothing to later ones
+            details = promoted_tokens(model, transcoders, graph, k=2)
+    finally:
+        with torch.no_grad():
+            decoder[node.index] = saved
+        model.tokenizer = tokenizer
+    assert details.promoted[node.id] == [("␣cat", pytest.approx(3.0, abs=1e-3)), ("mat", pytest.approx(2.0, abs=1e-3))]
+    assert details.suppressed[node.id] == [("dog\\x1a", pytest.approx(-3.0, abs=1e-3)),
+                                           ("red", pytest.approx(-2.0, abs=1e-3))]
+    assert details.labels[node.id] == "auto: → ␣cat"
 
 
 def test_top_contexts_are_where_each_feature_fires_hardest(made):
