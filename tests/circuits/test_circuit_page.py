@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import anatomy
-from anatomy.checkpoints.toys import build_toy, toy_tokenizer
 from anatomy.circuits import Graph, Node, save
 from anatomy.circuits.discovery import attribute_edges, faithfulness, make_task
 from anatomy.circuits.discovery.circuit import circuit_for_page
@@ -21,11 +20,8 @@ PAIRS = [{"clean": "Hello World, this is", "corrupt": "Hello World, is this", "a
 
 
 @pytest.fixture(scope="module")
-def discovered(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("prenorm-toy")
-    build_toy("toy", norm_position="pre", final_norm=True).save_pretrained(folder)
-    toy_tokenizer("toy").save(folder)
-    model = anatomy.from_pretrained(str(folder)).eval()
+def discovered(prenorm):
+    model = anatomy.from_pretrained(prenorm).eval()
     task = make_task(model, "custom", PAIRS)
     edges = attribute_edges(model, task, method="eap")
     curve = faithfulness(model, task, edges, target=0.5)

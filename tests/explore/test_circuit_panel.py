@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from explore_servers import TOKEN, Served
+from explore_servers import TOKEN, Served, drawn_job_page
 from starlette.testclient import TestClient
 
 import anatomy
@@ -97,12 +97,7 @@ def test_the_panel_builds_the_graph_and_draws_it_in_view(browser, served):
     page.wait_for_function(f"() => document.querySelector(\"{FRESH}\")?.textContent === 'not run yet'")
     page.click("#circuit-body button.run")
     page.wait_for_function("() => document.querySelector('#circuit-body iframe[src*=\"/api/jobs/\"]')", timeout=60000)
-    frame = None
-    for _ in range(300):
-        frame = next((f for f in page.frames if "/api/jobs/" in f.url and f.query_selector("body[data-paints]")), None)
-        if frame is not None:
-            break
-        page.wait_for_timeout(100)
+    frame = drawn_job_page(page)
     assert frame is not None, "the graph page did not draw"
     model = anatomy.from_pretrained(LLAMA).eval()
     graph = attribution_graph(model, TEXT, load_transcoders(SET))

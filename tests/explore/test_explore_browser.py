@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import anatomy
-from explore_servers import HAS_SMOLLM2, TOKEN, Served
+from explore_servers import HAS_SMOLLM2, TOKEN, Served, drawn_job_page
 from page_geometry import grids, misplaced_cells
 
 pytestmark = pytest.mark.browser
@@ -258,12 +258,7 @@ def test_the_discover_panel_runs_a_circuit_and_shows_the_librarys_edges(page, se
     shown = [row.query_selector("td").text_content() for row in page.query_selector_all("table.discover-top tbody tr")]
     assert shown == [graph.edge_name(u, v) for u, v, _ in top_edges(edges, len(shown))]
     page.wait_for_function("() => [...document.querySelectorAll('iframe')].some(f => f.src.includes('/api/jobs/'))")
-    frame = None
-    for _ in range(300):
-        frame = next((f for f in page.frames if "/api/jobs/" in f.url and f.query_selector("body[data-paints]")), None)
-        if frame is not None:
-            break
-        page.wait_for_timeout(100)
+    frame = drawn_job_page(page)
     assert frame is not None, "the circuit's page did not draw"
     assert frame.query_selector(".curve line.marker") is not None  # its curve, beside the circuit's slider
     assert page.text_content(fresh) == "up to date"

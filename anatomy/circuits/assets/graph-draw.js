@@ -22,6 +22,7 @@ const KIND_STYLE = {  // fill, stroke
 const ROLE_MARK = { "name mover": "NM", "negative name mover": "N−", induction: "In", "previous token": "PT",
                     "duplicate token": "DT" };
 const PORT_OFFSET = { q: -0.3, k: 0, v: 0.3, "": 0 };
+const PORTS = ["", "q", "k", "v"];
 const LEFT = 50, BOTTOM = 26, PAD = 10, MIN_RADIUS = 1.6, FADED = 0.07, SHADES = 12;
 
 const nodes = DATA.nodes;
@@ -43,17 +44,24 @@ const fmt = (x) => (x === null || x === undefined ? "–" : Math.abs(x) >= 100 ?
 const layerName = (layer) => (layer < 0 ? "input" : layer >= DATA.nLayers ? "output" : `L${layer}`);
 const valueName = (node) => (node.kind === "logit" ? "probability" : node.kind === "feature" ? "activation" : "value");
 
-// [{source box, target box, weight, port, pairs}]: edges between boxes, summed per pair (a supernode's together).
-function edgeList(indices, boxOf) {
-  const inside = new Set(indices);
+// [{source box, target box, weight, port, pairs}]: edges between boxes, summed per pair (a supernode's
+// together), weakest first. Keyed by number, not by string: a page holds 50,000 edges.
+function edgeList(indices, plan) {
+  const inside = new Uint8Array(nodes.length);
+  for (const i of indices) inside[i] = 1;
+  const count = plan.boxes.length;
   const sums = new Map();
   for (const [t, s, w] of edges) {
-    if (!inside.has(t) || !inside.has(s)) continue;
-    const a = boxOf.get(s), b = boxOf.get(t);
+    if (!inside[t] || !inside[s]) continue;
+    const a = plan.boxOf.get(s), b = plan.boxOf.get(t);
     if (a === b) continue;
-    const key = `${a.key}>${b.key}>${nodes[t].port}`;
-    if (!sums.has(key)) sums.set(key, { source: a, target: b, weight: 0, port: b.kind === "supernode" ? "" : nodes[t].port, pairs: [] });
-    const entry = sums.get(key);
+    const port = b.kind === "supernode" ? "" : nodes[t].port;
+    const key = (a.id * count + b.id) * 4 + PORTS.indexOf(port);
+    let entry = sums.get(key);
+    if (entry === undefined) {
+      entry = { source: a, target: b, weight: 0, port, pairs: [] };
+      sums.set(key, entry);
+    }
     entry.weight += w;
     entry.pairs.push([t, s]);
   }
@@ -90,14 +98,13 @@ class GraphView {
   }
 
   show(indices, groups = []) {
-    this.indices = indices;
     this.width = Math.max(200, this.container.clientWidth || 800);
     const room = typeof this.maxHeight === "function" ? this.maxHeight(this.canvas) : this.maxHeight;
     this.plan = packLayout(makeBoxes(indices, groups), DATA.columns.map(shownText),
                            { width: this.width - LEFT - 2 * PAD, height: room - BOTTOM - 2 * PAD });
     this.height = Math.min(room, Math.ceil(this.plan.height * this.plan.fit + BOTTOM + 2 * PAD));
     this.width = Math.min(this.width, Math.ceil(this.plan.width * this.plan.fit + LEFT + 2 * PAD));  // the box fits its content
-    this.links = edgeList(indices, this.plan.boxOf);
+    this.links = edgeList(indices, this.plan);
     this.ctx = sizeCanvas(this.canvas, this.width, this.height);
     this.fit();
     this.draw();
@@ -166,7 +173,6 @@ class GraphView {
     this.drawBoxes(ctx, focus, near);
     ctx.restore();
     this.drawBands(ctx, width, height, focus);
-    this.near = near;
     if (this.main) painted();
   }
 
@@ -174,28 +180,26 @@ class GraphView {
     const k = this.k;
     const largest = this.links.reduce((m, e) => Math.max(m, Math.abs(e.weight)), 0) || 1;
     const widthScale = Math.min(1.5, Math.max(0.45, Math.sqrt(k)));
-    const shades = new Map();  // (sign, shade, lit) -> the curves drawn with that stroke
+    // one stroke per (lit, shade, sign), drawn faint to strong and the lit edges last, on top
+    const strokes = new Map();
     const first = Math.max(0, this.links.length - state.edgeLimit);  // links are weakest first
     this.lit = [];
     this.links.forEach((link, j) => {
-      const share = Math.abs(link.weight) / largest;
       const lit = focus !== null && (link.source === focus || link.target === focus);
       if (!lit && j < first) return;
       if (lit) this.lit.push(link);
-      const key = `${link.weight > 0 ? 1 : 0}|${Math.min(SHADES - 1, Math.floor(Math.sqrt(share) * SHADES))}|${lit ? 1 : 0}`;
-      if (!shades.has(key)) shades.set(key, []);
-      shades.get(key).push(link);
+      const shade = Math.min(SHADES - 1, Math.floor(Math.sqrt(Math.abs(link.weight) / largest) * SHADES));
+      const key = (lit ? 2 * SHADES : 0) + 2 * shade + (link.weight > 0 ? 1 : 0);
+      if (!strokes.has(key)) strokes.set(key, []);
+      strokes.get(key).push(link);
     });
-    this.drawn = [...shades.values()].reduce((a, list) => a + list.length, 0);
-    const order = [...shades.keys()].sort((a, b) => Number(a.split("|")[2]) - Number(b.split("|")[2]) || Number(a.split("|")[1]) - Number(b.split("|")[1]));
-    for (const key of order) {
-      const [positive, shade, lit] = key.split("|").map(Number);
-      const strength = (shade + 0.5) / SHADES;
-      ctx.strokeStyle = positive ? POSITIVE : NEGATIVE;
+    for (const key of [...strokes.keys()].sort((a, b) => a - b)) {
+      const lit = key >= 2 * SHADES, strength = (Math.floor((key % (2 * SHADES)) / 2) + 0.5) / SHADES;
+      ctx.strokeStyle = key % 2 ? POSITIVE : NEGATIVE;
       ctx.globalAlpha = focus === null ? 0.12 + 0.55 * strength : lit ? 0.35 + 0.65 * strength : FADED * strength;
       ctx.lineWidth = (0.4 + (lit ? 3.2 : 2.6) * strength * strength) * widthScale;
       ctx.beginPath();
-      for (const link of shades.get(key)) {
+      for (const link of strokes.get(key)) {
         const a = link.source, b = link.target;
         const sx = this.tx + a.x * k, sy = this.ty + (a.y - a.h / 2) * k;
         const tx = this.tx + (b.x + (PORT_OFFSET[link.port] || 0) * b.w) * k, ty = this.ty + (b.y + b.h / 2) * k;
@@ -288,7 +292,9 @@ class GraphView {
       const label = shownText(DATA.columns[c] ?? "");
       if (!label || centre < LEFT || centre > width) return;
       ctx.font = `${focus && focus.column === c ? "600 " : ""}12px ${FONT}`;
-      const text = clipText(ctx, label, Math.max(w + 6, 14));
+      // the label clipped to its column when that leaves a few letters; else whole (at most 80 px), if it
+      // does not run into the last label drawn
+      const text = clipText(ctx, label, w + 6 >= 26 ? w + 6 : 80);
       const half = ctx.measureText(text).width / 2;
       if (centre - half < lastRight + 3) return;  // no room beside the last label drawn
       ctx.fillStyle = focus && focus.column === c ? "#1d4ed8" : "#1f2430";

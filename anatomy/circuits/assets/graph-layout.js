@@ -31,6 +31,8 @@ function boxKey(node) { return `${node.kind}|${node.layer}|${node.column}|${node
 function boxLabel(node) {
   if (node.kind === "head") return `H${node.index}`;
   if (node.kind === "mlp") return "MLP";
+  if (node.kind === "feature") return `#${node.index}`;  // shown once zoomed in far enough
+  if (node.kind === "error") return "err";
   return node.label || node.name;
 }
 
@@ -64,7 +66,7 @@ function makeBoxes(indices, groups = []) {
     box.influence = Math.max(box.influence, nodes[i].influence ?? 0);
   }
   const list = [...boxes.values()];
-  for (const box of list) [box.w, box.h] = boxSize(box.kind, box.label);
+  list.forEach((box, id) => { box.id = id; [box.w, box.h] = boxSize(box.kind, box.label); });
   return list;
 }
 
@@ -124,6 +126,7 @@ function packLayout(boxes, columnLabels, view) {
   let best = null;
   for (const r of LINES) {
     const tried = attempt(r);
+    if (best !== null && tried.fit < best.fit * 0.9) break;  // past the best: more lines only make it taller
     if (best === null || tried.fit > best.fit + 1e-9) best = tried;
     if (tried.fit >= 1 || tried.widths.every((w, c) => w === least[c])) break;  // it fits, or nothing narrows further
   }
