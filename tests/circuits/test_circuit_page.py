@@ -64,6 +64,18 @@ def test_the_page_opens_on_the_smallest_circuit_and_the_slider_grows_it(browser,
     tab.close()
 
 
+def test_a_size_off_the_curve_opens_as_asked_and_says_it_was_not_measured(browser, discovered, tmp_path):
+    model, task, edges, curve = discovered
+    assert 3 not in curve.extra["sizes"]
+    circuit = circuit_for_page(model, task, edges, curve, size=3, roles=False)
+    order = sorted(circuit.edges(), key=lambda e: -abs(e[2]))
+    tab, errors = opened(browser, save(circuit, tmp_path / "circuit.html"))
+    assert drawn_pairs(tab) == {(t, s) for t, s, _ in order[:3]}
+    assert "(faithfulness not measured at this size)" in tab.locator("#circuit-said").inner_text()
+    assert not errors
+    tab.close()
+
+
 def test_the_roles_are_the_detectors(discovered):
     model, task, edges, curve = discovered
     circuit = circuit_for_page(model, task, edges, curve)

@@ -5,9 +5,13 @@
 // measured sizes that the page holds edges for; the graph shows the top n edges (DATA.edges is strongest
 // first) and the nodes they touch, and the curve beside it marks where the slider is.
 
+// [[n, faithfulness]] for the slider: the measured sizes the page holds edges for, and the size it opens
+// on (`--edges N`: not measured, its faithfulness null).
 function circuitSizes() {
   const circuit = DATA.circuit;
-  return circuit.sizes.map((n, i) => [n, circuit.values[i]]).filter(([n]) => n <= DATA.edges.length);
+  const points = circuit.sizes.map((n, i) => [n, circuit.values[i]]).filter(([n]) => n <= DATA.edges.length);
+  if (circuit.size && !circuit.sizes.includes(circuit.size)) points.push([circuit.size, null]);
+  return points.sort((a, b) => a[0] - b[0]);
 }
 
 // The nodes the top n edges touch, with the graph's inputs and outputs always.
@@ -20,7 +24,8 @@ function circuitNodes(n) {
 
 function curveFigure(points, target, chosen) {
   const width = 300, height = 150, left = 34, bottom = 22, top = 8, right = 10;
-  const values = points.map(([, v]) => (v === null ? 0 : v));
+  const measured = points.filter(([, v]) => v !== null);
+  const values = measured.map(([, v]) => v);
   const low = Math.min(0, ...values), high = Math.max(1, ...values);
   const last = Math.max(2, points[points.length - 1][0]);
   const x = (n) => left + (width - left - right) * Math.log10(n) / Math.log10(last);
@@ -35,14 +40,14 @@ function curveFigure(points, target, chosen) {
   figure.append(node("line", { x1: left, x2: width - right, y1: y(target), y2: y(target), class: "target" }));
   figure.append(node("line", { x1: left, x2: left, y1: top, y2: height - bottom, class: "axis" }));
   figure.append(node("line", { x1: left, x2: width - right, y1: height - bottom, y2: height - bottom, class: "axis" }));
-  figure.append(node("polyline", { points: points.map(([n], i) => `${x(n)},${y(values[i])}`).join(" "), class: "line" }));
+  figure.append(node("polyline", { points: measured.map(([n, v]) => `${x(n)},${y(v)}`).join(" "), class: "line" }));
   const marker = node("line", { x1: x(chosen), x2: x(chosen), y1: top, y2: height - bottom, class: "marker" });
   marker.dataset.size = String(chosen);
   figure.append(marker);
-  points.forEach(([n], i) => {
-    const dot = node("circle", { cx: x(n), cy: y(values[i]), r: n === chosen ? 4.5 : 2.5, class: n === chosen ? "chosen" : "dot" });
+  measured.forEach(([n, v]) => {
+    const dot = node("circle", { cx: x(n), cy: y(v), r: n === chosen ? 4.5 : 2.5, class: n === chosen ? "chosen" : "dot" });
     const title = node("title", {});
-    title.textContent = `${n} edges: ${fmt(values[i])}`;
+    title.textContent = `${n} edges: ${fmt(v)}`;
     dot.append(title);
     figure.append(dot);
   });
@@ -81,8 +86,9 @@ function drawCircuitControls() {
   const update = () => {
     const [n, value] = points[Number(range.value)];
     state.circuitSize = n;
-    said.textContent = `the top ${n.toLocaleString()} of ${(circuit.edges ?? DATA.edgesInGraph).toLocaleString()} edges recover ` +
-      `${fmt(value)} of the gap` + (n === circuit.smallest ? ` (the smallest circuit reaching ${circuit.target})` : "");
+    said.textContent = `the top ${n.toLocaleString()} of ${(circuit.edges ?? DATA.edgesInGraph).toLocaleString()} edges ` +
+      (value === null ? "(faithfulness not measured at this size)" : `recover ${fmt(value)} of the gap`) +
+      (n === circuit.smallest ? ` (the smallest circuit reaching ${circuit.target})` : "");
     figure.textContent = "";
     figure.append(curveFigure(points, circuit.target, n));
     setEdges(DATA.edges.slice(0, n));
