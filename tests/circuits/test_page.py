@@ -95,6 +95,32 @@ def test_at_open_every_node_is_in_view_and_drawn_where_the_page_says(page):
         assert max(abs(a - b) for a, b in zip(pixel, FEATURE_FILL)) <= 24, (small.nodes[i].name, pixel)
 
 
+def test_zoomed_and_panned_the_layer_names_and_tokens_stay_in_view(page):
+    tab, small = page
+    canvas = tab.evaluate("(() => { const r = document.querySelector('#graph-view canvas').getBoundingClientRect();"
+                          " return {left: r.left, top: r.top, width: r.width, height: r.height}; })()")
+    x, y = canvas["left"] + canvas["width"] / 2, canvas["top"] + canvas["height"] / 2
+    tab.mouse.move(x, y)
+    for _ in range(4):
+        tab.mouse.wheel(0, -400)
+    tab.mouse.down()
+    tab.mouse.move(x - 150, y - 60, steps=4)
+    tab.mouse.up()
+    boxes = [where(tab, i) for i in range(len(small))]
+    hidden = sum(not (canvas["left"] <= b["x"] <= canvas["left"] + canvas["width"]) for b in boxes)
+    assert hidden > 0  # zoomed and panned: part of the graph is out of the view
+    labels = tab.evaluate("window.anatomyGraph.views.main.bandLabels")
+    layers = [label for label in labels if label["band"] == "layers"]
+    columns = [label for label in labels if label["band"] == "columns"]
+    assert layers and columns
+    assert all(0 <= label["x"] <= 50 and 0 <= label["y"] <= canvas["height"] for label in layers)
+    assert all(0 <= label["x"] <= canvas["width"] and canvas["height"] - 26 <= label["y"] <= canvas["height"]
+               for label in columns)
+    for label in columns:  # under the nodes of its column, wherever the pan took them
+        shown = [b["x"] - canvas["left"] for b, n in zip(boxes, small.nodes) if n.column == label["column"]]
+        assert min(shown) - 60 <= label["x"] <= max(shown) + 60
+
+
 def test_the_check_line_the_scores_and_the_edges_are_the_graphs(page, made):
     tab, small = page
     graph, _, _, graph_scores = made

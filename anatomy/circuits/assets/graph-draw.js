@@ -274,12 +274,14 @@ class GraphView {
     ctx.font = `11px ${FONT}`;
     ctx.textAlign = "right";
     ctx.textBaseline = "middle";
+    this.bandLabels = [];  // what the bands show, where (CSS pixels of the canvas): the tests read it
     let lastY = Infinity;
     for (const row of this.plan.rows) {  // top to bottom; a label too close to the last one drawn is left out
       const y = this.ty + (row.top + row.height / 2) * k;
       if (y < 6 || y > height - BOTTOM - 4 || (Number.isFinite(lastY) && y - lastY < 12 && row !== this.plan.rows[this.plan.rows.length - 1])) continue;
       ctx.fillStyle = focus && focus.layer === row.layer ? "#1d4ed8" : "#6b7280";
       ctx.fillText(layerName(row.layer), LEFT - 6, y);
+      this.bandLabels.push({ band: "layers", text: layerName(row.layer), x: LEFT - 6, y });
       lastY = y;
     }
     ctx.textAlign = "center";
@@ -299,6 +301,7 @@ class GraphView {
       if (centre - half < lastRight + 3) return;  // no room beside the last label drawn
       ctx.fillStyle = focus && focus.column === c ? "#1d4ed8" : "#1f2430";
       ctx.fillText(text, centre, height - BOTTOM / 2);
+      this.bandLabels.push({ band: "columns", text, column: c, x: centre, y: height - BOTTOM / 2 });
       lastRight = centre + half;
     });
     ctx.restore();
