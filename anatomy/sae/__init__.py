@@ -16,7 +16,8 @@
     objectives.py  the training losses by kind, and the sparse TopK step
     train.py       SAETrainer on the training floor (run folder, checkpoints, resume, torchrun); several at once
     evaluate.py    L0, variance explained, CE loss recovered, dead and dense features; of a transcoder set
-    features.py    the feature page (top contexts, density, histogram, logits)
+    contexts.py    where features fire hardest: each feature's top contexts, kept as a corpus streams by
+    features.py    the feature page (top contexts, density, histogram, logits centred over the vocabulary)
     plots.py       training curves; variance explained against L0
     cli.py         `anatomy sae train | eval | features`
     transcoders_cli.py  `anatomy sae train-transcoders | eval-transcoders`: every layer from one harvest
