@@ -16,6 +16,8 @@ import torch
 from ..graph import Graph, Node
 from .residual import ResidualGraph
 
+ROLE_PAIRS = 32  # pairs the page's name-mover scores average over: five passes a batch (SmolLM2: ~15 s of CPU)
+
 
 def circuit_graph(result, kept: torch.Tensor, *, about: str = "", meta: dict | None = None) -> Graph:
     """The Graph of the kept edges [U, V] bool of an edge attribution `result` (edges.attribute_edges)."""
@@ -57,7 +59,8 @@ def circuit_for_page(model, task, result, curve, *, size: int | None = None, abo
     """The circuit as the page shows it: the top edges of `result` up to what a page holds (prune.MAX_EDGES),
     with the faithfulness curve (faithfulness.faithfulness's Result), the size the page opens on (`size`,
     default the smallest circuit reaching the curve's target, else every edge) and, with `roles`, each
-    head's roles from the detectors (roles.head_roles: name mover, induction, ...) in its meta."""
+    head's roles from the detectors (roles.head_roles: name mover, induction, ...; the name movers' scores
+    over the task's first ROLE_PAIRS pairs) in its meta."""
     from ..prune import MAX_EDGES
     from .faithfulness import kept_masks
     from .roles import head_roles
@@ -71,6 +74,6 @@ def circuit_for_page(model, task, result, curve, *, size: int | None = None, abo
     circuit = circuit_graph(result, kept_masks(graph, result, [held])[0], about=about, meta=meta)
     if roles:
         heads = sorted({(node.layer, node.index) for node in circuit.nodes if node.kind == "head"})
-        found = head_roles(model, task, heads)["roles"]
+        found = head_roles(model, task, heads, pairs=ROLE_PAIRS)["roles"]
         circuit.meta["roles"] = {f"L{layer}H{head}": names for (layer, head), names in found.items() if names}
     return circuit
