@@ -46,7 +46,7 @@ def test_the_contract_of_a_per_layer_set():
 
 def test_tl_names_are_read_as_anatomy_points():
     transcoders = TranscoderSet(plt().layers, input_point="blocks.L.ln2.hook_normalized", output_point="blocks.L.hook_mlp_out")
-    assert (transcoders.input_point(0), transcoders.output_point(1)) == ("blocks.0.mlp_norm.out", "blocks.1.mlp.out")
+    assert (transcoders.input_point(0), transcoders.output_point(1)) == ("blocks.0.mlp_norm.normalized", "blocks.1.mlp.out")
 
 
 def test_layers_that_disagree_are_refused():
