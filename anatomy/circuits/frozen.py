@@ -17,10 +17,13 @@ none; its transpose carries rows of gradients back from its output to its input.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
-from ..layers import norm_parts
+from ..layers import LayerNorm, RMSNorm, norm_parts
 
 
 class FrozenNorm:
@@ -42,11 +45,21 @@ class FrozenNorm:
         norm.gain, norm.bias, norm.centred, norm.scale = torch.ones(d_model), None, False, torch.ones(length)
         return norm
 
-    def forward(self, x: torch.Tensor, constant: bool = True) -> torch.Tensor:
-        """[T', E] (positions 0 ..) -> [T', E]; constant=False leaves beta out (the linear part alone)."""
+    def before_gain(self) -> "FrozenNorm":
+        """The same norm up to its `normalized` point: x -> centre(x) s[q], no gain, no bias."""
+        norm = FrozenNorm.__new__(FrozenNorm)
+        norm.gain, norm.bias, norm.centred, norm.scale = torch.ones_like(self.gain), None, self.centred, self.scale
+        return norm
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """[T', E] (positions 0 ..) -> centre(x) s[q], the stream before the gain."""
         if self.centred:
             x = x - x.mean(dim=-1, keepdim=True)
-        y = x * (self.scale[: x.size(0), None] * self.gain)
+        return x * self.scale[: x.size(0), None]
+
+    def forward(self, x: torch.Tensor, constant: bool = True) -> torch.Tensor:
+        """[T', E] (positions 0 ..) -> [T', E]; constant=False leaves beta out (the linear part alone)."""
+        y = self.normalize(x) * self.gain
         return y + self.bias if constant and self.bias is not None else y
 
     def at(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -61,10 +74,10 @@ class FrozenNorm:
         g = g * (self.scale[position] * self.gain)
         return g - g.mean(dim=-1, keepdim=True) if self.centred else g
 
-    def transpose(self, g: torch.Tensor) -> None:
-        """g [r, P, E] rows' gradients at positions 1 .. P, carried back through the norm in place."""
+    def transpose(self, g: torch.Tensor, first: int = 1) -> None:
+        """g [r, P, E] rows' gradients at positions first .. first + P - 1, carried back through the norm in place."""
         P = g.size(1)
-        g.mul_(self.scale[1:P + 1].view(1, P, 1) * self.gain)
+        g.mul_(self.scale[first:first + P].view(1, P, 1) * self.gain)
         if self.centred:
             g.sub_(g.mean(dim=-1, keepdim=True))
 
@@ -77,6 +90,46 @@ class FrozenNorm:
         """w [E, .], a map from the norm's output -> diag(g) C w, the gradient's map at its input but for s[q]."""
         w = w - w.mean(dim=0, keepdim=True) if self.centred else w
         return w * self.gain[:, None]
+
+
+def stream_norms(model: nn.Module) -> list[nn.Module]:
+    """The norms of the residual stream (before, on and after the sublayers, after the embeddings, the final one):
+    every LayerNorm and RMSNorm of `model` but the per-head q/k norms, which only shape the patterns."""
+    return [m for m in model.modules() if isinstance(m, (LayerNorm, RMSNorm)) and m.out.axes == ("batch", "pos", "d_model")]
+
+
+@contextmanager
+def recording_norm_inputs(model: nn.Module) -> Iterator[dict]:
+    """{norm: its input [B, T, E]} of every stream norm, filled by the pass run inside (the input of a norm after a
+    residual sum, or after the embeddings, is no trace point)."""
+    inputs: dict = {}
+    handles = [norm.register_forward_pre_hook(lambda module, args: inputs.__setitem__(module, args[0]))
+               for norm in stream_norms(model)]
+    try:
+        yield inputs
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def norms_frozen(frozen: dict) -> Iterator[None]:
+    """Inside, each norm module in `frozen` ({norm: FrozenNorm}) computes its frozen form of a batch of one, through
+    its own trace points (normalized, then out), so that what reads them (a transcoder) sees the frozen values."""
+    def forward_of(norm: nn.Module, f: FrozenNorm):
+        def forward(x: torch.Tensor) -> torch.Tensor:  # (1, T, E)
+            normalized = norm.normalized(f.normalize(x[0].float())[None].to(x.dtype))
+            out = normalized[0].float() * f.gain + (0.0 if f.bias is None else f.bias)
+            return norm.out(out[None].to(x.dtype))
+        return forward
+
+    for norm, f in frozen.items():
+        norm.forward = forward_of(norm, f)
+    try:
+        yield
+    finally:
+        for norm in frozen:
+            del norm.forward
 
 
 class FrozenAttention:

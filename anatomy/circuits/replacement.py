@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from ..trace import trace
-from .frozen import FrozenNorm, FrozenSublayer
+from .frozen import FrozenNorm, FrozenSublayer, recording_norm_inputs
 
 # Where a sequential block's norms sit, by config.norm_position (blocks.py), "{}" for the sublayer (attn, mlp):
 # (before the sublayer, reading the stream; on the sublayer's output; on the residual sum after it).
@@ -101,6 +101,7 @@ class Replacement:
         mlp_in[l], mlp_out[l]   FrozenNorm or None: from the stream the MLP reads to the transcoder's input;
                                 from its output point to what the block adds
         sum_norms[l]            (the norms after the attention's and the MLP's residual sums) for post-norm
+        norms                   {norm module: FrozenNorm}: every norm of the residual stream, frozen at this pass
         logits [V]              the model's logits at the last position (what the targets are chosen by)
         explained_logits [V]    the logits the rows explain: the same, before a final soft-cap
     """
@@ -111,34 +112,31 @@ class Replacement:
         self.n_layers, self.parallel = config.n_layers, config.parallel_residual
         self.input_points = [transcoders.input_point(layer) for layer in range(self.n_layers)]
         self.output_points = [transcoders.output_point(layer) for layer in range(self.n_layers)]
-        norms = block_norms(config)
-        stream = "resid_pre" if self.parallel else "resid_mid"
-        names = ["embed", "blocks.*.resid_pre", "blocks.*.attn.pattern", "blocks.*.attn.out", "blocks.*.mlp.out",
-                 f"blocks.{self.n_layers - 1}.resid_post", "logits", *self.input_points, *self.output_points]
-        names += [] if self.parallel else ["blocks.*.resid_mid"]
+        names = ["embed", "blocks.*.attn.pattern", "logits", *self.input_points, *self.output_points]
         names += [name for name in ("pos_embed", "type_embed", "project_in.out") if hasattr(model, name.split(".")[0])]
-        with torch.no_grad(), trace(model, names) as t:
+        with torch.no_grad(), recording_norm_inputs(model) as norm_inputs, trace(model, names) as t:
             hidden = model(ids[None]).last_hidden_state[0, -1]
             head = model.lm_head
             self.explained_logits = (head.proj(head.transform(hidden)) if head.softcap is not None else t["logits"][0, -1]).float()
         self.trace = t
         self.logits = t["logits"][0, -1].float()  # (V,)
+        self.norms = {norm: FrozenNorm(norm, x[0]) for norm, x in norm_inputs.items()}  # every stream norm, frozen
         self.embeddings(model, t)
         self.sublayers, self.mlp_in, self.mlp_out, self.sum_norms = [], [], [], []
+        roles = block_norms(config)
+        stream = "resid_pre" if self.parallel else "resid_mid"
         for layer, block in enumerate(model.blocks):
-            at = lambda point, layer=layer: t[f"blocks.{layer}.{point}"][0]  # noqa: E731 - (T, E)
-            frozen = lambda role, x, block=block, **kw: None if norms[role] is None else FrozenNorm(getattr(block, norms[role]), x, **kw)  # noqa: E731
-            before = frozen("attn_before", at("resid_pre")) or FrozenNorm.identity(config.d_model, len(ids))
-            self.sublayers.append(FrozenSublayer(before, block.attn, at("attn.pattern"), frozen("attn_output", at("attn.out"))))
+            frozen = lambda role, block=block: None if roles[role] is None else self.norms[getattr(block, roles[role])]  # noqa: E731
+            before = frozen("attn_before") or FrozenNorm.identity(config.d_model, len(ids))
+            self.sublayers.append(FrozenSublayer(before, block.attn, t[f"blocks.{layer}.attn.pattern"][0], frozen("attn_output")))
             inside = self.input_points[layer].split(".", 2)[2]
-            self.mlp_in.append(None if inside == stream else frozen("mlp_before", at(stream), gain=inside.endswith(".out")))
-            self.mlp_out.append(frozen("mlp_output", at("mlp.out")) if self.output_points[layer].endswith(".mlp.out") else None)
-            self.sum_norms.append((frozen("attn_after_sum", at("resid_pre") + at("attn.out")),
-                                   frozen("mlp_after_sum", at(stream) + at("mlp.out"))))
+            reads = None if inside == stream else frozen("mlp_before")
+            self.mlp_in.append(reads.before_gain() if reads is not None and inside.endswith(".normalized") else reads)
+            self.mlp_out.append(frozen("mlp_output") if self.output_points[layer].endswith(".mlp.out") else None)
+            self.sum_norms.append((frozen("attn_after_sum"), frozen("mlp_after_sum")))
         self.inputs = [t[point][0].float() for point in self.input_points]  # (T, E) each
         self.outputs = [t[point][0].float() for point in self.output_points]
-        last = t[f"blocks.{self.n_layers - 1}.resid_post"][0]
-        self.final_norm = FrozenNorm(model.final_norm, last) if hasattr(model, "final_norm") else None
+        self.final_norm = self.norms[model.final_norm] if hasattr(model, "final_norm") else None
         self.project_out = model.project_out.weight.detach().float() if hasattr(model, "project_out") else None  # (E', E)
         self.head_scale = model.lm_head.rescale
         self.unembed = model.lm_head.proj.weight.detach().float()  # (V, E')
@@ -169,7 +167,7 @@ class Replacement:
             if name in t:
                 rest = rest + t[name][0].float()
         if hasattr(model, "embed_norm"):
-            norm = FrozenNorm(model.embed_norm, tokens + rest)
+            norm = self.norms[model.embed_norm]
             tokens, rest = norm.forward(tokens, constant=False), norm.forward(rest)
         self.embed, self.embed_rest = tokens, rest
 
@@ -195,21 +193,27 @@ class Replacement:
         norm = self.mlp_out[layer]
         return vectors if norm is None else norm.at(vectors, positions)
 
-    def skip_transpose(self, layer: int, g: torch.Tensor) -> torch.Tensor | None:
-        """g [r, P, E] gradients where the block adds the MLP's output, positions 1 .. P -> their part at the
-        stream the MLP reads through a skip transcoder's x_in skip(l) (None without one)."""
+    def input_images(self, layer: int, vectors: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[n, E] vectors in the stream the MLP reads, each at its position [n] -> their part of what the transcoder
+        reads (the linear part)."""
+        norm = self.mlp_in[layer]
+        return vectors if norm is None else norm.at(vectors, positions)
+
+    def skip_transpose(self, layer: int, g: torch.Tensor, first: int = 1) -> torch.Tensor | None:
+        """g [r, P, E] gradients where the block adds the MLP's output, positions first .. first + P - 1 -> their
+        part at the stream the MLP reads through a skip transcoder's x_in skip(l) (None without one)."""
         back = self.skips_back[layer]
         if back is None:
             return None
         r, P, E = g.shape
-        return (g.view(r * P, E) @ back).view(r, P, E) * self.skip_scales[layer][1:P + 1].view(1, P, 1)
+        return (g.reshape(r * P, E) @ back).view(r, P, E) * self.skip_scales[layer][first:first + P].view(1, P, 1)
 
-    def sum_transpose(self, layer: int, sublayer: str, g: torch.Tensor) -> None:
-        """A post-norm block's norm after `sublayer`'s residual sum (attn or mlp): g [r, P, E] carried back through
-        it in place (nothing in other blocks)."""
+    def sum_transpose(self, layer: int, sublayer: str, g: torch.Tensor, first: int = 1) -> None:
+        """A post-norm block's norm after `sublayer`'s residual sum (attn or mlp): g [r, P, E] (positions first ..)
+        carried back through it in place (nothing in other blocks)."""
         norm = self.sum_norms[layer][sublayer == "mlp"]
         if norm is not None:
-            norm.transpose(g)
+            norm.transpose(g, first)
 
     # ---- whole blocks, forward ------------------------------------------------------------------
     def block_forward(self, layer: int, x: torch.Tensor, mlp, constant: bool = True) -> torch.Tensor:
