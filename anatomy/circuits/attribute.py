@@ -144,6 +144,16 @@ def unexplained(rep: Replacement, active: Active, where: Layout, logit_ids: torc
     return result
 
 
+def logit_note(model: nn.Module) -> dict:
+    """{"logits": what the logit rows explain, in words} for a model whose logits are soft-capped, else {}."""
+    cap = model.lm_head.softcap
+    if cap is None:
+        return {}
+    return {"logit_softcap": cap,
+            "logits": f"the logit rows explain the logits before the final soft-cap c tanh(z / c), c = {cap:g} (the cap is "
+                      f"not linear; it keeps their order); the target tokens and their probabilities are the capped logits'"}
+
+
 def identity_gaps(adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tensor,
                   block: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """(|value - row sum - rest|, sum of the |terms| added up) for every target (values not NaN), a block of
@@ -241,9 +251,11 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
         nodes, adjacency, labels, rep.n_layers, output_weights=weights, kind="attribution graph",
         about=f"the next token after {text!r}",
         meta={"prompt": text, "prompt_ids": ids.tolist(), "model": "",
+              "decoded": tokenizer.decode(ids.tolist(), skip_special_tokens=False) if tokenizer else text,
               "prompt_texts": tokenizer.token_texts(ids.tolist()) if tokenizer else labels, "transcoders": dict(getattr(transcoders, "metadata", {})),
               "cross_layer": bool(transcoders.cross_layer), "max_logits": max_logits,
-              "logit_probability": logit_probability, "features_active": len(active.layer)},
+              "logit_probability": logit_probability, "features_active": len(active.layer),
+              **logit_note(model)},
         check=(f"every feature's pre-activation and every target logit = its edges + what no node carries: "
                f"max |diff| {float(differences.max()):.2g}, at most {error:.2g} of the terms it sums"),
         error=error, values=values, unexplained=rest,

@@ -144,7 +144,7 @@ def run(args) -> int:
                 ("outputs", logits),
                 ("graph", f"{counts['feature']:,} features, {counts['error']} errors, {counts['token']} tokens, "
                           f"{counts['logit']} logits"),
-                ("check", graph.check),
+                ("check", graph.check), *([("logits", graph.meta["logits"])] if "logits" in graph.meta else []),
                 ("scores", f"replacement {replacement:.3f}, completeness {completeness:.3f}")]
         if shown is not None:
             rows.append(("pruned", f"{len(shown)} nodes, {sum(1 for _ in shown.edges()):,} edges (node threshold "
