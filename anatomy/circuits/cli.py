@@ -93,15 +93,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     """Load, build, check, prune, describe, write (module docstring)."""
     from ..checkpoints import from_pretrained
+    from ..checkpoints.describe import config_of
     from ..sae import load_transcoders
     from .attribute import attribution_graph, check_fits
     from .features import promoted_tokens, top_contexts
     from .interventions import intervene
     from .prune import pruned, scores
+    from .replacement import block_norms
     from .save import save
 
     started = time.time()
-    transcoders = load_transcoders(args.transcoders)
+    config = config_of(args.model)  # no tensor read: circuit-tracer's hook_mlp_out is the MLP's own norm's output
+    transcoders = load_transcoders(args.transcoders, mlp_out_norm=config is not None and block_norms(config)["mlp_output"] is not None)
     model = from_pretrained(args.model).to(args.device).eval()
     if getattr(model, "tokenizer", None) is None:
         raise ValueError(f"{args.model!r} has no tokenizer: the text cannot be read")
