@@ -75,10 +75,12 @@ def family_model(family: str, seed: int = 0) -> torch.nn.Module:
 
 
 def family_transcoders(model: torch.nn.Module, reads: str, writes: str, *, features: int = 20, kind: str = "jumprelu",
-                       skip: bool = False, cross_layer: bool = False, seed: int = 0) -> TranscoderSet:
-    """A random transcoder set on every layer of `model`, reading blocks.L.<reads>, writing blocks.L.<writes>."""
+                       skip: bool = False, cross_layer: bool = False, seed: int = 0,
+                       generator: torch.Generator | None = None) -> TranscoderSet:
+    """A random transcoder set on every layer of `model`, reading blocks.L.<reads>, writing blocks.L.<writes>
+    (drawn from `generator` if given, else from one seeded with seed + 2)."""
     d_model, n_layers = model.config.d_model, model.config.n_layers
-    generator = torch.Generator().manual_seed(seed + 2)
+    generator = generator or torch.Generator().manual_seed(seed + 2)
     layers = []
     for layer in range(n_layers):
         d_out = (n_layers - layer) * d_model if cross_layer else d_model

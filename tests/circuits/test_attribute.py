@@ -12,7 +12,7 @@ import torch
 import anatomy
 from anatomy.circuits.attribute import attribution_graph
 from anatomy.circuits.graph import Node
-from anatomy.sae import SAE, TranscoderSet
+from family_models import family_transcoders
 from frozen_reference import frozen_reference
 
 PROMPT = [3, 17, 5, 29, 11, 8, 40]
@@ -30,21 +30,9 @@ def tiny(*, norm="rmsnorm", pos="rotary", bias=False, kind="jumprelu", skip=Fals
         for name, parameter in model.named_parameters():  # larger than the init's 0.02: patterns that vary
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * (0.3 if parameter.dim() > 1 else 0.2)
                             + (1.0 if name.endswith("norm.weight") and not plus_one else 0.0))
-    layers = []
-    for layer in range(n_layers):
-        d_out = (n_layers - layer) * d_model if cross_layer else d_model
-        sae = SAE(d_model, features, kind=kind, d_out=d_out, transcoder=True, skip=skip, seed=None)
-        with torch.no_grad():
-            for name, parameter in sae.named_parameters():
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-            if kind == "jumprelu":
-                sae.threshold.copy_(torch.rand(features, generator=generator) * 0.3)
-            if cross_layer:  # a CLT's bias and skip write its own layer only
-                sae.b_dec[d_model:] = 0
-                if skip:
-                    sae.W_skip[d_model:] = 0
-        layers.append(sae)
-    return model, TranscoderSet(layers, cross_layer=cross_layer, input_point=input_point).eval()
+    reads = input_point.split(".", 2)[2]
+    return model, family_transcoders(model, reads, "mlp.out", features=features, kind=kind, skip=skip,
+                                     cross_layer=cross_layer, generator=generator)
 
 
 CASES = {

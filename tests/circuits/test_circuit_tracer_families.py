@@ -27,10 +27,9 @@ from safetensors.torch import load_file
 import anatomy
 from anatomy.circuits.attribute import attribution_graph
 from anatomy.circuits.graph import Graph
-from anatomy.circuits.prune import prune, scores
 from anatomy.sae import load_transcoders
 from frozen_reference import frozen_reference
-from test_circuit_tracer_parity import SETTINGS, aligned, circuit_tracer_ids
+from test_circuit_tracer_parity import SETTINGS, aligned, assert_pruning_and_scores_equal
 
 FIXTURES = Path(__file__).parent / "fixtures" / "graphs"
 SETS = {"gemma2_plt": "gemma2", "gemma3_skip": "gemma3", "gemma3_clt": "gemma3", "qwen3_plt": "qwen3"}
@@ -78,20 +77,7 @@ def test_the_graph_equals_circuit_tracers(name):
 def test_pruning_and_scores_equal_circuit_tracers(name):
     _, _, graph = graph_of(name)
     graph = their_convention(graph, name)
-    expected = load_file(str(FIXTURES / f"{name}.graph.safetensors"))
-    order = aligned(graph, expected)
-    decision = prune(graph, 0.8, 0.98)
-    assert torch.equal(decision.node_mask[order], expected["node_mask"].bool())
-    assert (decision.cumulative[order] - expected["cumulative"]).abs().max() < 1e-4
-    kept = decision.node_mask.nonzero().flatten().tolist()
-    ours = {(graph.nodes[kept[t]].id, graph.nodes[kept[s]].id) for t, s in decision.edge_mask.nonzero().tolist()}
-    ids = circuit_tracer_ids(expected, graph.n_layers)
-    theirs = {(ids[t], ids[s]) for t, s in expected["edge_mask"].nonzero().tolist()
-              if expected["node_mask"][t] and expected["node_mask"][s]}
-    assert ours == theirs
-    replacement, completeness = scores(graph)
-    assert abs(replacement - float(expected["scores"][0])) < 1e-4
-    assert abs(completeness - float(expected["scores"][1])) < 1e-4
+    assert_pruning_and_scores_equal(graph, load_file(str(FIXTURES / f"{name}.graph.safetensors")))
 
 
 def test_gemma3s_token_edges_are_the_frozen_models_and_circuit_tracers_are_short_by_sqrt_d_model():

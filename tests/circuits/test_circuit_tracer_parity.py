@@ -74,6 +74,12 @@ def test_the_graph_equals_circuit_tracers(model, name):
 def test_pruning_and_scores_equal_circuit_tracers(model, name):
     expected = load_file(str(FIXTURES / f"{name}.graph.safetensors"))
     graph = attribution_graph(model, SETTINGS["prompt"], load_transcoders(FIXTURES / name))
+    assert_pruning_and_scores_equal(graph, expected)
+
+
+def assert_pruning_and_scores_equal(graph, expected: dict) -> None:
+    """prune(graph, 0.8, 0.98) keeps the nodes and edges circuit-tracer's prune_graph kept, with its cumulative
+    influence; scores(graph) are its compute_graph_scores, within 1e-4."""
     order = aligned(graph, expected)
     decision = prune(graph, 0.8, 0.98)
     assert torch.equal(decision.node_mask[order], expected["node_mask"].bool())
