@@ -22,6 +22,7 @@ ALIASES = {
     "hook_token_type_embed": "type_embed",
     "blocks.L.hook_resid_pre": "blocks.L.resid_pre",
     "blocks.L.hook_resid_mid": "blocks.L.resid_mid",
+    "blocks.L.hook_mlp_in": "blocks.L.mlp_in",
     "blocks.L.hook_resid_post": "blocks.L.resid_post",
     "blocks.L.ln1.hook_normalized": "blocks.L.attn_norm.normalized",
     "blocks.L.ln2.hook_normalized": "blocks.L.mlp_norm.normalized",

@@ -12,11 +12,11 @@ from trace_cases import IDS, TARGET, model_of, run
 BLOCK_POINTS = [
     "resid_pre", "attn_norm.normalized", "attn_norm.out", "attn.q", "attn.k", "attn.v", "attn.scores",
     "attn.pattern", "attn.z",
-    "attn.head_out", "attn.out", "resid_mid", "mlp_norm.normalized", "mlp_norm.out", "mlp.pre", "mlp.post",
+    "attn.head_out", "attn.out", "resid_mid", "mlp_in", "mlp_norm.normalized", "mlp_norm.out", "mlp.pre", "mlp.post",
     "mlp.out", "resid_post",
 ]
 
-ON_REQUEST = ("head_out", "normalized")  # recorded only when named
+ON_REQUEST = ("head_out", "normalized", "mlp_in")  # recorded only when named
 
 GOLDEN = {
     # preset("toy"): decoder, 2 layers, sinusoidal positions
@@ -26,14 +26,16 @@ GOLDEN = {
         "blocks.0.attn.k", "blocks.0.attn.v",
         "blocks.0.attn.scores", "blocks.0.attn.pattern", "blocks.0.attn.z", "blocks.0.attn.head_out",
         "blocks.0.attn.out",
-        "blocks.0.resid_mid", "blocks.0.mlp_norm.normalized", "blocks.0.mlp_norm.out", "blocks.0.mlp.pre",
+        "blocks.0.resid_mid", "blocks.0.mlp_in", "blocks.0.mlp_norm.normalized", "blocks.0.mlp_norm.out",
+        "blocks.0.mlp.pre",
         "blocks.0.mlp.post", "blocks.0.mlp.out",
         "blocks.0.resid_post",
         "blocks.1.resid_pre", "blocks.1.attn_norm.normalized", "blocks.1.attn_norm.out", "blocks.1.attn.q",
         "blocks.1.attn.k", "blocks.1.attn.v",
         "blocks.1.attn.scores", "blocks.1.attn.pattern", "blocks.1.attn.z", "blocks.1.attn.head_out",
         "blocks.1.attn.out",
-        "blocks.1.resid_mid", "blocks.1.mlp_norm.normalized", "blocks.1.mlp_norm.out", "blocks.1.mlp.pre",
+        "blocks.1.resid_mid", "blocks.1.mlp_in", "blocks.1.mlp_norm.normalized", "blocks.1.mlp_norm.out",
+        "blocks.1.mlp.pre",
         "blocks.1.mlp.post", "blocks.1.mlp.out",
         "blocks.1.resid_post",
         "logits",
@@ -46,7 +48,8 @@ GOLDEN = {
         "blocks.0.attn.k", "blocks.0.attn.v",
         "blocks.0.attn.scores", "blocks.0.attn.pattern", "blocks.0.attn.z", "blocks.0.attn.head_out",
         "blocks.0.attn.out",
-        "blocks.0.resid_mid", "blocks.0.mlp_norm.normalized", "blocks.0.mlp_norm.out", "blocks.0.mlp.pre",
+        "blocks.0.resid_mid", "blocks.0.mlp_in", "blocks.0.mlp_norm.normalized", "blocks.0.mlp_norm.out",
+        "blocks.0.mlp.pre",
         "blocks.0.mlp.post", "blocks.0.mlp.out",
         "blocks.0.resid_post",
         "pooled", "logits",
@@ -59,7 +62,8 @@ GOLDEN = {
         "encoder.blocks.0.attn.k", "encoder.blocks.0.attn.v", "encoder.blocks.0.attn.scores",
         "encoder.blocks.0.attn.pattern", "encoder.blocks.0.attn.z", "encoder.blocks.0.attn.head_out",
         "encoder.blocks.0.attn.out",
-        "encoder.blocks.0.resid_mid", "encoder.blocks.0.mlp_norm.normalized", "encoder.blocks.0.mlp_norm.out",
+        "encoder.blocks.0.resid_mid", "encoder.blocks.0.mlp_in", "encoder.blocks.0.mlp_norm.normalized",
+        "encoder.blocks.0.mlp_norm.out",
         "encoder.blocks.0.mlp.pre",
         "encoder.blocks.0.mlp.post", "encoder.blocks.0.mlp.out", "encoder.blocks.0.resid_post",
         "decoder.embed", "decoder.pos_embed",
@@ -74,7 +78,8 @@ GOLDEN = {
         "decoder.blocks.0.cross_attn.v", "decoder.blocks.0.cross_attn.scores", "decoder.blocks.0.cross_attn.pattern",
         "decoder.blocks.0.cross_attn.z", "decoder.blocks.0.cross_attn.head_out",
         "decoder.blocks.0.cross_attn.out", "decoder.blocks.0.resid_cross",
-        "decoder.blocks.0.mlp_norm.normalized", "decoder.blocks.0.mlp_norm.out", "decoder.blocks.0.mlp.pre",
+        "decoder.blocks.0.mlp_in", "decoder.blocks.0.mlp_norm.normalized", "decoder.blocks.0.mlp_norm.out",
+        "decoder.blocks.0.mlp.pre",
         "decoder.blocks.0.mlp.post",
         "decoder.blocks.0.mlp.out", "decoder.blocks.0.resid_post",
         "logits",
@@ -86,7 +91,7 @@ GOLDEN = {
         "blocks.0.attn.k", "blocks.0.attn.v",
         "blocks.0.attn.q_rot", "blocks.0.attn.k_rot", "blocks.0.attn.scores", "blocks.0.attn.pattern",
         "blocks.0.attn.z", "blocks.0.attn.head_out", "blocks.0.attn.out", "blocks.0.resid_mid",
-        "blocks.0.mlp_norm.normalized", "blocks.0.mlp_norm.out", "blocks.0.mlp.pre",
+        "blocks.0.mlp_in", "blocks.0.mlp_norm.normalized", "blocks.0.mlp_norm.out", "blocks.0.mlp.pre",
         "blocks.0.mlp.post", "blocks.0.mlp.out", "blocks.0.resid_post",
         "final_norm.normalized", "final_norm.out", "logits",
     ],

@@ -130,6 +130,34 @@ def test_hook_normalized_is_the_stream_before_the_gain_and_the_output_follows_it
     assert not torch.allclose(changed, plain)
 
 
+@pytest.mark.parametrize("layout", [dict(norm_position="pre"), dict(norm_position="post_sublayer", norm="rmsnorm"),
+                                    dict(norm_position="sandwich", norm="rmsnorm"), dict(parallel_residual=True),
+                                    dict(parallel_residual=True, parallel_shared_norm=True)])
+def test_mlp_in_is_the_mlps_own_copy_of_the_stream(layout):
+    """TransformerLens's hook_mlp_in: changing it changes what the MLP reads (through its norm, if it has one),
+    and nothing else: the residual stream the block adds the MLP's output to is the block's own."""
+    model = model_of(**{"norm_position": "pre", "final_norm": True, **layout})
+    SHIFT = torch.linspace(-1.0, 2.0, model.config.d_model)  # no norm takes it away (not constant, not a scaling)
+    stream = "resid_pre" if layout.get("parallel_residual") else "resid_mid"
+    names = [f"blocks.1.{stream}", "blocks.1.mlp.out", "blocks.1.attn.out", "blocks.1.resid_post"]
+    with torch.no_grad():
+        with anatomy.trace(model, names + ["blocks.1.hook_mlp_in"]) as plain:
+            model(IDS)
+        assert torch.equal(plain["blocks.1.hook_mlp_in"], plain[f"blocks.1.{stream}"])
+        with anatomy.trace(model, names, interventions={"blocks.1.mlp_in": lambda x: x + SHIFT}) as changed:
+            model(IDS)
+    assert torch.equal(changed[f"blocks.1.{stream}"], plain[f"blocks.1.{stream}"])
+    assert torch.equal(changed["blocks.1.attn.out"], plain["blocks.1.attn.out"])
+    assert not torch.allclose(changed["blocks.1.mlp.out"], plain["blocks.1.mlp.out"])
+    block = model.blocks[1]
+    norm = getattr(block, "mlp_norm", None) or getattr(block, "attn_norm", None)
+    reads = plain[f"blocks.1.{stream}"] + SHIFT
+    if layout.get("norm_position") != "post_sublayer":
+        reads = norm(reads)
+    with torch.no_grad():
+        torch.testing.assert_close(changed["blocks.1.mlp.out"], block.mlp(reads))
+
+
 # Threads: a trace belongs to the thread that opened it ---------------------------------------------
 
 def test_a_plain_forward_in_another_thread_never_sees_an_intervention():
