@@ -234,7 +234,7 @@ def test_k_larger_than_the_count_is_refused():
 
 
 def test_a_post_norm_model_has_no_residual_graph(toy):
-    with pytest.raises(ValueError, match="pre-norm blocks"):
+    with pytest.raises(ValueError, match="post-norm block"):
         ResidualGraph(toy)
 
 

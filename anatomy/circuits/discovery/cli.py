@@ -75,15 +75,15 @@ def run(args: argparse.Namespace) -> int:
     from .circuit import circuit_graph
     from .edges import attribute_edges
     from .faithfulness import faithfulness, kept_masks
-    from .residual import ResidualGraph
+    from .residual import ResidualGraph, edge_refusal
     from .generators import build_task
     from .verify import verify_edges
     from ..save import save
 
     config = config_of(args.model)
-    if config is not None and (config.arch != "decoder" or config.norm_position != "pre"):
-        raise ValueError(f"--model {printable(str(args.model))}: circuit discovery needs a pre-norm decoder "
-                         f"(arch={config.arch!r}, norm_position={config.norm_position!r})")
+    why = None if config is None else edge_refusal(config)
+    if why:
+        raise ValueError(f"--model {printable(str(args.model))}: {why}")
     started = time.time()
     model = from_pretrained(args.model).eval()
     graph = ResidualGraph(model)  # refuses a model it cannot cut into components, before any work

@@ -148,12 +148,27 @@ def one_token(tokenizer, text: str, what: str) -> int:
     return ids[0]
 
 
+def label_index(model: nn.Module, label, what: str) -> int:
+    """A sequence classifier's label: its index (an int, or its digits), or its Hugging Face name "LABEL_i";
+    ValueError naming the allowed labels otherwise."""
+    count = model.config.num_labels
+    text = str(label)
+    digits = text[len("LABEL_"):] if text.startswith("LABEL_") else text
+    if isinstance(label, bool) or not digits.isdigit() or not 0 <= int(digits) < count:
+        raise ValueError(f"{what} {label!r} is not a label of this classifier; allowed: 0 to {count - 1} "
+                         f"(or LABEL_0 to LABEL_{count - 1})")
+    return int(digits)
+
+
 def make_task(
     model: nn.Module, name: str, pairs: Sequence[dict], *, metric: Metric | str = "logit-diff", about: str = "",
 ) -> Task:
     """A Task from pairs {"clean": text, "corrupt": text, "answer": text | [texts], "wrong": text | [texts]}.
 
-    Each text is encoded as a prompt by the model's tokenizer; each answer must be one token.
+    Each text is encoded as a prompt by the model's tokenizer; each answer must be one token. For a sequence
+    classifier (an encoder with head="sequence-classification"), each text is encoded whole ([CLS] ... [SEP])
+    and the answers are labels (label_index): the metric reads the label logits, e.g. logit[positive] -
+    logit[negative] of a sentiment classifier on "a great film" / "a dull film".
     Raises ValueError, naming the pair, for prompts of unequal length or an answer of several tokens.
     """
     tokenizer = getattr(model, "tokenizer", None)
@@ -172,14 +187,18 @@ def make_task(
         missing = [key for key in ("clean", "corrupt", "answer", "wrong") if key not in pair]
         if missing:
             raise ValueError(f"pair {index}: missing {', '.join(missing)}; each pair has clean, corrupt, answer, wrong")
-        clean, corrupt = tokenizer.encode_prompt(pair["clean"]), tokenizer.encode_prompt(pair["corrupt"])
+        classifier = model.config.head == "sequence-classification"
+        encode = tokenizer.encode if classifier else tokenizer.encode_prompt
+        clean, corrupt = encode(pair["clean"]), encode(pair["corrupt"])
         if len(clean) != len(corrupt):
             raise ValueError(f"pair {index}: the clean prompt has {len(clean)} tokens, the corrupted {len(corrupt)}; "
                              f"patching needs both prompts of a pair to have as many tokens")
-        answer = [pair["answer"]] if isinstance(pair["answer"], str) else list(pair["answer"])
-        wrong = [pair["wrong"]] if isinstance(pair["wrong"], str) else list(pair["wrong"])
-        answers.append([one_token(tokenizer, text, f"pair {index}: answer") for text in answer])
-        wrongs.append([one_token(tokenizer, text, f"pair {index}: wrong answer") for text in wrong])
+        answer = [pair["answer"]] if isinstance(pair["answer"], (str, int)) else list(pair["answer"])
+        wrong = [pair["wrong"]] if isinstance(pair["wrong"], (str, int)) else list(pair["wrong"])
+        read = (lambda value, what: label_index(model, value, what)) if classifier else \
+            (lambda value, what: one_token(tokenizer, value, what))
+        answers.append([read(value, f"pair {index}: answer") for value in answer])
+        wrongs.append([read(value, f"pair {index}: wrong answer") for value in wrong])
         clean_rows.append(clean)
         corrupt_rows.append(corrupt)
         texts.append((pair["clean"], pair["corrupt"]))
@@ -213,7 +232,8 @@ def load_pairs(model: nn.Module, path: str | Path, *, metric: Metric | str = "lo
                 pair = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path.name} line {number}: not JSON ({error.msg})") from None
-            if not isinstance(pair, dict) or not all(isinstance(pair.get(k), (str, list)) for k in ("clean", "corrupt", "answer", "wrong")):
+            if not isinstance(pair, dict) or not all(isinstance(pair.get(k), (str, list)) for k in ("clean", "corrupt")) \
+                    or not all(isinstance(pair.get(k), (str, int, list)) for k in ("answer", "wrong")):
                 raise ValueError(f"{path.name} line {number}: each line is an object with the texts clean, corrupt, "
                                  f"answer and wrong")
             pairs.append(pair)
