@@ -57,11 +57,11 @@ class RMSNorm(nn.Module):
         self.out = TracePoint(axes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Computed in float32 whatever the input dtype, as the Llama reference does.
-        x32 = x.float()
+        # Computed in float32 at least whatever the input dtype, as the Llama reference does (float64 stays float64).
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))
         normed = self.normalized(F.rms_norm(x32, x32.shape[-1:], eps=self.eps))  # x / sqrt(mean(x^2) + eps), PyTorch's own
         if self.plus_one:  # Gemma multiplies by its gain in float32 too
-            return self.out(((1.0 + self.weight.float()) * normed).to(x.dtype))
+            return self.out(((1.0 + self.weight.to(x32.dtype)) * normed).to(x.dtype))
         return self.out(self.weight * normed.to(x.dtype))
 
 
@@ -81,7 +81,7 @@ class NormParts(NamedTuple):
     bias: torch.Tensor | None  # [E], like gain: a LayerNorm's beta; None for an RMSNorm
     centred: bool  # whether centre() subtracts the mean (a LayerNorm)
     eps: float
-    scale: torch.Tensor | None  # [...]: scale(x) in float32 for the x [..., E] given, else None
+    scale: torch.Tensor | None  # [...]: scale(x) in float32 at least for the x [..., E] given, else None
 
 
 def norm_parts(norm: nn.Module, x: torch.Tensor | None = None) -> NormParts:
@@ -98,7 +98,7 @@ def norm_parts(norm: nn.Module, x: torch.Tensor | None = None) -> NormParts:
         gain, bias = (1.0 + weight if norm.plus_one else weight), None
     scale = None
     if x is not None:
-        x = x.float()
+        x = x.to(torch.promote_types(x.dtype, torch.float32))  # float64 stays float64
         spread = x.var(dim=-1, unbiased=False) if centred else x.pow(2).mean(dim=-1)  # (...,)
         scale = torch.rsqrt(spread + norm.eps)
     return NormParts(gain, bias, centred, norm.eps, scale)

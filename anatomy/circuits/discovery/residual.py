@@ -275,7 +275,7 @@ def head_writes(block: nn.Module, head_out: torch.Tensor) -> torch.Tensor:
     total = head_out.sum(2) + (0 if bias is None else bias)  # (B, T, E): the attention's output
     parts = norm_parts(norm, total)
     centred = head_out - head_out.mean(-1, keepdim=True) if parts.centred else head_out
-    return (centred.float() * parts.scale[..., None, None] * parts.gain).to(head_out.dtype)
+    return (centred * parts.scale[..., None, None] * parts.gain).to(head_out.dtype)
 
 
 def _reader_gradient(block: nn.Module, which: str, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
