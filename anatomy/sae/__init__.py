@@ -6,7 +6,8 @@
     t["blocks.6.resid_post.sae.features"]              # [batch, pos, feature]
 
     modules.py     SAE: relu, topk, batchtopk, jumprelu; transcoders (and skip transcoders); encode, decode, splice
-    formats.py     load_sae / save_sae: SAELens's folder, Gemma Scope's params.npz, Hub ids
+    formats.py     load_sae: SAELens's folder, Gemma Scope's params.npz, Hub ids
+    saelens.py     save_sae (and SAE.save): SAELens's folder, its architecture names both ways
     transcoders.py TranscoderSet: transcoders on every layer, per-layer or cross-layer; the replacement model
     transcoder_files.py  load_transcoders / save_transcoders: circuit-tracer's sets, Gemma Scope 2's
     attach.py      interventions on features: zero, clamp, scale, steer, no_error
@@ -15,6 +16,7 @@
     store.py       activations harvested from passes that stop at the point, shuffled, sharded on disk
     objectives.py  the training losses by kind, and the sparse TopK step
     train.py       SAETrainer on the training floor (run folder, checkpoints, resume, torchrun); several at once
+    member.py      one SAE in training: its scales, its dead-feature counts, the scales folded out at the end
     evaluate.py    L0, variance explained, CE loss recovered, dead and dense features; of a transcoder set
     features.py    the feature page (top contexts, density, histogram, logits)
     plots.py       training curves; variance explained against L0
@@ -26,7 +28,7 @@ from ..lazy import lazy_names
 
 __all__ = lazy_names(__name__, {
     **{name: ".attach" for name in ("clamp", "no_error", "scale", "steer", "zero")},
-    "load_sae": ".formats", "save_sae": ".formats",
+    "load_sae": ".formats", "save_sae": ".saelens",
     "KINDS": ".modules", "SAE": ".modules",
     "load_transcoders": ".transcoder_files", "save_transcoders": ".transcoder_files",
     "TranscoderSet": ".transcoders",

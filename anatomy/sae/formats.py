@@ -17,7 +17,6 @@ unpickled (numpy.load(allow_pickle=False)); every problem is one CheckpointError
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import zipfile
@@ -26,34 +25,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from ..checkpoints.files import SAFETENSORS_DTYPES, CheckpointError, read_json, shorten
-from ..checkpoints.memory import available_memory
-from ..hook_names import anatomy_name, transformer_lens_name
+from ..checkpoints.memory import check_tensors_memory
+from ..hook_names import anatomy_name
 from .modules import SAE
+from .saelens import ARCHITECTURES, CONFIG, WEIGHTS, WITH_SKIP, WRITTEN_KEYS, save_sae
 
-CONFIG, WEIGHTS, GEMMA_SCOPE = "cfg.json", "sae_weights.safetensors", "params.npz"
-FORMAT_VERSION = "6.0.0"  # the SAELens cfg.json layout written here (hook names under "metadata")
-
-# SAELens architecture <-> (anatomy kind, transcoder). batchtopk is written as SAELens writes it: a
-# JumpReLU with the learned threshold. topk_transcoder is anatomy's own (SAELens has no TopK transcoder).
-ARCHITECTURES = {
-    "standard": ("relu", False),
-    "topk": ("topk", False),
-    "jumprelu": ("jumprelu", False),
-    "transcoder": ("relu", True),
-    "jumprelu_transcoder": ("jumprelu", True),
-    "topk_transcoder": ("topk", True),
-    "skip_transcoder": ("relu", True),
-    "jumprelu_skip_transcoder": ("jumprelu", True),
-    "topk_skip_transcoder": ("topk", True),
-}
-WITH_SKIP = {"skip_transcoder", "jumprelu_skip_transcoder", "topk_skip_transcoder"}  # W_skip [d_out, d_in]
-WRITTEN_AS = {(kind, transcoder, name in WITH_SKIP): name for name, (kind, transcoder) in ARCHITECTURES.items()}
-for _skip in (False, True):
-    WRITTEN_AS[("batchtopk", True, _skip)] = WRITTEN_AS[("jumprelu", True, _skip)]
-WRITTEN_AS[("batchtopk", False, False)] = "jumprelu"
+GEMMA_SCOPE = "params.npz"
 
 # Gemma Scope: which point a repository's SAEs read, from its name (google/gemma-scope-2b-pt-res, -mlp, -att,
 # -transcoders) and the layer in the folder's path; `flatten`: attention SAEs read hook_z, heads flattened.
@@ -170,7 +149,7 @@ def _dtype(name, where: str) -> torch.dtype:
 def _kept_metadata(metadata: dict, cfg: dict) -> dict:
     """What a file says beyond the weights, kept (JSON-safe scalars) and written back by save."""
     kept = {k: v for k, v in {**cfg, **metadata}.items() if isinstance(v, (str, int, float, bool)) or v is None}
-    return {k: v for k, v in kept.items() if k not in _WRITTEN_KEYS}
+    return {k: v for k, v in kept.items() if k not in WRITTEN_KEYS}
 
 
 def _read_safetensors(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -201,7 +180,7 @@ def read_tensors(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.
     unknown = sorted(k for k in present if SAFETENSORS_DTYPES.get(dtypes[k]) not in DTYPES.values())
     if unknown:
         raise CheckpointError(f"{what} {str(path)!r}: tensors {unknown} are not floating point")
-    _check_memory(str(path), [shapes[k] for k in present], dtype)
+    check_tensors_memory(str(path), [shapes[k] for k in present], dtype, "the SAE")
     try:
         return {k: handle.get_tensor(k).to(dtype) for k in present}
     except Exception as error:  # safetensors reports truncated data only when a tensor is read
@@ -220,13 +199,6 @@ def check_shapes(where: str, shapes: dict, expected: dict, optional: dict | None
     for key, shape in {**expected, **{k: v for k, v in optional.items() if k in shapes}}.items():
         if tuple(shapes[key]) != tuple(shape):
             raise CheckpointError(f"{where!r}: {key} has shape {tuple(shapes[key])}, the configuration says {shape}")
-
-
-def _check_memory(where: str, shapes: list[tuple[int, ...]], dtype: torch.dtype) -> None:
-    need = sum(int(np.prod(shape, dtype=np.float64)) for shape in shapes) * dtype.itemsize
-    if need > available_memory():
-        raise CheckpointError(f"{where!r}: the SAE needs {need / 2**30:.2f} GiB, more than the "
-                              f"{available_memory() / 2**30:.2f} GiB of memory available")
 
 
 def _assign(sae: SAE, tensors: dict[str, torch.Tensor]) -> None:
@@ -257,7 +229,7 @@ def _load_gemma_scope(path: Path, source: str, point: str | None, dtype: torch.d
                 "threshold": (d_sae,)}
     check_shapes(str(path), shapes, expected)
     dtype = dtype or torch.float32
-    _check_memory(str(path), list(expected.values()), dtype)
+    check_tensors_memory(str(path), list(expected.values()), dtype, "the SAE")
     where, point_out, flatten = _gemma_scope_point(source, point)
     transcoder = point_out is not None or d_out != d_in
     sae = SAE(d_in, d_sae, kind="jumprelu", d_out=d_out, point=where, point_out=point_out, transcoder=transcoder,
@@ -333,43 +305,4 @@ def _from_hub(source: str, revision: str | None) -> Path:
     return snapshot / folder if folder else snapshot
 
 
-# ---- writing ------------------------------------------------------------------------------------
-_WRITTEN_KEYS = {"d_in", "d_sae", "d_out", "dtype", "device", "apply_b_dec_to_input", "normalize_activations",
-                 "reshape_activations", "metadata", "architecture", "k", "rescale_acts_by_decoder_norm",
-                 "hook_name", "hook_name_out", "sae_lens_version", "sae_lens_training_version"}
-
-
-def saelens_config(sae: SAE) -> dict:
-    """The cfg.json SAELens 6.x writes for this SAE (hook names in TransformerLens spelling)."""
-    metadata = {**sae.metadata, "sae_lens_version": FORMAT_VERSION, "sae_lens_training_version": FORMAT_VERSION}
-    if sae.point:
-        metadata["hook_name"] = transformer_lens_name(sae.point)
-    if sae.point_out:
-        metadata["hook_name_out"] = transformer_lens_name(sae.point_out)
-    config = {"d_in": sae.d_in, "d_sae": sae.d_sae, "dtype": str(sae.W_enc.dtype).removeprefix("torch."),
-              "device": "cpu", "apply_b_dec_to_input": sae.apply_b_dec_to_input, "normalize_activations": "none",
-              "reshape_activations": "hook_z" if sae.flatten_heads else "none", "metadata": metadata}
-    if sae.is_transcoder:
-        config["d_out"] = sae.d_out
-    if sae.kind == "topk":
-        config.update(k=sae.k, rescale_acts_by_decoder_norm=False)
-    config["architecture"] = WRITTEN_AS[(sae.kind, sae.is_transcoder, sae.W_skip is not None)]
-    return config
-
-
-def save_sae(sae: SAE, folder: str | os.PathLike) -> Path:
-    """Write `sae` to `folder` as SAELens writes one: cfg.json and sae_weights.safetensors (W_enc, b_enc,
-    W_dec, b_dec, and threshold for a JumpReLU or BatchTopK), each file atomically, mode 0644."""
-    from ..training.checkpoint import make_readable, write_text_atomically
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    names = ["W_enc", "b_enc", "W_dec", "b_dec"] + (["threshold"] if sae.kind in ("jumprelu", "batchtopk") else []) \
-        + (["W_skip"] if sae.W_skip is not None else [])
-    tensors = {name: getattr(sae, name).detach().cpu().contiguous().clone() for name in names}
-    temporary = folder / f".{WEIGHTS}.tmp{os.getpid()}"
-    save_file(tensors, str(temporary))
-    make_readable(temporary)
-    os.replace(temporary, folder / WEIGHTS)
-    write_text_atomically(folder / CONFIG, json.dumps(saelens_config(sae), indent=1) + "\n")
-    return folder
+__all__ = ["check_shapes", "load_sae", "read_tensors", "save_sae"]  # save_sae: saelens.py's, here too

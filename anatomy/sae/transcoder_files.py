@@ -34,11 +34,10 @@ import os
 import re
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..checkpoints.files import CheckpointError, inside, read_json, read_safetensors_header
-from ..checkpoints.memory import available_memory
+from ..checkpoints.memory import check_tensors_memory
 from ..hook_names import circuit_tracer_hook, circuit_tracer_point, hf_module_point
 from .formats import check_shapes, load_sae, read_tensors
 from .modules import SAE
@@ -150,13 +149,6 @@ def _header(path: Path) -> dict[str, tuple[int, ...]]:
     return {name: shape for name, (_, shape) in read_safetensors_header(path).items()}
 
 
-def _check_set_memory(where: str, shapes: list[tuple[int, ...]], dtype: torch.dtype) -> None:
-    need = sum(int(np.prod(shape, dtype=np.float64)) for shape in shapes) * dtype.itemsize
-    if need > available_memory():
-        raise CheckpointError(f"{where!r}: the transcoder set needs {need / 2**30:.2f} GiB, more than the "
-                              f"{available_memory() / 2**30:.2f} GiB of memory available")
-
-
 def _plt_layers(folder: Path, files: list[Path], dtype: torch.dtype) -> list[SAE]:
     """Per-layer files in circuit-tracer's layout, every header checked before any tensor is read."""
     first = _header(files[0])
@@ -173,7 +165,8 @@ def _plt_layers(folder: Path, files: list[Path], dtype: torch.dtype) -> list[SAE
         if [k for k in optional if k in shapes] != present:
             raise CheckpointError(f"{str(path)!r} holds {sorted(shapes)}; layer 0 holds {sorted(first)}: every layer "
                                   "of a set has the same tensors")
-    _check_set_memory(str(folder), [s for s in {**expected, **optional}.values()] * len(files), dtype)
+    check_tensors_memory(str(folder), [s for s in {**expected, **optional}.values()] * len(files), dtype,
+                         "the transcoder set")
     layers = []
     for path in files:
         tensors = read_tensors(path, expected, dtype, optional, what="transcoder weights")
@@ -216,7 +209,7 @@ def _clt_layers(folder: Path, dtype: torch.dtype) -> list[SAE]:
         check_shapes(str(decoder), _header(decoder), decoder_shape)
         plans.append((path, expected, decoder, decoder_shape))
         total += list(expected.values()) + list(decoder_shape.values()) + [(n_layers - i, d_model)]
-    _check_set_memory(str(folder), total, dtype)
+    check_tensors_memory(str(folder), total, dtype, "the transcoder set")
     layers = []
     for i, (path, expected, decoder, decoder_shape) in enumerate(plans):
         encoder = read_tensors(path, expected, dtype, what="transcoder weights")
@@ -305,7 +298,8 @@ def _gemma_scope_2_layers(files: list[Path], dtype: torch.dtype) -> list[SAE]:
         check_shapes(str(path), shapes, expected, optional)
         if ("affine_skip_connection" in shapes) != ("affine_skip_connection" in first):
             raise CheckpointError(f"{str(path)!r}: every layer of a set has an affine_skip_connection, or none does")
-    _check_set_memory(str(files[0].parent.parent), [*expected.values(), *optional.values()] * n_layers, dtype)
+    check_tensors_memory(str(files[0].parent.parent), [*expected.values(), *optional.values()] * n_layers, dtype,
+                         "the transcoder set")
     layers = []
     for i, path in enumerate(files):
         t = read_tensors(path, expected, dtype, optional, what="transcoder weights")

@@ -240,6 +240,11 @@ def mlp_points(model: nn.Module) -> tuple[str, str]:
     return reads, OUTPUT_POINT
 
 
+def points_of(input_point: str, output_point: str, n_layers: int) -> list[str]:
+    """[in_0, out_0, in_1, out_1, ...]: the columns of a harvested row, layer by layer."""
+    return [p.replace("L", str(layer), 1) for layer in range(n_layers) for p in (input_point, output_point)]
+
+
 def _layer_pattern(point: str) -> str:
     """A point with L for the layer (blocks.L.mlp.out), its TransformerLens spelling read as anatomy's."""
     name = anatomy_name(point.replace(".L.", ".0.", 1)).replace(".0.", ".L.", 1)

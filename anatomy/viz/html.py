@@ -17,8 +17,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
-import tempfile
 import zlib
 from importlib import resources
 from pathlib import Path
@@ -26,6 +24,7 @@ from string import Template
 
 import numpy as np
 
+from ..checkpoints.writing import write_atomically
 from .data import AttentionMap
 
 ASSETS = resources.files("anatomy.viz") / "assets"
@@ -109,39 +108,19 @@ def page(title: str, body: str, *, style: str = "", script: str = "", body_class
     ])
 
 
-def write_atomically(path: str | Path, data: str | bytes) -> Path:
-    """Write `data` to `path` all at once: into a temporary file beside it, then renamed over it, so
-    that a failure (an encoding error, a full disk, a kill) never leaves a partial or empty file.
-    The file is readable by everyone (0644, less the umask), like any file a user writes. An
-    OSError names `path`, never the temporary file."""
-    path = Path(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        # the temporary's name shows whose it is, cut so that it stays within the file system's limit
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:100]}.", suffix=".tmp")
-    except OSError as error:
-        raise OSError(error.errno, error.strerror, str(path)) from None
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(payload)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
-        os.replace(temporary, path)
-    except BaseException as error:
-        Path(temporary).unlink(missing_ok=True)
-        if isinstance(error, OSError):  # name the user's file, not the temporary one
-            raise OSError(error.errno, error.strerror, str(path)) from None
-        raise
-    return path
+def view_document(view: str, title: str, subtitle: str, payload: dict, *, scripts: list[str], style: str) -> str:
+    """A view's whole HTML document: the views' body (view.html: `title` and `subtitle`, escaped here, and
+    `payload` as JSON no token can break out of) in the page shell, with the view's `scripts` (joined by
+    new lines) and `style`. Every view of anatomy's floors (attention, analyses, features) is one."""
+    body = Template(asset("view.html")).substitute(
+        title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
+    return page(title, body, style=style, script="\n".join(scripts), body_class=f"view-{view}")
 
 
 def render(view: str, title: str, subtitle: str, payload: dict) -> str:
     """The whole HTML document for `view` ("head", "model", "neuron" or "generation")."""
-    body = Template(asset("view.html")).substitute(
-        title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
-    script = "\n".join([asset("common.js"), asset("grid.js"), asset(f"{view}.js")])
-    return page(title, body, style=asset("view.css"), script=script, body_class=f"view-{view}")
+    return view_document(view, title, subtitle, payload, scripts=[asset("common.js"), asset("grid.js"), asset(f"{view}.js")],
+                         style=asset("view.css"))
 
 
 class View:

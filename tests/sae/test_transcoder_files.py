@@ -186,9 +186,7 @@ def test_a_clt_decoder_of_the_wrong_depth_is_refused(tmp_path):
 
 
 def test_a_set_larger_than_memory_is_refused_before_reading(tmp_path, monkeypatch):
-    import anatomy.sae.transcoder_files as files
-
-    monkeypatch.setattr(files, "available_memory", lambda: 1000)
+    monkeypatch.setattr("anatomy.checkpoints.memory.available_memory", lambda: 1000)
     with pytest.raises(CheckpointError, match="GiB, more than the"):
         load_transcoders(FIXTURES / "plt_jumprelu")
 
