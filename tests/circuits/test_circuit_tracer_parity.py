@@ -61,7 +61,13 @@ def test_the_graph_equals_circuit_tracers(model, name):
     order = aligned(graph, expected)
     ours = graph.adjacency[order][:, order]
     assert (ours - expected["adjacency"]).abs().max() < 1e-4
-    assert (expected["adjacency"] != 0).sum() > 0.2 * expected["adjacency"].numel() / 2  # a graph with edges to compare
+    assert_the_rest_equal(graph, expected, order)
+
+
+def assert_the_rest_equal(graph, expected: dict, order: torch.Tensor) -> None:
+    """Beyond the adjacency: a graph with edges to compare, the same activations and target probabilities, and
+    anatomy's own check."""
+    assert (expected["adjacency"] != 0).sum() > 0.2 * expected["adjacency"].numel() / 2
     n_features = len(expected["selected_features"])
     values = torch.tensor([graph.nodes[i].value for i in order[:n_features].tolist()])
     assert (values - expected["activation_values"]).abs().max() < 1e-4

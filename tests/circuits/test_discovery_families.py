@@ -27,6 +27,7 @@ from anatomy.circuits.discovery.tasks import Task, make_task
 from anatomy.circuits.discovery.verify import verify_nodes
 from anatomy.trace import trace
 from family_models import FAMILIES, VOCAB, family_model
+from test_discovery import metric_with_head_moved
 
 EDGE_FAMILIES = [family for family in FAMILIES if family != "opt-post"]
 
@@ -107,23 +108,6 @@ def test_eap_is_the_first_order_term_of_patching_an_edge(family):
         slope = (moved[0] - moved[1]) / (2 * epsilon)
         score = float(result.values[u, v])
         assert abs(score + slope) <= 1e-7 * max(1.0, abs(slope)), (graph.edge_name(u, v), score, -slope)
-
-
-def metric_with_head_moved(model, task: Task, layer: int, head: int, epsilon: float) -> float:
-    """mean m(clean | z_head := z_clean + epsilon (z_corrupt - z_clean))."""
-    clean, corrupt = task.inputs(range(len(task)))
-    point = f"blocks.{layer}.attn.z"
-    with torch.no_grad(), trace(model, [point]) as t:
-        corrupt.last_logits(model)
-    corrupt_z = t[point]
-
-    def move(z):
-        z = z.clone()
-        z[:, :, head] += epsilon * (corrupt_z[:, :, head] - z[:, :, head])
-        return z
-
-    with torch.no_grad(), trace(model, [], interventions={point: move}):
-        return metric_of(model, task, clean.last_logits(model)[:, 0])
 
 
 def assert_atp_is_first_order(model, task):
