@@ -78,7 +78,7 @@ def test_a_per_layer_set_spliced_into_a_model_changes_nothing_until_told():
 @pytest.mark.parametrize("transcoders, message", [
     (lambda: plt(n_layers=3), r"n_layers=3 does not fit this model; allowed: 2"),
     (lambda: plt(d_model=16), r"d_model=16 does not fit the input point 'blocks.L.mlp_norm.out' of this model, of width 32; allowed: 32"),
-    (lambda: TranscoderSet(plt().layers, input_point="blocks.L.mlp_in"), r"input point 'blocks.L.mlp_in' is not in block 0 of this model; allowed: blocks.L.\{attn"),
+    (lambda: TranscoderSet(plt().layers, input_point="blocks.L.mlp_input"), r"input point 'blocks.L.mlp_input' is not in block 0 of this model; allowed: blocks.L.\{attn"),
     (lambda: TranscoderSet(plt().layers, output_point="blocks.L.mlp_out_norm.out"), r"output point 'blocks.L.mlp_out_norm.out' is not in block 0"),
 ])
 def test_a_set_that_does_not_fit_is_refused_in_one_line(transcoders, message):
