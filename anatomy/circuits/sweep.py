@@ -113,9 +113,10 @@ def sweep(rep: Replacement, active: Active, where: Layout, sources: Sources, log
                 start += joined[p]
             rows = torch.cat([row_nodes[p][:joined[p]] for p in groups])
             adjacency.index_put_((rows[:, None], columns[None, :]), edges, accumulate=True)
-        skipped = [None] + [rep.skip_transpose(layer, grads[p][:joined[p]]) for p in range(1, T)]
-        if not rep.parallel:
-            mlp_reads(rep, active, where, layer, encoders[layer], grads, joined, skipped)
+        if rep.parallel:  # the MLP reads resid_pre: its skip's part is taken before the attention's is added
+            skipped = [None] + [rep.skip_transpose(layer, grads[p][:joined[p]]) for p in range(1, T)]
+        else:
+            mlp_reads(rep, active, where, layer, encoders[layer], grads, joined)
         before = list(joined)  # the rows that have crossed an attention already; the others join now
         sublayer = rep.sublayers[layer]
         for p in range(1, T):
@@ -142,12 +143,14 @@ def sweep(rep: Replacement, active: Active, where: Layout, sources: Sources, log
 
 
 def mlp_reads(rep: Replacement, active: Active, where: Layout, layer: int, encoder: torch.Tensor, grads: list,
-              joined: list, skipped: list) -> None:
-    """At the stream layer's MLP reads (resid_mid; resid_pre in a parallel block): add each row's part through the skip (skipped[p] [R_p, p, E] or None),
-    and let the features of the layer join, their encoder vectors (encoder [E, F]) read at the MLP's input."""
+              joined: list, skipped: list | None = None) -> None:
+    """At the stream layer's MLP reads (resid_mid; resid_pre in a parallel block): add each row's part through the
+    skip (skipped[p] [R_p, p, E], or computed here from the gradients as they are), and let the features of the
+    layer join, their encoder vectors (encoder [E, F]) read at the MLP's input."""
     for p in range(1, len(grads)):
-        if skipped[p] is not None:
-            grads[p][:len(skipped[p])] += skipped[p]
+        through = rep.skip_transpose(layer, grads[p][:joined[p]]) if skipped is None else skipped[p]
+        if through is not None:
+            grads[p][:len(through)] += through
         chosen = where.features(layer, p)[1]
         k = chosen.stop - chosen.start
         if k:
