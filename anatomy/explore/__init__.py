@@ -17,13 +17,16 @@ server (the ASGI application: the table of routes), cli (the command), static/ (
 per panel).
 """
 
-from .server import create_app
-
 __all__ = ["app", "create_app"]
 
 
 def __getattr__(name):
+    # Imported on first use, so that `anatomy explore`'s arguments are checked before torch loads;
     # `uvicorn anatomy.explore:app` builds the app from the environment, only when asked for.
+    if name == "create_app":
+        from .server import create_app
+
+        return create_app
     if name == "app":
         from .server import app_from_environment
 

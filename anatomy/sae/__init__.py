@@ -9,7 +9,12 @@
     formats.py     load_sae: SAELens's folder, Gemma Scope's params.npz, Hub ids
     saelens.py     save_sae (and SAE.save): SAELens's folder, its architecture names both ways
     transcoders.py TranscoderSet: transcoders on every layer, per-layer or cross-layer; the replacement model
-    transcoder_files.py  load_transcoders / save_transcoders: circuit-tracer's sets, Gemma Scope 2's
+    transcoder_files.py  load_transcoders / save_transcoders: circuit-tracer's sets, Gemma Scope's, Gemma Scope 2's
+    transcoder_hub.py    sets by Hub id and by circuit-tracer's short names ("gemma", "llama"), only their files fetched
+    transcoder_config.py circuit-tracer's config.yaml, read as bounded data
+    gemma_scope_files.py Gemma Scope's params.npz and Gemma Scope 2's params.safetensors, as a set's layers
+    transcoder_layers.py LazyLayers: a set's layers read from their files when first used, one at a time
+    mapped.py      safetensors and npz files memory-mapped, every size checked from the headers first
     attach.py      interventions on features: zero, clamp, scale, steer, no_error
     analysis.py    features as components: feature_lens, feature_logit_attribution, patch_features,
                    feature_integrated_gradients
@@ -21,6 +26,7 @@
     features.py    the feature page (top contexts, density, histogram, logits)
     plots.py       training curves; variance explained against L0
     cli.py         `anatomy sae train | eval | features`
+    cli_common.py  what the sae commands share: option groups, the model loaded and checked, a run's folder
     transcoders_cli.py  `anatomy sae train-transcoders | eval-transcoders`: every layer from one harvest
 """
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -220,8 +219,12 @@ def _fold_decoder_norms(sae: SAE) -> None:
 # ---- Gemma Scope --------------------------------------------------------------------------------
 def _load_gemma_scope(path: Path, source: str, point: str | None, dtype: torch.dtype | None) -> SAE:
     """params.npz: W_enc [E, F], W_dec [F, O], b_enc, b_dec, threshold; a JumpReLU that never subtracts b_dec
-    from its input. The point comes from `point` or the repository name and the folder's layer_N."""
-    shapes = _npz_shapes(path)
+    from its input. The point comes from `point` or the repository name and the folder's layer_N. The
+    archive's directory and headers are checked first (mapped.py: no object array, no zip bomb)."""
+    from .mapped import check_finite, mapped_file
+
+    weights = mapped_file(path)
+    shapes = weights.shapes
     if "W_enc" not in shapes or len(shapes["W_enc"]) != 2 or "W_dec" not in shapes or len(shapes["W_dec"]) != 2:
         raise CheckpointError(f"{str(path)!r}: a Gemma Scope file holds W_enc and W_dec matrices; found {sorted(shapes)}")
     (d_in, d_sae), d_out = shapes["W_enc"], shapes["W_dec"][-1]
@@ -234,45 +237,11 @@ def _load_gemma_scope(path: Path, source: str, point: str | None, dtype: torch.d
     transcoder = point_out is not None or d_out != d_in
     sae = SAE(d_in, d_sae, kind="jumprelu", d_out=d_out, point=where, point_out=point_out, transcoder=transcoder,
               apply_b_dec_to_input=False, flatten_heads=flatten, metadata={"source": source}, dtype=dtype, seed=None)
-    try:
-        with np.load(path, allow_pickle=False) as arrays:
-            _assign(sae, {key: torch.from_numpy(np.asarray(arrays[key])).to(dtype) for key in expected})
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
-        raise CheckpointError(f"{str(path)!r} cannot be read: {error}") from None
+    tensors = {key: weights.tensor(key) for key in expected}
+    for key, tensor in tensors.items():
+        check_finite(tensor, f"{str(path)!r}: {key}")
+    _assign(sae, {key: tensor.to(dtype) for key, tensor in tensors.items()})
     return sae.eval()
-
-
-def _npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """{array name: shape} from each .npy header inside the zip, without reading any array; an array
-    whose header disagrees with its stored size, or that holds Python objects, is refused."""
-    try:
-        archive = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as error:
-        raise CheckpointError(f"{str(path)!r} is not a readable .npz (zip) file: {error}") from None
-    shapes = {}
-    with archive:
-        for info in archive.infolist():
-            if not info.filename.endswith(".npy"):
-                continue
-            name = info.filename[:-4]
-            try:
-                with archive.open(info) as member:
-                    version = np.lib.format.read_magic(member)
-                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                        np.lib.format.read_array_header_2_0
-                    shape, _, dtype = read_header(member)  # the header only, no data
-                    header = member.tell()
-            except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
-                raise CheckpointError(f"{str(path)!r}: the header of {shorten(repr(name), 80)} is malformed: "
-                                      f"{error}") from None
-            if dtype.hasobject or dtype.kind not in "fiu":
-                raise CheckpointError(f"{str(path)!r}: {shorten(repr(name), 80)} holds {dtype}, not numbers "
-                                      "(nothing is unpickled)")
-            if header + int(np.prod(shape, dtype=np.float64)) * dtype.itemsize != info.file_size:
-                raise CheckpointError(f"{str(path)!r}: {shorten(repr(name), 80)} declares shape {shape} of {dtype}, "
-                                      f"which its {info.file_size} stored bytes do not hold")
-            shapes[name] = tuple(shape)
-    return shapes
 
 
 def _gemma_scope_point(source: str, point: str | None) -> tuple[str | None, str | None, bool]:

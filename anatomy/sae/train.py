@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..cli import printable
+from ..terminal import printable
 from ..training import distributed
 from ..training.checkpoint import load_newest, save_checkpoint, write_text_atomically
 from ..training.metrics import ProgressBar, append_metrics, read_metrics, rewrite_metrics

@@ -17,6 +17,8 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
+import numbers
 import zlib
 from importlib import resources
 from pathlib import Path
@@ -65,9 +67,35 @@ def map_payload(attention: AttentionMap, vectors: bool = False) -> dict:
     return payload
 
 
+def json_text(data, **options) -> str:
+    """json.dumps(data), with every number that is not finite written as null: JSON has no NaN nor Infinity
+    (Python writes them, JSON.parse refuses the file). Containers are walked without recursion."""
+    def finite(value):
+        if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):  # numpy's floats too
+            value = float(value)
+            return value if math.isfinite(value) else None
+        return value
+
+    root = [data]
+    pending = [(root, 0)]
+    while pending:
+        holder, key = pending.pop()
+        value = holder[key]
+        if isinstance(value, dict):
+            value = holder[key] = dict(value)
+            pending += [(value, k) for k in value]
+        elif isinstance(value, (list, tuple)):
+            value = holder[key] = list(value)
+            pending += [(value, i) for i in range(len(value))]
+        else:
+            holder[key] = finite(value)
+    return json.dumps(root[0], allow_nan=False, **options)
+
+
 def script_json(payload: dict) -> str:
-    """JSON that is safe inside <script>: no '<' (so no '</script>' or '<!--'), no '>' or '&'."""
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    """JSON that is safe inside <script>: no '<' (so no '</script>' or '<!--'), no '>' or '&', and no NaN
+    (the page reads it with JSON.parse, which refuses one)."""
+    text = json_text(payload, ensure_ascii=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 

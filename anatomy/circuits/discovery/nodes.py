@@ -38,14 +38,13 @@ from ...analysis.result import Result
 from ...attention import attention_scores, attention_weights, repeat_kv
 from ... import masks
 from ...trace import trace
+from .choices import MAX_STEPS, NODE_METHODS as METHODS, node_refusal
 from .tasks import Task
 
 KINDS = {  # kind -> (point inside block L, the axis that indexes the node, the result's axis name)
     "heads": ("attn.z", 2, "head"), "q": ("attn.q", 1, "head"), "k": ("attn.k", 1, "kv_head"),
     "v": ("attn.v", 1, "kv_head"), "mlp": ("mlp.out", None, None), "neurons": ("mlp.post", 2, "neuron"),
 }
-METHODS = ("atp", "atp*", "ig")
-MAX_STEPS = 256
 Progress = Callable[[int, int], None]
 
 
@@ -92,9 +91,9 @@ def attribute_nodes(
     if (kind == "features") != (sae is not None):
         raise ValueError("kind='features' needs sae=an anatomy.SAE, and sae is only for kind='features'")
     config = model.config
-    if not (config.arch == "decoder" and hasattr(model, "lm_head")) and config.head != "sequence-classification":
-        raise ValueError(f"node attribution scores the next token or a sequence's label: it needs a decoder with an LM "
-                         f"head or a sequence classifier; this model is arch={config.arch!r}, head={config.head!r}")
+    why = node_refusal(config)
+    if why:
+        raise ValueError(why)
     if kind == "neurons" and config.n_experts:
         raise ValueError(f"kind='neurons' reads one MLP's hidden units; this model's MLPs are mixtures of {config.n_experts} "
                          f"experts, each token routed to {config.n_experts_per_token}: an expert layer is one node, "

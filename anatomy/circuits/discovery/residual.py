@@ -43,6 +43,7 @@ from torch import nn
 from ...analysis.inputs import Batch
 from ...layers import norm_parts
 from ...trace import trace
+from .choices import edge_refusal
 
 SOURCE_KINDS = ("embed", "head", "mlp")
 DESTINATION_KINDS = ("q", "k", "v", "mlp", "logits")
@@ -57,16 +58,6 @@ class Node:
     kind: str
     layer: int
     index: int = 0
-
-
-def edge_refusal(config) -> str | None:
-    """Why a model of `config` has no residual graph of edges, in words, or None when it has one."""
-    if config.arch != "decoder" or config.head != "lm":
-        return f"edge attribution needs a decoder with an LM head; this model is arch={config.arch!r}, head={config.head!r}"
-    if config.norm_position == "post" and not config.parallel_residual:
-        return ("edge attribution needs a residual stream that is a sum of the components' outputs; a post-norm block "
-                "(norm_position='post') renormalises it after every sublayer (attribute_nodes and verify_nodes work)")
-    return None
 
 
 class ResidualGraph:
