@@ -253,7 +253,6 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
         nodes, adjacency, labels, rep.n_layers, output_weights=weights, kind="attribution graph",
         about=f"the next token after {text!r}",
         meta={"prompt": text, "prompt_ids": ids.tolist(), "model": "",
-              "decoded": tokenizer.decode(ids.tolist(), skip_special_tokens=False) if tokenizer else text,
               "prompt_texts": tokenizer.token_texts(ids.tolist()) if tokenizer else labels, "transcoders": dict(getattr(transcoders, "metadata", {})),
               "cross_layer": bool(transcoders.cross_layer), "max_logits": max_logits,
               "logit_probability": logit_probability, "features_active": len(active.layer),

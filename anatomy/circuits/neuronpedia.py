@@ -85,7 +85,7 @@ def neuronpedia_json(graph: Graph, *, slug: str = "anatomy-graph", scan: str | N
     scan = scan or transcoders.get("scan") or meta.get("model") or "anatomy"
     metadata = {
         "slug": slug, "scan": str(scan), "transcoder_list": [],
-        "prompt_tokens": list(meta.get("prompt_texts") or graph.columns), "prompt": meta.get("decoded", meta.get("prompt", "")),
+        "prompt_tokens": list(meta.get("prompt_texts") or graph.columns), "prompt": meta.get("prompt", ""),
         "node_threshold": node_threshold, "schema_version": 1,
         "info": {"generator": {"name": "anatomy", "version": __version__}},
         "generation_settings": {"max_n_logits": meta.get("max_logits"), "desired_logit_prob": meta.get("logit_probability"),
