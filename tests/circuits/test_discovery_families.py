@@ -27,7 +27,7 @@ from anatomy.circuits.discovery.tasks import Task, make_task
 from anatomy.circuits.discovery.verify import verify_nodes
 from anatomy.trace import trace
 from family_models import FAMILIES, VOCAB, family_model
-from test_discovery import metric_with_head_moved
+from test_discovery import metric_with_head_moved, nothing_and_everything_ablated
 
 EDGE_FAMILIES = [family for family in FAMILIES if family != "opt-post"]
 
@@ -52,18 +52,11 @@ def metric_of(model, task: Task, logits: torch.Tensor) -> float:
 @pytest.mark.parametrize("family", EDGE_FAMILIES)
 def test_edge_runs_nothing_ablated_is_clean_everything_is_corrupt(family):
     model, task = family_model(family).double(), task_for(VOCAB)
-    graph = ResidualGraph(model)
-    clean, corrupt = task.inputs(range(len(task)))
-    ablation = graph.source_values(model, corrupt)
-    with torch.no_grad():
-        clean_logits, corrupt_logits = clean.last_logits(model)[:, 0], corrupt.last_logits(model)[:, 0]
-    shape = (1, *graph.allowed.shape)
-    out = run_ablated(model, graph, clean, ablation, torch.cat([torch.zeros(shape, dtype=torch.bool),
-                                                                torch.ones(shape, dtype=torch.bool)]))
-    n, scale = len(task), float(corrupt_logits.abs().max())
+    (nothing, everything), clean_logits, corrupt_logits = nothing_and_everything_ablated(model, task)
+    scale = float(corrupt_logits.abs().max())
     assert (clean_logits - corrupt_logits).abs().max() > 0.1 * scale  # the two runs differ
-    assert (out[:n] - clean_logits).abs().max() < 1e-5 * scale
-    assert (out[n:] - corrupt_logits).abs().max() < 1e-5 * scale
+    assert (nothing - clean_logits).abs().max() < 1e-10 * scale
+    assert (everything - corrupt_logits).abs().max() < 1e-10 * scale
 
 
 @pytest.mark.parametrize("family", EDGE_FAMILIES)
