@@ -11,8 +11,8 @@ saved subgraph: pinned node ids, supernodes), `nodes` and `links` (source, targe
     token     "E_{token id}_{position}"
     logit     "{n_layers + 1}_{token id}_{position}"
 
-Only the pruned graph is written (prune.pruned), and of its edges the MAX_EDGES strongest (the
-pruning_settings say how many there were): a 19,000-node graph's 100 million edges, or the 2.4 million
+Only the pruned graph is written (prune.pruned), and of its edges the MAX_EDGES strongest (metadata's
+"links" says how many there were): a 19,000-node graph's 100 million edges, or the 2.4 million
 a random set's pruned 16-token graph keeps, are no file to open in a browser. Numbers are written to
 the precision a float32 graph carries (6 significant digits; its identity holds to about 1e-6 of the
 terms it sums).
@@ -43,9 +43,18 @@ def cantor(x: int, y: int) -> int:
     return (x + y) * (x + y + 1) // 2 + y
 
 
+# Every node carries every field circuit-tracer's `create_graph_files` writes (its frontend/graph_models.py Node),
+# in its order, with its defaults: a diff of the two files shows numbers only (and the error ids, above).
+NODE_FIELDS = ("node_id", "feature", "layer", "ctx_idx", "feature_type", "token_prob", "is_target_logit", "run_idx",
+               "reverse_ctx_idx", "jsNodeId", "clerp", "influence", "activation")
+NODE_DEFAULTS = dict(token_prob=0.0, is_target_logit=False, run_idx=0, reverse_ctx_idx=0, clerp="", influence=None,
+                     activation=None)
+
+
 def node_record(node: Node, n_layers: int, influence: float | None, target: bool, clerp: str = "") -> dict:
-    """One node as Neuronpedia's schema has it; clerp: a feature's label. Raises ValueError for a circuit's
-    kinds (head, mlp, ...), which the format has no place for."""
+    """One node as Neuronpedia's schema has it, every field in circuit-tracer's order (NODE_FIELDS); clerp: a
+    feature's label. Raises ValueError for a circuit's kinds (head, mlp, ...), which the format has no place
+    for."""
     layer, position, index = node.layer, node.column, node.index
     if node.kind == "feature":
         record = dict(node_id=f"{layer}_{index}_{position}", feature=cantor(layer, index), layer=str(layer),
@@ -53,10 +62,10 @@ def node_record(node: Node, n_layers: int, influence: float | None, target: bool
                       activation=rounded(node.value))
     elif node.kind == "error":
         record = dict(node_id=f"{layer}_-1_{position}", feature=-1, layer=str(layer),
-                      feature_type="mlp reconstruction error", jsNodeId=f"{layer}_-1-{position}", clerp="")
+                      feature_type="mlp reconstruction error", jsNodeId=f"{layer}_-1-{position}")
     elif node.kind == "token":
         record = dict(node_id=f"E_{index}_{position}", feature=position, layer="E", feature_type="embedding",
-                      jsNodeId=f"E_{index}-{position}", clerp="")
+                      jsNodeId=f"E_{index}-{position}")
     elif node.kind == "logit":
         probability = rounded(node.value) or 0.0
         record = dict(node_id=f"{n_layers + 1}_{index}_{position}", feature=index, layer=str(n_layers + 1),
@@ -64,8 +73,8 @@ def node_record(node: Node, n_layers: int, influence: float | None, target: bool
                       is_target_logit=target, clerp=f'Output "{node.label}" (p={probability:.3f})')
     else:
         raise ValueError(f"Neuronpedia's graph format has tokens, features, errors and logits; not a {node.kind} node")
-    record.update(ctx_idx=position, influence=rounded(influence))
-    return record
+    record.update(ctx_idx=position, influence=None if node.kind == "logit" else rounded(influence))  # a logit's is no score
+    return {key: record.get(key, NODE_DEFAULTS.get(key)) for key in NODE_FIELDS}
 
 
 def neuronpedia_json(graph: Graph, *, slug: str = "anatomy-graph", scan: str | None = None,
@@ -103,8 +112,8 @@ def neuronpedia_json(graph: Graph, *, slug: str = "anatomy-graph", scan: str | N
         "info": {"generator": {"name": "anatomy", "version": __version__}},
         "generation_settings": {"max_n_logits": meta.get("max_logits"), "desired_logit_prob": meta.get("logit_probability"),
                                 "max_feature_nodes": meta.get("max_feature_nodes")},
-        "pruning_settings": {"node_threshold": node_threshold, "edge_threshold": edge_threshold,
-                             "max_links": max_links, "links_in_graph": count_edges(graph.adjacency)},
+        "pruning_settings": {"node_threshold": node_threshold, "edge_threshold": edge_threshold},
+        "links": {"max": max_links, "in_graph": count_edges(graph.adjacency)},  # anatomy's own, after circuit-tracer's keys
     }
     metadata["generation_settings"] = {k: v for k, v in metadata["generation_settings"].items() if v is not None}
     q_params = {"pinnedIds": list(pinned or []), "supernodes": [list(s) for s in supernodes or []],
@@ -117,17 +126,28 @@ def save_neuronpedia(graph: Graph, path: str | Path, **options) -> Path:
     and list it in graph-metadata.json beside it (kept, one entry per slug), as circuit-tracer's
     create_graph_files does: that folder is what its local server shows (`circuit_tracer start-server
     --graph_file_dir FOLDER`)."""
-    from ..viz.html import write_atomically
+    from ..viz.html import json_text, write_atomically
 
     path = Path(path)
     options.setdefault("slug", path.stem or "anatomy-graph")
     data = neuronpedia_json(graph, **options)
-    written = write_atomically(path, json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+    written = write_atomically(path, json_text(data, ensure_ascii=False, separators=(",", ":")))
     listing = path.parent / "graph-metadata.json"
-    try:
-        graphs = json.loads(listing.read_text(encoding="utf-8")).get("graphs", []) if listing.is_file() else []
-    except (ValueError, AttributeError):
-        graphs = []  # not a listing this writer can keep: it starts a new one
-    graphs = [entry for entry in graphs if isinstance(entry, dict) and entry.get("slug") != data["metadata"]["slug"]]
-    write_atomically(listing, json.dumps({"graphs": graphs + [data["metadata"]]}, ensure_ascii=False, indent=1))
+    graphs = [entry for entry in listed_graphs(listing) if entry.get("slug") != data["metadata"]["slug"]]
+    write_atomically(listing, json_text({"graphs": graphs + [data["metadata"]]}, ensure_ascii=False, indent=1))
     return written
+
+
+MAX_LISTING_BYTES = 16 << 20  # a listing of graphs: a kilobyte of metadata each
+
+
+def listed_graphs(listing: Path) -> list[dict]:
+    """The entries of a graph-metadata.json that this writer can keep; [] for a file it cannot read (too large,
+    not UTF-8, not JSON, nested past reading, of another shape), which it then replaces."""
+    try:
+        if not listing.is_file() or listing.stat().st_size > MAX_LISTING_BYTES:
+            return []
+        graphs = json.loads(listing.read_text(encoding="utf-8")).get("graphs", [])
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return []
+    return [entry for entry in graphs if isinstance(entry, dict)] if isinstance(graphs, list) else []

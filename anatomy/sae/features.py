@@ -20,17 +20,16 @@ only draws these numbers: search by token, sort by density, a card per feature w
 
 from __future__ import annotations
 
-import html
 import json
 from dataclasses import dataclass, field
 from importlib import resources
-from string import Template
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..viz.html import View, asset, pack, page, script_json
+from ..layers import norm_parts
+from ..viz.html import View, asset, pack, view_document
 from .contexts import BEFORE, TopContexts, context_batches
 from .modules import SAE
 from .store import harvest
@@ -90,13 +89,11 @@ def feature_data(model: nn.Module, sae: SAE, tokens: np.ndarray, *, context: int
 
 
 def final_norm_gain(model: nn.Module) -> torch.Tensor | float:
-    """gamma [d_model]: the final norm's gain (1 + w for a plus-one RMSNorm), what a residual-stream direction
-    is multiplied by on its way to the logits, the norm's scale left out; 1.0 for a model without one."""
+    """gamma [d_model]: the final norm's gain (layers.norm_parts: 1 + w for a plus-one RMSNorm), what a
+    residual-stream direction is multiplied by on its way to the logits, the norm's scale left out; 1.0 for
+    a model without one."""
     norm = getattr(model.decoder if model.config.arch == "encoder-decoder" else model, "final_norm", None)
-    if norm is None or not hasattr(norm, "weight"):
-        return 1.0
-    weight = norm.weight.detach().float()
-    return 1.0 + weight if getattr(norm, "plus_one", False) else weight
+    return 1.0 if norm is None else norm_parts(norm).gain.float()
 
 
 def output_directions(model: nn.Module, sae: SAE) -> torch.Tensor | None:
@@ -169,11 +166,9 @@ def render(data: FeatureData, tokenizer, *, title: str, subtitle: str) -> str:
                        promotedLogits=pack(data.promoted_logits.float().numpy().astype("<f4")),
                        suppressed=pack(remap(data.suppressed).numpy().astype("<i4")),
                        suppressedLogits=pack(data.suppressed_logits.float().numpy().astype("<f4")))
-    body = Template(asset("view.html")).substitute(title=html.escape(title), subtitle=html.escape(subtitle),
-                                                   data=script_json(payload))
-    script = asset("common.js") + "\n" + (ASSETS / "features.js").read_text(encoding="utf-8")
-    style = asset("view.css") + "\n" + (ASSETS / "features.css").read_text(encoding="utf-8")
-    return page(title, body, style=style, script=script, body_class="view-features")
+    return view_document("features", title, subtitle, payload,
+                         scripts=[asset("common.js"), (ASSETS / "features.js").read_text(encoding="utf-8")],
+                         style=asset("view.css") + "\n" + (ASSETS / "features.css").read_text(encoding="utf-8"))
 
 
 def feature_page(model: nn.Module, sae: SAE, tokens: np.ndarray, *, context: int = 128, skip: int = 1, top: int = 12,
