@@ -165,7 +165,7 @@ def edge_circuit(args, model, task, stages: Stages) -> tuple[list, list, Path | 
         stages.start("writing")
         out = save(circuit_graph(result, kept, about=about, meta=meta), args.out)
     elif args.out:  # the page: the circuit grown from its smallest by a slider, beside the curve, heads by role
-        stages.start("writing the page (the heads' roles)")
+        stages.start("writing")  # the page: the heads' roles first (circuit_for_page)
         out = save(circuit_for_page(model, task, result, curve, size=size, about=about, meta=meta), args.out)
     weights = head_weights(graph, result.values, kept)
     rows = [("metric", f"clean {curve.extra['clean']:.3f}, ablated {curve.extra['ablated']:.3f}"),
