@@ -71,3 +71,15 @@ def browser():
         )
         yield context
         context.close()
+
+
+@pytest.fixture(scope="session")
+def prenorm(tmp_path_factory) -> str:
+    """A folder holding the toy refitted as a pre-norm decoder (GPT-2's block): direct logit
+    attribution and circuit discovery need a residual stream that is a sum of components."""
+    from anatomy.checkpoints.toys import build_toy, toy_tokenizer
+
+    folder = tmp_path_factory.mktemp("prenorm-toy")
+    build_toy("toy", norm_position="pre", final_norm=True).save_pretrained(folder)
+    toy_tokenizer("toy").save(folder)
+    return str(folder)

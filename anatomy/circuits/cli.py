@@ -22,7 +22,7 @@ import textwrap
 from pathlib import Path
 
 from ..arguments import (add_compute_arguments, add_model_argument, input_file, non_negative_int, output_file,
-                         positive_int, probability, text)
+                         positive_float, positive_int, probability, text)
 from ..progress import Stages
 from ..terminal import printable, summary_block
 from .checks import MAX_CHANGE, number
@@ -85,6 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="text files to find each feature's top contexts in, for the page")
     parser.add_argument("--max-context-tokens", type=positive_int, default=20_000, metavar="N",
                         help="read at most this many tokens of --contexts (default 20000)")
+    parser.add_argument("--context-seconds", type=positive_float, default=30.0, metavar="S",
+                        help="stop reading --contexts after about this many seconds (default 30)")
     g = parser.add_argument_group("interventions: test the graph on the model")
     g.add_argument("--ablate", nargs="+", default=[], type=feature_change("ablate"), metavar="L:F[@P]",
                    help="set a feature to 0 (at position P, else everywhere)")
@@ -109,10 +111,12 @@ def run(args) -> int:
     prompt = args.text if args.text is not None else args.prompt  # one of them: the parser says so
     with Stages.of(args) as stages:
         stages.start("loading the transcoders")
-        transcoders = load_transcoders(args.transcoders)
+        transcoders = load_transcoders(args.transcoders, mlp_out_norm=mlp_out_normed(args.model))
         name = args.model or transcoders.metadata.get("model_name")
         if not name:
             raise ValueError(f"{args.transcoders} does not name the model it was trained on: pass --model")
+        if not args.model and mlp_out_normed(name):  # the model the set names normalises its MLP's output
+            transcoders = load_transcoders(args.transcoders, mlp_out_norm=True)
         stages.start("loading the model")
         model = from_pretrained(name).to(args.device).eval()
         if getattr(model, "tokenizer", None) is None:
@@ -142,7 +146,7 @@ def run(args) -> int:
                 ("outputs", logits),
                 ("graph", f"{counts['feature']:,} features, {counts['error']} errors, {counts['token']} tokens, "
                           f"{counts['logit']} logits"),
-                ("check", graph.check),
+                ("check", graph.check), *([("logits", graph.meta["logits"])] if "logits" in graph.meta else []),
                 ("scores", f"replacement {replacement:.3f}, completeness {completeness:.3f}")]
         if shown is not None:
             rows.append(("pruned", f"{len(shown)} nodes, {sum(1 for _ in shown.edges()):,} edges (node threshold "
@@ -157,6 +161,16 @@ def run(args) -> int:
         if tested is not None:
             print(intervention_table(tested))
     return 0
+
+
+def mlp_out_normed(name) -> bool:
+    """Whether the model `name` normalises its MLP's output (read from its config, no tensor): circuit-tracer's
+    hook_mlp_out is then that norm's output."""
+    from ..checkpoints.describe import config_of
+    from .replacement import block_norms
+
+    config = config_of(name) if name else None
+    return config is not None and block_norms(config)["mlp_output"] is not None
 
 
 def explain(args, graph, model, transcoders):
@@ -174,7 +188,6 @@ def explain(args, graph, model, transcoders):
 def write_graph(args, graph, model, transcoders, tested, shown=None):
     """Write the graph to every --out (pruned for the page and the JSON, whole to .safetensors; shown: the pruned
     graph if made already); returns (the paths written, the pruned graph or None, (replacement, completeness))."""
-    from .features import context_tokens, promoted_tokens, top_contexts
     from .prune import pruned, scores
     from .save import save
 
@@ -182,22 +195,32 @@ def write_graph(args, graph, model, transcoders, tested, shown=None):
     graph.meta.update(replacement=replacement, completeness=completeness)
     if shown is not None:
         shown.meta.update(replacement=replacement, completeness=completeness)
-    written = []
+    written, details = [], None
     for path in args.out:
         suffix = Path(path).suffix.lower()
         if suffix == ".safetensors":
             written.append(save(graph, path))
             continue
         shown = shown or pruned(graph, args.node_threshold, args.edge_threshold)
+        details = details or feature_details(args, model, transcoders, shown)
         if suffix == ".json":
-            written.append(save(shown, path))
+            written.append(save(shown, path, labels=details.labels))
             continue
-        details = promoted_tokens(model, transcoders, shown)
-        if args.contexts:  # read a piece at a time, up to the cap
-            tokens = context_tokens(args.contexts, model.tokenizer, args.max_context_tokens)
-            details = top_contexts(model, transcoders, shown, tokens, details)
         written.append(save(shown, path, details=details, scores=(replacement, completeness), intervention=tested))
     return written, shown, (replacement, completeness)
+
+
+def feature_details(args, model, transcoders, shown):
+    """What the page and the JSON say of the pruned graph's features: the tokens each promotes and suppresses,
+    and with --contexts its top contexts, read within --context-seconds; a label from them."""
+    from .features import context_tokens, promoted_tokens, top_contexts
+
+    details = promoted_tokens(model, transcoders, shown)
+    if args.contexts:  # read a piece at a time, up to the cap
+        tokens = context_tokens(args.contexts, model.tokenizer, args.max_context_tokens)
+        details = top_contexts(model, transcoders, shown, tokens, details, seconds=args.context_seconds)
+        details.source = ", ".join(Path(name).name for name in args.contexts)
+    return details
 
 
 def intervention_table(result) -> str:

@@ -4,7 +4,8 @@ Shape letters: T positions, E d_model, R rows (readings carried together), P the
 N nodes (tokens, every active feature, errors: the whole graph's layout, no logits).
 
 In the local replacement model (replacement.py: attention patterns and norm scales frozen, each MLP its
-transcoder's features plus an error) the stream entering layer l is linear in what the nodes write,
+transcoder's features plus an error; in any block layout, replacement.py) the stream entering layer l is
+linear in what the nodes write,
 
     resid_pre(l)[p] = sum over nodes s of M_{l,p <- s} w_s  +  b_{l,p}
 
@@ -13,7 +14,7 @@ skip); b: what no node carries (positional embeddings, biases, everything the fi
 linear reading of the stream, r . resid_pre(l)[p], splits into one term per node, r . M w_s, plus r . b. The
 terms are computed as the graph's rows are (sweep.py): the reading vectors carried down the layers through the
 replacement's transposes, every row at once, meeting each node's vector where it writes. b is the replacement's
-forward pass with every node switched off (as attribute.unexplained computes it).
+forward pass with every node switched off (attribute.no_node_mlp, as attribute.unexplained computes it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attribute import active_features, build_nodes, check_fits, prompt_ids
+from .attribute import active_features, build_nodes, check_fits, no_node_mlp, prompt_ids
 from .layout import layout
 from .replacement import Replacement
 from .sweep import Sources, errors_of
@@ -55,20 +56,9 @@ class NodeStream:
         embeddings, every bias, the first position's whole output but for what its token's node carries."""
         if self._no_node is None:
             rep = self.rep
-            x = rep.trace["pos_embed"][0].float() if "pos_embed" in rep.trace else torch.zeros_like(rep.embed)  # (T, E)
-            streams = [x]
+            streams = [rep.embed_rest]  # (T, E)
             for k in range(rep.n_layers - 1):
-                x = x + rep.sublayers[k].forward(x)
-                read = rep.input_forward(k, x)  # (T, E)
-                bias = rep.transcoders.output_bias(k).detach().float()
-                out = bias.expand(x.size(0), -1).clone()
-                skip = rep.skips[k]
-                if skip is not None:
-                    out += read @ skip
-                first = rep.outputs[k][0] - bias  # the first position's output, but for its skip's linear share
-                out[0] += first if skip is None else first - rep.inputs[k][0] @ skip
-                x = x + out
-                streams.append(x)
+                streams.append(rep.block_forward(k, streams[-1], no_node_mlp(rep, k)))
             self._no_node = streams
         return self._no_node[layer]
 
@@ -117,11 +107,17 @@ class NodeStream:
             if layer < 0:
                 break
             g = grads[:starts[joined]]
-            for q in range(1, P + 1):  # the vectors written at this layer's MLP output, at each position
+            rep.sum_transpose(layer, "mlp", g)
+            for q in range(1, P + 1):  # what is added to the stream at this layer's MLP output, at each position
                 vectors, columns = self.sources.by_layer[layer][q]
                 terms[:len(g), columns] += g[:, q - 1] @ vectors.T
-            rep.add_skip_transpose(layer, g)
+            skipped = rep.skip_transpose(layer, g)  # the MLP's skip, to the stream it reads
+            if skipped is not None and not rep.parallel:  # a sequential MLP reads after the attention
+                g += skipped
+            rep.sum_transpose(layer, "attn", g)
             to_first[:len(g)] += rep.sublayers[layer].add_transpose(g, self.first_images[layer])
+            if skipped is not None and rep.parallel:  # a parallel MLP reads resid_pre, as the attention does
+                g += skipped
         terms[:, 1:P + 1] += torch.einsum("rpe,pe->rp", grads, rep.embed[1:P + 1])  # the tokens at positions 1 .. P
         terms[:, 0] += to_first
         result: list[torch.Tensor] = [torch.zeros(0)] * len(rows)

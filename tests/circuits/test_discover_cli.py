@@ -8,7 +8,6 @@ import re
 
 import pytest
 
-from anatomy.checkpoints.toys import build_toy, toy_tokenizer
 from anatomy.circuits import load_graph
 from anatomy.cli import main
 from cli_status import status
@@ -16,14 +15,6 @@ from cli_status import status
 PAIRS = [{"clean": "Hello World, this is", "corrupt": "Hello World, is this", "answer": " Alejandro!", "wrong": " is"},
          {"clean": "Hello World, this", "corrupt": "Hello World, is", "answer": " is", "wrong": " this"}]
 
-
-
-@pytest.fixture(scope="module")
-def prenorm(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("prenorm-toy")
-    build_toy("toy", norm_position="pre", final_norm=True).save_pretrained(folder)
-    toy_tokenizer("toy").save(folder)
-    return str(folder)
 
 
 @pytest.fixture
@@ -58,7 +49,7 @@ def test_discover_writes_the_circuit(prenorm, pairs_file, tmp_path, capsys):
     (["--task", "ioi", "--steps", "0"], "0 is not a positive integer"),
     (["--task", "ioi", "--pairs", "1000000"], "1000000 pairs is more than 100000"),
     (["--task", "ioi", "--method", "acdc"], "invalid choice: 'acdc'"),
-    (["--task", "ioi", "--model", "toy"], "circuit discovery needs a pre-norm decoder"),
+    (["--task", "ioi", "--model", "toy"], "a post-norm block (norm_position='post') renormalises it"),
 ])
 def test_mistakes_are_one_line(arguments, words, capsys):
     assert status(["circuits", "discover", *arguments]) == 2

@@ -118,6 +118,14 @@ def test_chunking_does_not_change_the_scores():
 @pytest.mark.parametrize("parallel, qk_norm", [(False, "none"), (True, "none"), (False, "per_head")])
 def test_edge_runs_nothing_ablated_is_clean_everything_is_corrupt(parallel, qk_norm):
     model, task = tiny(parallel=parallel, qk_norm=qk_norm), toy_task()
+    (nothing, everything), clean_logits, corrupt_logits = nothing_and_everything_ablated(model, task)
+    tolerance = 1e-12 if qk_norm == "none" else 1e-5  # q/k RMSNorms compute in float32
+    assert (nothing - clean_logits).abs().max() < tolerance
+    assert (everything - corrupt_logits).abs().max() < tolerance
+
+
+def nothing_and_everything_ablated(model, task: Task):
+    """((the last logits with no edge ablated, with every edge ablated), the clean run's, the corrupted run's)."""
     graph = ResidualGraph(model)
     clean, corrupt = task.inputs(range(len(task)))
     ablation = graph.source_values(model, corrupt)
@@ -126,10 +134,7 @@ def test_edge_runs_nothing_ablated_is_clean_everything_is_corrupt(parallel, qk_n
     shape = (1, *graph.allowed.shape)
     out = run_ablated(model, graph, clean, ablation, torch.cat([torch.zeros(shape, dtype=torch.bool),
                                                                 torch.ones(shape, dtype=torch.bool)]))
-    n = len(task)
-    tolerance = 1e-12 if qk_norm == "none" else 1e-5  # q/k RMSNorms compute in float32
-    assert (out[:n] - clean_logits).abs().max() < tolerance
-    assert (out[n:] - corrupt_logits).abs().max() < tolerance
+    return out.split(len(task)), clean_logits, corrupt_logits
 
 
 def test_edge_runs_agree_whichever_sum_they_take(monkeypatch):
@@ -234,7 +239,7 @@ def test_k_larger_than_the_count_is_refused():
 
 
 def test_a_post_norm_model_has_no_residual_graph(toy):
-    with pytest.raises(ValueError, match="pre-norm blocks"):
+    with pytest.raises(ValueError, match="post-norm block"):
         ResidualGraph(toy)
 
 
@@ -260,6 +265,21 @@ def test_name_mover_scores_sum_with_the_other_components_to_the_logit_difference
     assert ((attention >= 0) & (attention <= 1)).all()
     roles = head_roles(model, task, [(0, 0), (1, 3)], batch_size=4)
     assert set(roles["roles"]) == {(0, 0), (1, 3)}
+    first = name_mover_scores(model, task, batch_size=4, pairs=3)  # the mean over the first 3 pairs only
+    assert torch.allclose(first.values, (right - wrong)[[names.index(f"L{l}H{h}") for l in range(2) for h in range(4)]]
+                          [:, :3].mean(1).view(2, 4))
+
+
+def test_a_pair_whose_prompt_lacks_its_answer_gives_no_name_mover_attention():
+    """Without the answer's token in the prompt there is nothing to attend to: 0, not the attention to
+    position 0 (the sink) that the first-match search would otherwise point at."""
+    from anatomy.circuits.discovery.roles import name_mover_scores
+
+    task = toy_task()
+    absent = Task("absent", task.clean.clamp(max=38), task.corrupt.clamp(max=38), task.lengths,
+                  torch.full_like(task.answers, 39), task.wrongs)  # token 39 is in no prompt
+    assert torch.equal(name_mover_scores(tiny(), absent, batch_size=4).extra["attention"],
+                       torch.zeros(2, 4, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("qk_norm", ["none", "per_head", "across_heads"])

@@ -23,7 +23,8 @@ from ...arguments import add_compute_arguments, add_model_argument, non_negative
 from ...parser import closest
 from ...progress import Stages
 from ...terminal import printable, summary_block
-from .choices import ABLATIONS, EDGE_METHODS, MAX_PAIRS, MAX_STEPS, NODE_KINDS, NODE_METHODS, PATHS, TASKS
+from .choices import (ABLATIONS, EDGE_METHODS, MAX_PAIRS, MAX_STEPS, NODE_KINDS, NODE_METHODS, PATHS, TASKS, edge_refusal,
+                      node_refusal)
 
 # The options each family of methods reads (None: the default below); any other given is refused, not ignored.
 OPTIONS = {"path": ("eap-ig",), "steps": ("eap-ig", "ig"), "nodes": NODE_METHODS, "ablation": EDGE_METHODS,
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "nodes (atp, atp*, ig), with the exact check of each and the heads' roles")
     parser.add_argument("--task", required=True, type=task_name,
                         help=f"{', '.join(TASKS)}, or a .jsonl file of {{clean, corrupt, answer, wrong}} pairs")
-    add_model_argument(parser, default="smollm2", help="a pre-norm decoder")
+    add_model_argument(parser, default="smollm2", help="a decoder (edges, nodes) or a sequence classifier (nodes)")
     parser.add_argument("--method", choices=EDGE_METHODS + NODE_METHODS, default="eap-ig",
                         help="edges: eap (attribution patching), eap-ig (integrated gradients); nodes: atp, atp* "
                              "(the QK fix and GradDrop), ig")
@@ -102,9 +103,9 @@ def check_arguments(args: argparse.Namespace) -> str:
     from ...checkpoints.describe import config_of
 
     config = config_of(args.model)
-    if config is not None and (config.arch != "decoder" or config.norm_position != "pre"):
-        raise ValueError(f"--model {printable(str(args.model))}: circuit discovery needs a pre-norm decoder "
-                         f"(arch={config.arch!r}, norm_position={config.norm_position!r})")
+    why = None if config is None else (edge_refusal if family == "edges" else node_refusal)(config)
+    if why:
+        raise ValueError(f"--model {printable(str(args.model))}: {why}")
     return family
 
 
@@ -134,7 +135,7 @@ def edge_circuit(args, model, task, stages: Stages) -> tuple[list, list, Path | 
     """Score every edge, draw the faithfulness curve, write the circuit; (summary rows, the circuit's heads
     strongest first, the file written)."""
     from ..save import save
-    from .circuit import circuit_graph
+    from .circuit import circuit_for_page, circuit_graph
     from .edges import attribute_edges
     from .faithfulness import faithfulness, kept_masks
     from .figures import head_weights
@@ -158,11 +159,14 @@ def edge_circuit(args, model, task, stages: Stages) -> tuple[list, list, Path | 
     steps = f" ({args.steps} steps, path {args.path})" if args.method == "eap-ig" else ""
     about = f"{args.model}, {task.name}: {len(task)} pairs, {args.method}{steps}, the top {size} of " \
             f"{graph.edge_count:,} edges{reached}"
-    circuit = circuit_graph(result, kept, about=about, meta={"model": str(args.model), "task": task.name})
+    meta = {"model": str(args.model), "task": task.name}
     out = None
-    if args.out:
+    if args.out and Path(args.out).suffix.lower() == ".safetensors":
         stages.start("writing")
-        out = save(circuit, args.out)
+        out = save(circuit_graph(result, kept, about=about, meta=meta), args.out)
+    elif args.out:  # the page: the circuit grown from its smallest by a slider, beside the curve, heads by role
+        stages.start("writing")  # the page: the heads' roles first (circuit_for_page)
+        out = save(circuit_for_page(model, task, result, curve, size=size, about=about, meta=meta), args.out)
     weights = head_weights(graph, result.values, kept)
     rows = [("metric", f"clean {curve.extra['clean']:.3f}, ablated {curve.extra['ablated']:.3f}"),
             ("edges", f"{graph.edge_count:,} between {len(graph.sources)} sources and {len(graph.destinations)} inputs"),
