@@ -12,6 +12,7 @@ import pytest
 import anatomy
 from anatomy.circuits import attribution_graph, explain_attention, pruned, save
 from anatomy.sae import load_transcoders
+from test_page import click_node, open_page
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROMPT = json.loads((FIXTURES / "graphs" / "README.json").read_text())["prompt"]
@@ -29,12 +30,7 @@ def explained():
 @pytest.fixture()
 def page(browser, explained, tmp_path):
     small, edges = explained
-    tab = browser.new_page()
-    errors = []
-    tab.on("pageerror", lambda error: errors.append(str(error)))
-    tab.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-    tab.goto(save(small, tmp_path / "graph.html").as_uri())
-    tab.wait_for_selector("#graph-scroll svg g.node")
+    tab, errors = open_page(browser, save(small, tmp_path / "graph.html"))
     yield tab
     assert not errors
     tab.close()
@@ -44,7 +40,7 @@ def test_a_clicked_target_shows_its_edges_heads_and_the_qk_of_a_head(page, expla
     small, edges = explained
     edge = max(edges, key=lambda e: abs(e.split.edge))
     target = small.index(edge.split.target)
-    page.locator(f'#graph-scroll g.node[data-index="{target}"]').first.click()
+    click_node(page, target)
     page.wait_for_selector("#qk-section")
     block = page.locator(f'.qk-edge[data-source="{edge.split.source.id}"]')
     rows = block.locator('table[data-field="heads"] tr').all()[1:]
@@ -74,7 +70,7 @@ def test_a_clicked_target_shows_its_edges_heads_and_the_qk_of_a_head(page, expla
 def test_an_input_with_an_explained_edge_is_marked_and_opens_it(page, explained):
     small, edges = explained
     edge = min(edges, key=lambda e: abs(e.split.edge))  # one that starts closed
-    page.locator(f'#graph-scroll g.node[data-index="{small.index(edge.split.target)}"]').first.click()
+    click_node(page, small.index(edge.split.target))
     row = page.locator(f'#detail table[data-field="inputs"] tr[data-node="{small.index(edge.split.source)}"]')
     mark = row.locator("button.qk-mark")
     if mark.count() == 0:
@@ -94,11 +90,9 @@ def test_hostile_names_are_text(browser, explained, tmp_path):
     for node in record["nodes"].values():
         node["name"] = hostile
     graph = small.subgraph(small.mask(*{n.kind for n in small.nodes}), meta=dict(small.meta, attention=record))
-    tab = browser.new_page()
-    tab.goto(save(graph, tmp_path / "hostile.html").as_uri())
-    tab.wait_for_selector("#graph-scroll svg g.node")
+    tab, _ = open_page(browser, save(graph, tmp_path / "hostile.html"))
     edge = max(edges, key=lambda e: abs(e.split.edge))
-    tab.locator(f'#graph-scroll g.node[data-index="{small.index(edge.split.target)}"]').first.click()
+    click_node(tab, small.index(edge.split.target))
     tab.locator("#qk-section td.qk-head").first.click()
     assert hostile in tab.inner_text("#qk-section") and tab.evaluate("window.bad") is None
     assert tab.locator("#qk-section img").count() == 0

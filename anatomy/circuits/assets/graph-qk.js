@@ -97,7 +97,7 @@ function qkEdgeBlock(edge, open) {
       shown.textContent = "";
       if (h.qk !== null) shown.append(qkDetail(qkData.qk[h.qk]));
     };
-    const pairs = h.pairs.slice(0, 3).map(([q, k, v]) => `${q}←${k} ${fmt(v)}`).join(", ");
+    const pairs = h.pairs.slice(0, 2).map(([q, k, v]) => `${q}←${k} ${fmt(v)}`).join(", ");
     const label = `L${h.layer} H${h.head}` + (h.qk !== null ? " ▸" : "");
     return [qkCell(label, h.qk !== null ? "qk-head" : "", h.qk !== null ? open : null), qkTermCell(h.part),
             qkCell(h.share === null ? "–" : `${(100 * h.share).toFixed(1)}%`, "num"), qkCell(pairs, "note")];
