@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .graph import Graph, Node
-from .heads import HeadSplit, split_edge
+from .heads import HeadSplit, refuse_post_norm, split_edge
 from .qk import QKAttribution, qk_attributions
 from .stream import NodeStream
 
@@ -58,9 +58,12 @@ def explain_attention(model: nn.Module, transcoders, graph: Graph, n: int = 20, 
     attribution graph split by head, with the QK attribution of each edge's `heads` largest heads at the position
     pair carrying most of each (top: the pairs and marginals kept); the record is put in graph.meta["attention"].
     Raises ValueError for a graph that is not an attribution graph, n or heads below 1 (n may be 0 when edges are
-    given), or an edge whose target is not a feature or a logit; KeyError for a node not in the graph."""
+    given), an edge whose target is not a feature or a logit, or a post-norm model (heads.refuse_post_norm: its
+    edges have no first moves; qk.qk_attribution still explains its heads' scores); KeyError for a node not in
+    the graph."""
     if graph.kind != "attribution graph" or "prompt_ids" not in graph.meta:
         raise ValueError(f"attention is explained on an attribution graph (with its prompt); this is a {graph.kind}")
+    refuse_post_norm(model)
     for name, value in (("n", n), ("heads", heads), ("top", top)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "n" else 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")

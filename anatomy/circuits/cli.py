@@ -133,7 +133,7 @@ def run(args) -> int:
             stages.start("the interventions")
         tested = intervene(model, prompt, transcoders, changes, freeze=args.freeze, graph=graph) if changes else None
         shown = explained = None
-        if args.qk:
+        if args.qk and model.config.norm_position != "post":  # a post-norm model's edges have no first moves
             stages.start("the attention")
             shown, explained = explain(args, graph, model, transcoders)
         stages.start("writing")
@@ -151,6 +151,10 @@ def run(args) -> int:
         if shown is not None:
             rows.append(("pruned", f"{len(shown)} nodes, {sum(1 for _ in shown.edges()):,} edges (node threshold "
                                    f"{args.node_threshold}, edge threshold {args.edge_threshold})"))
+        if args.qk and explained is None:
+            rows.append(("attention", "not split by head: a post-norm model's edges cross a norm after every "
+                                      "sublayer, so no path has a first move (anatomy.circuits.qk_attribution "
+                                      "still explains a head's score)"))
         if explained is not None:
             record = graph.meta["attention"]
             rows.append(("attention", f"{len(record['edges'])} edges across positions split by head, "

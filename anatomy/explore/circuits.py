@@ -63,7 +63,8 @@ def circuit_work(slot: ModelSlot, p: Pass, settings: dict) -> Callable[[Callable
         replacement, completeness = scores(graph, decision.influence)
         graph.about = small.about = f"{slot.name} on {text!r}"
         attention = None
-        if qk:  # before the page is made: it shows them
+        if qk and model.config.norm_position != "post":  # before the page is made: it shows them (a post-norm
+            # model's edges have no first moves to split by head)
             explain_attention(model, transcoders, small, n=qk)
             attention = small.meta["attention"]
         page = graph_view(small, details=promoted_tokens(model, transcoders, small), scores=(replacement, completeness))

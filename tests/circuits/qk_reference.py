@@ -11,36 +11,12 @@ norm and rotary) on a stream changed at one position. No code of anatomy/circuit
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import torch
 
 import anatomy
-from anatomy.layers import LayerNorm, RMSNorm
-
-
-def norms_of(model) -> list:
-    return [module for module in model.modules() if isinstance(module, (LayerNorm, RMSNorm))]
-
-
-@contextmanager
-def frozen_norms(model, scales: dict):
-    """Every norm computes centre(x) s g + beta with s its clean scale [..., 1]."""
-    def frozen(norm, scale):
-        def forward(x):
-            centred = x - x.mean(-1, keepdim=True) if isinstance(norm, LayerNorm) else x
-            if isinstance(norm, LayerNorm):
-                return norm.out(centred * scale * norm.weight + norm.bias)
-            return norm.out(centred * scale * ((1 + norm.weight) if norm.plus_one else norm.weight))
-        return forward
-
-    for norm in norms_of(model):
-        norm.forward = frozen(norm, scales[norm])
-    try:
-        yield
-    finally:
-        for norm in norms_of(model):
-            del norm.forward
+from anatomy.layers import LayerNorm
+from frozen_reference import frozen_norms, norms_of
 
 
 class FrozenModel:
@@ -102,10 +78,9 @@ class FrozenModel:
     def node_vector(self, node, layer: int) -> torch.Tensor:
         """[T, E]: what the node adds to resid_pre(layer), by adding its write once more in the frozen model."""
         T = self.ids.size(1)
-        E = self.model.config.d_model
 
-        def at(column, vector):
-            add = torch.zeros(1, T, E, dtype=torch.float64)
+        def at(column, vector):  # the embeddings may be narrower than the stream (OPT's project_in)
+            add = torch.zeros(1, T, vector.size(-1), dtype=torch.float64)
             add[0, column] = vector
             return add
 
@@ -146,7 +121,9 @@ class FrozenModel:
             if add is not None:
                 x[0, position] += add
             with frozen_norms(self.model, self.scales):
-                y = attn.project(block.attn_norm(x), which)  # (1, heads, T, D)
+                reads_stream = self.model.config.norm_position in ("post", "post_sublayer")  # no norm before it
+                normed = x if reads_stream else block.attn_norm(x)
+                y = attn.project(normed, which)  # (1, heads, T, D)
             if attn.rotary is not None:
                 y = attn.rotary(y, torch.arange(T))
             sides.append(y[0, head if which == "q" else head // (attn.n_heads // attn.n_kv_heads), position])

@@ -162,3 +162,18 @@ def test_the_bench_times_the_attention_beyond_the_graph(monkeypatch, tmp_path):
                     r"goal 10 s; (\d+) heads' scores .* at most ([0-9.e-]+) of the terms' sizes", out.getvalue(), re.M)
     assert row, out.getvalue()
     assert int(row[1]) == 20 and int(row[3]) > 0 and float(row[4]) < 1e-5
+
+
+
+def test_a_post_norm_models_edges_are_refused_in_words_its_heads_scores_are_not():
+    from family_models import PROMPT as IDS
+    from family_models import family_model, family_transcoders
+
+    from anatomy.circuits import qk_attribution
+
+    model = family_model("opt-post")
+    transcoders = family_transcoders(model, "resid_mid", "mlp.out")
+    graph = attribution_graph(model, torch.tensor(IDS), transcoders)
+    with pytest.raises(ValueError, match="post-norm model does not split by heads"):
+        explain_attention(model, transcoders, graph)
+    assert qk_attribution(model, transcoders, torch.tensor(IDS), 2, 1, 5, 3).error < 1e-5

@@ -12,7 +12,9 @@ import anatomy
 from anatomy.circuits.qk import qk_attributions, strongest_pairs
 from anatomy.circuits.stream import NodeStream
 from anatomy.sae import SAE, TranscoderSet
+from family_models import FAMILIES, family_model, family_transcoders
 from qk_reference import FrozenModel
+from test_families import SETS
 
 PROMPT = [3, 17, 5, 29, 11, 8, 40]
 SHAPES = {
@@ -63,11 +65,22 @@ HEADS = [(2, 3, 6, 2), (1, 0, 5, 5), (2, 1, 4, 1), (1, 2, 3, 0)]  # (layer, head
 
 CASES = [(name, {}) for name in SHAPES] + [("llama", dict(skip=True)), ("llama", dict(skip=True, cross_layer=True)),
                                            ("gpt2: LayerNorm, biases, learned positions", dict(skip=True, cross_layer=True))]
+CASES += [(f"family {case}", {}) for case in SETS]
 
 
-@pytest.mark.parametrize("name, transcoder", CASES, ids=[f"{n[:12]} {' '.join(t)}" for n, t in CASES])
+def made(name: str, transcoder: dict):
+    """(model, transcoders): a SHAPES model, or a family's (test_families.SETS) with its set."""
+    if not name.startswith("family "):
+        return shaped(name, **transcoder)
+    case = name.split(" ", 1)[1]
+    model = family_model(case if case in FAMILIES else case.rsplit("-", 1)[0])
+    reads, writes, options = SETS[case]
+    return model, family_transcoders(model, reads, writes, **options)
+
+
+@pytest.mark.parametrize("name, transcoder", CASES, ids=[f"{n[:20]} {' '.join(t)}" for n, t in CASES])
 def test_every_term_is_the_frozen_models_change(name, transcoder):
-    model, transcoders = shaped(name, **transcoder)
+    model, transcoders = made(name, transcoder)
     stream = NodeStream(model, transcoders, torch.tensor(PROMPT))
     results = qk_attributions(stream, HEADS, top=6)
     frozen = FrozenModel(model, transcoders, PROMPT)
