@@ -167,7 +167,7 @@ def head_moves(rep: Replacement, layer: int, u: torch.Tensor, w: torch.Tensor, q
     u [T, H, D]: the gradient at each head's output (one_row_transpose)."""
     sublayer = rep.sublayers[layer]
     a = sublayer.attention
-    H, K, D = a.n_heads, a.n_kv, a.d_head
+    K, D = a.n_kv, a.d_head
     normed = sublayer.norm.at(w[None], torch.tensor([q]))[0]
     v = (normed @ a.w_v.T).view(K, D).repeat_interleave(a.group, dim=0)  # (H, D): its values
     T = u.size(0)

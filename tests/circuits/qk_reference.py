@@ -15,8 +15,7 @@ import math
 import torch
 
 import anatomy
-from anatomy.layers import LayerNorm
-from frozen_reference import frozen_norms, norms_of
+from frozen_reference import clean_scales, frozen_interventions, frozen_norms
 
 
 class FrozenModel:
@@ -29,20 +28,9 @@ class FrozenModel:
         self.ins = [transcoders.input_point(l) for l in range(L)]
         self.outs = [transcoders.output_point(l) for l in range(L)]
         names = ["embed"] + [f"blocks.{l}.{p}" for l in range(L) for p in ("resid_pre", "attn.pattern", "attn.scores")]
-        self.scales = {}
-
-        def keep(module, args):
-            x = args[0].double()
-            x = x - x.mean(-1, keepdim=True) if isinstance(module, LayerNorm) else x
-            self.scales[module] = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.eps)
-
-        handles = [norm.register_forward_pre_hook(keep) for norm in norms_of(model)]
-        try:
-            with torch.no_grad(), anatomy.trace(model, names + self.ins + self.outs) as clean:
-                model(self.ids)
-        finally:
-            for handle in handles:
-                handle.remove()
+        with torch.no_grad(), anatomy.trace(model, names + self.ins + self.outs) as clean:
+            model(self.ids)
+        self.scales = clean_scales(model, self.ids)  # every norm's, the q/k norms' too
         self.clean = clean
         self.base = None
 
@@ -51,26 +39,10 @@ class FrozenModel:
 
     @torch.no_grad()
     def streams(self, extra_out: dict, extra_embed: torch.Tensor | None) -> list[torch.Tensor]:
-        """resid_pre of every layer [T, E] with extra_out[layer] [T, E] added at the transcoders' output points and
-        extra_embed [T, E] at the embeddings."""
-        L, clean, transcoders = self.model.config.n_layers, self.clean, self.transcoders
-        inputs, interventions = {}, {}
-        if extra_embed is not None:
-            interventions["embed"] = lambda x: x + extra_embed
-        for l in range(L):
-            interventions[f"blocks.{l}.attn.pattern"] = lambda x, l=l: clean[f"blocks.{l}.attn.pattern"]
-
-            def read(x, l=l):
-                inputs[l] = x
-
-            def write(x, l=l):
-                out = clean[self.outs[l]].clone()
-                skip = transcoders.skip(l)
-                if skip is not None:
-                    out = out + (inputs[l] - clean[self.ins[l]]) @ skip
-                return out + extra_out.get(l, 0)
-            interventions[self.ins[l]], interventions[self.outs[l]] = read, write
-        names = [f"blocks.{l}.resid_pre" for l in range(L)]
+        """resid_pre of every layer [T, E] with extra_out[layer] [1, T, E] added at the transcoders' output points
+        and extra_embed [1, T, E'] at the embeddings (frozen_reference.frozen_interventions)."""
+        interventions = frozen_interventions(self.transcoders, self.clean, {}, extra_out, extra_embed)
+        names = [f"blocks.{l}.resid_pre" for l in range(self.model.config.n_layers)]
         with frozen_norms(self.model, self.scales), anatomy.trace(self.model, names, interventions=interventions) as t:
             self.model(self.ids)
         return [t[name][0] for name in names]

@@ -26,6 +26,12 @@ PROMPT = json.loads((FIXTURES / "graphs" / "README.json").read_text())["prompt"]
 
 @pytest.fixture(scope="module")
 def explained():
+    return explained_graph()
+
+
+def explained_graph():
+    """(model, transcoders, the pruned graph of the fixture Llama through the skip set, its 6 strongest
+    attention-mediated edges explained)."""
     model = anatomy.from_pretrained(str(FIXTURES / "graphs" / "llama")).eval()
     transcoders = load_transcoders(FIXTURES / "graphs" / "plt_relu_skip")
     graph = pruned(attribution_graph(model, PROMPT, transcoders))

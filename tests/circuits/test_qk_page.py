@@ -5,31 +5,22 @@ no node, the identity's check line and difference); inputs with an explained edg
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-import anatomy
-from anatomy.circuits import attribution_graph, explain_attention, pruned, save
-from anatomy.sae import load_transcoders
+from anatomy.circuits import save
+from test_attention_edges import explained_graph
 from test_page import click_node, open_page
-
-FIXTURES = Path(__file__).parent / "fixtures"
-PROMPT = json.loads((FIXTURES / "graphs" / "README.json").read_text())["prompt"]
 
 
 @pytest.fixture(scope="module")
 def explained():
-    model = anatomy.from_pretrained(str(FIXTURES / "graphs" / "llama")).eval()
-    transcoders = load_transcoders(FIXTURES / "graphs" / "plt_relu_skip")
-    small = pruned(attribution_graph(model, PROMPT, transcoders))
-    edges = explain_attention(model, transcoders, small, n=6)
-    return small, edges
+    return explained_graph()
 
 
 @pytest.fixture()
 def page(browser, explained, tmp_path):
-    small, edges = explained
+    _, _, small, edges = explained
     tab, errors = open_page(browser, save(small, tmp_path / "graph.html"))
     yield tab
     assert not errors
@@ -37,7 +28,7 @@ def page(browser, explained, tmp_path):
 
 
 def test_a_clicked_target_shows_its_edges_heads_and_the_qk_of_a_head(page, explained):
-    small, edges = explained
+    _, _, small, edges = explained
     edge = max(edges, key=lambda e: abs(e.split.edge))
     target = small.index(edge.split.target)
     click_node(page, target)
@@ -68,7 +59,7 @@ def test_a_clicked_target_shows_its_edges_heads_and_the_qk_of_a_head(page, expla
 
 
 def test_an_input_with_an_explained_edge_is_marked_and_opens_it(page, explained):
-    small, edges = explained
+    _, _, small, edges = explained
     edge = min(edges, key=lambda e: abs(e.split.edge))  # one that starts closed
     click_node(page, small.index(edge.split.target))
     row = page.locator(f'#detail table[data-field="inputs"] tr[data-node="{small.index(edge.split.source)}"]')
@@ -84,7 +75,7 @@ def test_an_input_with_an_explained_edge_is_marked_and_opens_it(page, explained)
 
 
 def test_hostile_names_are_text(browser, explained, tmp_path):
-    small, edges = explained
+    _, _, small, edges = explained
     record = json.loads(json.dumps(small.meta["attention"]))
     hostile = '<img src=x onerror="window.bad=1">'
     for node in record["nodes"].values():
