@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import Row, Settings, alternate, load_average, peer_python
+from .common import Row, Settings, alternate, load_average
+from .peers import peer_python
 
 POINT = "blocks.15.resid_post"
 WORKER = Path(__file__).with_name("saelens_worker.py")
@@ -119,13 +120,6 @@ def anatomy_worker(rows_path: str, out_path: str, options: str) -> None:
         json.dump({"seconds": seconds, "fve": fves if n > 1 else fves[0], "l0": l0s if n > 1 else l0s[0]}, handle)
 
 
-def saelens_python(install: bool = True) -> tuple[str | None, str]:
-    """(the python of an environment with sae-lens, or None; what was done or why not). install: make the
-    cached environment when it is absent (never in --quick: CI has neither the time nor the network)."""
-    return peer_python("SAELens", "ANATOMY_SAELENS_PYTHON", "venv-saelens", ["sae-lens"], install,
-                       "SAELens pins transformer-lens < 4")
-
-
 def run_worker(command: list[str]) -> dict:
     """A worker process's JSON result (its command ends in OUT.json OPTIONS), or RuntimeError with its stderr."""
     out = command[-2]
@@ -141,7 +135,7 @@ def bench_training(settings: Settings, train: torch.Tensor, held: torch.Tensor) 
     from safetensors.torch import save_file
 
     options = _options(settings, train.size(1))
-    python, how = saelens_python(install=not settings.quick)
+    python, how = peer_python("saelens", install=not settings.quick)
     with tempfile.TemporaryDirectory() as folder:
         rows_path = str(Path(folder) / "rows.safetensors")
         save_file({"train": train, "held_out": held}, rows_path)

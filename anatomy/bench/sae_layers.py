@@ -90,7 +90,8 @@ def bench_multi_training(settings: Settings, model, tokens: np.ndarray, context:
     from safetensors.torch import save_file
 
     from ..sae.store import rows_of
-    from .sae import run_worker, saelens_python
+    from .peers import peer_python
+    from .sae import run_worker
 
     o = _options(settings)
     n_layers = len(model.blocks)
@@ -99,7 +100,7 @@ def bench_multi_training(settings: Settings, model, tokens: np.ndarray, context:
     rows = rows_of(model, points, tokens, context=context, limit=o["batch_size"] * 8 + 4096)
     rows = rows[torch.from_numpy(np.random.default_rng(0).permutation(len(rows)))]
     held, train = rows[-4096:].contiguous(), rows[:-4096].contiguous()
-    python, how = saelens_python(install=not settings.quick)
+    python, how = peer_python("saelens", install=not settings.quick)
     with tempfile.TemporaryDirectory() as folder:
         rows_path = str(Path(folder) / "rows.safetensors")
         save_file({"train": train, "held_out": held}, rows_path)
