@@ -8,8 +8,8 @@ seconds and peak resident memory, each side in a process of its own, one after t
 are compared node by node (features by layer, position and index; errors; tokens; logits): max |diff|.
 
 circuit-tracer runs from its own environment ($ANATOMY_CIRCUIT_TRACER_PYTHON, else the cached
-~/.cache/anatomy/venv-circuit-tracer, made when absent: torch first, then circuit-tracer 0.5.0, nnsight 0.6.1,
-transformer-lens 3.2.1, transformers 4.57.3), with its nnsight backend (it takes a local folder) at batch 128,
+~/.cache/anatomy/venv-circuit-tracer, made when absent by peers.py: circuit-tracer 0.5.0, nnsight 0.6.1,
+transformer-lens 3.2.1, transformers 4.57.3 over this environment's torch), with its nnsight backend (it takes a local folder) at batch 128,
 its fastest setting here (shared/notes/circuit-tracer-on-a-cpu.md). --quick: the tests' tiny Llama and set.
 """
 

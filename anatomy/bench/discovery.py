@@ -7,7 +7,7 @@ Rows:
   masks interpolated together, anatomy's path="edges"), seconds per call, and the largest difference of
   the scores (anatomy's mean times the 6 points against auto-circuit's sum). auto-circuit needs
   TransformerLens 2.x, so it runs in its own environment: $ANATOMY_AUTOCIRCUIT_PYTHON, else one the bench
-  makes under the cache (venv-auto-circuit); without either the row says why.
+  makes under the cache (venv-auto-circuit, peers.py); without either the row says why.
 - **SmolLM2-135M, IOI, 100 pairs** (not in --quick): EAP-IG with 5 steps over every edge (goal: 2 minutes
   with 2 threads), exact path patching of its top 50 edges (goal: 2 minutes), and AtP*'s Spearman rho
   against exact activation patching on the top 20 heads (goal: 0.8). One run each: minutes long, timed

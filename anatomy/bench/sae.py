@@ -9,7 +9,7 @@ Two rows:
   steps after the first 5, and the fraction of variance explained on the same held-out rows at the end
   (both start b_dec at the rows' mean, as anatomy does; SAELens 6 starts it at 0).
   SAELens pins transformer-lens < 4, so it runs from its own virtual environment: $ANATOMY_SAELENS_PYTHON,
-  else one the bench makes under ~/.cache/anatomy/venv-saelens (pip install torch==<this torch> sae-lens,
+  else one the bench makes under ~/.cache/anatomy/venv-saelens (peers.py: sae-lens over this torch,
   said before it starts); without either, the row says why and has no SAELens column.
 - **harvesting activations**: a pass that stops at blocks.15 (anatomy.sae.store.harvest) against the full
   forward pass, tokens per second, alternating; the harvested values equal the full pass's trace.
