@@ -39,11 +39,13 @@ def close(ours: torch.Tensor, theirs: torch.Tensor) -> bool:
 def same_json(ours, theirs, scale: float = 1.0) -> bool:
     if isinstance(theirs, dict):
         keys = {key for key in theirs if "version" not in key}
-        return keys == {key for key in ours if "version" not in key} and all(same_json(ours[k], theirs[k]) for k in keys)
+        return (keys == {key for key in ours if "version" not in key}
+                and all(same_json(ours[key], theirs[key]) for key in keys))
     if isinstance(theirs, list):
         numbers = [abs(v) for v in theirs if isinstance(v, (int, float)) and not isinstance(v, bool)]
         scale = max([1.0, *numbers])
-        return isinstance(ours, list) and len(ours) == len(theirs) and all(map(same_json, ours, theirs, [scale] * len(ours)))
+        return (isinstance(ours, list) and len(ours) == len(theirs)
+                and all(same_json(a, b, scale) for a, b in zip(ours, theirs)))
     if isinstance(theirs, float) or (isinstance(ours, float) and isinstance(theirs, int)):
         return isinstance(ours, (int, float)) and abs(ours - theirs) <= RELATIVE * max(scale, abs(theirs))
     return ours == theirs
@@ -73,7 +75,8 @@ def differences(written: Path, committed: Path) -> list[str]:
                                     for script, (variable, _) in SCRIPTS.items()])
 def test_the_committed_fixtures_are_what_the_peer_writes_today(script, tmp_path):
     variable, folder = SCRIPTS[script]
-    done = subprocess.run([os.environ[variable], str(TESTS / script), str(tmp_path / "written")], capture_output=True, text=True,
+    done = subprocess.run([os.environ[variable], str(TESTS / script), str(tmp_path / "written")],
+                          capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert list((tmp_path / "written").rglob("*.safetensors")), "the script wrote no tensors"

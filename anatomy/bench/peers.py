@@ -8,8 +8,8 @@ python's torch. One builder for CI, the parity tests and `anatomy bench`:
 |----------------|--------------------------------|------------------------------------------------------------|
 | transformers4  | ANATOMY_TRANSFORMERS4_PYTHON   | transformers 4.57.3 (it pins huggingface-hub < 1)           |
 | circuit-tracer | ANATOMY_CIRCUIT_TRACER_PYTHON  | circuit-tracer 0.5.0, nnsight 0.6.1, transformer-lens 3.2.1 |
-| auto-circuit   | ANATOMY_AUTOCIRCUIT_PYTHON     | auto-circuit 1.0.1, transformer-lens 2.x                    |
-| saelens        | ANATOMY_SAELENS_PYTHON         | sae-lens 6 (it pins transformer-lens < 4)                   |
+| auto-circuit   | ANATOMY_AUTOCIRCUIT_PYTHON     | auto-circuit 1.0.1, transformer-lens 2.18.0                 |
+| saelens        | ANATOMY_SAELENS_PYTHON         | sae-lens 6.54.12 (it pins transformer-lens < 4)             |
 
 Each is `python -m venv` under anatomy's cache (venv-<peer>) with a .pth file that appends this python's
 site-packages, so torch, safetensors and numpy are this environment's (nothing downloaded twice; a second torch
@@ -22,9 +22,11 @@ checkout moves) and installs nothing. An install that fails leaves no stamp, so 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import sysconfig
@@ -46,13 +48,16 @@ PEERS = {
     "transformers4": Peer("transformers 4.57.3", "ANATOMY_TRANSFORMERS4_PYTHON", ("transformers==4.57.3",),
                           "it pins huggingface-hub < 1 and tokenizers < 0.23"),
     "circuit-tracer": Peer("circuit-tracer", "ANATOMY_CIRCUIT_TRACER_PYTHON",
-                           ("circuit-tracer==0.5.0", "nnsight==0.6.1", "transformer-lens==3.2.1", "transformers==4.57.3"),
+                           ("circuit-tracer==0.5.0", "nnsight==0.6.1", "transformer-lens==3.2.1",
+                            "transformers==4.57.3"),
                            "it pins nnsight 0.6.1, transformer-lens 3 and transformers 4.57.3"),
     # auto-circuit's own dependencies but tracr-pypi, kaleido and word2word (jax, haiku and a Chromium: 700 MB and
     # two minutes of installing), which only its tracr tasks, image export and word lists import
+    # (transformer-lens and transformers pinned: unpinned, pip's resolver downloads 25 versions of transformers)
     "auto-circuit": Peer("auto-circuit", "ANATOMY_AUTOCIRCUIT_PYTHON",
-                         ("transformer-lens==2.18.0", "transformers==4.57.3", "pyarrow<16", "datasets<3", "blobfile>=2.0.2", "einops>=0.6.1",
-                          "ordered-set>=4.1.0", "plotly>=5.18.0", "vscode-tqdm>=4.66.2"),
+                         ("transformer-lens==2.18.0", "transformers==4.57.3", "pyarrow<16", "datasets<3",
+                          "blobfile>=2.0.2", "einops>=0.6.1", "ordered-set>=4.1.0", "plotly>=5.18.0",
+                          "vscode-tqdm>=4.66.2"),
                          "auto-circuit pins TransformerLens 2.x", without_dependencies=("auto-circuit==1.0.1",)),
     "saelens": Peer("SAELens", "ANATOMY_SAELENS_PYTHON", ("sae-lens==6.54.12",), "SAELens pins transformer-lens < 4"),
 }
@@ -66,10 +71,12 @@ def venv_folder(peer: str) -> Path:
     return cache_root() / f"venv-{peer}"
 
 
+@functools.cache
 def _base_packages() -> str:
     """A digest of this python's installed distributions (name and version): what the peer's pins were resolved
     against. A fresh CI environment with other versions re-runs pip; the same one does not."""
-    found = sorted({f"{d.metadata['Name']}=={d.version}".lower() for d in metadata.distributions() if d.metadata['Name']})
+    found = sorted({f"{d.metadata['Name']}=={d.version}".lower() for d in metadata.distributions()
+                    if d.metadata["Name"]})
     return hashlib.sha256("\n".join(found).encode()).hexdigest()[:16]
 
 
@@ -81,7 +88,8 @@ def build(peer: str, log=sys.stderr) -> Path:
     venv = venv_folder(peer)
     python, stamp = venv / "bin" / "python", venv / STAMP
     torch_version = metadata.version("torch").split("+")[0]
-    wanted = {"packages": [*spec.without_dependencies, *spec.packages], "torch": torch_version, "base": _base_packages()}
+    wanted = {"packages": [*spec.without_dependencies, *spec.packages], "torch": torch_version,
+              "base": _base_packages()}
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f"venv-{peer}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two builds of one peer (two shells, two checkouts) take turns
@@ -90,7 +98,7 @@ def build(peer: str, log=sys.stderr) -> Path:
             subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, capture_output=True)
         site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
         (site / PTH).write_text(sysconfig.get_paths()["purelib"] + "\n")
-        if (venv / STAMP).is_file() and built == wanted:
+        if built == wanted:
             return python
         print(f"installing {' '.join(wanted['packages'])} into {venv} over this python's torch {torch_version}: "
               f"{spec.why}", file=log, flush=True)
@@ -162,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
             continue
         print(f"{PEERS[peer].name}: {python} ({seconds:.1f} s)", file=sys.stderr)
-        print(f"export {PEERS[peer].variable}={python}" if args.export else python)
+        print(f"export {PEERS[peer].variable}={shlex.quote(str(python))}" if args.export else python)
     return 1 if failed else 0
 
 

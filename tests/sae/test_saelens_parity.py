@@ -104,7 +104,8 @@ for folder in sys.argv[1:]:
         save_file({"features": features.contiguous(), "recon": sae.decode(features).contiguous()},
                   folder + "/theirs.safetensors")
 """
-WRITTEN = [("relu", False), ("topk", False), ("jumprelu", False), ("batchtopk", False), ("relu", True), ("jumprelu", True)]
+WRITTEN = [("relu", False), ("topk", False), ("jumprelu", False), ("batchtopk", False), ("relu", True),
+           ("jumprelu", True)]
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +130,8 @@ def read_by_saelens(tmp_path_factory) -> dict[tuple[str, bool], tuple[SAE, torch
         x = torch.randn(7, 16)
         save_file({"x": x}, str(folder / "x.safetensors"))
         written[kind, transcoder] = sae, x, folder
-    run = subprocess.run([os.environ["ANATOMY_SAELENS_PYTHON"], "-c", READ_BACK, *(str(f) for *_, f in written.values())],
+    folders = [str(folder) for *_, folder in written.values()]
+    run = subprocess.run([os.environ["ANATOMY_SAELENS_PYTHON"], "-c", READ_BACK, *folders],
                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=240)
     assert run.returncode == 0, run.stderr[-2000:]
     return written
