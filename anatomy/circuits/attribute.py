@@ -23,25 +23,14 @@ replacement's forward pass with every node switched off. The result checks itsel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from . import checks
 from .graph import Graph, Node
+from .layout import Active, Layout, layout
 from .replacement import INPUT_POINTS, OUTPUT_POINTS, Replacement, unsupported
 from .sweep import Sources, errors_of, sweep
-
-
-@dataclass
-class Active:
-    """The active features of every layer (position 0 left out), in (layer, position, feature) order."""
-
-    layer: torch.Tensor  # [n] long
-    position: torch.Tensor  # [n] long
-    feature: torch.Tensor  # [n] long
-    activation: torch.Tensor  # [n]
-    pre: list[torch.Tensor]  # per layer [T, F]: every pre-activation (the targets' values)
 
 
 def prompt_ids(model: nn.Module, prompt) -> torch.Tensor:
@@ -61,7 +50,7 @@ def prompt_ids(model: nn.Module, prompt) -> torch.Tensor:
                 raise ValueError("the tokenizer has no BOS, pad or EOS token to put before the prompt")
             ids = [specials[0]] + ids
     else:
-        ids = [int(i) for i in (prompt.tolist() if torch.is_tensor(prompt) else prompt)]
+        ids = checks.token_ids(prompt)
     if len(ids) < 2:
         raise ValueError("the prompt needs at least one token after the first (the first position is no node)")
     limit = model.config.max_seq_len if model.config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
@@ -74,6 +63,7 @@ def prompt_ids(model: nn.Module, prompt) -> torch.Tensor:
 
 def check_fits(model: nn.Module, transcoders) -> None:
     """Raise ValueError, in one line, when the model or the transcoder set cannot make a graph together."""
+    checks.model_and_transcoders(model, transcoders)
     why = unsupported(model)
     if why:
         raise ValueError(why)
@@ -106,41 +96,6 @@ def logit_targets(logits: torch.Tensor, max_logits: int, probability: float) -> 
     top, ids = probs.topk(min(max_logits, probs.numel()))
     cutoff = int(torch.searchsorted(top.cumsum(0), torch.tensor(probability))) + 1
     return ids[:cutoff], top[:cutoff]
-
-
-@dataclass
-class Layout:
-    """Where each node sits in the graph's node order: tokens, then per layer its features and its errors
-    (one per position, the first one included, as circuit-tracer numbers them), then the logits."""
-
-    n_tokens: int
-    feature_start: list[int]  # per layer: the node index of its first feature
-    error_start: list[int]  # per layer: the node index of position 0's error
-    active_start: list[int]  # per layer: the index of its first feature in Active's arrays
-    feature_offsets: list[torch.Tensor]  # per layer [T + 1]: where each position's features begin, from its first
-    logit_start: int
-    total: int
-
-    def features(self, layer: int, position: int) -> tuple[slice, slice]:
-        """(node indices, indices into Active's arrays) of layer's features at position."""
-        lo, hi = int(self.feature_offsets[layer][position]), int(self.feature_offsets[layer][position + 1])
-        return (slice(self.feature_start[layer] + lo, self.feature_start[layer] + hi),
-                slice(self.active_start[layer] + lo, self.active_start[layer] + hi))
-
-
-def layout(active: Active, n_layers: int, T: int, n_logits: int) -> Layout:
-    feature_start, error_start, active_start, offsets = [], [], [], []
-    index, count = T, 0
-    for layer in range(n_layers):
-        counts = torch.bincount(active.position[active.layer == layer], minlength=T)
-        feature_start.append(index)
-        active_start.append(count)
-        offsets.append(torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]))
-        index += int(counts.sum())
-        count += int(counts.sum())
-        error_start.append(index)
-        index += T
-    return Layout(T, feature_start, error_start, active_start, offsets, index, index + n_logits)
 
 
 def build_nodes(rep: Replacement, active: Active, where: Layout, logit_ids: torch.Tensor, probs: torch.Tensor,
@@ -239,18 +194,18 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     circuit-tracer chooses them (by partial influence, in batches of batch_size, re-ranked every
     update_interval batches; prune.capped_features). progress(done, total) after each layer. The graph
     checks its identity (graph.check, graph.error). Raises ValueError, before any computation, for an
-    empty prompt, one past the context, a model the replacement cannot be built for, or a transcoder set
-    that does not fit the model; and, after one forward pass and before anything large is allocated, for a
+    empty prompt, one past the context, ids that are not integers, an argument out of its range (a count
+    that is not a positive integer, a probability outside (0, 1]), a model the replacement cannot be built
+    for, or a transcoder set that does not fit the model (CheckpointError, a ValueError, for a weight of it
+    that is not finite, when its layer is first read); and, after one forward pass and before anything large is allocated, for a
     graph that needs more memory than is available (or than max_bytes)."""
     from .prune import capped_features
 
-    if isinstance(max_logits, bool) or not isinstance(max_logits, int) or max_logits < 1:
-        raise ValueError(f"max_logits must be a positive integer, got {max_logits!r}")
-    if not 0.0 < logit_probability <= 1.0:
-        raise ValueError(f"logit_probability must be in (0, 1], got {logit_probability!r}")
-    if max_feature_nodes is not None and (isinstance(max_feature_nodes, bool) or not isinstance(max_feature_nodes, int)
-                                          or max_feature_nodes < 1):
-        raise ValueError(f"max_feature_nodes must be a positive integer or None, got {max_feature_nodes!r}")
+    for name, value in (("max_logits", max_logits), ("batch_size", batch_size), ("update_interval", update_interval)):
+        checks.count(name, value)
+    checks.count("max_feature_nodes", max_feature_nodes, none=True), checks.count("max_bytes", max_bytes, none=True)
+    checks.number("logit_probability", logit_probability, low=0.0, high=1.0, open_low=True)
+    checks.function("progress", progress)
     check_fits(model, transcoders)
     ids = prompt_ids(model, prompt)
     rep = Replacement(model, transcoders, ids)

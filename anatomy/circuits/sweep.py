@@ -18,14 +18,10 @@ it can reach (its own and earlier ones: the mask is causal), rows joining at the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from .layout import Active, Layout
 from .replacement import Replacement
-
-if TYPE_CHECKING:  # the layout of the nodes and the active features are attribute.py's
-    from .attribute import Active, Layout
 
 
 class Sources:

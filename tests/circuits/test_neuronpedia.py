@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 
 import anatomy
+from anatomy.circuits import save
 from anatomy.circuits.attribute import attribution_graph
 from anatomy.circuits.neuronpedia import neuronpedia_json
 from anatomy.sae import load_transcoders
@@ -111,9 +112,9 @@ def test_a_circuit_has_no_place_in_neuronpedias_format():
 
 def test_the_json_is_listed_for_circuit_tracers_local_server(model, tmp_path):
     graph = attribution_graph(model, PROMPT, load_transcoders(FIXTURES / "graphs" / "plt_jumprelu"))
-    graph.save(tmp_path / "first.json")
-    graph.save(tmp_path / "second.json")
-    graph.save(tmp_path / "first.json")  # written again: one entry per slug
+    save(graph, tmp_path / "first.json")
+    save(graph, tmp_path / "second.json")
+    save(graph, tmp_path / "first.json")  # written again: one entry per slug
     listing = json.loads((tmp_path / "graph-metadata.json").read_text())
     assert [entry["slug"] for entry in listing["graphs"]] == ["second", "first"]
 
@@ -147,7 +148,7 @@ def test_circuit_tracers_local_server_serves_and_saves_the_graph(model, tmp_path
     import subprocess
 
     graph = attribution_graph(model, PROMPT, load_transcoders(FIXTURES / "graphs" / "plt_jumprelu"))
-    graph.save(tmp_path / "cat.json")
+    save(graph, tmp_path / "cat.json")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import anatomy
-from anatomy.circuits import FeatureDetails, Graph, Node, attribution_graph, pruned, scores
+from anatomy.circuits import FeatureDetails, Graph, Node, attribution_graph, pruned, save, scores
 from anatomy.circuits.features import promoted_tokens
 from anatomy.sae import load_transcoders
 
@@ -33,7 +33,7 @@ def made():
 @pytest.fixture()
 def page(browser, made, tmp_path):
     graph, small, details, graph_scores = made
-    path = small.view(details=details, scores=graph_scores).save(tmp_path / "graph.html")
+    path = save(small, tmp_path / "graph.html", details=details, scores=graph_scores)
     tab = browser.new_page()
     errors = []
     tab.on("pageerror", lambda error: errors.append(str(error)))
@@ -134,7 +134,7 @@ def test_a_circuits_heads_and_ports_are_drawn_with_hostile_labels_as_text(browse
     adjacency = torch.zeros(5, 5)
     adjacency[1, 0], adjacency[2, 0], adjacency[3, 0], adjacency[4, 3], adjacency[4, 1] = 0.5, -0.25, 1.0, 2.0, 0.3
     graph = Graph(nodes, adjacency, ["embed", "H1", "MLP"], 1, kind="circuit", about="a <i>circuit</i>")
-    path = graph.save(tmp_path / "circuit.html")
+    path = save(graph, tmp_path / "circuit.html")
     tab = browser.new_page()
     tab.goto(path.as_uri())
     tab.wait_for_selector("#graph-scroll svg g.node")
