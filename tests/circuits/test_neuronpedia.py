@@ -187,8 +187,7 @@ finally:
 """
 
 
-@pytest.mark.skipif(not __import__("os").environ.get("ANATOMY_CIRCUIT_TRACER_PYTHON"),
-                    reason="$ANATOMY_CIRCUIT_TRACER_PYTHON names no circuit-tracer environment")
+@pytest.mark.peer("ANATOMY_CIRCUIT_TRACER_PYTHON")
 def test_circuit_tracers_local_server_serves_and_saves_the_graph(model, tmp_path):
     import os
     import socket
