@@ -24,6 +24,8 @@ SHAPES = {
                                               qk_norm="across_heads"),
     "gpt2: LayerNorm, biases, learned positions": dict(norm="layernorm", pos_encoding="learned", activation="gelu",
                                                        attn_bias=True, attn_out_bias=True, mlp_bias=True, n_kv_heads=4),
+    "bloom-like: ALiBi, LayerNorm": dict(norm="layernorm", pos_encoding="alibi", activation="gelu", attn_bias=True,
+                                         attn_out_bias=True, mlp_bias=True, n_kv_heads=4),
     "gemma2: (1 + w) gains, soft-capped scores, query_pre_attn_scalar": dict(
         norm="rmsnorm", pos_encoding="rotary", activation="swiglu", norm_plus_one=True, attn_softcap=2.0,
         query_pre_attn_scalar=12.0),
@@ -115,6 +117,10 @@ def test_every_term_is_the_frozen_models_change(name, transcoder):
             for node, marginal in result.key_marginals:
                 change = frozen.score(*args, None, vector(node, result.key)) - clean
                 assert abs(change - marginal) < 1e-5 * scale, (result.name, node.name, change, marginal)
+            traced = float(frozen.clean[f"blocks.{result.layer}.attn.scores"][0, result.head, result.query, result.key])
+            assert abs((result.capped if result.capped is not None else result.score) + result.bias - traced) < 1e-5
+            if model.config.pos_encoding == "alibi":
+                assert (result.bias < 0) == (result.query != result.key) and "ALiBi" in result.notes[-1]
             if model.config.attn_softcap:
                 capped = float(frozen.clean[f"blocks.{result.layer}.attn.scores"][0, result.head, result.query, result.key])
                 assert result.capped is not None and abs(result.capped - capped) < 1e-5
