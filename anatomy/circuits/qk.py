@@ -39,7 +39,7 @@ from ..trace import trace
 from .graph import Node
 from .stream import NodeStream
 
-PAIR_BLOCK = 4_000_000  # pair terms computed at once when searching for the strongest
+PAIR_COLUMNS = 256  # key-side nodes taken at once when searching for the strongest pair terms
 
 
 @dataclass
@@ -228,22 +228,24 @@ def attribution(stream: NodeStream, scores: HeadScores, terms: dict, sides: dict
         notes.append(f"ALiBi adds {bias:.6g} after it, a term of no node")
     check = (f"score {model_score:.6g} (the model's, before any cap) = the pair terms {pair_total:.6g} + the terms with "
              f"no node {sum(no_node.values()):.6g}: difference {abs(difference):.2g}, {error:.2g} of the terms' sizes")
+    positions = by_position(stream.positions, q_nodes, k_nodes, Q, K, q_total, k_total, c, top)
     return QKAttribution(
         layer, head, kv, query, key, model_score, float(stream.rep.sublayers[layer].attention.pattern[head, query, key]),
         pairs, strongest(node, q_nodes, q_marginals, top), strongest(node, k_nodes, k_marginals, top), no_node,
-        pair_total, check, error, capped, bias, notes, *by_position(node, q_nodes, k_nodes, Q, K, q_total, k_total, c, top))
+        pair_total, check, error, capped, bias, notes, *positions)
 
 
-def by_position(nodes: list[Node], q_nodes: torch.Tensor, k_nodes: torch.Tensor, Q: torch.Tensor, K: torch.Tensor,
-                q_total: torch.Tensor, k_total: torch.Tensor, c: float, top: int) -> tuple[list, list, list]:
+def by_position(positions: torch.Tensor, q_nodes: torch.Tensor, k_nodes: torch.Tensor, Q: torch.Tensor,
+                K: torch.Tensor, q_total: torch.Tensor, k_total: torch.Tensor, c: float, top: int) -> tuple[list, list, list]:
     """(position pairs, query positions, key positions): the pair terms and the marginals summed over the nodes at each
-    position (Q [n, D] for the nodes q_nodes, K likewise), c (sum_{s at a} Q_s) . (sum_{t at b} K_t)."""
-    T = 1 + max([nodes[int(i)].column for i in torch.cat([q_nodes, k_nodes])], default=0)
-    at_q = torch.zeros(T, Q.size(1), dtype=Q.dtype).index_add_(0, torch.tensor([nodes[int(i)].column for i in q_nodes], dtype=torch.long), Q)
-    at_k = torch.zeros(T, K.size(1), dtype=K.dtype).index_add_(0, torch.tensor([nodes[int(i)].column for i in k_nodes], dtype=torch.long), K)
-    pairs = c * at_q @ at_k.T  # (T, T): query-side position, key-side position
-    chosen = pairs.abs().flatten().topk(min(top, pairs.numel())).indices
-    position_pairs = [(int(i) // T, int(i) % T, float(pairs.flatten()[i])) for i in chosen if pairs.flatten()[i] != 0]
+    position (positions [N]: each node's; Q [n, D] for the nodes q_nodes, K likewise),
+    c (sum_{s at a} Q_s) . (sum_{t at b} K_t)."""
+    T = int(positions.max()) + 1
+    at_q = torch.zeros(T, Q.size(1), dtype=Q.dtype).index_add_(0, positions[q_nodes], Q)  # (T, D)
+    at_k = torch.zeros(T, K.size(1), dtype=K.dtype).index_add_(0, positions[k_nodes], K)
+    pairs = (c * at_q @ at_k.T).flatten()  # (T T): query-side position, key-side position
+    chosen = pairs.abs().topk(min(top, pairs.numel())).indices
+    position_pairs = [(int(i) // T, int(i) % T, float(pairs[i])) for i in chosen if pairs[i] != 0]
     sides = []
     for at, other in ((at_q, k_total), (at_k, q_total)):
         marginals = c * at @ other  # (T,)
@@ -258,26 +260,28 @@ def strongest(nodes: list[Node], columns: torch.Tensor, values: torch.Tensor, n:
 
 
 def strongest_pairs(Q: torch.Tensor, K: torch.Tensor, n: int) -> list[tuple[int, int, float]]:
-    """(i, j, Q_i . K_j) of the n largest |Q_i . K_j| (Q [a, D], K [b, D]), exactly, without every product when the
-    sizes allow: |Q_i . K_j| <= |Q_i| |K_j| (Cauchy-Schwarz), so once a block of the largest vectors holds n
-    products of at least tau, only the rows with |Q_i| max|K| >= tau and the columns with max|Q| |K_j| >= tau can
-    hold a larger one."""
+    """(i, j, Q_i . K_j) of the n largest |Q_i . K_j| (Q [a, D], K [b, D]), largest first, exactly, without every
+    product when the sizes allow: |Q_i . K_j| <= |Q_i| |K_j| (Cauchy-Schwarz), so the columns are taken by size, a
+    block at a time, each against the rows that could still beat the n-th largest so far (tau), until no column
+    left can: max |Q| |K_j| < tau."""
     if len(Q) == 0 or len(K) == 0 or n <= 0:
         return []
     q_size, k_size = Q.norm(dim=1), K.norm(dim=1)
-    first = min(len(Q), max(n, 64)), min(len(K), max(n, 64))
-    block = Q[q_size.topk(first[0]).indices] @ K[k_size.topk(first[1]).indices].T  # (a', b')
-    tau = float(block.abs().flatten().topk(min(n, block.numel())).values[-1]) if block.numel() >= n else 0.0
-    rows = (q_size * k_size.max() >= tau).nonzero().flatten()
-    columns = (k_size * q_size.max() >= tau).nonzero().flatten()
-    best_values, best_at = torch.zeros(0, dtype=Q.dtype), torch.zeros(0, 2, dtype=torch.long)
-    step = max(1, PAIR_BLOCK // max(1, len(columns)))
-    for start in range(0, len(rows), step):
-        chunk = Q[rows[start:start + step]] @ K[columns].T  # (r, b'')
-        values, flat = chunk.abs().flatten().topk(min(n, chunk.numel()))
-        at = torch.stack([rows[start + flat // chunk.size(1)], columns[flat % chunk.size(1)]], dim=1)
-        best_values, best_at = torch.cat([best_values, chunk.flatten()[flat]]), torch.cat([best_at, at])
-        keep = best_values.abs().topk(min(n, len(best_values))).indices
-        best_values, best_at = best_values[keep], best_at[keep]
-    order = best_values.abs().argsort(descending=True)
-    return [(int(i), int(j), float(v)) for (i, j), v in zip(best_at[order].tolist(), best_values[order].tolist())]
+    order = k_size.argsort(descending=True)
+    values, at = torch.zeros(0, dtype=Q.dtype), torch.zeros(0, 2, dtype=torch.long)
+    tau = 0.0
+    for start in range(0, len(order), PAIR_COLUMNS):
+        columns = order[start:start + PAIR_COLUMNS]
+        largest = float(k_size[columns[0]])
+        if len(values) >= n and float(q_size.max()) * largest < tau:
+            break  # no column left can reach the n-th largest
+        rows = (q_size * largest >= tau).nonzero().flatten() if len(values) >= n else torch.arange(len(Q))
+        block = (Q[rows] @ K[columns].T).flatten()  # (r c,)
+        kept = block.abs().topk(min(n, block.numel())).indices
+        found = torch.stack([rows[kept // len(columns)], columns[kept % len(columns)]], dim=1)
+        values, at = torch.cat([values, block[kept]]), torch.cat([at, found])
+        best = values.abs().topk(min(n, len(values))).indices
+        values, at = values[best], at[best]
+        if len(values) >= n:
+            tau = float(values.abs().min())
+    return [(int(i), int(j), float(v)) for (i, j), v in zip(at.tolist(), values.tolist())]

@@ -47,6 +47,7 @@ class NodeStream:
         tokenizer = getattr(model, "tokenizer", None)
         labels = labels or (tokenizer.labels(rep.ids.tolist()) if tokenizer else [str(i) for i in rep.ids.tolist()])
         self.nodes = build_nodes(rep, self.active, self.where, torch.zeros(0, dtype=torch.long), torch.zeros(0), labels, [])
+        self.positions = torch.tensor([node.column for node in self.nodes])  # (N,): each node's position
         self.first_images = rep.first_position_images()
         self._no_node: list[torch.Tensor] | None = None
         self.gradients: dict = {}  # a target's gradients down the layers, by node id (heads.target_gradients)
