@@ -126,6 +126,16 @@ def test_the_panel_builds_the_graph_and_draws_it_in_view(browser, served):
           .filter((b) => b.x < 0 || b.x > width || b.y < 0 || b.y > height).length; }""")
     assert outside == 0  # the whole graph in the frame's view at open
     page.wait_for_function(f"() => document.querySelector(\"{FRESH}\")?.textContent === 'up to date'")
+    # why attention attends: the strongest explained edge's target clicked in the frame shows its heads' QK
+    small = pruned(graph)
+    explain_attention(model, load_transcoders(SET), small, n=20)
+    strongest = max(small.meta["attention"]["edges"], key=lambda e: abs(e["edge"]))
+    inside = page.locator("#circuit-body iframe").bounding_box()
+    box = frame.evaluate("(i) => window.anatomyGraph.clientBox(i)", small.index(strongest["target"]))
+    page.mouse.click(inside["x"] + box["x"], inside["y"] + box["y"])
+    frame.wait_for_selector("#qk-section .qk-check")
+    qk = small.meta["attention"]["qk"][strongest["heads"][0]["qk"]]
+    assert frame.inner_text("#qk-section .qk-check") == qk["check"]
     assert all(url.startswith(f"http://127.0.0.1:{served.port}/") for url in requests if url.startswith("http"))
     page.close()
 
