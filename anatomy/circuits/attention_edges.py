@@ -39,12 +39,16 @@ class AttentionEdge:
     qk: dict = field(default_factory=dict)
 
 
-def attention_mediated(graph: Graph, n: int) -> list[tuple[Node, Node]]:
+def attention_mediated(graph: Graph, n: int, nodes: list[int] | None = None) -> list[tuple[Node, Node]]:
     """(target, source) of the n strongest edges (by |weight|) whose source sits at an earlier position than its
-    target: edges only attention can carry."""
+    target: edges only attention can carry (into or out of one of `nodes`, their indices, if given)."""
     targets, sources = graph.adjacency.nonzero(as_tuple=True)
     columns = torch.tensor([node.column for node in graph.nodes])
     across = columns[sources] < columns[targets]
+    if nodes is not None:
+        chosen = torch.zeros(len(graph), dtype=torch.bool)
+        chosen[torch.tensor(nodes, dtype=torch.long)] = True
+        across &= chosen[targets] | chosen[sources]
     targets, sources = targets[across], sources[across]
     weights = graph.adjacency[targets, sources].abs()
     chosen = weights.topk(min(n, len(weights))).indices
@@ -52,10 +56,10 @@ def attention_mediated(graph: Graph, n: int) -> list[tuple[Node, Node]]:
 
 
 @torch.no_grad()
-def explain_attention(model: nn.Module, transcoders, graph: Graph, n: int = 20, *, edges=None, heads: int = 3,
-                      top: int = 10, stream: NodeStream | None = None) -> list[AttentionEdge]:
-    """The edges (given as (target, source) nodes or ids, else the n strongest attention-mediated ones) of an
-    attribution graph split by head, with the QK attribution of each edge's `heads` largest heads at the position
+def explain_attention(model: nn.Module, transcoders, graph: Graph, n: int = 20, *, edges=None, nodes=None,
+                      heads: int = 3, top: int = 10, stream: NodeStream | None = None) -> list[AttentionEdge]:
+    """The edges (given as (target, source) nodes or ids, else the n strongest attention-mediated ones, into or out
+    of `nodes` (nodes or ids) if given) of an attribution graph split by head, with the QK attribution of each edge's `heads` largest heads at the position
     pair carrying most of each (top: the pairs and marginals kept); the record is put in graph.meta["attention"].
     Raises ValueError for a graph that is not an attribution graph, n or heads below 1 (n may be 0 when edges are
     given), an edge whose target is not a feature or a logit, or a post-norm model (heads.refuse_post_norm: its
@@ -67,8 +71,8 @@ def explain_attention(model: nn.Module, transcoders, graph: Graph, n: int = 20, 
     for name, value in (("n", n), ("heads", heads), ("top", top)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "n" else 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    chosen = attention_mediated(graph, n) if edges is None else [
-        (graph.nodes[graph.index(t)], graph.nodes[graph.index(s)]) for t, s in edges]
+    chosen = attention_mediated(graph, n, None if nodes is None else [graph.index(node) for node in nodes]) \
+        if edges is None else [(graph.nodes[graph.index(t)], graph.nodes[graph.index(s)]) for t, s in edges]
     for target, _ in chosen:
         if target.kind not in ("feature", "logit"):
             raise ValueError(f"an edge's target is a feature or a logit, not a {target.kind}")

@@ -49,6 +49,15 @@ def test_the_strongest_edges_across_positions_are_chosen():
     assert weights[0] == max(across)
 
 
+def test_a_reader_chooses_the_nodes_whose_edges_are_explained(explained):
+    model, transcoders, graph, edges = explained
+    target = edges[0].split.target
+    again = explain_attention(model, transcoders, graph, n=3, nodes=[target.id])
+    assert again and all(target in (e.split.target, e.split.source) for e in again)
+    assert again[0].split.parts == edges[0].split.parts  # the same edge, the same split
+    explain_attention(model, transcoders, graph, n=6)  # the fixture's record back
+
+
 def test_every_edge_is_its_heads_and_every_head_its_position_pairs(explained):
     _, _, graph, edges = explained
     assert len(edges) == 6
