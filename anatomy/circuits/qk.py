@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -192,32 +193,52 @@ def qk_attributions(stream: NodeStream, heads: list[tuple[int, int, int, int]], 
                 sides[side] = scores.side(*side)
     order = list(sides)
     read = stream.read_back([(side[0], side[3], sides[side][0]) for side in order])  # (layer, position, rows M)
-    terms = {s: terms.T for s, terms in zip(order, read)}  # (W, D) each: the share of each node below the layer
-    return [attribution(stream, scores, terms, sides, layer, head, query, key, top) for layer, head, query, key in heads]
+    made = {side: node_side(stream, terms, sides[side][1]) for side, terms in zip(order, read)}
+    return [attribution(stream, scores, made, layer, head, query, key, top) for layer, head, query, key in heads]
 
 
-def attribution(stream: NodeStream, scores: HeadScores, terms: dict, sides: dict, layer: int, head: int, query: int,
-                key: int, top: int) -> QKAttribution:
-    """The QKAttribution of one head and position pair from its two sides' node terms (qk_attributions)."""
+class Side(NamedTuple):
+    """One side of a head at one position (its rotated query, or key) as its nodes' shares: nodes [n] (the columns
+    that reach it), vectors [n, D] (float64), lengths [n] (their norms), at [T, D] (summed by the nodes'
+    positions), rest [D] (what no node carries: Q_0 or K_0), total [D] (all of it, q or k)."""
+
+    nodes: torch.Tensor
+    vectors: torch.Tensor
+    lengths: torch.Tensor
+    at: torch.Tensor
+    rest: torch.Tensor
+    total: torch.Tensor
+
+
+def node_side(stream: NodeStream, terms: torch.Tensor, rest: torch.Tensor) -> Side:
+    """The Side of terms [D, W] (each node's share of each coordinate, read_back's) and rest [D]."""
+    nodes = (terms != 0).any(0).nonzero().flatten()
+    vectors = terms[:, nodes].T.double()  # (n, D): the nodes that reach this side, in float64 from here
+    T = len(stream.rep.ids)
+    one_hot = torch.zeros(T, len(nodes), dtype=torch.float64)
+    one_hot[stream.positions[nodes], torch.arange(len(nodes))] = 1.0  # (T, n): each node's position
+    return Side(nodes, vectors, vectors.norm(dim=1), one_hot @ vectors, rest.double(), vectors.sum(0) + rest.double())
+
+
+def attribution(stream: NodeStream, scores: HeadScores, sides: dict, layer: int, head: int, query: int, key: int,
+                top: int) -> QKAttribution:
+    """The QKAttribution of one head and position pair from its two Sides (qk_attributions)."""
     attn = stream.rep.model.blocks[layer].attn
     c = score_scale(attn)
     kv = head // (attn.n_heads // attn.n_kv_heads)
-    Q, K = terms[(layer, "q", head, query)], terms[(layer, "k", kv, key)]  # (W, D)
-    Q0, K0 = sides[(layer, "q", head, query)][1].double(), sides[(layer, "k", kv, key)][1].double()  # (D,)
-    q_nodes, k_nodes = Q.abs().sum(1).nonzero().flatten(), K.abs().sum(1).nonzero().flatten()
-    Q, K = Q[q_nodes].double(), K[k_nodes].double()  # (n, D): the nodes that reach each side, in float64 from here
-    q_total, k_total = Q.sum(0) + Q0, K.sum(0) + K0
-    pair_total = c * float(Q.sum(0) @ K.sum(0))
-    no_node = {"query nodes x rest": c * float(Q.sum(0) @ K0), "rest x key nodes": c * float(Q0 @ K.sum(0)),
-               "rest x rest": c * float(Q0 @ K0)}
+    q, k = sides[(layer, "q", head, query)], sides[(layer, "k", kv, key)]
+    q_nodes_sum, k_nodes_sum = q.total - q.rest, k.total - k.rest  # (D,): sum_s Q_s, sum_t K_t
+    pair_total = c * float(q_nodes_sum @ k_nodes_sum)
+    no_node = {"query nodes x rest": c * float(q_nodes_sum @ k.rest), "rest x key nodes": c * float(q.rest @ k_nodes_sum),
+               "rest x rest": c * float(q.rest @ k.rest)}
     model_score = c * float(scores.q[layer][head, query] @ scores.k[layer][kv, key])
-    q_marginals, k_marginals = c * (Q @ k_total), c * (K @ q_total)  # (n,)
     difference = model_score - pair_total - sum(no_node.values())
     # the terms' sizes: c (sum_s |Q_s| + |Q_0|) |k|, a bound on the query side's marginals added up
-    sizes = c * float(Q.norm(dim=1).sum() + Q0.norm()) * float(k_total.norm())
+    sizes = c * float(q.lengths.sum() + q.rest.norm()) * float(k.total.norm())
     error = abs(difference) / max(sizes, 1e-30)
     node = stream.nodes
-    pairs = [(node[int(q_nodes[i])], node[int(k_nodes[j])], c * value) for i, j, value in strongest_pairs(Q, K, top)]
+    pairs = [(node[int(q.nodes[i])], node[int(k.nodes[j])], c * value)
+             for i, j, value in strongest_pairs(q.vectors, k.vectors, top, q.lengths, k.lengths)]
     capped, bias, notes = None, 0.0, []
     if attn.softcap is not None:
         capped = attn.softcap * math.tanh(model_score / attn.softcap)
@@ -228,26 +249,22 @@ def attribution(stream: NodeStream, scores: HeadScores, terms: dict, sides: dict
         notes.append(f"ALiBi adds {bias:.6g} after it, a term of no node")
     check = (f"score {model_score:.6g} (the model's, before any cap) = the pair terms {pair_total:.6g} + the terms with "
              f"no node {sum(no_node.values()):.6g}: difference {abs(difference):.2g}, {error:.2g} of the terms' sizes")
-    positions = by_position(stream.positions, q_nodes, k_nodes, Q, K, q_total, k_total, c, top)
+    marginals = (strongest(node, q.nodes, c * (q.vectors @ k.total), top),  # each query-side node against all of k
+                 strongest(node, k.nodes, c * (k.vectors @ q.total), top))
     return QKAttribution(
         layer, head, kv, query, key, model_score, float(stream.rep.sublayers[layer].attention.pattern[head, query, key]),
-        pairs, strongest(node, q_nodes, q_marginals, top), strongest(node, k_nodes, k_marginals, top), no_node,
-        pair_total, check, error, capped, bias, notes, *positions)
+        pairs, *marginals, no_node, pair_total, check, error, capped, bias, notes, *by_position(q, k, c, top))
 
 
-def by_position(positions: torch.Tensor, q_nodes: torch.Tensor, k_nodes: torch.Tensor, Q: torch.Tensor,
-                K: torch.Tensor, q_total: torch.Tensor, k_total: torch.Tensor, c: float, top: int) -> tuple[list, list, list]:
+def by_position(q: Side, k: Side, c: float, top: int) -> tuple[list, list, list]:
     """(position pairs, query positions, key positions): the pair terms and the marginals summed over the nodes at each
-    position (positions [N]: each node's; Q [n, D] for the nodes q_nodes, K likewise),
-    c (sum_{s at a} Q_s) . (sum_{t at b} K_t)."""
-    T = int(positions.max()) + 1
-    at_q = torch.zeros(T, Q.size(1), dtype=Q.dtype).index_add_(0, positions[q_nodes], Q)  # (T, D)
-    at_k = torch.zeros(T, K.size(1), dtype=K.dtype).index_add_(0, positions[k_nodes], K)
-    pairs = (c * at_q @ at_k.T).flatten()  # (T T): query-side position, key-side position
+    position, c (sum_{s at a} Q_s) . (sum_{t at b} K_t) and c (sum_{s at a} Q_s) . k (and the reverse)."""
+    T = q.at.size(0)
+    pairs = (c * q.at @ k.at.T).flatten()  # (T T): query-side position, key-side position
     chosen = pairs.abs().topk(min(top, pairs.numel())).indices
     position_pairs = [(int(i) // T, int(i) % T, float(pairs[i])) for i in chosen if pairs[i] != 0]
     sides = []
-    for at, other in ((at_q, k_total), (at_k, q_total)):
+    for at, other in ((q.at, k.total), (k.at, q.total)):
         marginals = c * at @ other  # (T,)
         sides.append([(int(p), float(marginals[p])) for p in marginals.abs().argsort(descending=True) if at[p].any()])
     return position_pairs, sides[0], sides[1]
@@ -259,23 +276,27 @@ def strongest(nodes: list[Node], columns: torch.Tensor, values: torch.Tensor, n:
     return [(nodes[int(columns[i])], float(values[i])) for i in chosen]
 
 
-def strongest_pairs(Q: torch.Tensor, K: torch.Tensor, n: int) -> list[tuple[int, int, float]]:
+def strongest_pairs(Q: torch.Tensor, K: torch.Tensor, n: int, q_size: torch.Tensor | None = None,
+                    k_size: torch.Tensor | None = None) -> list[tuple[int, int, float]]:
     """(i, j, Q_i . K_j) of the n largest |Q_i . K_j| (Q [a, D], K [b, D]), largest first, exactly, without every
     product when the sizes allow: |Q_i . K_j| <= |Q_i| |K_j| (Cauchy-Schwarz), so the columns are taken by size, a
     block at a time, each against the rows that could still beat the n-th largest so far (tau), until no column
-    left can: max |Q| |K_j| < tau."""
+    left can: max |Q| |K_j| < tau. q_size, k_size: the rows' norms, if known."""
     if len(Q) == 0 or len(K) == 0 or n <= 0:
         return []
-    q_size, k_size = Q.norm(dim=1), K.norm(dim=1)
+    q_size = Q.norm(dim=1) if q_size is None else q_size
+    k_size = K.norm(dim=1) if k_size is None else k_size
     order = k_size.argsort(descending=True)
     values, at = torch.zeros(0, dtype=Q.dtype), torch.zeros(0, 2, dtype=torch.long)
-    tau = 0.0
+    # a first tau from the largest rows against the largest columns: a lower bound on the n-th largest
+    first = (Q[q_size.topk(min(len(Q), max(n, 64))).indices] @ K[order[:PAIR_COLUMNS]].T).abs().flatten()
+    tau = float(first.topk(n).values[-1]) if first.numel() >= n else 0.0
     for start in range(0, len(order), PAIR_COLUMNS):
         columns = order[start:start + PAIR_COLUMNS]
         largest = float(k_size[columns[0]])
-        if len(values) >= n and float(q_size.max()) * largest < tau:
+        if float(q_size.max()) * largest < tau:
             break  # no column left can reach the n-th largest
-        rows = (q_size * largest >= tau).nonzero().flatten() if len(values) >= n else torch.arange(len(Q))
+        rows = (q_size * largest >= tau).nonzero().flatten()
         block = (Q[rows] @ K[columns].T).flatten()  # (r c,)
         kept = block.abs().topk(min(n, block.numel())).indices
         found = torch.stack([rows[kept // len(columns)], columns[kept % len(columns)]], dim=1)
@@ -283,5 +304,5 @@ def strongest_pairs(Q: torch.Tensor, K: torch.Tensor, n: int) -> list[tuple[int,
         best = values.abs().topk(min(n, len(values))).indices
         values, at = values[best], at[best]
         if len(values) >= n:
-            tau = float(values.abs().min())
+            tau = max(tau, float(values.abs().min()))
     return [(int(i), int(j), float(v)) for (i, j), v in zip(at.tolist(), values.tolist())]
