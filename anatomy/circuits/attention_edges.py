@@ -58,9 +58,10 @@ def attention_mediated(graph: Graph, n: int, nodes: list[int] | None = None) -> 
 @torch.no_grad()
 def explain_attention(model: nn.Module, transcoders, graph: Graph, n: int = 20, *, edges=None, nodes=None,
                       heads: int = 3, top: int = 10, stream: NodeStream | None = None) -> list[AttentionEdge]:
-    """The edges (given as (target, source) nodes or ids, else the n strongest attention-mediated ones, into or out
-    of `nodes` (nodes or ids) if given) of an attribution graph split by head, with the QK attribution of each edge's `heads` largest heads at the position
-    pair carrying most of each (top: the pairs and marginals kept); the record is put in graph.meta["attention"].
+    """Edges of an attribution graph split by head, with the QK attribution of each edge's `heads` largest heads at
+    the position pair carrying most of each (top: the pairs and marginals kept); the record is put in
+    graph.meta["attention"]. The edges: `edges` ((target, source) nodes or ids) if given, else the n strongest
+    attention-mediated ones (attention_mediated), into or out of `nodes` (nodes or ids) if given.
     Raises ValueError for a graph that is not an attribution graph, n or heads below 1 (n may be 0 when edges are
     given), an edge whose target is not a feature or a logit, or a post-norm model (heads.refuse_post_norm: its
     edges have no first moves; qk.qk_attribution still explains its heads' scores); KeyError for a node not in

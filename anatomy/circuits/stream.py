@@ -3,9 +3,8 @@
 Shape letters: T positions, E d_model, R rows (readings carried together), P the positions 1 .. P they reach,
 N nodes (tokens, every active feature, errors: the whole graph's layout, no logits).
 
-In the local replacement model (replacement.py: attention patterns and norm scales frozen, each MLP its
-transcoder's features plus an error; in any block layout, replacement.py) the stream entering layer l is
-linear in what the nodes write,
+In the local replacement model (replacement.py, in any block layout: attention patterns and norm scales frozen,
+each MLP its transcoder's features plus an error) the stream entering layer l is linear in what the nodes write,
 
     resid_pre(l)[p] = sum over nodes s of M_{l,p <- s} w_s  +  b_{l,p}
 
