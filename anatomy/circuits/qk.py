@@ -83,15 +83,14 @@ class QKAttribution:
 
 class HeadScores:
     """What one traced pass of the model gives every head of `layers`: the rotated queries and keys [H or K, T, D]
-    (the score the identity checks against), the scores after any cap, and the q/k norms' inputs (their scales,
-    frozen)."""
+    (the score the identity checks against), and the q/k norms' inputs (their scales, frozen)."""
 
     def __init__(self, stream: NodeStream, layers: list[int]):
         model = stream.rep.model
         self.stream, self.model = stream, model
         rotary = model.config.pos_encoding == "rotary"
         names = [f"blocks.{l}.attn.{point}" for l in layers
-                 for point in (("q_rot", "k_rot") if rotary else ("q", "k")) + ("scores",)]
+                 for point in (("q_rot", "k_rot") if rotary else ("q", "k"))]
         self.norm_inputs: dict = {}
         handles = []
         for l in layers:
@@ -108,7 +107,6 @@ class HeadScores:
                 handle.remove()
         self.q = {l: t[f"blocks.{l}.attn.{'q_rot' if rotary else 'q'}"][0].double() for l in layers}  # (H, T, D)
         self.k = {l: t[f"blocks.{l}.attn.{'k_rot' if rotary else 'k'}"][0].double() for l in layers}  # (K, T, D)
-        self.scores = {l: t[f"blocks.{l}.attn.scores"][0].double() for l in layers}  # (H, T, T)
 
     def side(self, layer: int, which: str, head: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(M [D, E], m [D]): one head's rotated query (which="q", head a query head) or key ("k", a key/value
