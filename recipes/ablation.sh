@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What each design choice buys, on nanoGPT's CPU budget for tinyshakespeare: the char-LM recipe
 # (recipes/char_shakespeare.sh: 2000 steps x 12 x 64 characters, one thread, the 90/10 split, the same
-# 50 fixed validation batches), changed one flag at a time, then all the modern choices together.
+# 50 fixed validation batches), changed one flag at a time (architecture, then optimisation: learning
+# rate, warm-up, schedule, optimizer, checkpoint averaging), then the recipe's VARIANTs (modern, tuned).
 # Each variant runs once per seed; recipes/ablation_report.py then writes OUT/ablation.md (val loss mean
 # and spread, parameters, wall time, tokens/s) and OUT/ablation.png (the validation curves).
 #
@@ -34,10 +35,14 @@ declare -A FLAGS=(
   [warmup-0]="--warmup 0"
   [warmup-300]="--warmup 300"
   [constant-lr]="--schedule constant"
+  [wsd]="--schedule wsd --min-lr-ratio 0"
+  [muon]="--optimizer muon"
+  [average-4]="--average-last 4 --keep 4 --save-every 125"
   [modern]="VARIANT=modern"
+  [tuned]="VARIANT=tuned"
 )
 ORDER="baseline post-norm rmsnorm relu swiglu sinusoidal rotary alibi no-bias untied dropout-0.1 qk-norm
-       lr-2e-3 lr-5e-4 warmup-0 warmup-300 constant-lr modern"
+       lr-2e-3 lr-5e-4 warmup-0 warmup-300 constant-lr wsd muon average-4 modern tuned"
 
 for name in ${VARIANTS:-$ORDER}; do
   if [ -z "${FLAGS[$name]+set}" ]; then
@@ -46,8 +51,8 @@ for name in ${VARIANTS:-$ORDER}; do
   fi
   for seed in ${SEEDS:-1337 1338 1339}; do
     run="$OUT/$name/seed$seed"
-    if [ "${FLAGS[$name]}" = "VARIANT=modern" ]; then
-      run_once "$run" env VARIANT=modern "$HERE/char_shakespeare.sh" "$run" --seed "$seed" "$@"
+    if [[ "${FLAGS[$name]}" == VARIANT=* ]]; then
+      run_once "$run" env "${FLAGS[$name]}" "$HERE/char_shakespeare.sh" "$run" --seed "$seed" "$@"
     else
       # shellcheck disable=SC2086  # the flags are words
       run_once "$run" "$HERE/char_shakespeare.sh" "$run" --seed "$seed" ${FLAGS[$name]} "$@"
