@@ -222,7 +222,8 @@ class Trainer:
                 last = self.step == c.max_steps
                 if self.step % c.log_every == 0 or last:
                     now = time.time()
-                    record = {"step": self.step, "loss": loss, "lr": self.scheduler.get_last_lr()[0],
+                    # the peak rate: with layer-wise decay, the head's (every other group's is lower)
+                    record = {"step": self.step, "loss": loss, "lr": max(self.scheduler.get_last_lr()),
                               "tokens_per_s": tokens_since / max(now - t_since, 1e-9),
                               "elapsed_s": now - start_time, "cpu_s": time.process_time() - start_cpu}
                     tokens_since, t_since = 0, now

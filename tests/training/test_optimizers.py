@@ -123,3 +123,9 @@ def test_wsd_holds_then_falls_in_a_straight_line_and_linear_is_wsd_decaying_thro
         assert curve == pytest.approx([1.0 - 0.9 * s / 50 for s in range(50)]), name
     with pytest.raises(ValueError, match="decay_fraction must be in"):
         make_scheduler(torch.optim.SGD(model.parameters(), lr=1.0), "wsd", warmup=0, max_steps=5, decay_fraction=0)
+
+
+def test_a_run_with_layer_decay_logs_the_heads_rate(tmp_path):
+    assert train_lm(tmp_path, "run", "--max-steps", "2", "--layer-decay", "0.5", "--schedule", "constant",
+                    "--warmup", "0", "--lr", "1e-2") == 0
+    assert [r["lr"] for r in read_metrics(tmp_path / "run") if "lr" in r] == [1e-2, 1e-2]
