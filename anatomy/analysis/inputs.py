@@ -69,7 +69,10 @@ class Batch:
 
     def last_logits(self, model: nn.Module) -> torch.Tensor:
         """[B, 1, V]: the logits at each row's last real position only, without the LM head's work
-        on every other position (T times less of it)."""
+        on every other position (T times less of it); a sequence classifier's label logits [B, 1, labels]
+        (what a metric of the whole sequence reads)."""
+        if getattr(model.config, "head", None) == "sequence-classification":
+            return self.run(model).logits[:, None]  # (B, 1, labels)
         if not hasattr(model, "lm_head"):
             raise ValueError("this analysis needs token logits: a model with an LM or masked-LM head")
         if self.source is not None:

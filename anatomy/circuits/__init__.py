@@ -3,12 +3,15 @@ circuits found over datasets.
 
     graph = anatomy.attribution_graph(model, "The capital of Germany is", transcoders)
     graph.check                                      # every target = its edges + what no node carries: max |diff| ...
-    graph.save("graph.html")                         # the page, pruned; .json: Neuronpedia's format; .safetensors: all
+    save(graph, "graph.html")                        # the page, pruned; .json: Neuronpedia's format; .safetensors: all
     small = pruned(graph)                            # node threshold 0.8, edge threshold 0.98
     replacement, completeness = scores(graph)
 
     graph.py          Node, Graph: the graph as plain data (a node list, one adjacency; rows = targets)
+    graph_file.py     save_graph, load_graph: every number of a graph in one safetensors file
+    save.py           save(graph, path): the writer for the file's suffix (.html, .json, .safetensors)
     prune.py          influence (the Neumann series), find_threshold, prune, pruned, scores, the feature cap
+    layout.py         Active, Layout: the active features and where each node sits in the graph's order
     replacement.py    the local replacement model: frozen patterns and norm scales, its transposes
     attribute.py      attribution_graph: the nodes, their edges, the identity checked
     sweep.py          every direct effect in one sweep down the layers (no autograd, every row at once)
@@ -24,7 +27,7 @@ from ..lazy import lazy_names
 
 __all__ = lazy_names(__name__, {
     "attribution_graph": ".attribute",
-    "Graph": ".graph", "Node": ".graph", "load_graph": ".graph",
+    "Graph": ".graph", "Node": ".graph", "load_graph": ".graph_file", "save": ".save",
     "HeadSplit": ".heads", "split_by_head": ".heads",
     "FeatureChange": ".interventions", "InterventionResult": ".interventions", "intervene": ".interventions",
     "neuronpedia_json": ".neuronpedia",

@@ -23,25 +23,14 @@ replacement's forward pass with every node switched off. The result checks itsel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from . import checks
 from .graph import Graph, Node
-from .replacement import INPUT_POINTS, OUTPUT_POINTS, Replacement, unsupported
+from .layout import Active, Layout, layout
+from .replacement import Replacement, transcoder_points, unsupported
 from .sweep import Sources, errors_of, sweep
-
-
-@dataclass
-class Active:
-    """The active features of every layer (position 0 left out), in (layer, position, feature) order."""
-
-    layer: torch.Tensor  # [n] long
-    position: torch.Tensor  # [n] long
-    feature: torch.Tensor  # [n] long
-    activation: torch.Tensor  # [n]
-    pre: list[torch.Tensor]  # per layer [T, F]: every pre-activation (the targets' values)
 
 
 def prompt_ids(model: nn.Module, prompt) -> torch.Tensor:
@@ -61,7 +50,7 @@ def prompt_ids(model: nn.Module, prompt) -> torch.Tensor:
                 raise ValueError("the tokenizer has no BOS, pad or EOS token to put before the prompt")
             ids = [specials[0]] + ids
     else:
-        ids = [int(i) for i in (prompt.tolist() if torch.is_tensor(prompt) else prompt)]
+        ids = checks.token_ids(prompt)
     if len(ids) < 2:
         raise ValueError("the prompt needs at least one token after the first (the first position is no node)")
     limit = model.config.max_seq_len if model.config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
@@ -74,16 +63,18 @@ def prompt_ids(model: nn.Module, prompt) -> torch.Tensor:
 
 def check_fits(model: nn.Module, transcoders) -> None:
     """Raise ValueError, in one line, when the model or the transcoder set cannot make a graph together."""
+    checks.model_and_transcoders(model, transcoders)
     why = unsupported(model)
     if why:
         raise ValueError(why)
     transcoders.check_fits(model)
-    for field, point, allowed in (("input point", transcoders.input_point(0), INPUT_POINTS),
-                                  ("output point", transcoders.output_point(0), OUTPUT_POINTS)):
+    reads, writes = transcoder_points(model.config)
+    for field, point, allowed in (("input point", transcoders.input_point(0), reads),
+                                  ("output point", transcoders.output_point(0), writes)):
         inside = point.split(".", 2)[2]
         if inside not in allowed:
-            raise ValueError(f"an attribution graph reads transcoders at blocks.L.{{{', '.join(allowed)}}} -> "
-                             f"blocks.L.{', '.join(OUTPUT_POINTS)}; this set's {field} is {point!r}")
+            raise ValueError(f"an attribution graph of this model reads transcoders at blocks.L.{{{', '.join(reads)}}} "
+                             f"and writes them at blocks.L.{{{', '.join(writes)}}}; this set's {field} is {point!r}")
 
 
 def active_features(rep: Replacement) -> Active:
@@ -108,41 +99,6 @@ def logit_targets(logits: torch.Tensor, max_logits: int, probability: float) -> 
     return ids[:cutoff], top[:cutoff]
 
 
-@dataclass
-class Layout:
-    """Where each node sits in the graph's node order: tokens, then per layer its features and its errors
-    (one per position, the first one included, as circuit-tracer numbers them), then the logits."""
-
-    n_tokens: int
-    feature_start: list[int]  # per layer: the node index of its first feature
-    error_start: list[int]  # per layer: the node index of position 0's error
-    active_start: list[int]  # per layer: the index of its first feature in Active's arrays
-    feature_offsets: list[torch.Tensor]  # per layer [T + 1]: where each position's features begin, from its first
-    logit_start: int
-    total: int
-
-    def features(self, layer: int, position: int) -> tuple[slice, slice]:
-        """(node indices, indices into Active's arrays) of layer's features at position."""
-        lo, hi = int(self.feature_offsets[layer][position]), int(self.feature_offsets[layer][position + 1])
-        return (slice(self.feature_start[layer] + lo, self.feature_start[layer] + hi),
-                slice(self.active_start[layer] + lo, self.active_start[layer] + hi))
-
-
-def layout(active: Active, n_layers: int, T: int, n_logits: int) -> Layout:
-    feature_start, error_start, active_start, offsets = [], [], [], []
-    index, count = T, 0
-    for layer in range(n_layers):
-        counts = torch.bincount(active.position[active.layer == layer], minlength=T)
-        feature_start.append(index)
-        active_start.append(count)
-        offsets.append(torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]))
-        index += int(counts.sum())
-        count += int(counts.sum())
-        error_start.append(index)
-        index += T
-    return Layout(T, feature_start, error_start, active_start, offsets, index, index + n_logits)
-
-
 def build_nodes(rep: Replacement, active: Active, where: Layout, logit_ids: torch.Tensor, probs: torch.Tensor,
                 labels: list[str], logit_labels: list[str]) -> list[Node]:
     """Nodes in graph order (Layout): every one named by what it is."""
@@ -163,30 +119,41 @@ def unexplained(rep: Replacement, active: Active, where: Layout, logit_ids: torc
     """[N]: what no node carries of each target, the replacement's forward pass with every node switched off:
     positional embeddings, biases (attention's, the norms', b_dec, the encoders' b_enc), a skip's share of
     them, and everything the first position writes."""
-    T = where.n_tokens
-    x = rep.trace["pos_embed"][0].float() if "pos_embed" in rep.trace else torch.zeros_like(rep.embed)  # (T, E)
     result = torch.zeros(where.total)
+
+    def mlp(layer: int):
+        def replaced(read: torch.Tensor) -> torch.Tensor:  # (T, E) what the transcoder reads -> its output
+            chosen = (active.layer == layer).nonzero().flatten()
+            if len(chosen):
+                pre = rep.transcoders.pre_activations(layer, read).float()  # (T, F)
+                start = where.feature_start[layer]
+                result[start:start + len(chosen)] = pre[active.position[chosen], active.feature[chosen]]
+            bias = rep.transcoders.output_bias(layer).detach().float()
+            out = bias.expand(read.size(0), -1).clone()  # (T, E)
+            skip = rep.skips[layer]
+            if skip is not None:
+                out += read @ skip
+            # the first position's whole output, but for the part its skip passes on (a linear path, counted above)
+            first = rep.outputs[layer][0] - bias
+            out[0] += first if skip is None else first - rep.inputs[layer][0] @ skip
+            return out
+        return replaced
+
+    x = rep.embed_rest  # (T, E)
     for layer in range(rep.n_layers):
-        x = x + rep.sublayers[layer].forward(x)
-        read = rep.input_forward(layer, x)  # (T, E)
-        chosen = (active.layer == layer).nonzero().flatten()
-        if len(chosen):
-            pre = rep.transcoders.pre_activations(layer, read).float()  # (T, F)
-            start = where.feature_start[layer]
-            result[start:start + len(chosen)] = pre[active.position[chosen], active.feature[chosen]]
-        out = rep.transcoders.output_bias(layer).detach().float().expand(T, -1).clone()  # (T, E)
-        skip = rep.skips[layer]
-        if skip is not None:
-            out += read @ skip
-        # the first position's whole output, but for the part its skip passes on (a linear path, counted above)
-        first = rep.outputs[layer][0] - rep.transcoders.output_bias(layer).detach().float()
-        if skip is not None:
-            first = first - rep.inputs[layer][0] @ skip
-        out[0] += first
-        x = x + out
-    h = rep.final_norm.forward(x)[-1]  # (E,)
-    result[where.logit_start:] = logit_vectors @ h + demeaned(rep.unembed_bias, logit_ids)
+        x = rep.block_forward(layer, x, mlp(layer))
+    result[where.logit_start:] = logit_vectors @ rep.final_forward(x) + demeaned(rep.unembed_bias, logit_ids)
     return result
+
+
+def logit_note(model: nn.Module) -> dict:
+    """{"logits": what the logit rows explain, in words} for a model whose logits are soft-capped, else {}."""
+    cap = model.lm_head.softcap
+    if cap is None:
+        return {}
+    return {"logit_softcap": cap,
+            "logits": f"the logit rows explain the logits before the final soft-cap c tanh(z / c), c = {cap:g} (the cap is "
+                      f"not linear; it keeps their order); the target tokens and their probabilities are the capped logits'"}
 
 
 def identity_gaps(adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tensor,
@@ -239,18 +206,18 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     circuit-tracer chooses them (by partial influence, in batches of batch_size, re-ranked every
     update_interval batches; prune.capped_features). progress(done, total) after each layer. The graph
     checks its identity (graph.check, graph.error). Raises ValueError, before any computation, for an
-    empty prompt, one past the context, a model the replacement cannot be built for, or a transcoder set
-    that does not fit the model; and, after one forward pass and before anything large is allocated, for a
+    empty prompt, one past the context, ids that are not integers, an argument out of its range (a count
+    that is not a positive integer, a probability outside (0, 1]), a model the replacement cannot be built
+    for, or a transcoder set that does not fit the model (CheckpointError, a ValueError, for a weight of it
+    that is not finite, when its layer is first read); and, after one forward pass and before anything large is allocated, for a
     graph that needs more memory than is available (or than max_bytes)."""
     from .prune import capped_features
 
-    if isinstance(max_logits, bool) or not isinstance(max_logits, int) or max_logits < 1:
-        raise ValueError(f"max_logits must be a positive integer, got {max_logits!r}")
-    if not 0.0 < logit_probability <= 1.0:
-        raise ValueError(f"logit_probability must be in (0, 1], got {logit_probability!r}")
-    if max_feature_nodes is not None and (isinstance(max_feature_nodes, bool) or not isinstance(max_feature_nodes, int)
-                                          or max_feature_nodes < 1):
-        raise ValueError(f"max_feature_nodes must be a positive integer or None, got {max_feature_nodes!r}")
+    for name, value in (("max_logits", max_logits), ("batch_size", batch_size), ("update_interval", update_interval)):
+        checks.count(name, value)
+    checks.count("max_feature_nodes", max_feature_nodes, none=True), checks.count("max_bytes", max_bytes, none=True)
+    checks.number("logit_probability", logit_probability, low=0.0, high=1.0, open_low=True)
+    checks.function("progress", progress)
     check_fits(model, transcoders)
     ids = prompt_ids(model, prompt)
     rep = Replacement(model, transcoders, ids)
@@ -274,7 +241,7 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
         chosen = (active.layer == layer).nonzero().flatten()
         start = where.feature_start[layer]
         values[start:start + len(chosen)] = active.pre[layer][active.position[chosen], active.feature[chosen]]
-    values[where.logit_start:] = rep.logits[logit_ids] - rep.logits.mean()
+    values[where.logit_start:] = rep.explained_logits[logit_ids] - rep.explained_logits.mean()
     rest = unexplained(rep, active, where, logit_ids, logit_vectors)
     rest[values.isnan()] = 0.0
     differences, terms = identity_gaps(adjacency, values, rest)
@@ -288,7 +255,8 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
         meta={"prompt": text, "prompt_ids": ids.tolist(), "model": "",
               "prompt_texts": tokenizer.token_texts(ids.tolist()) if tokenizer else labels, "transcoders": dict(getattr(transcoders, "metadata", {})),
               "cross_layer": bool(transcoders.cross_layer), "max_logits": max_logits,
-              "logit_probability": logit_probability, "features_active": len(active.layer)},
+              "logit_probability": logit_probability, "features_active": len(active.layer),
+              **logit_note(model)},
         check=(f"every feature's pre-activation and every target logit = its edges + what no node carries: "
                f"max |diff| {float(differences.max()):.2g}, at most {error:.2g} of the terms it sums"),
         error=error, values=values, unexplained=rest,

@@ -23,7 +23,7 @@ from ..sae.features import AFTER, BEFORE, direct_logits
 from ..sae.store import harvest
 from .graph import Graph
 from .page import FeatureDetails
-from .replacement import norm_parts
+from ..layers import norm_parts
 
 
 def feature_nodes(graph: Graph) -> list[int]:
@@ -38,7 +38,7 @@ def promoted_tokens(model: nn.Module, transcoders, graph: Graph, k: int = 6) -> 
     chosen = feature_nodes(graph)
     if not chosen:
         return details
-    gain = norm_parts(model.final_norm)[0] if getattr(model, "final_norm", None) is not None else 1.0
+    gain = norm_parts(model.final_norm).gain.float() if getattr(model, "final_norm", None) is not None else 1.0
     directions = torch.stack([transcoders.decoder_vectors(graph.nodes[i].layer)[graph.nodes[i].index].detach().float().sum(0)
                               for i in chosen]) * gain  # (F, E)
     up, up_logits, down, down_logits = direct_logits(model, directions, k)
@@ -100,3 +100,20 @@ def top_contexts(model: nn.Module, transcoders, graph: Graph, tokens: np.ndarray
             shown.append({"tokens": texts(windows[row, k][inside].tolist()), "acts": window_acts[row, k][inside].tolist()})
         details.contexts[graph.nodes[i].id] = shown
     return details
+
+
+def context_tokens(paths, tokenizer, max_tokens: int) -> np.ndarray:
+    """[at most max_tokens] ids of the UTF-8 files `paths`, in order: each read a few kilobytes at a time
+    (anatomy.text.text_pieces) and tokenized piece by piece until max_tokens are had, so that a corpus of
+    gigabytes costs what its first max_tokens cost. InputError naming a file that is not UTF-8."""
+    from ..text import text_pieces
+    from . import checks
+
+    checks.count("max_tokens", max_tokens)
+    ids: list[int] = []
+    for path in paths:
+        for piece in text_pieces(path):
+            ids += tokenizer.encode(piece, add_special_tokens=False)
+            if len(ids) >= max_tokens:
+                return np.asarray(ids[:max_tokens], dtype=np.int64)
+    return np.asarray(ids, dtype=np.int64)

@@ -31,8 +31,6 @@ pruning (prune.py) relies on and the constructor checks.
 
 from __future__ import annotations
 
-import json
-import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -182,28 +180,6 @@ class Graph:
         n_edges = int(torch.count_nonzero(self.adjacency))
         return f"<{self.kind}: {shown}; {n_edges:,} edges" + (f"; {self.check}" if self.check else "") + ">"
 
-    # ---- writing -------------------------------------------------------------------------------
-    def save(self, path: str | Path, **options) -> Path:
-        """Write the graph: .html (the offline page, pruned), .json (Neuronpedia's graph format, pruned),
-        or .safetensors (all of it, to load back with load_graph). Raises ValueError for another suffix."""
-        path = Path(path)
-        suffix = path.suffix.lower()
-        if suffix == ".safetensors":
-            return save_graph(self, path)
-        if suffix == ".json":
-            from .neuronpedia import save_neuronpedia
-
-            return save_neuronpedia(self, path, **options)
-        if suffix in (".html", ".htm"):
-            return self.view(**options).save(path)
-        raise ValueError(f"cannot write a graph to {path.name!r}: the suffix must be .html, .json or .safetensors")
-
-    def view(self, **options):
-        """The offline page of this graph (pruned unless it already is: page.graph_view), a viz View."""
-        from .page import graph_view
-
-        return graph_view(self, **options)
-
 
 def first_backward_edge(adjacency: torch.Tensor, block: int = 2048) -> tuple[int, int] | None:
     """(target, source) of an edge on or above the diagonal, or None when the adjacency is strictly lower
@@ -215,57 +191,3 @@ def first_backward_edge(adjacency: torch.Tensor, block: int = 2048) -> tuple[int
             t, s = upper.nonzero()[0].tolist()
             return start + t, start + s
     return None
-
-
-# ---- one file for all of it: safetensors, the node table as tensors, the rest as JSON ---------------
-
-def save_graph(graph: Graph, path: str | Path) -> Path:
-    """Write every number of the graph to a safetensors file (nothing pickled): adjacency, output weights
-    and the node table as tensors; labels, ports, columns and meta as JSON in the header."""
-    from safetensors.torch import save
-
-    from ..viz.html import write_atomically
-
-    nodes = graph.nodes
-    tensors = {
-        "adjacency": graph.adjacency.float().contiguous(),
-        "output_weights": graph.output_weights.float().contiguous(),
-        "kind": torch.tensor([KINDS.index(node.kind) for node in nodes], dtype=torch.int64),
-        "layer": torch.tensor([node.layer for node in nodes], dtype=torch.int64),
-        "column": torch.tensor([node.column for node in nodes], dtype=torch.int64),
-        "index": torch.tensor([node.index for node in nodes], dtype=torch.int64),
-        "value": torch.tensor([math.nan if node.value is None else node.value for node in nodes], dtype=torch.float64),
-    }
-    tensors.update({name: getattr(graph, name).float().contiguous() for name in ("values", "unexplained")
-                    if getattr(graph, name) is not None})
-    header = {
-        "format": "anatomy graph 1",
-        "labels": json.dumps([node.label for node in nodes], ensure_ascii=False),
-        "ports": json.dumps([node.port for node in nodes]),
-        "columns": json.dumps(graph.columns, ensure_ascii=False),
-        "n_layers": str(graph.n_layers),
-        "kind": graph.kind, "about": graph.about, "check": graph.check, "error": repr(graph.error),
-        "meta": json.dumps(graph.meta, ensure_ascii=False, default=float),
-    }
-    return write_atomically(path, save(tensors, metadata=header))
-
-
-def load_graph(path: str | Path) -> Graph:
-    """A graph written by save_graph (Graph.save("x.safetensors")). Raises ValueError for a file that is
-    not one, naming what is missing."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as handle:
-        header = handle.metadata() or {}
-        if header.get("format") != "anatomy graph 1":
-            raise ValueError(f"{path} is not a graph anatomy wrote (its header has no 'format: anatomy graph 1')")
-        t = {name: handle.get_tensor(name) for name in handle.keys()}
-    labels, ports = json.loads(header["labels"]), json.loads(header["ports"])
-    nodes = [Node(KINDS[k], layer, column, index, port, label, None if math.isnan(value) else value)
-             for k, layer, column, index, port, label, value in zip(
-                 t["kind"].tolist(), t["layer"].tolist(), t["column"].tolist(), t["index"].tolist(), ports, labels,
-                 t["value"].tolist())]
-    return Graph(nodes, t["adjacency"], json.loads(header["columns"]), int(header["n_layers"]),
-                 output_weights=t["output_weights"], kind=header["kind"], about=header["about"],
-                 meta=json.loads(header["meta"]), check=header["check"], error=float(header["error"]),
-                 values=t.get("values"), unexplained=t.get("unexplained"))

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import checks
 from .graph import INPUT_KINDS, OUTPUT_KINDS, SOURCE_KINDS, Graph
 
 BLOCK = 1024  # rows of the adjacency read at a time: no [N, N] temporary is ever made
@@ -119,9 +120,7 @@ class Pruning:
 
 
 def check_threshold(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be a number from 0 to 1, got {value!r}")
-    return float(value)
+    return checks.number(name, value, low=0.0, high=1.0)
 
 
 def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Pruning:
@@ -203,7 +202,10 @@ def capped_features(graph: Graph, max_features: int, batch_size: int = 512, upda
         influence over the rows computed so far: p <- p[rows] Â_rows, summed while p is non-zero
 
     (Â_rows: those rows, row-normalised, starting from the logits' probabilities), and takes the next ones
-    in that order. Here every row is already known, so the choice is replayed on them."""
+    in that order. Here every row is already known, so the choice is replayed on them. Raises ValueError for
+    a count that is not a positive integer (a step of 0 would never end)."""
+    for name, value in (("max_features", max_features), ("batch_size", batch_size), ("update_interval", update_interval)):
+        checks.count(name, value)
     features = graph.mask("feature").nonzero().flatten()
     logits = graph.mask(*OUTPUT_KINDS).nonzero().flatten()
     chosen: list[torch.Tensor] = []

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .panels import float_setting, int_setting
-from .state import ExploreError, ModelSlot, Pass
+from .models import ModelSlot
+from .state import Pass
+from .values import ExploreError, float_setting, int_setting
 
 GRAPH_BYTES = 3 * 2**30  # at most this much held by one graph (SmolLM2, 16 positions: about 1.6 GiB)
 
@@ -35,6 +36,7 @@ def circuit_work(slot: ModelSlot, p: Pass, settings: dict) -> Callable[[Callable
     from ..circuits import attribution_graph, prune, pruned, scores
     from ..circuits.attribute import check_fits
     from ..circuits.features import promoted_tokens
+    from ..circuits.page import graph_view
 
     transcoders = transcoders_of(slot)
     node_threshold = float_setting(settings, "node_threshold", 0.8, 0.0, 1.0)
@@ -56,7 +58,7 @@ def circuit_work(slot: ModelSlot, p: Pass, settings: dict) -> Callable[[Callable
         small = pruned(graph, decision=decision)
         replacement, completeness = scores(graph, decision.influence)
         graph.about = small.about = f"{slot.name} on {text!r}"
-        page = small.view(details=promoted_tokens(model, transcoders, small), scores=(replacement, completeness))
+        page = graph_view(small, details=promoted_tokens(model, transcoders, small), scores=(replacement, completeness))
         return {"kind": "attribution graph", "check": graph.check, "error": graph.error,
                 "features": sum(node.kind == "feature" for node in graph.nodes), "nodes": len(small),
                 "edges": int(small.meta.get("edges_before", 0)), "kept_edges": len(small.edges()),

@@ -16,8 +16,9 @@ from ..circuits.discovery import (ResidualGraph, attribute_edges, build_task, ci
                                   make_task, top_edges)
 from ..circuits.discovery.edges import METHODS
 from ..circuits.discovery.generators import TASKS
-from .panels import rounded
-from .state import ExploreError, ModelSlot
+from ..circuits.page import graph_view
+from .models import ModelSlot
+from .values import ExploreError, rounded
 
 MAX_PAIRS = 200  # generated pairs: a job of minutes on SmolLM2, not hours
 MAX_CUSTOM = 64  # pairs typed into the page
@@ -79,7 +80,7 @@ def discover_work(slot: ModelSlot, settings: dict) -> Callable[[Callable[[int, i
             "smallest": curve.extra["smallest"], "target": curve.extra["target"], "size": size,
             "top": [[graph.edge_name(u, v), rounded(edges.values.new_tensor(score), 4)]
                     for u, v, score in top_edges(edges, min(TOP, graph.edge_count))],
-            "page": circuit.view().html,
+            "page": graph_view(circuit).html,
         }
 
     return work

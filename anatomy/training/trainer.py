@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..cli import printable
+from ..terminal import printable
 from . import distributed
 from .averaging import average_checkpoints, last_checkpoints
 from .checkpoint import load_newest, save_checkpoint

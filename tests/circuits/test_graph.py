@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
-from anatomy.circuits.graph import Graph, Node, load_graph
+from anatomy.circuits import save
+from anatomy.circuits.graph import Graph, Node
+from anatomy.circuits.graph_file import load_graph
 from anatomy.circuits.prune import find_threshold, influence, neumann_influence, prune, pruned, scores
 
 
@@ -108,7 +110,7 @@ def test_a_graph_round_trips_through_safetensors(tmp_path):
     graph = random_graph(seed=6)
     graph.meta["prompt"] = "é \u202e <script>"
     graph.values = torch.randn(len(graph))
-    path = graph.save(tmp_path / "g.safetensors")
+    path = save(graph, tmp_path / "g.safetensors")
     back = load_graph(path)
     assert back.nodes == graph.nodes
     assert torch.equal(back.adjacency, graph.adjacency)

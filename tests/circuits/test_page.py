@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import anatomy
-from anatomy.circuits import FeatureDetails, Graph, Node, attribution_graph, pruned, scores
+from anatomy.circuits import FeatureDetails, Graph, Node, attribution_graph, pruned, save, scores
 from anatomy.circuits.features import promoted_tokens
 from anatomy.sae import load_transcoders
 
@@ -33,7 +33,7 @@ def made():
 @pytest.fixture()
 def page(browser, made, tmp_path):
     graph, small, details, graph_scores = made
-    path = small.view(details=details, scores=graph_scores).save(tmp_path / "graph.html")
+    path = save(small, tmp_path / "graph.html", details=details, scores=graph_scores)
     tab = browser.new_page()
     errors = []
     tab.on("pageerror", lambda error: errors.append(str(error)))
@@ -134,7 +134,7 @@ def test_a_circuits_heads_and_ports_are_drawn_with_hostile_labels_as_text(browse
     adjacency = torch.zeros(5, 5)
     adjacency[1, 0], adjacency[2, 0], adjacency[3, 0], adjacency[4, 3], adjacency[4, 1] = 0.5, -0.25, 1.0, 2.0, 0.3
     graph = Graph(nodes, adjacency, ["embed", "H1", "MLP"], 1, kind="circuit", about="a <i>circuit</i>")
-    path = graph.save(tmp_path / "circuit.html")
+    path = save(graph, tmp_path / "circuit.html")
     tab = browser.new_page()
     tab.goto(path.as_uri())
     tab.wait_for_selector("#graph-scroll svg g.node")
@@ -155,3 +155,17 @@ def test_a_page_draws_the_strongest_edges_and_says_how_many_there_are(made):
     weights = sorted((abs(w) for *_, w in small.edges()), reverse=True)
     assert len(payload["edges"]) == limit and payload["edgesInGraph"] == len(small.edges())
     assert min(abs(w) for *_, w in payload["edges"]) >= weights[limit - 1] * (1 - 1e-5)
+
+
+def test_a_soft_capped_models_page_says_its_rows_explain_the_logits_before_the_cap(browser, tmp_path):
+    model = anatomy.from_pretrained(str(FIXTURES / "graphs" / "gemma2")).eval()
+    transcoders = load_transcoders(FIXTURES / "graphs" / "gemma2_plt", mlp_out_norm=True)
+    graph = attribution_graph(model, PROMPT, transcoders)
+    tab = browser.new_page()
+    tab.goto(save(pruned(graph), tmp_path / "capped.html").as_uri())
+    line = tab.locator("#logits-line").inner_text()
+    assert "before the final soft-cap" in line and "c = 5" in line
+    tab.close()
+    path = save(pruned(attribution_graph(anatomy.from_pretrained(str(FIXTURES / "graphs" / "llama")).eval(), PROMPT,
+                                         load_transcoders(FIXTURES / "graphs" / "plt_jumprelu"))), tmp_path / "plain.html")
+    assert 'id="logits-line"' not in path.read_text()  # no cap, nothing to say
