@@ -125,10 +125,10 @@ def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) 
 
     AdamW:  m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2,   p -= lr (m_hat / (sqrt(v_hat) + eps) + wd p)
 
-    Muon, for a weight matrix W (torch.optim.Muon, Nesterov momentum mu = 0.95):
+    Muon, for a weight matrix W of shape (n_out, n_in) (torch.optim.Muon, Nesterov momentum mu = 0.95):
 
-        B = mu B + g,   O = NewtonSchulz5(g + mu B) ~ U V^T (g + mu B = U S V^T),
-        W -= lr (0.2 sqrt(max(A, B_dim)) O + wd W)
+        M = mu M + g,   O = NewtonSchulz5(g + mu M) ~ U V^T  (g + mu M = U S V^T),
+        W -= lr (0.2 sqrt(max(n_out, n_in)) O + wd W)
 
     O is the nearest semi-orthogonal matrix to the momentum: every direction of the update moves by
     the same amount, however small its singular value. The 0.2 sqrt(max dim) factor ("match_rms_adamw",
@@ -141,12 +141,13 @@ def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) 
         group["lr"] = config.lr * group["lr_scale"]
     if config.optimizer == "adamw":
         return _adamw(groups, config, device)
-    # Muon takes the blocks' matrices: 2-D, decayed, and not the head's (depth L + 1) or an embedding's
+    # Muon takes the blocks' matrices: 2-D, and not the head's (depth L + 1) or an embedding's (depth 0)
     depths, top = layer_depths(model)
     muon, adam = [], []
     for group in groups:
-        hidden = [p for p in group["params"] if p.dim() == 2 and group["weight_decay"] and 0 < depths[id(p)] < top]
-        rest = [p for p in group["params"] if not any(p is h for h in hidden)]
+        is_hidden = [p.dim() == 2 and 0 < depths[id(p)] < top for p in group["params"]]
+        hidden = [p for p, h in zip(group["params"], is_hidden) if h]
+        rest = [p for p, h in zip(group["params"], is_hidden) if not h]
         if hidden:
             muon.append({**group, "params": hidden})
         if rest:

@@ -52,6 +52,9 @@ def test_muon_takes_the_blocks_matrices_and_steps_as_torch_muon_alone():
     depths, top = layer_depths(model)
     optimizer = make_optimizer(model, TrainConfig(optimizer="muon", lr=1e-2, weight_decay=0.1), torch.device("cpu"))
     muon, adamw = optimizer.members
+    without_decay = make_optimizer(encoder(n_layers=2), TrainConfig(optimizer="muon", weight_decay=0.0),
+                                   torch.device("cpu")).members[0]
+    assert sum(len(g["params"]) for g in without_decay.param_groups) == 12  # q, k, v, o, fc_in, fc_out, 2 blocks
     names = {id(p): n for n, p in model.named_parameters()}
     in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
     assert in_muon == {n for n, p in model.named_parameters() if p.dim() == 2 and n.startswith("blocks.")}
