@@ -121,29 +121,38 @@ def unexplained(rep: Replacement, active: Active, where: Layout, logit_ids: torc
     them, and everything the first position writes."""
     result = torch.zeros(where.total)
 
-    def mlp(layer: int):
-        def replaced(read: torch.Tensor) -> torch.Tensor:  # (T, E) what the transcoder reads -> its output
+    def features_read(layer: int):
+        def read(x: torch.Tensor) -> None:  # (T, E) what the transcoder reads: its features' pre-activations there
             chosen = (active.layer == layer).nonzero().flatten()
             if len(chosen):
-                pre = rep.transcoders.pre_activations(layer, read).float()  # (T, F)
+                pre = rep.transcoders.pre_activations(layer, x).float()  # (T, F)
                 start = where.feature_start[layer]
                 result[start:start + len(chosen)] = pre[active.position[chosen], active.feature[chosen]]
-            bias = rep.transcoders.output_bias(layer).detach().float()
-            out = bias.expand(read.size(0), -1).clone()  # (T, E)
-            skip = rep.skips[layer]
-            if skip is not None:
-                out += read @ skip
-            # the first position's whole output, but for the part its skip passes on (a linear path, counted above)
-            first = rep.outputs[layer][0] - bias
-            out[0] += first if skip is None else first - rep.inputs[layer][0] @ skip
-            return out
-        return replaced
+        return read
 
     x = rep.embed_rest  # (T, E)
     for layer in range(rep.n_layers):
-        x = rep.block_forward(layer, x, mlp(layer))
+        x = rep.block_forward(layer, x, no_node_mlp(rep, layer, features_read(layer)))
     result[where.logit_start:] = logit_vectors @ rep.final_forward(x) + demeaned(rep.unembed_bias, logit_ids)
     return result
+
+
+def no_node_mlp(rep: Replacement, layer: int, on_read=None):
+    """Layer's MLP in the replacement with every node switched off, as block_forward takes it: what the transcoder
+    reads [T, E] -> its output: b_dec, a skip's share of what it reads, and the first position's whole output but
+    for the part its skip passes on (a linear path, counted by the skip). on_read(read): shown what it reads."""
+    def replaced(read: torch.Tensor) -> torch.Tensor:
+        if on_read is not None:
+            on_read(read)
+        bias = rep.transcoders.output_bias(layer).detach().float()
+        out = bias.expand(read.size(0), -1).clone()  # (T, E)
+        skip = rep.skips[layer]
+        if skip is not None:
+            out += read @ skip
+        first = rep.outputs[layer][0] - bias
+        out[0] += first if skip is None else first - rep.inputs[layer][0] @ skip
+        return out
+    return replaced
 
 
 def logit_note(model: nn.Module) -> dict:

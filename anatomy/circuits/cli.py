@@ -8,7 +8,9 @@
 
 The graph explains the most likely next tokens (until --logit-probability, at most --max-logits) through
 the transcoders' features, on the model the transcoders name (or --model); it is pruned at --node-threshold
-and --edge-threshold for the page and the JSON, and written whole to a .safetensors file. Every argument is
+and --edge-threshold for the page and the JSON, and written whole to a .safetensors file. The --qk strongest
+edges across positions of the pruned graph are split by the heads they cross, and each one's largest heads'
+attention scores split into pairs of nodes (attention_edges.py): every output carries them. Every argument is
 checked before the model loads.
 """
 
@@ -19,8 +21,8 @@ import re
 import textwrap
 from pathlib import Path
 
-from ..arguments import (add_compute_arguments, add_model_argument, input_file, output_file, positive_float, positive_int,
-                         probability, text)
+from ..arguments import (add_compute_arguments, add_model_argument, input_file, non_negative_int, output_file,
+                         positive_float, positive_int, probability, text)
 from ..progress import Stages
 from ..terminal import printable, summary_block
 from .checks import MAX_CHANGE, number
@@ -75,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pruning: keep the edges holding this share of the edge influence (default 0.98)")
     parser.add_argument("--max-feature-nodes", type=positive_int, metavar="N",
                         help="keep only this many features, chosen by partial influence as circuit-tracer does")
+    parser.add_argument("--qk", type=non_negative_int, default=20, metavar="N",
+                        help="why attention attends: the N strongest edges across positions of the pruned graph split "
+                             "by head, and each one's largest heads' scores split into pairs of nodes (default 20; "
+                             "0: none)")
     parser.add_argument("--contexts", nargs="+", type=input_file, metavar="FILE",
                         help="text files to find each feature's top contexts in, for the page")
     parser.add_argument("--max-context-tokens", type=positive_int, default=20_000, metavar="N",
@@ -126,8 +132,12 @@ def run(args) -> int:
         if changes:
             stages.start("the interventions")
         tested = intervene(model, prompt, transcoders, changes, freeze=args.freeze, graph=graph) if changes else None
+        shown = explained = None
+        if args.qk and model.config.norm_position != "post":  # a post-norm model's edges have no first moves
+            stages.start("the attention")
+            shown, explained = explain(args, graph, model, transcoders)
         stages.start("writing")
-        written, shown, (replacement, completeness) = write_graph(args, graph, model, transcoders, tested)
+        written, shown, (replacement, completeness) = write_graph(args, graph, model, transcoders, tested, shown)
     if not args.quiet:
         counts = {kind: sum(node.kind == kind for node in graph.nodes) for kind in ("feature", "error", "token", "logit")}
         # a token and its probability kept on one line (a no-break space, which the folding never breaks at)
@@ -141,6 +151,14 @@ def run(args) -> int:
         if shown is not None:
             rows.append(("pruned", f"{len(shown)} nodes, {sum(1 for _ in shown.edges()):,} edges (node threshold "
                                    f"{args.node_threshold}, edge threshold {args.edge_threshold})"))
+        if args.qk and explained is None:
+            rows.append(("attention", "not split by head: a post-norm model's edges cross a norm after every "
+                                      "sublayer, so no path has a first move (anatomy.circuits.qk_attribution "
+                                      "still explains a head's score)"))
+        if explained is not None:
+            record = graph.meta["attention"]
+            rows.append(("attention", f"{len(record['edges'])} edges across positions split by head, "
+                                      f"{len(record['qk'])} heads' scores split into pairs of nodes; {record['check']}"))
         rows.append(("time", stages.times()))
         rows += [("written", printable(str(path))) for path in written]
         print(summary_block("anatomy circuits", rows))
@@ -159,15 +177,29 @@ def mlp_out_normed(name) -> bool:
     return config is not None and block_norms(config)["mlp_output"] is not None
 
 
-def write_graph(args, graph, model, transcoders, tested):
-    """Write the graph to every --out (pruned for the page and the JSON, whole to .safetensors); returns
-    (the paths written, the pruned graph or None, (replacement, completeness) scores)."""
+def explain(args, graph, model, transcoders):
+    """(the pruned graph, its explain_attention edges): the --qk strongest edges across positions of the pruned graph
+    explained, the record in both graphs' meta (the whole one's file keeps it too)."""
+    from .attention_edges import explain_attention
+    from .prune import pruned
+
+    shown = pruned(graph, args.node_threshold, args.edge_threshold)
+    edges = explain_attention(model, transcoders, shown, n=args.qk)
+    graph.meta["attention"] = shown.meta["attention"]
+    return shown, edges
+
+
+def write_graph(args, graph, model, transcoders, tested, shown=None):
+    """Write the graph to every --out (pruned for the page and the JSON, whole to .safetensors; shown: the pruned
+    graph if made already); returns (the paths written, the pruned graph or None, (replacement, completeness))."""
     from .prune import pruned, scores
     from .save import save
 
     replacement, completeness = scores(graph)
     graph.meta.update(replacement=replacement, completeness=completeness)
-    written, shown, details = [], None, None
+    if shown is not None:
+        shown.meta.update(replacement=replacement, completeness=completeness)
+    written, details = [], None
     for path in args.out:
         suffix = Path(path).suffix.lower()
         if suffix == ".safetensors":

@@ -19,6 +19,10 @@ splits the edge A[t, s] = r . M w into
 with A_{k,h}(w)[p] = A_h[p, q] (norm(w)[q] W_V^h) W_O^h. Every part is one head's (or the skip's) first move
 of the source's vector; the parts sum to the edge (`HeadSplit.check`). A cross-layer feature writes at several
 layers: its parts are summed over them. This is what circuit-tracer's open pull request #114 attempts.
+
+A head's part is itself a sum over the query positions p it moves the vector to, from the source's own
+position q (the key): pairs[(k, h)][(p, q)] = G_k[p] . A_h[p, q] (norm(w)[q] W_V^h) W_O^h, the (query, key)
+position pairs that carry it, whose attention score qk.py explains.
 """
 
 from __future__ import annotations
@@ -28,15 +32,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attribute import active_features, check_fits, errors_of, prompt_ids
 from .graph import Graph, Node
 from .replacement import Replacement
+from .stream import NodeStream
 
 
 @dataclass
 class HeadSplit:
     """The parts of one edge: {"residual" | (layer, head) | (layer, "skip"): value}, the edge they add up to
-    and the identity with its measured difference."""
+    and the identity with its measured difference; pairs: {(layer, head): {(query, key): value}}, each head's
+    part by the position pairs that carry it (they add up to the part)."""
 
     target: Node
     source: Node
@@ -44,6 +49,16 @@ class HeadSplit:
     edge: float
     check: str
     error: float
+    pairs: dict
+
+    def heads(self, n: int | None = None) -> list[tuple[tuple[int, int], float]]:
+        """((layer, head), part) of the heads, largest |part| first (the n largest)."""
+        heads = [(part, value) for part, value in self.parts.items() if isinstance(part, tuple) and part[1] != "skip"]
+        return sorted(heads, key=lambda item: -abs(item[1]))[:n]
+
+    def positions(self, layer: int, head: int) -> list[tuple[tuple[int, int], float]]:
+        """((query, key), value) of the position pairs that carry one head's part, largest |value| first."""
+        return sorted(self.pairs.get((layer, head), {}).items(), key=lambda item: -abs(item[1]))
 
     def largest(self, n: int = 10) -> list[tuple[str, float]]:
         """The n largest parts by size, named ("L3 H5", "L4 skip", "residual")."""
@@ -61,39 +76,55 @@ def split_by_head(model: nn.Module, transcoders, graph: Graph, target: Node | st
     target, source = graph.nodes[graph.index(target)], graph.nodes[graph.index(source)]
     if target.kind not in ("feature", "logit"):
         raise ValueError(f"an edge's target is a feature or a logit, not a {target.kind}")
-    check_fits(model, transcoders)
+    refuse_post_norm(model)
+    stream = NodeStream(model, transcoders, graph.meta["prompt_ids"])
+    return split_edge(stream, target, source, float(graph.adjacency[graph.index(target), graph.index(source)]))
+
+
+def refuse_post_norm(model: nn.Module) -> None:
+    """ValueError for a post-norm model (module docstring: its edges have no first moves)."""
     if model.config.norm_position == "post":
         raise ValueError("an edge of a post-norm model does not split by heads: its residual stream passes through a "
                          "norm after every sublayer, so no path is the identity and an edge has no first moves")
-    rep = Replacement(model, transcoders, prompt_ids(model, graph.meta["prompt_ids"]))
-    T, L = len(rep.ids), rep.n_layers
-    read_layer, top, start, at_mid, at_post = target_gradients(rep, target)
+
+
+def split_edge(stream: NodeStream, target: Node, source: Node, edge: float) -> HeadSplit:
+    """split_by_head on a prompt's NodeStream, for an edge of value `edge` (the graph's) from source to target."""
+    rep = stream.rep
+    L = rep.n_layers
+    if target.id not in stream.gradients:  # every edge into one target shares its gradients
+        stream.gradients[target.id] = target_gradients(rep, target)
+    read_layer, top, start, at_mid, at_post = stream.gradients[target.id]
     parts: dict = {}
-    for layer, w, q in source_writes(rep, source, T):  # w [E] added at resid_post(layer) (-1: the embeddings), at q
+    pairs: dict = {}
+    for layer, w, q in source_writes(stream, source):  # w [E] added at resid_post(layer) (-1: the embeddings), at q
         if layer >= read_layer:
             continue  # written after the target reads: no path
         if q == target.column:
             parts["residual"] = parts.get("residual", 0.0) + float(start[q] @ w)
         for k in range(layer + 1, top + 1):
-            for head, value in enumerate(head_moves(rep, k, at_mid[k], w, q).tolist()):
+            moves = head_moves(rep, k, at_mid[k], w, q)  # (H, T): by the query position each head moves w to
+            for head, value in enumerate(moves.sum(1).tolist()):
                 parts[(k, head)] = parts.get((k, head), 0.0) + value
+            for head, p in moves.nonzero().tolist():
+                carried = pairs.setdefault((k, head), {})
+                carried[(p, q)] = carried.get((p, q), 0.0) + float(moves[head, p])
         for k in range(layer + 1, min(read_layer, L)):
             if rep.skips[k] is not None:
                 where = torch.tensor([q])
                 moved = rep.output_images(k, rep.input_images(k, w[None], where) @ rep.skips[k], where)[0]
                 parts[(k, "skip")] = parts.get((k, "skip"), 0.0) + float(at_post[k][q] @ moved)
-    edge = float(graph.adjacency[graph.index(target), graph.index(source)])
     total = sum(parts.values())
     error = abs(total - edge) / max(1.0, sum(abs(v) for v in parts.values()))
     check = f"the parts add up to the edge ({edge:.6g}): difference {abs(total - edge):.2g}, {error:.2g} of their sizes"
-    return HeadSplit(target, source, parts, edge, check, error)
+    return HeadSplit(target, source, parts, edge, check, error, pairs)
 
 
 def target_gradients(rep: Replacement, target: Node) -> tuple[int, int, torch.Tensor, list, list]:
     """(the layer it reads at (n_layers for a logit), the last attention its paths cross, its reading vector's
-    gradient where it reads [T, E], and its gradient where each attention's output and each MLP's output is
-    added: per layer [T, E], None above the target). A feature of a parallel block reads the stream its own
-    layer's attention reads: its paths cross the attentions below it only."""
+    gradient where it reads [T, E], its gradient at each attention's heads' outputs (times W_O^h, [T, H, D]) and
+    where each MLP's output is added ([T, E]): per layer, None above the target). A feature of a parallel block
+    reads the stream its own layer's attention reads: its paths cross the attentions below it only."""
     T, L, E = len(rep.ids), rep.n_layers, rep.embed.size(1)
     g = torch.zeros(T, E)
     if target.kind == "logit":
@@ -112,44 +143,46 @@ def target_gradients(rep: Replacement, target: Node) -> tuple[int, int, torch.Te
             through = rep.skip_transpose(k, g[None], first=0)
             if through is not None and not rep.parallel:  # a sequential MLP reads after the attention
                 g, through = g + through[0], None
-        at_mid[k] = g.clone()
-        g = g + one_row_transpose(rep, k, g) + (0 if through is None else through[0])
+        at_mid[k], back = one_row_transpose(rep, k, g)
+        g = g + back + (0 if through is None else through[0])
     return read_layer, top, start, at_mid, at_post
 
 
-def one_row_transpose(rep: Replacement, layer: int, g: torch.Tensor) -> torch.Tensor:
-    """[T, E] one row's gradient where the attention sublayer's output is added -> what it adds at its input
-    (resid_pre), every position: the sublayer's transpose (frozen.FrozenSublayer), written out for a single row."""
+def one_row_transpose(rep: Replacement, layer: int, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, E] one row's gradient where the attention sublayer's output is added -> (its share at each head's output
+    [T, H, D]; what it adds at the sublayer's input (resid_pre) [T, E], every position): the sublayer's transpose
+    (frozen.FrozenSublayer), written out for a single row."""
     sublayer = rep.sublayers[layer]
     a = sublayer.attention
     T = g.size(0)
     u = (g @ sublayer.w_out_back).view(T, a.n_heads, a.d_head)  # (T, H, D)
     dv = torch.einsum("hpq,phd->qhd", sublayer.pattern_back[:, :T, :T], u)  # (T, H, D): to each key q
     dv = dv.view(T, a.n_kv, a.group, a.d_head).sum(2) * sublayer.norm.scale[:T, None, None]  # (T, K, D)
-    return dv.reshape(T, -1) @ sublayer.w_back
+    return u, dv.reshape(T, -1) @ sublayer.w_back
 
 
-def head_moves(rep: Replacement, layer: int, gradient: torch.Tensor, w: torch.Tensor, q: int) -> torch.Tensor:
-    """[H]: gradient . A_{layer,h}(w at position q) for every head h: w normed and moved by each head alone (and
-    through the norm on the attention's output, if the block has one)."""
+def head_moves(rep: Replacement, layer: int, u: torch.Tensor, w: torch.Tensor, q: int) -> torch.Tensor:
+    """[H, T]: gradient[p] . A_{layer,h}(w at position q)[p] for every head h and query position p: w normed and
+    moved by each head alone, from q to p (and through the norm on the attention's output, if the block has one);
+    u [T, H, D]: the gradient at each head's output (one_row_transpose)."""
     sublayer = rep.sublayers[layer]
     a = sublayer.attention
-    H, K, D = a.n_heads, a.n_kv, a.d_head
+    K, D = a.n_kv, a.d_head
     normed = sublayer.norm.at(w[None], torch.tensor([q]))[0]
     v = (normed @ a.w_v.T).view(K, D).repeat_interleave(a.group, dim=0)  # (H, D): its values
-    u = (gradient @ sublayer.w_out_back).view(-1, H, D)  # (T, H, D): each head's share of the gradient at the output
-    towards = torch.einsum("hp,phd->hd", sublayer.pattern_back[:, :, q], u)  # (H, D): sum_p s'[p] A_h[p, q] u_h[p]
-    return (towards * v).sum(-1)
+    T = u.size(0)
+    return sublayer.pattern_back[:, :T, q] * torch.einsum("phd,hd->hp", u, v)  # (H, T): s'[p] A_h[p, q] u_h[p] . v_h
 
 
-def source_writes(rep: Replacement, source: Node, T: int) -> list[tuple[int, torch.Tensor, int]]:
+def source_writes(stream: NodeStream, source: Node) -> list[tuple[int, torch.Tensor, int]]:
     """[(layer it writes after (-1: the embeddings), what it adds to the stream [E], its position)] for a token,
     feature or error."""
+    rep = stream.rep
     where = torch.tensor([source.column])
     if source.kind == "token":
         return [(-1, rep.embed[source.column], source.column)]
     if source.kind == "error":
-        error = errors_of(rep, active_features(rep), T)[source.layer, source.column]
+        error = stream.errors[source.layer, source.column]
         return [(source.layer, rep.output_images(source.layer, error[None], where)[0], source.column)]
     if source.kind == "feature":
         rows = rep.transcoders.decoder_vectors(source.layer)[source.index].detach().float() * source.value  # (O, E)

@@ -16,6 +16,13 @@ Only the pruned graph is written (prune.pruned), and of its edges the MAX_EDGES 
 a random set's pruned 16-token graph keeps, are no file to open in a browser. Numbers are written to
 the precision a float32 graph carries (6 significant digits; its identity holds to about 1e-6 of the
 terms it sums).
+
+A graph whose attention was explained (attention_edges.explain_attention, graph.meta["attention"]) carries it in
+the schema's `qk_tracing_results` (OpenMOSS's and Neuronpedia's QK tracing, there on attention features): on
+each explained edge's target, the QK attribution of the strongest explained edge into it, at its largest head,
+as pair_wise_contributors [q id, k id, term], top_q_marginal_contributors and top_k_marginal_contributors [id,
+term], with what the schema leaves open said beside them (head, positions, score, the terms of no node, the
+check). Contributors pruned out of `nodes` are described in the top-level `qk_only_nodes`.
 """
 
 from __future__ import annotations
@@ -118,7 +125,11 @@ def neuronpedia_json(graph: Graph, *, slug: str = "anatomy-graph", scan: str | N
     metadata["generation_settings"] = {k: v for k, v in metadata["generation_settings"].items() if v is not None}
     q_params = {"pinnedIds": list(pinned or []), "supernodes": [list(s) for s in supernodes or []],
                 "linkType": "both", "clickedId": "", "sg_pos": ""}
-    return {"metadata": metadata, "qParams": q_params, "nodes": records, "links": links}
+    data = {"metadata": metadata, "qParams": q_params, "nodes": records, "links": links}
+    qk_only = add_qk_tracing(graph, records)
+    if qk_only:
+        data["qk_only_nodes"] = qk_only
+    return data
 
 
 def save_neuronpedia(graph: Graph, path: str | Path, **options) -> Path:
@@ -151,3 +162,42 @@ def listed_graphs(listing: Path) -> list[dict]:
     except (OSError, ValueError, AttributeError, RecursionError):
         return []
     return [entry for entry in graphs if isinstance(entry, dict)] if isinstance(graphs, list) else []
+
+
+def add_qk_tracing(graph: Graph, records: list[dict]) -> dict:
+    """Put `qk_tracing_results` on the records of the explained edges' targets (module docstring); returns
+    {node_id: descriptor} of the contributors that are not nodes of the graph (the schema's qk_only_nodes)."""
+    attention = graph.meta.get("attention")
+    if not attention:
+        return {}
+    row = {node.id: i for i, node in enumerate(graph.nodes)}
+    only: dict[str, dict] = {}
+
+    def neuronpedia_id(node_id: str) -> str:
+        if node_id in row:
+            return records[row[node_id]]["node_id"]
+        n = attention["nodes"][node_id]
+        record = node_record(Node(n["kind"], n["layer"], n["column"], n["index"], label=n["label"], value=n["value"]),
+                             graph.n_layers, None, False)
+        record["clerp"] = record["clerp"] or n["name"]
+        only.setdefault(record["node_id"], {key: record.get(key) for key in QK_ONLY_FIELDS})
+        return record["node_id"]
+
+    done = set()
+    for edge in sorted(attention["edges"], key=lambda e: -abs(e["edge"])):
+        head = next((h for h in edge["heads"] if h["qk"] is not None), None)
+        if edge["target"] in done or edge["target"] not in row or head is None:
+            continue
+        done.add(edge["target"])
+        qk = attention["qk"][head["qk"]]
+        records[row[edge["target"]]]["qk_tracing_results"] = {
+            "pair_wise_contributors": [[neuronpedia_id(q), neuronpedia_id(k), value] for q, k, value in qk["pairs"]],
+            "top_q_marginal_contributors": [[neuronpedia_id(i), value] for i, value in qk["query_marginals"]],
+            "top_k_marginal_contributors": [[neuronpedia_id(i), value] for i, value in qk["key_marginals"]],
+            "head": f"L{qk['layer']} H{qk['head']}", "query_position": qk["query"], "key_position": qk["key"],
+            "source": neuronpedia_id(edge["source"]), "share": head["share"], "score": qk["score"],
+            "capped_score": qk["capped"], "no_node": qk["no_node"], "check": qk["check"]}
+    return only
+
+
+QK_ONLY_FIELDS = ("node_id", "feature", "layer", "ctx_idx", "feature_type", "jsNodeId", "clerp", "activation")

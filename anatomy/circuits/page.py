@@ -17,6 +17,8 @@ with this floor's scripts (SCRIPTS). It draws what the library computed and noth
               decoder direction promotes and suppresses, its top contexts when given, and its label
     a circuit the smallest circuit reaching the target at open, a slider over the curve's sizes to grow
               it, the faithfulness curve beside it, the heads' roles as badges (graph-circuit.js)
+    attention a selected node's explained edges (attention_edges.py's record): each edge's heads, a head's
+              QK attribution, the marks on its inputs that have one (graph-qk.js)
     subgraph  pinned nodes, drawn apart by the same renderer; pinned nodes grouped into supernodes
               (their edges summed)
     export    the graph as JSON (Neuronpedia's format for an attribution graph, with the pinned nodes and
@@ -42,7 +44,8 @@ from .neuronpedia import neuronpedia_json, rounded
 from .prune import MAX_EDGES, strongest_edges
 
 ASSETS = resources.files("anatomy.circuits") / "assets"
-SCRIPTS = ("graph-layout.js", "graph-draw.js", "graph-panel.js", "graph-circuit.js", "graph.js")
+SCRIPTS = ("graph-layout.js", "graph-draw.js", "graph-panel.js", "graph-circuit.js", "graph-qk.js", "graph.js")
+STYLES = ("graph.css", "graph-qk.css")
 RELATIVE_TOLERANCE = 1e-4  # the graph's identity holds when its difference is within this share of its terms
 
 
@@ -142,6 +145,7 @@ def graph_payload(graph: Graph, details: FeatureDetails | None = None, scores: t
         "thresholds": {k: graph.meta[k] for k in ("node_threshold", "edge_threshold") if k in graph.meta},
         "counts": {k: graph.meta[k] for k in ("nodes_before", "edges_before") if k in graph.meta},
         "edgesInGraph": int(torch.count_nonzero(graph.adjacency)),
+        "attention": graph.meta.get("attention"),  # attention_edges.explain_attention's record, if made
         "intervention": None if intervention is None else {
             "freeze": intervention.freeze, "changes": [str(c) for c in intervention.changes],
             "unseen": [str(c) for c in intervention.unseen],
@@ -156,7 +160,7 @@ def render(payload: dict, title: str, subtitle: str) -> str:
         title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload),
         logits="" if not logits else f'<p class="note" id="logits-line">{html.escape(logits[0].upper() + logits[1:])}.</p>')
     script = "\n".join([asset("common.js")] + [(ASSETS / name).read_text(encoding="utf-8") for name in SCRIPTS])
-    style = asset("view.css") + "\n" + (ASSETS / "graph.css").read_text(encoding="utf-8")
+    style = "\n".join([asset("view.css")] + [(ASSETS / name).read_text(encoding="utf-8") for name in STYLES])
     return page(title, body, style=style, script=script, body_class="view-graph")
 
 

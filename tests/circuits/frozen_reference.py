@@ -64,6 +64,32 @@ def frozen_norms(model, scales: dict):
             del norm.forward
 
 
+def frozen_interventions(transcoders, clean, inputs: dict, extra_out: dict, extra_embed: torch.Tensor | None) -> dict:
+    """{trace point: intervention} that freeze a pass at `clean` (a trace of the patterns and the transcoders' points):
+    every pattern the clean one, every transcoder output point its clean value plus a skip's linear change (which
+    follows its input, recorded into `inputs` by layer), plus extra_out[layer] [1, T, E]; extra_embed [1, T, E']
+    added to the embeddings."""
+    interventions = {}
+    if extra_embed is not None:
+        interventions["embed"] = lambda x: x + extra_embed
+    for l in range(transcoders.n_layers):
+        point_in, point_out = transcoders.input_point(l), transcoders.output_point(l)
+        interventions[f"blocks.{l}.attn.pattern"] = lambda x, l=l: clean[f"blocks.{l}.attn.pattern"]
+
+        def read(x, l=l):
+            inputs[l] = x
+
+        def write(x, l=l, point_in=point_in, point_out=point_out):
+            out = clean[point_out].clone()
+            skip = transcoders.skip(l)
+            if skip is not None:  # the skip path stays linear: it follows its input
+                out = out + (inputs[l] - clean[point_in]) @ skip
+            return out + extra_out.get(l, 0)
+        interventions[point_in] = read
+        interventions[point_out] = write
+    return interventions
+
+
 @torch.no_grad()
 def frozen_reference(model, transcoders, graph) -> torch.Tensor:
     """[N, N] direct effects by perturbation of the frozen model, in float64 (module docstring)."""
@@ -85,23 +111,8 @@ def _reference(model, transcoders, graph) -> torch.Tensor:
 
     def run(extra_out: dict, extra_embed: torch.Tensor | None) -> torch.Tensor:
         """Targets' values with extra_out[layer] [1, T, E] added at the output points, extra_embed at the embeddings."""
-        inputs, interventions = {}, {}
-        if extra_embed is not None:
-            interventions["embed"] = lambda x: x + extra_embed
-        for l in range(L):
-            interventions[f"blocks.{l}.attn.pattern"] = lambda x, l=l: clean[f"blocks.{l}.attn.pattern"]
-
-            def read(x, l=l):
-                inputs[l] = x
-
-            def write(x, l=l):
-                out = clean[outs[l]].clone()
-                skip = transcoders.skip(l)
-                if skip is not None:  # the skip path stays linear: it follows its input
-                    out = out + (inputs[l] - clean[ins[l]]) @ skip
-                return out + extra_out.get(l, 0)
-            interventions[ins[l]] = read
-            interventions[outs[l]] = write
+        inputs: dict = {}
+        interventions = frozen_interventions(transcoders, clean, inputs, extra_out, extra_embed)
         softcap, model.lm_head.softcap = model.lm_head.softcap, None  # the logits before a final soft-cap
         try:
             with frozen_norms(model, scales), anatomy.trace(model, [], interventions=interventions):

@@ -160,5 +160,5 @@ def test_the_stages_are_said_as_they_start_when_redirected(tmp_path, capsys):
     assert main(BASE + ["--out", str(tmp_path / "g.json")]) == 0
     out = capsys.readouterr().out
     stages = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[")]
-    assert stages == ["loading the transcoders …", "loading the model …", "the graph …", "writing …"]
+    assert stages == ["loading the transcoders …", "loading the model …", "the graph …", "the attention …", "writing …"]
     assert out.index("writing …") < out.index("anatomy circuits\n")

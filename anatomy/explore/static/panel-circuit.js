@@ -6,15 +6,16 @@ import {clear, currentModel, el, markFresh, pageFrame, register, runJob, state, 
 const controls = document.getElementById("circuit-controls");
 const body = document.getElementById("circuit-body");
 const frame = pageFrame("attribution graph");
-const settings = {node_threshold: 0.8, edge_threshold: 0.98};
+const settings = {node_threshold: 0.8, edge_threshold: 0.98, qk: 20};
 let builtFor = null;  // the model and text the graph on show was built for
 
-function numberInput(name, label, title) {
-  const input = el("input", {type: "number", min: "0", max: "1", step: "0.01", value: String(settings[name]),
+function numberInput(name, label, title, max = 1, step = 0.01) {
+  const input = el("input", {type: "number", min: "0", max: String(max), step: String(step), value: String(settings[name]),
                              "aria-label": label, title});
   input.addEventListener("change", () => {
     const value = Number(input.value);
-    if (Number.isFinite(value) && value >= 0 && value <= 1) settings[name] = value;
+    const whole = step < 1 || Number.isInteger(value);
+    if (Number.isFinite(value) && whole && value >= 0 && value <= max) settings[name] = value;
     input.value = String(settings[name]);
   });
   return el("label", {}, `${label} `, input);
@@ -23,7 +24,9 @@ function numberInput(name, label, title) {
 function drawControls() {
   clear(controls,
         numberInput("node_threshold", "node threshold", "keep the nodes that hold this share of the influence on the output"),
-        numberInput("edge_threshold", "edge threshold", "keep the edges that hold this share of the edge influence"));
+        numberInput("edge_threshold", "edge threshold", "keep the edges that hold this share of the edge influence"),
+        numberInput("qk", "attention of edges", "why attention attends: this many of the strongest edges across " +
+                    "positions split by head, their largest heads' scores by pairs of nodes (click one on the graph)", 50, 1));
 }
 
 // Its freshness (core.js markFresh): nothing to show without transcoders, "not run yet" until a graph is
@@ -40,7 +43,7 @@ async function update() {
     return "empty";
   }
   drawControls();
-  const key = `${state.model}\u0000${state.text}\u0000${settings.node_threshold}\u0000${settings.edge_threshold}`;
+  const key = `${state.model}\u0000${state.text}\u0000${settings.node_threshold}\u0000${settings.edge_threshold}\u0000${settings.qk}`;
   if (builtFor === key && body.contains(frame)) return "current";
   const run = el("button", {type: "button", class: "run", text: "build the graph", onclick: async () => {
     builtFor = key;
