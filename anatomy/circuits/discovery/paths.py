@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ...analysis.inputs import Batch
+from ...analysis.runs import Run, run_patched
 from ...trace import trace
 from .residual import ResidualGraph
 
@@ -216,3 +217,62 @@ def _final(state: dict, plan: Plan, previous):
         return x + _input_changes(state, plan)[0] if live else None
 
     return fn
+
+
+# ---- single edges, from the destination's layer -----------------------------------------------------
+
+
+def edge_effects(
+    model: nn.Module, graph: ResidualGraph, batch: Batch, ablation: torch.Tensor, edges: list[tuple[int, int]],
+    metric, *, max_tokens: int = 4096, progress=None,
+) -> torch.Tensor:
+    """[k, B]: metric of the clean run with one edge u -> v ablated, for each of `edges`, every row scored:
+    path patching of single edges. ablation [U, B, T, E] (or [U, 1, T, E]): each source's ablated output;
+    metric(last logits [C*B, vocab]) -> [C*B].
+
+    With one edge ablated, the run is the clean run up to v's layer, and there v's input alone changes by
+    a constant, in_v = resid_v + (a_u - clean_u): the run starts at v's layer from the clean residual
+    stream (analysis.runs.run_patched, Stack.run_from), v's q, k or v (or the MLP's input) recomputed from
+    its changed input, the runs of one layer sharing a pass as copies of the batch."""
+    a = ablation.expand(-1, batch.size, -1, -1) if ablation.size(1) == 1 else ablation  # (U, B, T, E)
+    clean = graph.source_values(model, batch)  # (U, B, T, E)
+    final = graph.reader_input_point(graph.n_layers, "logits")
+    names = [f"blocks.{layer}.{point}" for layer in range(graph.n_layers)
+             for point in ("resid_pre",) + (() if graph.parallel else ("resid_mid",))]
+    with torch.no_grad(), trace(model, names + [final]) as t:
+        batch.hidden(model)
+    stream = [t[f"blocks.{layer}.resid_pre"] for layer in range(graph.n_layers)] + [t[final]]
+    runs, inside = [], [False]
+    for u, v in edges:  # each edit computes its input when its pass runs: no k copies of the stream held
+        node = graph.destinations[v]
+        if node.kind == "logits":  # the final residual, read at the last block's output
+            runs.append(Run({final: lambda x, u=u: x + (a[u] - clean[u])}, graph.n_layers - 1))
+            continue
+        block, resid = graph.model.blocks[node.layer], t[graph.reader_input_point(node.layer, node.kind)]
+        if node.kind == "mlp":
+            runs.append(Run({f"blocks.{node.layer}.mlp_norm.out": _normed(block, resid, a, clean, u, inside)},
+                            node.layer))
+            continue
+
+        def edit(x, block=block, kind=node.kind, slot=node.index, resid=resid, u=u):
+            x[:, slot] = one_head(block, kind, resid + (a[u] - clean[u]), slot)
+            return x
+
+        runs.append(Run({f"blocks.{node.layer}.attn.{node.kind}": edit}, node.layer))
+    return run_patched(model, batch, runs, metric, stream=stream, max_tokens=max_tokens, progress=progress)
+
+
+def _normed(block: nn.Module, resid: torch.Tensor, a: torch.Tensor, clean: torch.Tensor, u: int, inside: list):
+    """The edit of an MLP's normed input: mlp_norm(resid + (a_u - clean_u)); `inside` marks our own call of
+    the norm, whose trace point must pass its value through."""
+
+    def edit(x: torch.Tensor) -> torch.Tensor:
+        if inside[0]:
+            return x
+        inside[0] = True
+        try:
+            return block.mlp_norm(resid + (a[u] - clean[u]))
+        finally:
+            inside[0] = False
+
+    return edit
