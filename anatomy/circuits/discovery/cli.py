@@ -7,7 +7,8 @@ of its nodes, by every method the library has.
 
 Edges (--method eap, eap-ig; edges.py): every edge is scored, circuits of the top n edges are run with
 every other edge ablated (the faithfulness curve), the smallest reaching --target is drawn (or --edges N),
-and --verify K path-patches the top K edges exactly. Nodes (--method atp, atp*, ig; nodes.py): every
+and --verify K path-patches the top K edges exactly, and --outside N (default 4K) edges outside them,
+to see what the estimate missed. Nodes (--method atp, atp*, ig; nodes.py): every
 node of --nodes is scored, the strongest are listed, and --verify K patches the top K exactly. --roles N
 names the N strongest heads by role (roles.py: name movers, induction, previous and duplicate token).
 Every argument is checked before torch and the model load.
@@ -27,7 +28,8 @@ from .choices import ABLATIONS, EDGE_METHODS, MAX_PAIRS, MAX_STEPS, NODE_KINDS, 
 
 # The options each family of methods reads (None: the default below); any other given is refused, not ignored.
 OPTIONS = {"path": ("eap-ig",), "steps": ("eap-ig", "ig"), "nodes": NODE_METHODS, "ablation": EDGE_METHODS,
-           "target": EDGE_METHODS, "edges": EDGE_METHODS}
+           "target": EDGE_METHODS, "edges": EDGE_METHODS, "outside": EDGE_METHODS}
+OUTSIDE = 4  # --verify K also path-patches OUTSIDE * K edges outside the top K, unless --outside says
 DEFAULTS = {"path": "inputs", "steps": 5, "nodes": "heads", "ablation": "corrupt", "target": 0.8}
 OUTPUTS = {"edges": (".html", ".htm", ".safetensors"), "nodes": (".html", ".htm", ".png", ".svg")}
 TOP = 10  # the nodes listed
@@ -76,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--edges", type=positive_int, metavar="N", help="eap, eap-ig: draw the top N edges instead")
     parser.add_argument("--verify", type=non_negative_int, default=0, metavar="K",
                         help="patch the top K edges (or nodes) exactly and compare (default 0: no)")
+    parser.add_argument("--outside", type=non_negative_int, metavar="N",
+                        help=f"eap, eap-ig with --verify K: also patch N edges outside the top K, drawn at random from "
+                             f"bands of rank, to see what the estimate missed (default {OUTSIDE}K)")
     parser.add_argument("--roles", type=positive_int, metavar="N",
                         help="name the N strongest heads (of the circuit, or of the ranking) by role")
     parser.add_argument("--out", type=output_file(*sorted(set(OUTPUTS["edges"] + OUTPUTS["nodes"]))),
@@ -97,6 +102,8 @@ def check_arguments(args: argparse.Namespace) -> str:
             setattr(args, option, default)
     if args.out and Path(args.out).suffix.lower() not in OUTPUTS[family]:
         raise ValueError(f"--out {printable(args.out)}: --method {args.method} writes {', '.join(OUTPUTS[family])}")
+    if args.outside is not None and not args.verify:
+        raise ValueError("--outside N samples edges outside the top K of --verify K: give --verify too")
     if args.roles and family == "nodes" and args.nodes != "heads":
         raise ValueError(f"--roles names heads: it needs --nodes heads, not {args.nodes}")
     from ...checkpoints.describe import config_of
@@ -149,8 +156,9 @@ def edge_circuit(args, model, task, stages: Stages) -> tuple[list, list, Path | 
                              progress=stages.start("scoring the edges", "passes"))
     curve = faithfulness(model, task, result, ablation=args.ablation, target=args.target,
                          progress=stages.start("the faithfulness curve", "circuits"))
-    check = verify_edges(model, task, result, args.verify, progress=stages.start("verifying", "passes")) \
-        if args.verify else None
+    outside = OUTSIDE * args.verify if args.outside is None else args.outside
+    check = verify_edges(model, task, result, args.verify, sample=outside,
+                         progress=stages.start("verifying", "edges")) if args.verify else None
     sizes, values = curve.extra["sizes"], curve.values.tolist()
     size = args.edges or curve.extra["smallest"] or graph.edge_count
     kept = kept_masks(graph, result, [size])[0]
