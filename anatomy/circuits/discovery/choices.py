@@ -7,10 +7,11 @@ rest before torch loads.
 EDGE_METHODS = ("eap", "eap-ig")  # edges.attribute_edges: a circuit of edges
 NODE_METHODS = ("atp", "atp*", "ig")  # nodes.attribute_nodes: a ranking of nodes
 NODE_KINDS = ("heads", "q", "k", "v", "mlp", "neurons")  # nodes.KINDS: what a node is (features need an SAE)
+ACDC_METRICS = ("kl", "task")  # acdc: how far a circuit is from the model, KL of the next token or the task's metric
 PATHS = ("inputs", "edges")  # eap-ig: the input embeddings interpolated, or every edge moved together
 MAX_STEPS = 256  # ig and eap-ig: each step is a forward and a backward pass
 ABLATIONS = ("corrupt", "mean")  # faithfulness: what an ablated edge carries
 TASKS = ("ioi", "greater-than", "capital-country", "sva")  # generators.TASKS: the built-in tasks
 MAX_PAIRS = 100_000  # pairs a task holds at most
 
-__all__ = ["ABLATIONS", "EDGE_METHODS", "MAX_PAIRS", "MAX_STEPS", "NODE_KINDS", "NODE_METHODS", "PATHS", "TASKS"]
+__all__ = ["ABLATIONS", "ACDC_METRICS", "EDGE_METHODS", "MAX_PAIRS", "MAX_STEPS", "NODE_KINDS", "NODE_METHODS", "PATHS", "TASKS"]

@@ -33,10 +33,15 @@ from .residual import ResidualGraph
 
 def run_ablated(
     model: nn.Module, graph: ResidualGraph, batch: Batch, ablation: torch.Tensor, ablated: torch.Tensor,
+    start: tuple[int, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Last-position logits [C*B, vocab] of C copies of `batch` [B, T], copy c with the edges ablated[c]
     ablated. ablation [U, B, T, E] (or [U, 1, T, E]): each source's ablated output; ablated [C, U, V] bool
-    (only allowed edges count). Row r of the output is copy r // B, pair r % B."""
+    (only allowed edges count). Row r of the output is copy r // B, pair r % B.
+
+    start = (layer, resid [B, T, E], outputs [U, B, T, E]): no edge into a destination before `layer` is
+    ablated, so the copies equal the unablated run before it: they start at `layer` from that run's
+    residual stream (Stack.run_from), every source before it taken from that run's `outputs`."""
     copies, batch_size = ablated.size(0), batch.size
     ablated = ablated & graph.allowed
     a = ablation.expand(-1, batch_size, -1, -1) if ablation.size(1) == 1 else ablation  # (U, B, T, E)
@@ -63,8 +68,24 @@ def run_ablated(
         _record(state, 0, x)
 
     interventions["blocks.0.resid_pre"] = embed
+    resumed = None
+    if start is not None:
+        layer, resid, outputs = start
+        _resume(state, graph, layer, outputs, ablated)
+        resumed = (layer, resid.repeat(copies, 1, 1))  # (C*B, T, E)
     with torch.no_grad(), trace(model, [], interventions=interventions):
-        return batch.repeat(copies).last_logits(model)[:, 0]  # (C*B, vocab)
+        return batch.repeat(copies).last_logits(model, resumed)[:, 0]  # (C*B, vocab)
+
+
+def _resume(state: dict, graph: ResidualGraph, layer: int, outputs: torch.Tensor, ablated: torch.Tensor) -> None:
+    """The state of a run started at `layer`: the sources before it recorded as the base run wrote them (from
+    layer 0 the run records the embeddings itself, at blocks.0.resid_pre)."""
+    before = [u for u, node in enumerate(graph.sources) if node.layer < layer and layer > 0]
+    earlier = [v for v, node in enumerate(graph.destinations) if node.layer < layer]
+    if bool(ablated[:, :, earlier].any()):
+        raise ValueError(f"a run started at layer {layer} cannot ablate an edge into an earlier destination")
+    for u in before:
+        _record(state, u, outputs[u].repeat(state["copies"], 1, 1))  # (C*B, T, E)
 
 
 def plan_passes(graph: ResidualGraph, task, stored: int, max_tokens: int, max_bytes: int) -> tuple[int, int]:
