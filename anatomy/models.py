@@ -108,6 +108,11 @@ class EncoderModel(Stack, _Saveable):
         self.check_inputs("input_ids", input_ids, padding_mask, "padding_mask")
         check_token_types(token_type_ids, shape=tuple(input_ids.shape), type_vocab_size=self.config.type_vocab_size)
         hidden = self.run(input_ids, padding_mask=padding_mask, token_type_ids=token_type_ids, position_ids=position_ids)
+        return self.outputs(hidden, padding_mask)
+
+    def outputs(self, hidden: torch.Tensor, padding_mask=None) -> EncoderOutput:
+        """The pooling and the head on the stack's hidden states [B, T, E] (forward's last step; after
+        Stack.run_from, the same outputs from a resumed run)."""
         pooled = None
         if hasattr(self, "pooled"):
             pooled = pool(hidden, padding_mask, self.config.pooling)

@@ -86,7 +86,12 @@ class Batch:
 
     def last_logits(self, model: nn.Module, start: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
         """[B, 1, V]: the logits at each row's last real position only, without the LM head's work
-        on every other position (T times less of it). start = (layer, resid): from that layer on (hidden)."""
+        on every other position (T times less of it); a sequence classifier's label logits [B, 1, labels]
+        (what a metric of the whole sequence reads). start = (layer, resid): from that layer on (hidden)."""
+        if getattr(model.config, "head", None) == "sequence-classification":
+            if start is None:
+                return self.run(model).logits[:, None]  # (B, 1, labels)
+            return model.outputs(self.hidden(model, start), self.target.padding_mask).logits[:, None]
         if not hasattr(model, "lm_head"):
             raise ValueError("this analysis needs token logits: a model with an LM or masked-LM head")
         hidden = self.hidden(model, start)  # (B, T, E)

@@ -29,7 +29,7 @@ from torch import nn
 from . import checks
 from .graph import Graph, Node
 from .layout import Active, Layout, layout
-from .replacement import INPUT_POINTS, OUTPUT_POINTS, Replacement, unsupported
+from .replacement import Replacement, transcoder_points, unsupported
 from .sweep import Sources, errors_of, sweep
 
 
@@ -68,12 +68,13 @@ def check_fits(model: nn.Module, transcoders) -> None:
     if why:
         raise ValueError(why)
     transcoders.check_fits(model)
-    for field, point, allowed in (("input point", transcoders.input_point(0), INPUT_POINTS),
-                                  ("output point", transcoders.output_point(0), OUTPUT_POINTS)):
+    reads, writes = transcoder_points(model.config)
+    for field, point, allowed in (("input point", transcoders.input_point(0), reads),
+                                  ("output point", transcoders.output_point(0), writes)):
         inside = point.split(".", 2)[2]
         if inside not in allowed:
-            raise ValueError(f"an attribution graph reads transcoders at blocks.L.{{{', '.join(allowed)}}} -> "
-                             f"blocks.L.{', '.join(OUTPUT_POINTS)}; this set's {field} is {point!r}")
+            raise ValueError(f"an attribution graph of this model reads transcoders at blocks.L.{{{', '.join(reads)}}} "
+                             f"and writes them at blocks.L.{{{', '.join(writes)}}}; this set's {field} is {point!r}")
 
 
 def active_features(rep: Replacement) -> Active:
@@ -118,30 +119,41 @@ def unexplained(rep: Replacement, active: Active, where: Layout, logit_ids: torc
     """[N]: what no node carries of each target, the replacement's forward pass with every node switched off:
     positional embeddings, biases (attention's, the norms', b_dec, the encoders' b_enc), a skip's share of
     them, and everything the first position writes."""
-    T = where.n_tokens
-    x = rep.trace["pos_embed"][0].float() if "pos_embed" in rep.trace else torch.zeros_like(rep.embed)  # (T, E)
     result = torch.zeros(where.total)
+
+    def mlp(layer: int):
+        def replaced(read: torch.Tensor) -> torch.Tensor:  # (T, E) what the transcoder reads -> its output
+            chosen = (active.layer == layer).nonzero().flatten()
+            if len(chosen):
+                pre = rep.transcoders.pre_activations(layer, read).float()  # (T, F)
+                start = where.feature_start[layer]
+                result[start:start + len(chosen)] = pre[active.position[chosen], active.feature[chosen]]
+            bias = rep.transcoders.output_bias(layer).detach().float()
+            out = bias.expand(read.size(0), -1).clone()  # (T, E)
+            skip = rep.skips[layer]
+            if skip is not None:
+                out += read @ skip
+            # the first position's whole output, but for the part its skip passes on (a linear path, counted above)
+            first = rep.outputs[layer][0] - bias
+            out[0] += first if skip is None else first - rep.inputs[layer][0] @ skip
+            return out
+        return replaced
+
+    x = rep.embed_rest  # (T, E)
     for layer in range(rep.n_layers):
-        x = x + rep.sublayers[layer].forward(x)
-        read = rep.input_forward(layer, x)  # (T, E)
-        chosen = (active.layer == layer).nonzero().flatten()
-        if len(chosen):
-            pre = rep.transcoders.pre_activations(layer, read).float()  # (T, F)
-            start = where.feature_start[layer]
-            result[start:start + len(chosen)] = pre[active.position[chosen], active.feature[chosen]]
-        out = rep.transcoders.output_bias(layer).detach().float().expand(T, -1).clone()  # (T, E)
-        skip = rep.skips[layer]
-        if skip is not None:
-            out += read @ skip
-        # the first position's whole output, but for the part its skip passes on (a linear path, counted above)
-        first = rep.outputs[layer][0] - rep.transcoders.output_bias(layer).detach().float()
-        if skip is not None:
-            first = first - rep.inputs[layer][0] @ skip
-        out[0] += first
-        x = x + out
-    h = rep.final_norm.forward(x)[-1]  # (E,)
-    result[where.logit_start:] = logit_vectors @ h + demeaned(rep.unembed_bias, logit_ids)
+        x = rep.block_forward(layer, x, mlp(layer))
+    result[where.logit_start:] = logit_vectors @ rep.final_forward(x) + demeaned(rep.unembed_bias, logit_ids)
     return result
+
+
+def logit_note(model: nn.Module) -> dict:
+    """{"logits": what the logit rows explain, in words} for a model whose logits are soft-capped, else {}."""
+    cap = model.lm_head.softcap
+    if cap is None:
+        return {}
+    return {"logit_softcap": cap,
+            "logits": f"the logit rows explain the logits before the final soft-cap c tanh(z / c), c = {cap:g} (the cap is "
+                      f"not linear; it keeps their order); the target tokens and their probabilities are the capped logits'"}
 
 
 def identity_gaps(adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tensor,
@@ -229,7 +241,7 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
         chosen = (active.layer == layer).nonzero().flatten()
         start = where.feature_start[layer]
         values[start:start + len(chosen)] = active.pre[layer][active.position[chosen], active.feature[chosen]]
-    values[where.logit_start:] = rep.logits[logit_ids] - rep.logits.mean()
+    values[where.logit_start:] = rep.explained_logits[logit_ids] - rep.explained_logits.mean()
     rest = unexplained(rep, active, where, logit_ids, logit_vectors)
     rest[values.isnan()] = 0.0
     differences, terms = identity_gaps(adjacency, values, rest)
@@ -243,7 +255,8 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
         meta={"prompt": text, "prompt_ids": ids.tolist(), "model": "",
               "prompt_texts": tokenizer.token_texts(ids.tolist()) if tokenizer else labels, "transcoders": dict(getattr(transcoders, "metadata", {})),
               "cross_layer": bool(transcoders.cross_layer), "max_logits": max_logits,
-              "logit_probability": logit_probability, "features_active": len(active.layer)},
+              "logit_probability": logit_probability, "features_active": len(active.layer),
+              **logit_note(model)},
         check=(f"every feature's pre-activation and every target logit = its edges + what no node carries: "
                f"max |diff| {float(differences.max()):.2g}, at most {error:.2g} of the terms it sums"),
         error=error, values=values, unexplained=rest,

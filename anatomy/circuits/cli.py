@@ -102,10 +102,12 @@ def run(args) -> int:
     prompt = args.text if args.text is not None else args.prompt  # one of them: the parser says so
     with Stages.of(args) as stages:
         stages.start("loading the transcoders")
-        transcoders = load_transcoders(args.transcoders)
+        transcoders = load_transcoders(args.transcoders, mlp_out_norm=mlp_out_normed(args.model))
         name = args.model or transcoders.metadata.get("model_name")
         if not name:
             raise ValueError(f"{args.transcoders} does not name the model it was trained on: pass --model")
+        if not args.model and mlp_out_normed(name):  # the model the set names normalises its MLP's output
+            transcoders = load_transcoders(args.transcoders, mlp_out_norm=True)
         stages.start("loading the model")
         model = from_pretrained(name).to(args.device).eval()
         if getattr(model, "tokenizer", None) is None:
@@ -131,7 +133,7 @@ def run(args) -> int:
                 ("outputs", logits),
                 ("graph", f"{counts['feature']:,} features, {counts['error']} errors, {counts['token']} tokens, "
                           f"{counts['logit']} logits"),
-                ("check", graph.check),
+                ("check", graph.check), *([("logits", graph.meta["logits"])] if "logits" in graph.meta else []),
                 ("scores", f"replacement {replacement:.3f}, completeness {completeness:.3f}")]
         if shown is not None:
             rows.append(("pruned", f"{len(shown)} nodes, {sum(1 for _ in shown.edges()):,} edges (node threshold "
@@ -142,6 +144,16 @@ def run(args) -> int:
         if tested is not None:
             print(intervention_table(tested))
     return 0
+
+
+def mlp_out_normed(name) -> bool:
+    """Whether the model `name` normalises its MLP's output (read from its config, no tensor): circuit-tracer's
+    hook_mlp_out is then that norm's output."""
+    from ..checkpoints.describe import config_of
+    from .replacement import block_norms
+
+    config = config_of(name) if name else None
+    return config is not None and block_norms(config)["mlp_output"] is not None
 
 
 def write_graph(args, graph, model, transcoders, tested):

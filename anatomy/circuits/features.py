@@ -23,7 +23,7 @@ from ..sae.features import AFTER, BEFORE, direct_logits
 from ..sae.store import harvest
 from .graph import Graph
 from .page import FeatureDetails
-from .replacement import norm_parts
+from ..layers import norm_parts
 
 
 def feature_nodes(graph: Graph) -> list[int]:
@@ -38,7 +38,7 @@ def promoted_tokens(model: nn.Module, transcoders, graph: Graph, k: int = 6) -> 
     chosen = feature_nodes(graph)
     if not chosen:
         return details
-    gain = norm_parts(model.final_norm)[0] if getattr(model, "final_norm", None) is not None else 1.0
+    gain = norm_parts(model.final_norm).gain.float() if getattr(model, "final_norm", None) is not None else 1.0
     directions = torch.stack([transcoders.decoder_vectors(graph.nodes[i].layer)[graph.nodes[i].index].detach().float().sum(0)
                               for i in chosen]) * gain  # (F, E)
     up, up_logits, down, down_logits = direct_logits(model, directions, k)

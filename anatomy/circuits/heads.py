@@ -56,26 +56,31 @@ class HeadSplit:
 def split_by_head(model: nn.Module, transcoders, graph: Graph, target: Node | str, source: Node | str) -> HeadSplit:
     """The edge graph[target, source] split by the heads (and skips) its paths first cross (module docstring),
     recomputed from the model and the transcoders on the graph's prompt. Raises KeyError for a node not in the
-    graph, ValueError for a target that is not a feature or a logit."""
+    graph, ValueError for a target that is not a feature or a logit, or a post-norm model (its residual stream
+    passes through a norm after every sublayer: no path is the identity, so an edge has no first moves)."""
     target, source = graph.nodes[graph.index(target)], graph.nodes[graph.index(source)]
     if target.kind not in ("feature", "logit"):
         raise ValueError(f"an edge's target is a feature or a logit, not a {target.kind}")
     check_fits(model, transcoders)
+    if model.config.norm_position == "post":
+        raise ValueError("an edge of a post-norm model does not split by heads: its residual stream passes through a "
+                         "norm after every sublayer, so no path is the identity and an edge has no first moves")
     rep = Replacement(model, transcoders, prompt_ids(model, graph.meta["prompt_ids"]))
     T, L = len(rep.ids), rep.n_layers
-    read_layer, start, at_mid, at_post = target_gradients(rep, target)
-    writes = source_writes(rep, source, T)
+    read_layer, top, start, at_mid, at_post = target_gradients(rep, target)
     parts: dict = {}
-    for layer, w, q in writes:  # w [E] written at resid_post(layer) (layer -1: the embeddings), position q
+    for layer, w, q in source_writes(rep, source, T):  # w [E] added at resid_post(layer) (-1: the embeddings), at q
         if layer >= read_layer:
             continue  # written after the target reads: no path
         if q == target.column:
             parts["residual"] = parts.get("residual", 0.0) + float(start[q] @ w)
-        for k in range(layer + 1, min(read_layer, L - 1) + 1):
+        for k in range(layer + 1, top + 1):
             for head, value in enumerate(head_moves(rep, k, at_mid[k], w, q).tolist()):
                 parts[(k, head)] = parts.get((k, head), 0.0) + value
-            if rep.skips[k] is not None and k < read_layer:
-                moved = normed_at(rep, k, w, q) @ rep.skips[k] if rep.reads_normed(k) else w @ rep.skips[k]
+        for k in range(layer + 1, min(read_layer, L)):
+            if rep.skips[k] is not None:
+                where = torch.tensor([q])
+                moved = rep.output_images(k, rep.input_images(k, w[None], where) @ rep.skips[k], where)[0]
                 parts[(k, "skip")] = parts.get((k, "skip"), 0.0) + float(at_post[k][q] @ moved)
     edge = float(graph.adjacency[graph.index(target), graph.index(source)])
     total = sum(parts.values())
@@ -84,70 +89,70 @@ def split_by_head(model: nn.Module, transcoders, graph: Graph, target: Node | st
     return HeadSplit(target, source, parts, edge, check, error)
 
 
-def target_gradients(rep: Replacement, target: Node) -> tuple[int, torch.Tensor, list, list]:
-    """(the layer it reads at (n_layers for a logit), its reading vector's gradient where it reads [T, E], and its
-    gradient at each attention's output and at each MLP's output: per layer [T, E], None above the target)."""
+def target_gradients(rep: Replacement, target: Node) -> tuple[int, int, torch.Tensor, list, list]:
+    """(the layer it reads at (n_layers for a logit), the last attention its paths cross, its reading vector's
+    gradient where it reads [T, E], and its gradient where each attention's output and each MLP's output is
+    added: per layer [T, E], None above the target). A feature of a parallel block reads the stream its own
+    layer's attention reads: its paths cross the attentions below it only."""
     T, L, E = len(rep.ids), rep.n_layers, rep.embed.size(1)
     g = torch.zeros(T, E)
     if target.kind == "logit":
-        vector = rep.unembed[target.index] - rep.unembed.mean(dim=0)
-        g[T - 1] = rep.final_norm.transpose_at(vector[None], T - 1)[0]
-        read_layer = L
+        g[T - 1] = rep.logit_transpose((rep.unembed[target.index] - rep.unembed.mean(dim=0))[None])[0]
+        read_layer, top = L, L - 1
     else:
         encoder = rep.transcoders.layers[target.layer].W_enc.detach().float()[:, target.index]
         g[target.column] = rep.input_transpose_at(target.layer, encoder[None], target.column)[0]
-        read_layer = target.layer
+        read_layer, top = target.layer, target.layer - 1 if rep.parallel else target.layer
     start = g.clone()
     at_mid, at_post = [None] * L, [None] * L
-    for k in reversed(range(min(read_layer, L - 1) + 1)):
+    for k in reversed(range(top + 1)):
+        through = None
         if k < read_layer:  # the MLP of layer k is below the target: back through its skip
             at_post[k] = g.clone()
-            if rep.skips[k] is not None:
-                through = g @ rep.skips_back[k]
-                g = g + (through * rep.mlp_norms[k].scale[:, None] if rep.reads_normed(k) else through)
+            through = rep.skip_transpose(k, g[None], first=0)
+            if through is not None and not rep.parallel:  # a sequential MLP reads after the attention
+                g, through = g + through[0], None
         at_mid[k] = g.clone()
-        g = g + one_row_transpose(rep, k, g)
-    return read_layer, start, at_mid, at_post
+        g = g + one_row_transpose(rep, k, g) + (0 if through is None else through[0])
+    return read_layer, top, start, at_mid, at_post
 
 
 def one_row_transpose(rep: Replacement, layer: int, g: torch.Tensor) -> torch.Tensor:
-    """[T, E] one row's gradient at the attention sublayer's output -> what it adds at its input (resid_pre),
-    every position: the sublayer's transpose (replacement.FrozenSublayer), written out for a single row."""
+    """[T, E] one row's gradient where the attention sublayer's output is added -> what it adds at its input
+    (resid_pre), every position: the sublayer's transpose (frozen.FrozenSublayer), written out for a single row."""
     sublayer = rep.sublayers[layer]
     a = sublayer.attention
     T = g.size(0)
-    u = (g @ a.w_o).view(T, a.n_heads, a.d_head)  # (T, H, D)
-    dv = torch.einsum("hpq,phd->qhd", a.pattern[:, :T, :T], u)  # (T, H, D): to each key q
+    u = (g @ sublayer.w_out_back).view(T, a.n_heads, a.d_head)  # (T, H, D)
+    dv = torch.einsum("hpq,phd->qhd", sublayer.pattern_back[:, :T, :T], u)  # (T, H, D): to each key q
     dv = dv.view(T, a.n_kv, a.group, a.d_head).sum(2) * sublayer.norm.scale[:T, None, None]  # (T, K, D)
     return dv.reshape(T, -1) @ sublayer.w_back
 
 
-def normed_at(rep: Replacement, layer: int, w: torch.Tensor, q: int) -> torch.Tensor:
-    """[E]: w through the MLP norm's linear part at position q (its frozen scale there)."""
-    norm = rep.mlp_norms[layer]
-    x = w - w.mean() if norm.centred else w
-    return x * norm.scale[q] * norm.gain
-
-
 def head_moves(rep: Replacement, layer: int, gradient: torch.Tensor, w: torch.Tensor, q: int) -> torch.Tensor:
-    """[H]: gradient . A_{layer,h}(w at position q) for every head h: w normed and moved by each head alone."""
-    a, norm = rep.sublayers[layer].attention, rep.sublayers[layer].norm
+    """[H]: gradient . A_{layer,h}(w at position q) for every head h: w normed and moved by each head alone (and
+    through the norm on the attention's output, if the block has one)."""
+    sublayer = rep.sublayers[layer]
+    a = sublayer.attention
     H, K, D = a.n_heads, a.n_kv, a.d_head
-    x = w - w.mean() if norm.centred else w
-    v = ((x * norm.scale[q] * norm.gain) @ a.w_v.T).view(K, D).repeat_interleave(a.group, dim=0)  # (H, D): its values
-    u = (gradient @ a.w_o).view(-1, H, D)  # (T, H, D): each head's share of the gradient at the output
-    towards = torch.einsum("hp,phd->hd", a.pattern[:, :, q], u)  # (H, D): sum_p A_h[p, q] u_h[p]
+    normed = sublayer.norm.at(w[None], torch.tensor([q]))[0]
+    v = (normed @ a.w_v.T).view(K, D).repeat_interleave(a.group, dim=0)  # (H, D): its values
+    u = (gradient @ sublayer.w_out_back).view(-1, H, D)  # (T, H, D): each head's share of the gradient at the output
+    towards = torch.einsum("hp,phd->hd", sublayer.pattern_back[:, :, q], u)  # (H, D): sum_p s'[p] A_h[p, q] u_h[p]
     return (towards * v).sum(-1)
 
 
 def source_writes(rep: Replacement, source: Node, T: int) -> list[tuple[int, torch.Tensor, int]]:
-    """[(layer it writes after (-1: the embeddings), its vector [E], its position)] for a token, feature or error."""
+    """[(layer it writes after (-1: the embeddings), what it adds to the stream [E], its position)] for a token,
+    feature or error."""
+    where = torch.tensor([source.column])
     if source.kind == "token":
         return [(-1, rep.embed[source.column], source.column)]
     if source.kind == "error":
-        active = active_features(rep)
-        return [(source.layer, errors_of(rep, active, T)[source.layer, source.column], source.column)]
+        error = errors_of(rep, active_features(rep), T)[source.layer, source.column]
+        return [(source.layer, rep.output_images(source.layer, error[None], where)[0], source.column)]
     if source.kind == "feature":
         rows = rep.transcoders.decoder_vectors(source.layer)[source.index].detach().float() * source.value  # (O, E)
-        return [(source.layer + j, rows[j], source.column) for j in range(rows.size(0))]
+        return [(source.layer + j, rep.output_images(source.layer + j, rows[j][None], where)[0], source.column)
+                for j in range(rows.size(0))]
     raise ValueError(f"an edge's source is a token, a feature or an error, not a {source.kind}")

@@ -29,20 +29,27 @@ def cantor(x: int, y: int) -> int:
     return (x + y) * (x + y + 1) // 2 + y
 
 
+# Every node carries every field circuit-tracer's `create_graph_files` writes (its frontend/graph_models.py Node),
+# in its order, with its defaults: a diff of the two files shows numbers only (and the error ids, above).
+NODE_FIELDS = ("node_id", "feature", "layer", "ctx_idx", "feature_type", "token_prob", "is_target_logit", "run_idx",
+               "reverse_ctx_idx", "jsNodeId", "clerp", "influence", "activation")
+NODE_DEFAULTS = dict(token_prob=0.0, is_target_logit=False, run_idx=0, reverse_ctx_idx=0, clerp="", influence=None,
+                     activation=None)
+
+
 def node_record(node: Node, n_layers: int, influence: float | None, target: bool) -> dict:
-    """One node as Neuronpedia's schema has it. Raises ValueError for a circuit's kinds (head, mlp, ...),
-    which the format has no place for."""
+    """One node as Neuronpedia's schema has it, every field in circuit-tracer's order (NODE_FIELDS). Raises
+    ValueError for a circuit's kinds (head, mlp, ...), which the format has no place for."""
     layer, position, index = node.layer, node.column, node.index
     if node.kind == "feature":
         record = dict(node_id=f"{layer}_{index}_{position}", feature=cantor(layer, index), layer=str(layer),
-                      feature_type="cross layer transcoder", jsNodeId=f"{layer}_{index}-0", clerp="",
-                      activation=node.value)
+                      feature_type="cross layer transcoder", jsNodeId=f"{layer}_{index}-0", activation=node.value)
     elif node.kind == "error":
         record = dict(node_id=f"{layer}_-1_{position}", feature=-1, layer=str(layer),
-                      feature_type="mlp reconstruction error", jsNodeId=f"{layer}_-1-{position}", clerp="")
+                      feature_type="mlp reconstruction error", jsNodeId=f"{layer}_-1-{position}")
     elif node.kind == "token":
         record = dict(node_id=f"E_{index}_{position}", feature=position, layer="E", feature_type="embedding",
-                      jsNodeId=f"E_{index}-{position}", clerp="")
+                      jsNodeId=f"E_{index}-{position}")
     elif node.kind == "logit":
         probability = node.value or 0.0
         record = dict(node_id=f"{n_layers + 1}_{index}_{position}", feature=index, layer=str(n_layers + 1),
@@ -50,8 +57,8 @@ def node_record(node: Node, n_layers: int, influence: float | None, target: bool
                       is_target_logit=target, clerp=f'Output "{node.label}" (p={probability:.3f})')
     else:
         raise ValueError(f"Neuronpedia's graph format has tokens, features, errors and logits; not a {node.kind} node")
-    record.update(ctx_idx=position, influence=influence)
-    return record
+    record.update(ctx_idx=position, influence=None if node.kind == "logit" else influence)  # a logit's is no score
+    return {key: record.get(key, NODE_DEFAULTS.get(key)) for key in NODE_FIELDS}
 
 
 def neuronpedia_json(graph: Graph, *, slug: str = "anatomy-graph", scan: str | None = None,

@@ -105,7 +105,7 @@ def graph_payload(graph: Graph, details: FeatureDetails | None = None, scores: t
     return {
         "view": "graph", "kind": graph.kind, "columns": graph.columns, "nLayers": graph.n_layers,
         "tokenLegend": legend_for(graph.columns), "nodes": nodes, "edges": edges,
-        "check": graph.check, "checkOk": check_ok,
+        "check": graph.check, "checkOk": check_ok, "logits": graph.meta.get("logits"),
         "scores": None if scores is None else {"replacement": rounded(scores[0], 4), "completeness": rounded(scores[1], 4)},
         "details": details.payload(graph) if details else {},
         "neuronpedia": neuronpedia,
@@ -122,8 +122,10 @@ def graph_payload(graph: Graph, details: FeatureDetails | None = None, scores: t
 
 def render(payload: dict, title: str, subtitle: str) -> str:
     """The whole HTML document for a graph payload."""
+    logits = payload.get("logits")
     body = Template((ASSETS / "graph.html").read_text(encoding="utf-8")).substitute(
-        title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
+        title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload),
+        logits="" if not logits else f'<p class="note" id="logits-line">{html.escape(logits[0].upper() + logits[1:])}.</p>')
     script = "\n".join([asset("common.js")] + [(ASSETS / name).read_text(encoding="utf-8")
                                                  for name in ("graph-draw.js", "graph.js")])
     style = asset("view.css") + "\n" + (ASSETS / "graph.css").read_text(encoding="utf-8")

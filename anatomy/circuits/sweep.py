@@ -9,11 +9,16 @@ transposes) and all rows travel down the layers together in one sweep, each carr
 it can reach (its own and earlier ones: the mask is causal), rows joining at their own layer:
 
     for layer L = n-1 ... 0:
+        (post-norm: back through the norm after the MLP's residual sum)
         project every row's gradient at L's MLP output on the vectors written there   -> A[rows, sources at L]
         back through the transcoder's skip (if it has one)
         rows of the features at layer L join, their encoder vectors at the MLP's input
+        (post-norm: back through the norm after the attention's residual sum)
         back through L's attention, patterns and norm scales frozen
     project on the token embeddings                                                    -> A[rows, tokens]
+
+In a parallel block the MLP reads the stream the attention reads (resid_pre): the skip's part and the
+features of layer L join after L's attention, not before.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from .replacement import Replacement
 
 class Sources:
     """The vectors written at each layer's MLP output, by position: the activation-scaled decoder rows of the
-    features that write there (a CLT's earlier layers too) and the error, with their node columns."""
+    features that write there (a CLT's earlier layers too) and the error, with their node columns; each as the
+    block adds it to the stream (through a frozen norm on the MLP's output, where one follows the output point)."""
 
     def __init__(self, rep: Replacement, active: Active, where: Layout, errors: torch.Tensor):
         self.by_layer: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
@@ -43,7 +49,8 @@ class Sources:
                         columns.append(torch.arange(nodes.start, nodes.stop))
                 vectors.append(errors[layer, q][None])
                 columns.append(torch.tensor([where.error_start[layer] + q]))
-                at_layer.append((torch.cat(vectors), torch.cat(columns)))
+                vectors = torch.cat(vectors)
+                at_layer.append((rep.output_images(layer, vectors, torch.full((len(vectors),), q)), torch.cat(columns)))
             self.by_layer.append(at_layer)
 
 
@@ -85,13 +92,15 @@ def sweep(rep: Replacement, active: Active, where: Layout, sources: Sources, log
         row_nodes.append(torch.cat(nodes))
     grads = [torch.zeros(0)] + [torch.zeros(len(row_nodes[p]), p, E) for p in range(1, T)]  # (R_p, p, E)
     joined = [0] * T
-    grads[T - 1][:n_logits, T - 2] = rep.final_norm.transpose_at(logit_vectors, T - 1)
+    grads[T - 1][:n_logits, T - 2] = rep.logit_transpose(logit_vectors)
     joined[T - 1] = n_logits
     first_images = rep.first_position_images()
     to_first_token = torch.zeros(where.total)  # each row's edge from the first token, summed over layers
     encoders = [rep.transcoders.layers[layer].W_enc.detach().float() for layer in range(L)]  # (E, F) each
 
     for layer in reversed(range(L)):
+        for p in range(1, T):
+            rep.sum_transpose(layer, "mlp", grads[p][:joined[p]])
         for q in range(1, T):  # every row that reaches position q, against what is written there
             vectors, columns = sources.by_layer[layer][q]
             groups = [p for p in range(q, T) if joined[p]]
@@ -104,18 +113,14 @@ def sweep(rep: Replacement, active: Active, where: Layout, sources: Sources, log
                 start += joined[p]
             rows = torch.cat([row_nodes[p][:joined[p]] for p in groups])
             adjacency.index_put_((rows[:, None], columns[None, :]), edges, accumulate=True)
+        if rep.parallel:  # the MLP reads resid_pre: its skip's part is taken before the attention's is added
+            skipped = [None] + [rep.skip_transpose(layer, grads[p][:joined[p]]) for p in range(1, T)]
+        else:
+            mlp_reads(rep, active, where, layer, encoders[layer], grads, joined)
         before = list(joined)  # the rows that have crossed an attention already; the others join now
-        for p in range(1, T):
-            if joined[p]:
-                rep.add_skip_transpose(layer, grads[p][:joined[p]])
-            chosen = where.features(layer, p)[1]  # the features of this layer join, read at the MLP's input
-            k = chosen.stop - chosen.start
-            if k:
-                reading = encoders[layer][:, active.feature[chosen]].T  # (k, E)
-                grads[p][joined[p]:joined[p] + k, p - 1] = rep.input_transpose_at(layer, reading, p)
-                joined[p] += k
         sublayer = rep.sublayers[layer]
         for p in range(1, T):
+            rep.sum_transpose(layer, "attn", grads[p][:joined[p]])
             for start in range(0, joined[p], ROW_CHUNK):
                 stop = min(joined[p], start + ROW_CHUNK)
                 split = min(max(before[p], start), stop)  # rows before it crossed an attention; from it, joined now
@@ -125,6 +130,8 @@ def sweep(rep: Replacement, active: Active, where: Layout, sources: Sources, log
                 if stop > split:
                     to_first_token[row_nodes[p][split:stop]] += sublayer.add_transpose_at(grads[p][split:stop],
                                                                                           first_images[layer])
+        if rep.parallel:
+            mlp_reads(rep, active, where, layer, encoders[layer], grads, joined, skipped)
         if progress is not None:
             progress(L - layer, L + 1)
     for p in range(1, T):
@@ -135,3 +142,18 @@ def sweep(rep: Replacement, active: Active, where: Layout, sources: Sources, log
             adjacency[rows, 0] = to_first_token[rows]
 
 
+def mlp_reads(rep: Replacement, active: Active, where: Layout, layer: int, encoder: torch.Tensor, grads: list,
+              joined: list, skipped: list | None = None) -> None:
+    """At the stream layer's MLP reads (resid_mid; resid_pre in a parallel block): add each row's part through the
+    skip (skipped[p] [R_p, p, E], or computed here from the gradients as they are), and let the features of the
+    layer join, their encoder vectors (encoder [E, F]) read at the MLP's input."""
+    for p in range(1, len(grads)):
+        through = rep.skip_transpose(layer, grads[p][:joined[p]]) if skipped is None else skipped[p]
+        if through is not None:
+            grads[p][:len(through)] += through
+        chosen = where.features(layer, p)[1]
+        k = chosen.stop - chosen.start
+        if k:
+            reading = encoder[:, active.feature[chosen]].T  # (k, E)
+            grads[p][joined[p]:joined[p] + k, p - 1] = rep.input_transpose_at(layer, reading, p)
+            joined[p] += k

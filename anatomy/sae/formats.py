@@ -36,7 +36,7 @@ GEMMA_SCOPE = "params.npz"
 # Gemma Scope: which point a repository's SAEs read, from its name (google/gemma-scope-2b-pt-res, -mlp, -att,
 # -transcoders) and the layer in the folder's path; `flatten`: attention SAEs read hook_z, heads flattened.
 GEMMA_SCOPE_POINTS = [
-    ("transcoders", "blocks.{L}.mlp_norm.out", "blocks.{L}.mlp.out", False),
+    ("transcoders", "blocks.{L}.mlp_norm.normalized", "blocks.{L}.mlp_out_norm.out", False),  # ln2.hook_normalized -> hook_mlp_out
     ("-res", "blocks.{L}.resid_post", None, False),
     ("-mlp", "blocks.{L}.mlp.out", None, False),
     ("-att", "blocks.{L}.attn.z", None, True),
@@ -232,7 +232,7 @@ def _load_gemma_scope(path: Path, source: str, point: str | None, dtype: torch.d
                 "threshold": (d_sae,)}
     check_shapes(str(path), shapes, expected)
     dtype = dtype or torch.float32
-    _check_memory(str(path), list(expected.values()), dtype)
+    check_tensors_memory(str(path), list(expected.values()), dtype, "the SAE")
     where, point_out, flatten = _gemma_scope_point(source, point)
     transcoder = point_out is not None or d_out != d_in
     sae = SAE(d_in, d_sae, kind="jumprelu", d_out=d_out, point=where, point_out=point_out, transcoder=transcoder,

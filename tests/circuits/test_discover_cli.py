@@ -58,7 +58,7 @@ def test_discover_writes_the_circuit(prenorm, pairs_file, tmp_path, capsys):
     (["--task", "ioi", "--steps", "0"], "0 is not a positive integer"),
     (["--task", "ioi", "--pairs", "1000000"], "1000000 pairs is more than 100000"),
     (["--task", "ioi", "--method", "acdc"], "invalid choice: 'acdc'"),
-    (["--task", "ioi", "--model", "toy"], "circuit discovery needs a pre-norm decoder"),
+    (["--task", "ioi", "--model", "toy"], "a post-norm block (norm_position='post') renormalises it"),
 ])
 def test_mistakes_are_one_line(arguments, words, capsys):
     assert status(["circuits", "discover", *arguments]) == 2

@@ -118,6 +118,14 @@ def test_chunking_does_not_change_the_scores():
 @pytest.mark.parametrize("parallel, qk_norm", [(False, "none"), (True, "none"), (False, "per_head")])
 def test_edge_runs_nothing_ablated_is_clean_everything_is_corrupt(parallel, qk_norm):
     model, task = tiny(parallel=parallel, qk_norm=qk_norm), toy_task()
+    (nothing, everything), clean_logits, corrupt_logits = nothing_and_everything_ablated(model, task)
+    tolerance = 1e-12 if qk_norm == "none" else 1e-5  # q/k RMSNorms compute in float32
+    assert (nothing - clean_logits).abs().max() < tolerance
+    assert (everything - corrupt_logits).abs().max() < tolerance
+
+
+def nothing_and_everything_ablated(model, task: Task):
+    """((the last logits with no edge ablated, with every edge ablated), the clean run's, the corrupted run's)."""
     graph = ResidualGraph(model)
     clean, corrupt = task.inputs(range(len(task)))
     ablation = graph.source_values(model, corrupt)
@@ -126,10 +134,7 @@ def test_edge_runs_nothing_ablated_is_clean_everything_is_corrupt(parallel, qk_n
     shape = (1, *graph.allowed.shape)
     out = run_ablated(model, graph, clean, ablation, torch.cat([torch.zeros(shape, dtype=torch.bool),
                                                                 torch.ones(shape, dtype=torch.bool)]))
-    n = len(task)
-    tolerance = 1e-12 if qk_norm == "none" else 1e-5  # q/k RMSNorms compute in float32
-    assert (out[:n] - clean_logits).abs().max() < tolerance
-    assert (out[n:] - corrupt_logits).abs().max() < tolerance
+    return out.split(len(task)), clean_logits, corrupt_logits
 
 
 def test_edge_runs_agree_whichever_sum_they_take(monkeypatch):
@@ -234,7 +239,7 @@ def test_k_larger_than_the_count_is_refused():
 
 
 def test_a_post_norm_model_has_no_residual_graph(toy):
-    with pytest.raises(ValueError, match="pre-norm blocks"):
+    with pytest.raises(ValueError, match="post-norm block"):
         ResidualGraph(toy)
 
 

@@ -8,6 +8,7 @@ import torch
 
 from anatomy.circuits.attribute import attribution_graph
 from anatomy.circuits.interventions import FeatureChange, intervene
+from family_models import family_model, family_transcoders
 from test_attribute import PROMPT, tiny
 
 
@@ -39,6 +40,25 @@ def test_frozen_the_model_moves_as_the_graph_predicts(setup, how):
     assert result.change.abs().max() > 1e-2  # the change does something
     assert torch.allclose(result.change, result.direct, atol=1e-4 * max(1.0, float(result.change.abs().max())))
     assert not result.unseen
+
+
+@pytest.mark.parametrize("family, reads, writes, options", [
+    ("gemma2", "mlp_norm.normalized", "mlp.out", {}),  # sandwich norms, the logits before the final soft-cap
+    ("gpt_neox", "mlp_norm.out", "mlp.out", dict(kind="relu", skip=True)),  # parallel, a skip
+    ("opt-post", "resid_mid", "mlp.out", dict(kind="relu", skip=True)),  # post-norm: norms after the sums
+    ("olmo2", "resid_mid", "mlp_out_norm.out", {}),
+])
+def test_frozen_every_familys_model_moves_as_the_graph_predicts(family, reads, writes, options):
+    model = family_model(family)
+    transcoders = family_transcoders(model, reads, writes, **options)
+    graph = attribution_graph(model, torch.tensor(PROMPT), transcoders)
+    changes = [FeatureChange(n.layer, n.index, n.column, value=0.0) for n in strongest_features(graph)]
+    result = intervene(model, torch.tensor(PROMPT), transcoders, changes, freeze="all", graph=graph)
+    assert result.change.abs().max() > 1e-2
+    assert torch.allclose(result.change, result.direct, atol=1e-4 * max(1.0, float(result.change.abs().max())))
+    kept = intervene(model, torch.tensor(PROMPT), transcoders, [FeatureChange(n.layer, n.index, n.column, value=n.value)
+                                                                for n in strongest_features(graph)], freeze="all")
+    assert (kept.after - kept.before).abs().max() < 1e-5  # frozen, the model is its own pass
 
 
 def test_setting_features_to_their_own_values_changes_nothing(setup):

@@ -1,9 +1,11 @@
 """The graph JSON: Neuronpedia's schema holds it, and it says what circuit-tracer's `create_graph_files` says.
 
 circuit-tracer's JSON of the same graph (fixtures/graphs/json, written by circuit-tracer 0.5.0) has the same
-nodes, links, weights and influences; only its error ids differ, on purpose: its "0_{layer}_{position}" is the
-id of layer 0's feature number `layer` at that position, and anatomy writes "{layer}_-1_{position}" (the id
-circuit-tracer's upstream has since moved to).
+nodes, with the same fields in the same order and the same defaults, links, weights and influences; only its
+error ids differ, on purpose: its "0_{layer}_{position}" is the id of layer 0's feature number `layer` at that
+position, and anatomy writes "{layer}_-1_{position}" (the id circuit-tracer's upstream has since moved to), and
+its jsNodeId "{layer}_{position}-0" is that of the layer's feature number `position`: anatomy's is
+"{layer}_-1-{position}".
 """
 
 from __future__ import annotations
@@ -82,6 +84,32 @@ def test_the_json_equals_circuit_tracers(model, name):
         matches = [our_links[(s, t)] for s in meanings(link["source"]) for t in meanings(link["target"]) if (s, t) in our_links]
         assert any(abs(w - link["weight"]) < 1e-4 for w in matches), link
     assert data["metadata"]["prompt_tokens"] == theirs["metadata"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_every_node_carries_every_field_circuit_tracer_writes_and_a_diff_shows_only_numbers(model, name):
+    """Node by node, the same fields in the same order with the same defaults (is_target_logit false, run_idx 0,
+    token_prob 0.0, activation null off the features, influence null on the logits), and the metadata circuit-tracer
+    writes in its order: every value that is not a number is equal, but for the error ids (module docstring) and
+    the prompt, which anatomy writes as it was given."""
+    data = ours(model, name)
+    theirs = json.loads((FIXTURES / "graphs" / "json" / f"{name}.json").read_text())
+    assert list(data["metadata"])[:len(theirs["metadata"])] == list(theirs["metadata"])
+    mine = ("slug", "scan", "prompt")  # named by the caller; the prompt as given (circuit-tracer's: its ids decoded)
+    assert {k: data["metadata"][k] for k in theirs["metadata"] if k not in mine} == \
+        {k: v for k, v in theirs["metadata"].items() if k not in mine}
+    their_nodes = {circuit_tracer_error_id(node["node_id"], node["feature_type"]): node for node in theirs["nodes"]}
+    for node in data["nodes"]:
+        theirs_ = their_nodes[node["node_id"]]
+        assert list(node) == list(theirs_), node["node_id"]
+        for key, value in node.items():
+            other = theirs_[key]
+            if key in ("node_id", "jsNodeId") and node["feature_type"] == "mlp reconstruction error":
+                continue
+            if isinstance(value, float) or isinstance(other, float):
+                assert value == pytest.approx(other, abs=1e-4), (node["node_id"], key)
+            else:
+                assert value == other, (node["node_id"], key)
 
 
 def test_circuit_tracer_05s_own_error_ids_collide_and_ours_do_not(model):

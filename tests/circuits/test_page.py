@@ -155,3 +155,17 @@ def test_a_page_draws_the_strongest_edges_and_says_how_many_there_are(made):
     weights = sorted((abs(w) for *_, w in small.edges()), reverse=True)
     assert len(payload["edges"]) == limit and payload["edgesInGraph"] == len(small.edges())
     assert min(abs(w) for *_, w in payload["edges"]) >= weights[limit - 1] * (1 - 1e-5)
+
+
+def test_a_soft_capped_models_page_says_its_rows_explain_the_logits_before_the_cap(browser, tmp_path):
+    model = anatomy.from_pretrained(str(FIXTURES / "graphs" / "gemma2")).eval()
+    transcoders = load_transcoders(FIXTURES / "graphs" / "gemma2_plt", mlp_out_norm=True)
+    graph = attribution_graph(model, PROMPT, transcoders)
+    tab = browser.new_page()
+    tab.goto(save(pruned(graph), tmp_path / "capped.html").as_uri())
+    line = tab.locator("#logits-line").inner_text()
+    assert "before the final soft-cap" in line and "c = 5" in line
+    tab.close()
+    path = save(pruned(attribution_graph(anatomy.from_pretrained(str(FIXTURES / "graphs" / "llama")).eval(), PROMPT,
+                                         load_transcoders(FIXTURES / "graphs" / "plt_jumprelu"))), tmp_path / "plain.html")
+    assert 'id="logits-line"' not in path.read_text()  # no cap, nothing to say

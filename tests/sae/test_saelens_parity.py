@@ -27,8 +27,8 @@ CASES = {  # fixture -> (kind, transcoder, the trace point it reads, the point a
     "topk": ("topk", False, "blocks.1.resid_post", None),
     "topk_rescaled": ("topk", False, "blocks.0.mlp.out", None),
     "jumprelu": ("jumprelu", False, "blocks.1.resid_mid", None),
-    "transcoder": ("relu", True, "blocks.1.mlp_norm.out", "blocks.1.mlp.out"),
-    "jumprelu_transcoder": ("jumprelu", True, "blocks.0.mlp_norm.out", "blocks.0.mlp.out"),
+    "transcoder": ("relu", True, "blocks.1.mlp_norm.normalized", "blocks.1.mlp.out"),  # ln2.hook_normalized: before the gain
+    "jumprelu_transcoder": ("jumprelu", True, "blocks.0.mlp_norm.normalized", "blocks.0.mlp.out"),
 }
 
 
@@ -52,7 +52,7 @@ def test_gemma_scope_point_from_the_repository_and_folder_names(tmp_path):
     import shutil
 
     expected = {"gemma-scope-2b-pt-res": ("blocks.7.resid_post", None), "gemma-scope-2b-pt-mlp": ("blocks.7.mlp.out", None),
-                "gemma-scope-2b-pt-transcoders": ("blocks.7.mlp_norm.out", "blocks.7.mlp.out")}
+                "gemma-scope-2b-pt-transcoders": ("blocks.7.mlp_norm.normalized", "blocks.7.mlp_out_norm.out")}
     for repository, (point, point_out) in expected.items():
         folder = tmp_path / repository / "layer_7" / "width_16k" / "average_l0_5"
         folder.mkdir(parents=True)

@@ -24,7 +24,8 @@ from ...arguments import add_compute_arguments, add_model_argument, non_negative
 from ...parser import closest
 from ...progress import Stages
 from ...terminal import printable, summary_block
-from .choices import ABLATIONS, EDGE_METHODS, MAX_PAIRS, MAX_STEPS, NODE_KINDS, NODE_METHODS, PATHS, TASKS
+from .choices import (ABLATIONS, EDGE_METHODS, MAX_PAIRS, MAX_STEPS, NODE_KINDS, NODE_METHODS, PATHS, TASKS, edge_refusal,
+                      node_refusal)
 
 # The options each family of methods reads (None: the default below); any other given is refused, not ignored.
 OPTIONS = {"path": ("eap-ig",), "steps": ("eap-ig", "ig"), "nodes": NODE_METHODS, "ablation": EDGE_METHODS,
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "nodes (atp, atp*, ig), with the exact check of each and the heads' roles")
     parser.add_argument("--task", required=True, type=task_name,
                         help=f"{', '.join(TASKS)}, or a .jsonl file of {{clean, corrupt, answer, wrong}} pairs")
-    add_model_argument(parser, default="smollm2", help="a pre-norm decoder")
+    add_model_argument(parser, default="smollm2", help="a decoder (edges, nodes) or a sequence classifier (nodes)")
     parser.add_argument("--method", choices=EDGE_METHODS + NODE_METHODS, default="eap-ig",
                         help="edges: eap (attribution patching), eap-ig (integrated gradients); nodes: atp, atp* "
                              "(the QK fix and GradDrop), ig")
@@ -109,9 +110,9 @@ def check_arguments(args: argparse.Namespace) -> str:
     from ...checkpoints.describe import config_of
 
     config = config_of(args.model)
-    if config is not None and (config.arch != "decoder" or config.norm_position != "pre"):
-        raise ValueError(f"--model {printable(str(args.model))}: circuit discovery needs a pre-norm decoder "
-                         f"(arch={config.arch!r}, norm_position={config.norm_position!r})")
+    why = None if config is None else (edge_refusal if family == "edges" else node_refusal)(config)
+    if why:
+        raise ValueError(f"--model {printable(str(args.model))}: {why}")
     return family
 
 

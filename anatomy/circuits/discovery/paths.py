@@ -10,7 +10,9 @@ or the mean over the task) in place of the value u has in this run, cur_u:
 
 Everything downstream of v sees v's changed output; every other reader of the same residual sees it
 unchanged. A head's q, k or v with an input of its own is recomputed from it (attention.project), an
-MLP's input goes through its own norm again, the logits read the final residual directly.
+MLP reads its own copy of the stream (blocks.L.mlp_in, before its norm), the logits read the final
+residual directly. A source's output is what it adds to the stream (residual.head_writes: through a
+frozen output norm in a sandwich block).
 
 When most edges into v are ablated (a circuit), the sum runs over the kept ones instead:
 
@@ -28,7 +30,7 @@ from torch import nn
 from ...analysis.inputs import Batch
 from ...analysis.runs import Run, run_patched
 from ...trace import trace
-from .residual import ResidualGraph
+from .residual import ResidualGraph, attention_norm, head_writes
 
 
 def run_ablated(
@@ -47,16 +49,16 @@ def run_ablated(
     a = ablation.expand(-1, batch_size, -1, -1) if ablation.size(1) == 1 else ablation  # (U, B, T, E)
     plans = {key: _plan(graph, columns, ablated) for key, columns in _groups(graph).items()}
     needed = {u for plan in plans.values() for _, sources, _ in plan for u in sources.tolist()}  # the outputs kept
-    state: dict = {"sources": {}, "running": None, "inside": False, "a": a, "copies": copies, "needed": needed}
+    state: dict = {"sources": {}, "running": None, "a": a, "copies": copies, "needed": needed}
     interventions = {}
     for layer in range(graph.n_layers):
         interventions[f"blocks.{layer}.resid_pre"] = _keep(state, "resid_pre")
         if not graph.parallel:
             interventions[f"blocks.{layer}.resid_mid"] = _keep(state, "resid_mid")
         interventions[f"blocks.{layer}.attn.head_out"] = _sources(state, graph, layer, "head")
-        interventions[f"blocks.{layer}.mlp.out"] = _sources(state, graph, layer, "mlp")
+        interventions[graph.mlp_write_point(layer)] = _sources(state, graph, layer, "mlp")
         for which in ("q", "k", "v", "mlp"):
-            point = f"blocks.{layer}.attn.{which}" if which != "mlp" else f"blocks.{layer}.mlp_norm.out"
+            point = f"blocks.{layer}.attn.{which}" if which != "mlp" else f"blocks.{layer}.mlp_in"
             interventions[point] = _reader(state, graph, layer, which, plans[(layer, which)])
     final = graph.reader_input_point(graph.n_layers, "logits")
     previous = interventions.get(final)
@@ -153,11 +155,13 @@ def _record(state: dict, u: int, value: torch.Tensor) -> None:
 
 
 def _sources(state: dict, graph: ResidualGraph, layer: int, kind: str):
-    """Record this layer's heads (head_out [CB, T, H, E]) or MLP (mlp.out [CB, T, E]) as current sources."""
+    """Record this layer's heads (what each adds to the stream, from head_out [CB, T, H, E]) or MLP (its write
+    [CB, T, E]) as current sources."""
     first = next(i for i, node in enumerate(graph.sources) if node.layer == layer and node.kind == kind)
+    block = graph.model.blocks[layer]
 
     def fn(x: torch.Tensor) -> None:
-        for offset, value in enumerate(x.unbind(2) if kind == "head" else (x,)):
+        for offset, value in enumerate(head_writes(block, x).unbind(2) if kind == "head" else (x,)):
             _record(state, first + offset, value)
 
     return fn
@@ -193,21 +197,17 @@ def _input_changes(state: dict, plan: Plan) -> torch.Tensor:
 
 def _reader(state: dict, graph: ResidualGraph, layer: int, kind: str, plan):
     """The intervention on a reader's point: q, k, v [CB, heads, T, D] recomputed per head from inputs of
-    their own; the MLP's normed input [CB, T, E] recomputed from its own input."""
+    their own; the MLP's own copy of the stream [CB, T, E] (mlp_in) changed."""
     live = _live(plan)  # (v,)
     block = graph.model.blocks[layer]
 
     def fn(x: torch.Tensor) -> torch.Tensor | None:
-        if state["inside"] or not bool(live.any()):
-            return None  # our own call of the norm below, or nothing to change here
+        if not bool(live.any()):
+            return None  # nothing to change here
         changes = _input_changes(state, plan)  # (v, CB, T, E)
         resid = state["resid_pre" if kind != "mlp" or graph.parallel else "resid_mid"]
         if kind == "mlp":
-            state["inside"] = True
-            try:
-                return block.mlp_norm(resid + changes[0])
-            finally:
-                state["inside"] = False
+            return resid + changes[0]
         x = x.clone()
         for slot in live.nonzero()[:, 0].tolist():  # one head (or key/value head) at a time
             x[:, slot] = one_head(block, kind, resid + changes[slot], slot)
@@ -220,13 +220,13 @@ def one_head(block: nn.Module, kind: str, x: torch.Tensor, slot: int) -> torch.T
     """Head `slot`'s q, k or v [B, T, D] (before rotary positions) from an input x [B, T, E] of its own.
     Without q/k norms, its rows of the projection alone: norm(x) W_h^T + b_h; with them, the module's
     whole projection, of which the head's part is taken."""
-    attn = block.attn
+    attn, norm = block.attn, attention_norm(block)
     if attn.qk_norm != "none":
-        return attn.project(block.attn_norm(x), kind)[:, slot]
+        return attn.project(norm(x), kind)[:, slot]
     proj = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj}[kind]
     rows = slice(slot * attn.d_head, (slot + 1) * attn.d_head)  # head h's rows of W: h*D .. (h+1)*D
     bias = None if proj.bias is None else proj.bias[rows]
-    return torch.nn.functional.linear(block.attn_norm(x), proj.weight[rows], bias)  # (B, T, D)
+    return torch.nn.functional.linear(norm(x), proj.weight[rows], bias)  # (B, T, D)
 
 
 def _final(state: dict, plan: Plan, previous):
@@ -253,8 +253,8 @@ def edge_effects(
 
     With one edge ablated, the run is the clean run up to v's layer, and there v's input alone changes by
     a constant, in_v = resid_v + (a_u - clean_u): the run starts at v's layer from the clean residual
-    stream (analysis.runs.run_patched, Stack.run_from), v's q, k or v (or the MLP's input) recomputed from
-    its changed input, the runs of one layer sharing a pass as copies of the batch."""
+    stream (analysis.runs.run_patched, Stack.run_from), v's q, k or v recomputed from its changed input (or
+    the MLP's own copy of the stream changed), the runs of one layer sharing a pass as copies of the batch."""
     a = ablation.expand(-1, batch.size, -1, -1) if ablation.size(1) == 1 else ablation  # (U, B, T, E)
     clean = graph.source_values(model, batch)  # (U, B, T, E)
     final = graph.reader_input_point(graph.n_layers, "logits")
@@ -263,15 +263,15 @@ def edge_effects(
     with torch.no_grad(), trace(model, names + [final]) as t:
         batch.hidden(model)
     stream = [t[f"blocks.{layer}.resid_pre"] for layer in range(graph.n_layers)] + [t[final]]
-    runs, inside = [], [False]
+    runs = []
     for u, v in edges:  # each edit computes its input when its pass runs: no k copies of the stream held
         node = graph.destinations[v]
         if node.kind == "logits":  # the final residual, read at the last block's output
             runs.append(Run({final: lambda x, u=u: x + (a[u] - clean[u])}, graph.n_layers - 1))
             continue
         block, resid = graph.model.blocks[node.layer], t[graph.reader_input_point(node.layer, node.kind)]
-        if node.kind == "mlp":
-            runs.append(Run({f"blocks.{node.layer}.mlp_norm.out": _normed(block, resid, a, clean, u, inside)},
+        if node.kind == "mlp":  # the MLP's own copy of the stream, before its norm
+            runs.append(Run({f"blocks.{node.layer}.mlp_in": lambda x, resid=resid, u=u: resid + (a[u] - clean[u])},
                             node.layer))
             continue
 
@@ -282,18 +282,3 @@ def edge_effects(
         runs.append(Run({f"blocks.{node.layer}.attn.{node.kind}": edit}, node.layer))
     return run_patched(model, batch, runs, metric, stream=stream, max_tokens=max_tokens, progress=progress)
 
-
-def _normed(block: nn.Module, resid: torch.Tensor, a: torch.Tensor, clean: torch.Tensor, u: int, inside: list):
-    """The edit of an MLP's normed input: mlp_norm(resid + (a_u - clean_u)); `inside` marks our own call of
-    the norm, whose trace point must pass its value through."""
-
-    def edit(x: torch.Tensor) -> torch.Tensor:
-        if inside[0]:
-            return x
-        inside[0] = True
-        try:
-            return block.mlp_norm(resid + (a[u] - clean[u]))
-        finally:
-            inside[0] = False
-
-    return edit
