@@ -145,11 +145,12 @@ def reference_scores(model, task: Task, steps: int) -> dict[str, float]:
     return scores
 
 
-@pytest.mark.parametrize("steps", [1, 3])
-def test_eap_ig_inputs_is_hanna_et_al_s_formula(steps):
+@pytest.mark.parametrize("method, steps", [("eap", 1), ("eap-ig", 1), ("eap-ig", 3)])
+def test_eap_ig_inputs_is_hanna_et_al_s_formula(method, steps):
+    """EAP is the formula at one step (the gradient at the clean input: Syed et al.'s attribution patching)."""
     model, task = tiny_model(), pairs()
     expected = reference_scores(model, task, steps)
-    result = attribute_edges(model, task, method="eap-ig", steps=steps, path="inputs")
+    result = attribute_edges(model, task, method=method, steps=steps, path="inputs")
     graph = result.extra["graph"]
     ours = {graph.edge_name(u, v): float(result.values[u, v]) for u, v in graph.allowed.nonzero().tolist()}
     assert set(ours) == set(expected)
