@@ -337,3 +337,9 @@ def test_head_weights_and_the_figure(tmp_path):
     curve = faithfulness(model, task, edges, sizes=[1, 10, graph.edge_count])
     heads = [(f"L{l}H{h}", w, "induction") for (l, h), w in sorted(weights.items(), key=lambda item: -item[1])]
     assert plot_discovery(curve, heads, "toy", tmp_path / "figure.png").stat().st_size > 10_000
+
+
+def test_a_task_prints_what_it_holds_not_its_tensors():
+    task = toy_task()
+    assert repr(task) == "Task('toy', 6 pairs of 5–7 tokens, metric logit_difference)"
+    assert "tensor" not in str(task)
