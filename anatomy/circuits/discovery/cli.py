@@ -73,7 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"together (auto-circuit's) (default: {DEFAULTS['path']})")
     parser.add_argument("--steps", type=within(positive_int, 1, MAX_STEPS, "steps", " (each is a forward and a "
                                                "backward pass)"), metavar="N",
-                        help=f"eap-ig, ig: points on the path (default: {DEFAULTS['steps']})")
+                        help=f"eap-ig, ig: N points on the path from the corrupted input to the clean one, each a "
+                             f"forward and a backward pass (the right Riemann sum k/N, Hanna et al.'s rule; analyze "
+                             f"ig's --steps counts the same, at Gauss-Legendre points) (default: {DEFAULTS['steps']})")
     parser.add_argument("--pairs", type=within(positive_int, 1, MAX_PAIRS, "pairs"), default=100, metavar="N",
                         help="pairs the model gets right (default 100)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="the task generator's seed (default 0)")

@@ -33,6 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ...analysis.attribution import on_path, riemann
 from ...analysis.inputs import Batch
 from ...analysis.result import Result
 from ...attention import attention_scores, attention_weights, repeat_kv
@@ -141,8 +142,8 @@ def _chunk(model, task, rows, points, kind, method, steps, saes, tick) -> torch.
     layers = model.config.n_layers
     gates = list(range(layers)) if method == "atp*" else []
     totals = None
-    for k in range(1, steps + 1):
-        embed = along(corrupt_values["blocks.0.resid_pre"], clean_values["blocks.0.resid_pre"], k, steps)
+    for alpha, weight in zip(*riemann(steps)):  # the right Riemann sum, k/m for k = 1..m
+        embed = on_path(corrupt_values["blocks.0.resid_pre"], clean_values["blocks.0.resid_pre"], float(alpha))
         grads = _gradients(model, task, rows, clean, names + [n for n in extra if n.endswith("pattern")],
                            embed, saes, gates, tick)
         estimates = []
@@ -152,14 +153,9 @@ def _chunk(model, task, rows, points, kind, method, steps, saes, tick) -> torch.
             else:
                 estimates.append(torch.stack([_linear(clean_values[n] - corrupt_values[n], grad[n], axis)
                                               for n, axis in points]))  # (layers, nodes)
-        step = torch.stack(estimates)  # (1 + gates, layers, nodes)
+        step = torch.stack(estimates) * float(weight)  # (1 + gates, layers, nodes)
         totals = step if totals is None else totals + step
-    return totals / steps
-
-
-def along(start: torch.Tensor, end: torch.Tensor, k: int, steps: int) -> torch.Tensor:
-    """start + k/steps (end - start); exactly `end` at the last step (the clean input itself, not a rounding of it)."""
-    return end if k == steps else start + k / steps * (end - start)
+    return totals
 
 
 def _linear(delta: torch.Tensor, grad: torch.Tensor | None, axis: int | None) -> torch.Tensor:
