@@ -201,19 +201,27 @@ def _activation(model, corrupt, names, clean_acts, axis, cells, metric, logits_a
     return values, check, error
 
 
+def first_order(delta: torch.Tensor, grad: torch.Tensor | None, axis: int | None) -> torch.Tensor:
+    """[cells] in float64: sum over the batch and every axis but `axis` of delta * grad, the first-order change
+    of the metric when a point moves by delta ([1] for a whole point, axis None; a gradient None is 0).
+    Attribution patching here (the corrupted run's metric plus the change of putting the clean value back)
+    and node attribution in circuit discovery (the drop when the clean run's node takes the corrupted value,
+    delta = clean - corrupt there too, the gradient at the clean run) are this one sum."""
+    product = (delta * (0 if grad is None else grad)).double()
+    if axis is None:
+        return product.sum()[None]
+    return product.transpose(0, axis).reshape(product.size(axis), -1).sum(1)
+
+
 def _attribution(model, corrupt, names, clean_acts, axis, cells, metric, logits_at, runs_per_pass, progress):
     logits_of = Batch.last_logits if logits_at == "last" else Batch.logits
     with torch.enable_grad(), trace(model, names, grad=True) as t:
         score = metric(logits_of(corrupt, model))  # (B,)
         grads = torch.autograd.grad(score.mean(), [t[name] for name in names], allow_unused=True)
     base = score.mean().item()
-    values = []
-    for layer, index in cells:
-        grad, corrupt_act = grads[layer], t[names[layer]].detach()
-        delta = (clean_acts[layer] - corrupt_act) * (0 if grad is None else grad)
-        if axis is not None:
-            delta = delta.select(axis, index)
-        values.append(base + delta.sum().item())
+    per_layer = [first_order(clean_acts[layer] - t[names[layer]].detach(), grads[layer], axis)
+                 for layer in range(len(names))]
+    values = [base + per_layer[layer][0 if axis is None else index].item() for layer, index in cells]
     # sum over the batch of the mean-metric gradient = the mean over the batch of each row's estimate
     check = "first-order estimate of activation patching (no identity holds exactly)"
     progress(len(cells), len(cells))

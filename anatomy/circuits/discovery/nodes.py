@@ -35,6 +35,7 @@ from torch import nn
 
 from ...analysis.attribution import on_path, riemann
 from ...analysis.inputs import Batch
+from ...analysis.patching import first_order
 from ...analysis.result import Result
 from ...attention import attention_scores, attention_weights, repeat_kv
 from ... import masks
@@ -151,21 +152,11 @@ def _chunk(model, task, rows, points, kind, method, steps, saes, tick) -> torch.
             if qk:
                 estimates.append(_qk_fixed(model, clean, kind, clean_values, corrupt_values, grad))
             else:
-                estimates.append(torch.stack([_linear(clean_values[n] - corrupt_values[n], grad[n], axis)
+                estimates.append(torch.stack([first_order(clean_values[n] - corrupt_values[n], grad[n], axis)
                                               for n, axis in points]))  # (layers, nodes)
         step = torch.stack(estimates) * float(weight)  # (1 + gates, layers, nodes)
         totals = step if totals is None else totals + step
     return totals
-
-
-def _linear(delta: torch.Tensor, grad: torch.Tensor | None, axis: int | None) -> torch.Tensor:
-    """sum over the pairs and every axis but the node's of delta * grad: [nodes] ([1] for a whole point)."""
-    if grad is None:
-        grad = torch.zeros_like(delta)
-    product = (delta * grad).double()
-    if axis is None:
-        return product.sum()[None]
-    return product.transpose(0, axis).reshape(product.size(axis), -1).sum(1)
 
 
 def _gradients(model, task, rows, batch: Batch, names, embed, saes, gates, tick) -> list[dict]:
