@@ -7,6 +7,7 @@ import re
 
 from anatomy.bench.common import Settings
 from anatomy.bench.discovery import autocircuit_python, side_by_side
+from anatomy.bench.discovery_exact import acdc_side_by_side
 
 
 def test_quick_side_by_side_row():
@@ -18,3 +19,12 @@ def test_quick_side_by_side_row():
         assert worst < 1e-4
     else:
         assert "no auto-circuit environment" in " ".join(row.notes)
+
+
+def test_quick_acdc_side_by_side_row():
+    """ACDC on the bench's GPT-2-shaped model: where auto-circuit's environment is there, it keeps the same edges."""
+    row = acdc_side_by_side(Settings(quick=True, repeats=1))
+    assert row.ours > 0 and row.theirs is None and re.search(r"\d+ of 110 edges kept", " ".join(row.notes))
+    python, _ = autocircuit_python(install=False)
+    if python is not None:
+        assert "the same edges" in " ".join(row.notes)
