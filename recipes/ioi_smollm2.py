@@ -17,8 +17,10 @@ import time
 import torch
 
 import anatomy
-from anatomy.circuits.discovery import (attribute_edges, attribute_nodes, circuit_graph, faithfulness, ioi, kept_masks,
-                                        verify_edges, verify_nodes)
+from anatomy.circuits import save
+from anatomy.circuits.discovery import (attribute_edges, attribute_nodes, faithfulness, ioi, kept_masks, verify_edges,
+                                        verify_nodes)
+from anatomy.circuits.discovery import circuit_for_page
 from anatomy.circuits.discovery.figures import head_weights, plot_discovery
 from anatomy.circuits.discovery.roles import head_roles
 
@@ -63,7 +65,7 @@ def main() -> None:
     title = (f"SmolLM2-135M, IOI: {len(task)} pairs, EAP-IG (5 steps) over {graph.edge_count:,} edges; "
              f"the top {size} recover {curve.values[curve.extra['sizes'].index(size)]:.2f} of the gap")
     plot_discovery(curve, heads, title, f"{args.out}.png")
-    circuit_graph(edges, kept, about=title).view().save(f"{args.out}.html")
+    save(circuit_for_page(model, task, edges, curve, size=size, about=title), f"{args.out}.html")
     summary = {
         "pairs": len(task), "dropped": task.dropped, "edges": graph.edge_count, "check": edges.check,
         "clean": curve.extra["clean"], "corrupt": curve.extra["ablated"], "sizes": curve.extra["sizes"],

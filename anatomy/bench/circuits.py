@@ -8,8 +8,8 @@ seconds and peak resident memory, each side in a process of its own, one after t
 are compared node by node (features by layer, position and index; errors; tokens; logits): max |diff|.
 
 circuit-tracer runs from its own environment ($ANATOMY_CIRCUIT_TRACER_PYTHON, else the cached
-~/.cache/anatomy/venv-circuit-tracer, made when absent: torch first, then circuit-tracer 0.5.0, nnsight 0.6.1,
-transformer-lens 3.2.1, transformers 4.57.3), with its nnsight backend (it takes a local folder) at batch 128,
+~/.cache/anatomy/venv-circuit-tracer, made when absent by peers.py: circuit-tracer 0.5.0, nnsight 0.6.1,
+transformer-lens 3.2.1, transformers 4.57.3 over this environment's torch), with its nnsight backend (it takes a local folder) at batch 128,
 its fastest setting here (shared/notes/circuit-tracer-on-a-cpu.md). --quick: the tests' tiny Llama and set.
 """
 
@@ -25,18 +25,12 @@ from pathlib import Path
 
 import torch
 
-from .common import Row, Settings, load_average, peer_python
+from .common import Row, Settings, load_average
+from .peers import peer_python
 
 PROMPT = "The capital of the state containing Dallas is Austin. The capital of Germany is"  # the README's example
 WORKER = Path(__file__).with_name("circuit_tracer_worker.py")
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "circuits" / "fixtures" / "graphs"
-PACKAGES = ["circuit-tracer==0.5.0", "nnsight==0.6.1", "transformer-lens==3.2.1", "transformers==4.57.3"]
-
-
-def circuit_tracer_python(install: bool) -> tuple[str | None, str]:
-    """(the python of an environment with circuit-tracer, or None; what was done or why not)."""
-    return peer_python("circuit-tracer", "ANATOMY_CIRCUIT_TRACER_PYTHON", "venv-circuit-tracer", PACKAGES, install,
-                       "it pins nnsight 0.6.1, transformer-lens 3 and transformers 4.57.3")
 
 
 def prepare(settings: Settings, folder: Path) -> tuple[Path, Path, str]:
@@ -135,7 +129,7 @@ def compare(ours: Path, theirs: Path) -> float:
 
 def bench_circuits(settings: Settings) -> list[Row]:
     threads = 1 if settings.quick else 2
-    python, how = circuit_tracer_python(install=not settings.quick)
+    python, how = peer_python("circuit-tracer", install=not settings.quick)
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary)
         model_folder, transcoder_folder, prompt = prepare(settings, folder)

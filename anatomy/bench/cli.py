@@ -16,7 +16,8 @@ Cases (B batch, T tokens):
 - one training step (forward, backward, AdamW) of a 6 x 384 GPT-2-shaped decoder;
 - the cost of the trace points when nothing is traced;
 - per-pass overhead on models too narrow for arithmetic to matter, and matrix-vector bandwidth by
-  weight layout.
+  weight layout;
+- the graph page's first paint in Chromium and the graph JSON's size (page.py).
 
 Each group is one file here with `bench_<group>(settings) -> list[Row]`; what they share is in
 common.py. A new group is one more line in GROUPS.
@@ -49,6 +50,7 @@ GROUPS = {
     "circuits": ["circuits:bench_circuits"],
     "refusals": ["refusals:bench_refusals"],
     "discovery": ["discovery:bench_discovery", "discovery_exact:bench_discovery_exact"],
+    "page": ["page:bench_page"],
 }
 
 

@@ -6,7 +6,7 @@ Rows:
   weights tripled, as the parity fixtures are, so that the corruption moves the next token: 6 layers x 384,
   32 pairs of 16 tokens, KL at tau = 1e-3): seconds of each, the edges each keeps and whether they are the
   same, auto-circuit's edges put in anatomy's order (autocircuit_worker.acdc_kept). In its own environment
-  (discovery.autocircuit_python); without one the row says why.
+  (peers.peer_python); without one the row says why.
 - **SmolLM2-135M, IOI, 100 pairs** (not in --quick): 200 edges outside EAP-IG's top 50 path-patched from
   their layers (goal 4 minutes), with the largest exact effect found outside and the recall of the exact
   top 50; the faithfulness curve (its seconds, the stage `circuits discover` spends most in); ACDC over
@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from .common import Row, Settings, load_average
-from .discovery import WORKER, _pairs, autocircuit_python
+from .discovery import WORKER, _pairs
+from .peers import peer_python
 
 ACDC_TAU = (1, -3)  # auto-circuit's tao_bases and tao_exps: tau = 1e-3
 
@@ -49,7 +50,7 @@ def acdc_side_by_side(settings: Settings) -> Row:
 
     layers, width, heads, n, length = (2, 32, 4, 4, 8) if settings.quick else (6, 384, 6, 32, 16)
     threshold = ACDC_TAU[0] * 10.0 ** ACDC_TAU[1]
-    python, how = autocircuit_python(install=not settings.quick)
+    python, how = peer_python("auto-circuit", install=not settings.quick)
     torch.manual_seed(0)
     config = GPT2Config(n_layer=layers, n_head=heads, n_embd=width, vocab_size=1000, n_positions=64)
     with tempfile.TemporaryDirectory() as directory:

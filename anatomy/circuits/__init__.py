@@ -18,8 +18,8 @@ circuits found over datasets.
     heads.py          split_by_head: an edge as the sum of the heads its paths first cross
     interventions.py  intervene: ablate, clamp or steer features in the real model, beside the graph's prediction
     neuronpedia.py    Neuronpedia's graph JSON (circuit-tracer's local server opens it)
-    features.py       what a graph's features promote, and their top contexts, for the page
-    page.py           graph_view: the offline page of any graph (assets/graph-draw.js, graph.js)
+    features.py       what a graph's features promote and suppress, their top contexts and a label, for the page
+    page.py           graph_view: the offline page of any graph (assets/: layout, drawing, panel, a circuit's slider)
     cli.py            `anatomy circuits TEXT ...` (and `anatomy circuits discover ...`, handed to discovery/)
 """
 

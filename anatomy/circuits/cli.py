@@ -19,7 +19,8 @@ import re
 import textwrap
 from pathlib import Path
 
-from ..arguments import add_compute_arguments, add_model_argument, input_file, output_file, positive_int, probability, text
+from ..arguments import (add_compute_arguments, add_model_argument, input_file, output_file, positive_float, positive_int,
+                         probability, text)
 from ..progress import Stages
 from ..terminal import printable, summary_block
 from .checks import MAX_CHANGE, number
@@ -78,6 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="text files to find each feature's top contexts in, for the page")
     parser.add_argument("--max-context-tokens", type=positive_int, default=20_000, metavar="N",
                         help="read at most this many tokens of --contexts (default 20000)")
+    parser.add_argument("--context-seconds", type=positive_float, default=30.0, metavar="S",
+                        help="stop reading --contexts after about this many seconds (default 30)")
     g = parser.add_argument_group("interventions: test the graph on the model")
     g.add_argument("--ablate", nargs="+", default=[], type=feature_change("ablate"), metavar="L:F[@P]",
                    help="set a feature to 0 (at position P, else everywhere)")
@@ -159,28 +162,37 @@ def mlp_out_normed(name) -> bool:
 def write_graph(args, graph, model, transcoders, tested):
     """Write the graph to every --out (pruned for the page and the JSON, whole to .safetensors); returns
     (the paths written, the pruned graph or None, (replacement, completeness) scores)."""
-    from .features import context_tokens, promoted_tokens, top_contexts
     from .prune import pruned, scores
     from .save import save
 
     replacement, completeness = scores(graph)
     graph.meta.update(replacement=replacement, completeness=completeness)
-    written, shown = [], None
+    written, shown, details = [], None, None
     for path in args.out:
         suffix = Path(path).suffix.lower()
         if suffix == ".safetensors":
             written.append(save(graph, path))
             continue
         shown = shown or pruned(graph, args.node_threshold, args.edge_threshold)
+        details = details or feature_details(args, model, transcoders, shown)
         if suffix == ".json":
-            written.append(save(shown, path))
+            written.append(save(shown, path, labels=details.labels))
             continue
-        details = promoted_tokens(model, transcoders, shown)
-        if args.contexts:  # read a piece at a time, up to the cap
-            tokens = context_tokens(args.contexts, model.tokenizer, args.max_context_tokens)
-            details = top_contexts(model, transcoders, shown, tokens, details)
         written.append(save(shown, path, details=details, scores=(replacement, completeness), intervention=tested))
     return written, shown, (replacement, completeness)
+
+
+def feature_details(args, model, transcoders, shown):
+    """What the page and the JSON say of the pruned graph's features: the tokens each promotes and suppresses,
+    and with --contexts its top contexts, read within --context-seconds; a label from them."""
+    from .features import context_tokens, promoted_tokens, top_contexts
+
+    details = promoted_tokens(model, transcoders, shown)
+    if args.contexts:  # read a piece at a time, up to the cap
+        tokens = context_tokens(args.contexts, model.tokenizer, args.max_context_tokens)
+        details = top_contexts(model, transcoders, shown, tokens, details, seconds=args.context_seconds)
+        details.source = ", ".join(Path(name).name for name in args.contexts)
+    return details
 
 
 def intervention_table(result) -> str:

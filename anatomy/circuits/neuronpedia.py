@@ -11,17 +11,31 @@ saved subgraph: pinned node ids, supernodes), `nodes` and `links` (source, targe
     token     "E_{token id}_{position}"
     logit     "{n_layers + 1}_{token id}_{position}"
 
-Only the pruned graph is written (prune.pruned): a 19,000-node graph's 100 million edges are no file
-to open in a browser.
+Only the pruned graph is written (prune.pruned), and of its edges the MAX_EDGES strongest (metadata's
+"links" says how many there were): a 19,000-node graph's 100 million edges, or the 2.4 million
+a random set's pruned 16-token graph keeps, are no file to open in a browser. Numbers are written to
+the precision a float32 graph carries (6 significant digits; its identity holds to about 1e-6 of the
+terms it sums).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from .. import __version__
 from .graph import Graph, Node
+
+
+DIGITS = 6  # significant digits of a written number: what a float32 graph carries
+
+
+def rounded(x: float | None, digits: int = DIGITS) -> float | None:
+    """x to `digits` significant digits (None for None or a non-finite number)."""
+    if x is None or not math.isfinite(x):
+        return None
+    return float(f"{x:.{digits}g}")
 
 
 def cantor(x: int, y: int) -> int:
@@ -37,13 +51,15 @@ NODE_DEFAULTS = dict(token_prob=0.0, is_target_logit=False, run_idx=0, reverse_c
                      activation=None)
 
 
-def node_record(node: Node, n_layers: int, influence: float | None, target: bool) -> dict:
-    """One node as Neuronpedia's schema has it, every field in circuit-tracer's order (NODE_FIELDS). Raises
-    ValueError for a circuit's kinds (head, mlp, ...), which the format has no place for."""
+def node_record(node: Node, n_layers: int, influence: float | None, target: bool, clerp: str = "") -> dict:
+    """One node as Neuronpedia's schema has it, every field in circuit-tracer's order (NODE_FIELDS); clerp: a
+    feature's label. Raises ValueError for a circuit's kinds (head, mlp, ...), which the format has no place
+    for."""
     layer, position, index = node.layer, node.column, node.index
     if node.kind == "feature":
         record = dict(node_id=f"{layer}_{index}_{position}", feature=cantor(layer, index), layer=str(layer),
-                      feature_type="cross layer transcoder", jsNodeId=f"{layer}_{index}-0", activation=node.value)
+                      feature_type="cross layer transcoder", jsNodeId=f"{layer}_{index}-0", clerp=clerp,
+                      activation=rounded(node.value))
     elif node.kind == "error":
         record = dict(node_id=f"{layer}_-1_{position}", feature=-1, layer=str(layer),
                       feature_type="mlp reconstruction error", jsNodeId=f"{layer}_-1-{position}")
@@ -51,23 +67,26 @@ def node_record(node: Node, n_layers: int, influence: float | None, target: bool
         record = dict(node_id=f"E_{index}_{position}", feature=position, layer="E", feature_type="embedding",
                       jsNodeId=f"E_{index}-{position}")
     elif node.kind == "logit":
-        probability = node.value or 0.0
+        probability = rounded(node.value) or 0.0
         record = dict(node_id=f"{n_layers + 1}_{index}_{position}", feature=index, layer=str(n_layers + 1),
                       feature_type="logit", jsNodeId=f"L_{index}-{position}", token_prob=probability,
                       is_target_logit=target, clerp=f'Output "{node.label}" (p={probability:.3f})')
     else:
         raise ValueError(f"Neuronpedia's graph format has tokens, features, errors and logits; not a {node.kind} node")
-    record.update(ctx_idx=position, influence=None if node.kind == "logit" else influence)  # a logit's is no score
+    record.update(ctx_idx=position, influence=None if node.kind == "logit" else rounded(influence))  # a logit's is no score
     return {key: record.get(key, NODE_DEFAULTS.get(key)) for key in NODE_FIELDS}
 
 
 def neuronpedia_json(graph: Graph, *, slug: str = "anatomy-graph", scan: str | None = None,
                      node_threshold: float = 0.8, edge_threshold: float = 0.98, pinned: list[str] | None = None,
-                     supernodes: list[list[str]] | None = None) -> dict:
-    """The graph as Neuronpedia's JSON (a dict), pruned at the thresholds unless it already is. scan: the
-    model (and transcoders) it was made with, as Neuronpedia names them (default: the transcoders' scan, or
-    the model's name). Raises ValueError for a circuit (heads, MLPs), which the format cannot hold."""
-    from .prune import pruned
+                     supernodes: list[list[str]] | None = None, labels: dict[str, str] | None = None,
+                     max_links: int | None = None) -> dict:
+    """The graph as Neuronpedia's JSON (a dict), pruned at the thresholds unless it already is, with its
+    max_links strongest edges (default MAX_EDGES). scan: the model (and transcoders) it was made with, as
+    Neuronpedia names them (default: the transcoders' scan, or the model's name); labels: {node id: label},
+    written as the features' clerp. Raises ValueError for a circuit (heads, MLPs), which the format cannot
+    hold."""
+    from .prune import MAX_EDGES, count_edges, pruned, strongest_edges
 
     if graph.kind != "attribution graph":
         raise ValueError(f"Neuronpedia's format holds attribution graphs; this is a {graph.kind} (write .html or .safetensors)")
@@ -77,9 +96,12 @@ def neuronpedia_json(graph: Graph, *, slug: str = "anatomy-graph", scan: str | N
     edge_threshold = graph.meta.get("edge_threshold", edge_threshold)
     influence = graph.meta.get("influence") or [None] * len(graph)
     first_logit = next((i for i, node in enumerate(graph.nodes) if node.kind == "logit"), None)
-    records = [node_record(node, graph.n_layers, influence[i], i == first_logit) for i, node in enumerate(graph.nodes)]
-    links = [{"source": records[s]["node_id"], "target": records[t]["node_id"], "weight": weight}
-             for t, s, weight in graph.edges()]
+    labels = labels or {}
+    records = [node_record(node, graph.n_layers, influence[i], i == first_logit, labels.get(node.id, ""))
+               for i, node in enumerate(graph.nodes)]
+    max_links = MAX_EDGES if max_links is None else max_links
+    links = [{"source": records[s]["node_id"], "target": records[t]["node_id"], "weight": rounded(weight)}
+             for t, s, weight in strongest_edges(graph, max_links)]
     meta = graph.meta
     transcoders = meta.get("transcoders") or {}
     scan = scan or transcoders.get("scan") or meta.get("model") or "anatomy"
@@ -91,6 +113,7 @@ def neuronpedia_json(graph: Graph, *, slug: str = "anatomy-graph", scan: str | N
         "generation_settings": {"max_n_logits": meta.get("max_logits"), "desired_logit_prob": meta.get("logit_probability"),
                                 "max_feature_nodes": meta.get("max_feature_nodes")},
         "pruning_settings": {"node_threshold": node_threshold, "edge_threshold": edge_threshold},
+        "links": {"max": max_links, "in_graph": count_edges(graph.adjacency)},  # anatomy's own, after circuit-tracer's keys
     }
     metadata["generation_settings"] = {k: v for k, v in metadata["generation_settings"].items() if v is not None}
     q_params = {"pinnedIds": list(pinned or []), "supernodes": [list(s) for s in supernodes or []],
@@ -108,7 +131,7 @@ def save_neuronpedia(graph: Graph, path: str | Path, **options) -> Path:
     path = Path(path)
     options.setdefault("slug", path.stem or "anatomy-graph")
     data = neuronpedia_json(graph, **options)
-    written = write_atomically(path, json_text(data, ensure_ascii=False))
+    written = write_atomically(path, json_text(data, ensure_ascii=False, separators=(",", ":")))
     listing = path.parent / "graph-metadata.json"
     graphs = [entry for entry in listed_graphs(listing) if entry.get("slug") != data["metadata"]["slug"]]
     write_atomically(listing, json_text({"graphs": graphs + [data["metadata"]]}, ensure_ascii=False, indent=1))

@@ -37,6 +37,7 @@ from . import checks
 from .graph import INPUT_KINDS, OUTPUT_KINDS, SOURCE_KINDS, Graph
 
 BLOCK = 1024  # rows of the adjacency read at a time: no [N, N] temporary is ever made
+MAX_EDGES = 50_000  # the strongest edges a page draws and a JSON file holds (anatomy bench: page)
 
 
 def normalized(rows: torch.Tensor) -> torch.Tensor:
@@ -170,6 +171,15 @@ def pruned(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.
                 influence=[round(float(x), 6) for x in decision.cumulative[decision.node_mask]],
                 nodes_before=len(graph), edges_before=int(count_edges(graph.adjacency)))
     return graph.subgraph(decision.node_mask, decision.edge_mask, meta=meta)
+
+
+def strongest_edges(graph: Graph, limit: int) -> list[tuple[int, int, float]]:
+    """(target, source, weight) of the `limit` edges of largest |weight| (every edge when there are fewer),
+    strongest first: what a page draws and a JSON file holds of a graph too large to show whole."""
+    targets, sources = graph.adjacency.nonzero(as_tuple=True)
+    weights = graph.adjacency[targets, sources]
+    order = weights.abs().argsort(descending=True, stable=True)[:limit]
+    return list(zip(targets[order].tolist(), sources[order].tolist(), weights[order].tolist()))
 
 
 def count_edges(adjacency: torch.Tensor) -> int:

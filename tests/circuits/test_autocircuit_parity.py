@@ -7,15 +7,13 @@ answer_function="avg_diff" and mask_val=0, which its documentation states is EAP
 2023), scored on every edge of TransformerLens's split q/k/v inputs. anatomy must match every edge
 within 1e-4, and score the same set of edges.
 
-Set ANATOMY_AUTOCIRCUIT_PYTHON to the python of that environment to rewrite the fixtures from
-auto-circuit before comparing (the test then proves the fixtures are still auto-circuit's).
+With auto-circuit's environment at hand (.ci/run), tests/test_peer_fixtures.py runs that script again and
+finds the committed files.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,14 +27,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    python = os.environ.get("ANATOMY_AUTOCIRCUIT_PYTHON")
-    if not python:
-        return FIXTURES / "autocircuit"
-    out = tmp_path_factory.mktemp("autocircuit")
-    subprocess.run([python, str(FIXTURES / "make_autocircuit_fixtures.py"), str(out)], check=True,
-                   capture_output=True, timeout=900)
-    return out
+def folder() -> Path:
+    return FIXTURES / "autocircuit"
 
 
 def anatomy_scores(folder: Path, method: str, steps: int = 1, path: str = "inputs") -> dict[str, float]:

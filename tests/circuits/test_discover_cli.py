@@ -8,7 +8,6 @@ import re
 
 import pytest
 
-from anatomy.checkpoints.toys import build_toy, toy_tokenizer
 from anatomy.circuits import load_graph
 from anatomy.cli import main
 from cli_status import status
@@ -16,14 +15,6 @@ from cli_status import status
 PAIRS = [{"clean": "Hello World, this is", "corrupt": "Hello World, is this", "answer": " Alejandro!", "wrong": " is"},
          {"clean": "Hello World, this", "corrupt": "Hello World, is", "answer": " is", "wrong": " this"}]
 
-
-
-@pytest.fixture(scope="module")
-def prenorm(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("prenorm-toy")
-    build_toy("toy", norm_position="pre", final_norm=True).save_pretrained(folder)
-    toy_tokenizer("toy").save(folder)
-    return str(folder)
 
 
 @pytest.fixture

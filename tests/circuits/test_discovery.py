@@ -246,6 +246,21 @@ def test_name_mover_scores_sum_with_the_other_components_to_the_logit_difference
     assert torch.allclose(movers.values, heads)
     attention = movers.extra["attention"]
     assert ((attention >= 0) & (attention <= 1)).all()
+    first = name_mover_scores(model, task, batch_size=4, pairs=3)  # the mean over the first 3 pairs only
+    assert torch.allclose(first.values, (right - wrong)[[names.index(f"L{l}H{h}") for l in range(2) for h in range(4)]]
+                          [:, :3].mean(1).view(2, 4))
+
+
+def test_a_pair_whose_prompt_lacks_its_answer_gives_no_name_mover_attention():
+    """Without the answer's token in the prompt there is nothing to attend to: 0, not the attention to
+    position 0 (the sink) that the first-match search would otherwise point at."""
+    from anatomy.circuits.discovery.roles import name_mover_scores
+
+    task = toy_task()
+    absent = Task("absent", task.clean.clamp(max=38), task.corrupt.clamp(max=38), task.lengths,
+                  torch.full_like(task.answers, 39), task.wrongs)  # token 39 is in no prompt
+    assert torch.equal(name_mover_scores(tiny(), absent, batch_size=4).extra["attention"],
+                       torch.zeros(2, 4, dtype=torch.float64))
 
 
 

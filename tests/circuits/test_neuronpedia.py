@@ -112,6 +112,24 @@ def test_every_node_carries_every_field_circuit_tracer_writes_and_a_diff_shows_o
                 assert value == other, (node["node_id"], key)
 
 
+def test_the_json_holds_the_strongest_edges_at_the_precision_they_carry(model):
+    from anatomy.circuits import pruned
+
+    graph = pruned(attribution_graph(model, PROMPT, load_transcoders(FIXTURES / "graphs" / "plt_jumprelu")))
+    data = neuronpedia_json(graph, max_links=25, labels={graph.nodes[-1].id: "not a feature"})
+    jsonschema.validate(data, SCHEMA)
+    weights = sorted((w for *_, w in graph.edges()), key=abs, reverse=True)
+    assert [link["weight"] for link in data["links"]] == [float(f"{w:.6g}") for w in weights[:25]]
+    assert data["metadata"]["links"] == {"max": 25, "in_graph": len(weights)} and len(weights) > 25
+    features = {node.id: i for i, node in enumerate(graph.nodes) if node.kind == "feature"}
+    first = next(iter(features))
+    labelled = neuronpedia_json(graph, labels={first: "a <label>"})
+    assert labelled["nodes"][features[first]]["clerp"] == "a <label>"
+    numbers = [node[key] for node in labelled["nodes"] for key in ("activation", "influence", "token_prob")
+               if node.get(key) is not None]
+    assert numbers and all(x == float(f"{x:.6g}") for x in numbers)  # 6 significant digits at most
+
+
 def test_circuit_tracer_05s_own_error_ids_collide_and_ours_do_not(model):
     # in this fixture circuit-tracer named its error at (layer 0, position 2) "0_0_2", layer 0's feature #0
     # at position 2 too: its JSON holds two nodes with one id, and a link to "0_0_2" means either
@@ -169,8 +187,7 @@ finally:
 """
 
 
-@pytest.mark.skipif(not __import__("os").environ.get("ANATOMY_CIRCUIT_TRACER_PYTHON"),
-                    reason="$ANATOMY_CIRCUIT_TRACER_PYTHON names no circuit-tracer environment")
+@pytest.mark.peer("ANATOMY_CIRCUIT_TRACER_PYTHON")
 def test_circuit_tracers_local_server_serves_and_saves_the_graph(model, tmp_path):
     import os
     import socket

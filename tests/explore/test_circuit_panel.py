@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from explore_servers import TOKEN, Served
+from explore_servers import TOKEN, Served, drawn_job_page
 from starlette.testclient import TestClient
 
 import anatomy
@@ -84,24 +84,39 @@ def served():
     server.stop()
 
 
-def test_the_panel_builds_the_graph_and_draws_it(browser, served):
+FRESH = "section[data-panel='circuit'] h2 .fresh"
+
+
+def test_the_panel_builds_the_graph_and_draws_it_in_view(browser, served):
     page = browser.new_page()
     requests = []
     page.on("request", lambda request: requests.append(request.url))
     page.goto(served.url + f"#model={quote(LLAMA)}&text={quote(TEXT)}&panel=circuit")
     page.wait_for_selector("body[data-updated]", timeout=60000)
     page.click("#panel-tabs button:text-is('Circuit')")
+    page.wait_for_function(f"() => document.querySelector(\"{FRESH}\")?.textContent === 'not run yet'")
     page.click("#circuit-body button.run")
     page.wait_for_function("() => document.querySelector('#circuit-body iframe[src*=\"/api/jobs/\"]')", timeout=60000)
-    frame = None
-    for _ in range(300):
-        frame = next((f for f in page.frames if "/api/jobs/" in f.url and f.query_selector("#graph-scroll svg g.node")), None)
-        if frame is not None:
-            break
-        page.wait_for_timeout(100)
+    frame = drawn_job_page(page)
     assert frame is not None, "the graph page did not draw"
     model = anatomy.from_pretrained(LLAMA).eval()
     graph = attribution_graph(model, TEXT, load_transcoders(SET))
     assert frame.inner_text("#check-line") == f"Check: {graph.check}"
+    outside = frame.evaluate("""() => { const height = innerHeight, width = innerWidth;
+        return window.anatomyGraph.nodes.map((_, i) => window.anatomyGraph.clientBox(i))
+          .filter((b) => b.x < 0 || b.x > width || b.y < 0 || b.y > height).length; }""")
+    assert outside == 0  # the whole graph in the frame's view at open
+    page.wait_for_function(f"() => document.querySelector(\"{FRESH}\")?.textContent === 'up to date'")
     assert all(url.startswith(f"http://127.0.0.1:{served.port}/") for url in requests if url.startswith("http"))
+    page.close()
+
+
+def test_without_transcoders_the_panel_says_so_and_nothing_else(browser, served):
+    page = browser.new_page()
+    page.goto(served.url + f"#model=toy&text={quote(TEXT)}&panel=circuit")
+    page.wait_for_selector("body[data-updated]", timeout=60000)
+    page.click("#panel-tabs button:text-is('Circuit')")
+    page.wait_for_function("() => document.querySelector('#circuit-body').textContent.includes('No transcoders')")
+    assert page.query_selector_all("#circuit-controls input") == []  # no thresholds for a graph it cannot build
+    assert page.text_content(FRESH) == ""  # and no "up to date"
     page.close()

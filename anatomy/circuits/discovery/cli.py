@@ -160,7 +160,7 @@ def edge_circuit(args, model, task, stages: Stages) -> tuple[list, list, Path | 
     """Score every edge, draw the faithfulness curve, write the circuit; (summary rows, the circuit's heads
     strongest first, the file written)."""
     from ..save import save
-    from .circuit import circuit_graph
+    from .circuit import circuit_for_page, circuit_graph
     from .edges import attribute_edges
     from .faithfulness import faithfulness, kept_masks
     from .figures import head_weights
@@ -185,11 +185,14 @@ def edge_circuit(args, model, task, stages: Stages) -> tuple[list, list, Path | 
     steps = f" ({args.steps} steps, path {args.path})" if args.method == "eap-ig" else ""
     about = f"{args.model}, {task.name}: {len(task)} pairs, {args.method}{steps}, the top {size} of " \
             f"{graph.edge_count:,} edges{reached}"
-    circuit = circuit_graph(result, kept, about=about, meta={"model": str(args.model), "task": task.name})
+    meta = {"model": str(args.model), "task": task.name}
     out = None
-    if args.out:
+    if args.out and Path(args.out).suffix.lower() == ".safetensors":
         stages.start("writing")
-        out = save(circuit, args.out)
+        out = save(circuit_graph(result, kept, about=about, meta=meta), args.out)
+    elif args.out:  # the page: the circuit grown from its smallest by a slider, beside the curve, heads by role
+        stages.start("writing")  # the page: the heads' roles first (circuit_for_page)
+        out = save(circuit_for_page(model, task, result, curve, size=size, about=about, meta=meta), args.out)
     weights = head_weights(graph, result.values, kept)
     rows = [("metric", f"clean {curve.extra['clean']:.3f}, ablated {curve.extra['ablated']:.3f}"),
             ("edges", f"{graph.edge_count:,} between {len(graph.sources)} sources and {len(graph.destinations)} inputs"),

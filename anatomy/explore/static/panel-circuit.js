@@ -1,7 +1,7 @@
 // The circuit panel: the attribution graph of the text's next token through the model's transcoders
 // (anatomy.attribution_graph), built on request as a job (progress layer by layer, cancel), drawn by the
 // page `anatomy circuits` writes: hover and click its nodes, pin them, group them, export JSON and PNG.
-import {clear, currentModel, el, pageFrame, register, runJob, state, textBody} from "./core.js";
+import {clear, currentModel, el, markFresh, pageFrame, register, runJob, state, textBody} from "./core.js";
 
 const controls = document.getElementById("circuit-controls");
 const body = document.getElementById("circuit-body");
@@ -26,22 +26,27 @@ function drawControls() {
         numberInput("edge_threshold", "edge threshold", "keep the edges that hold this share of the edge influence"));
 }
 
+// Its freshness (core.js markFresh): nothing to show without transcoders, "not run yet" until a graph is
+// built for this text, "up to date" once it is.
 async function update() {
-  drawControls();
   const model = currentModel();
   if (!model.transcoders) {
+    clear(controls);
     clear(body, el("p", {class: "small"},
                    `No transcoders are attached to ${model.name}. Start the explorer with `,
                    el("code", {text: `--transcoders ${model.name}=RUN`}), " (an ",
                    el("code", {text: "anatomy sae train-transcoders"}),
                    " run, or circuit-tracer's files) to build its graphs."));
-    return;
+    return "empty";
   }
+  drawControls();
   const key = `${state.model}\u0000${state.text}\u0000${settings.node_threshold}\u0000${settings.edge_threshold}`;
-  if (builtFor === key && body.contains(frame)) return;
-  const run = el("button", {type: "button", class: "run", text: "build the graph", onclick: () => {
+  if (builtFor === key && body.contains(frame)) return "current";
+  const run = el("button", {type: "button", class: "run", text: "build the graph", onclick: async () => {
     builtFor = key;
-    runJob(body, textBody({kind: "circuit", ...settings}), "attribution graph", "layers", {frame});
+    markFresh("circuit", "updating");
+    await runJob(body, textBody({kind: "circuit", ...settings}), "attribution graph", "layers", {frame});
+    markFresh("circuit", body.contains(frame) && builtFor === key ? "current" : "error");
   }});
   clear(body, el("p", {class: "small"},
                  builtFor ? "The text changed since the last graph. " : "",
@@ -50,6 +55,7 @@ async function update() {
                  `model (attention and norms frozen); then pruned. The graph reads the text after a BOS token, as ` +
                  `circuit-tracer does (the first position explains nothing), so its probabilities may differ from the ` +
                  `next-token panel's. Seconds for a small model, up to a minute for SmolLM2 on a short text. `, run));
+  return "idle";
 }
 
 register("circuit", {update});
