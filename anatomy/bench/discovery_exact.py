@@ -69,7 +69,7 @@ def acdc_side_by_side(settings: Settings) -> Row:
         kept = sorted(graph.edge_name(u, v) for u, v in result.extra["kept"].nonzero().tolist())
         case = f"ACDC (KL, τ = {threshold:g}), every edge, GPT-2 {layers} x {width} (weights x3), {n} x {length}"
         notes = [how, f"{len(kept)} of {graph.edge_count:,} edges kept, {result.extra['runs']:,} circuits run, "
-                      f"{cpu:.1f} s of CPU"]
+                      f"{cpu:.1f} s of CPU", _at_equal_size(model, task, result)]
         theirs = None
         if python is not None:
             out = Path(directory) / "theirs.json"
@@ -85,6 +85,20 @@ def acdc_side_by_side(settings: Settings) -> Row:
                     f"edges differ: {len(set(reply['kept']) ^ set(kept))} kept by one only"
                 notes.append(f"auto-circuit keeps {len(reply['kept'])}: {same}")
     return Row("discovery", case, "s", ours, theirs, False, notes)
+
+
+def _at_equal_size(model, task, result) -> str:
+    """ACDC's circuit beside EAP-IG's top edges of the same count: the faithfulness of each (corrupt ablation)."""
+    from ..circuits.discovery import attribute_edges
+    from ..circuits.discovery.faithfulness import circuit_faithfulness, kept_masks
+
+    graph, kept = result.extra["graph"], result.extra["kept"]
+    size = int(kept.sum())
+    if size == 0:
+        return "ACDC keeps no edge: nothing to compare"
+    scores = attribute_edges(model, task, method="eap-ig", steps=5)
+    faithful = circuit_faithfulness(model, task, graph, torch.stack([kept, kept_masks(graph, scores, [size])[0]]))
+    return f"faithfulness at {size} edges: ACDC's {faithful[0]:.3f}, EAP-IG's top {size} {faithful[1]:.3f}"
 
 
 def smollm2_exact(settings: Settings) -> list[Row]:
