@@ -90,6 +90,8 @@ def run_patched(
     or "all". saes: SAEs spliced in (trace's saes). progress(runs done, runs) after each pass. Raises
     ValueError when the metric returns anything but one number per row."""
     model.eval()
+    if not runs:
+        return torch.empty(0, batch.size)
     if stream is None and any(run.layer is not None for run in runs):
         stream = residual_stream(model, batch, saes)
     copies = runs_per_pass or max(1, max_tokens // batch.target.ids.numel())
