@@ -73,7 +73,7 @@ def test_single_edges_from_their_layer_equal_whole_runs(family):
     edges = every[torch.randperm(len(every), generator=generator)[:30]].tolist()
     edges += [[0, len(graph.destinations) - 1]]  # the embeddings into the logits
     metric = lambda logits: task.score(logits[:, 0], rows)  # noqa: E731
-    fast = edge_effects(model, graph, clean, ablation, edges, metric)
+    fast, _ = edge_effects(model, graph, clean, ablation, edges, metric)
     ablated = torch.zeros(len(edges), *graph.allowed.shape, dtype=torch.bool)
     for i, (u, v) in enumerate(edges):
         ablated[i, u, v] = True

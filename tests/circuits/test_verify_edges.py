@@ -28,7 +28,7 @@ def test_single_edges_from_their_layer_equal_whole_runs(parallel, qk_norm, mean)
     edges = graph.allowed.nonzero().tolist()
     rows = range(len(task))
     metric = lambda logits: task.score(logits[:, 0], rows)  # noqa: E731
-    fast = edge_effects(model, graph, clean, ablation, edges, metric, max_tokens=3 * 7 * len(task))
+    fast, _ = edge_effects(model, graph, clean, ablation, edges, metric, max_tokens=3 * 7 * len(task))
     ablated = torch.zeros(len(edges), *graph.allowed.shape, dtype=torch.bool)
     for i, (u, v) in enumerate(edges):
         ablated[i, u, v] = True

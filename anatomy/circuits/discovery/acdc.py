@@ -33,7 +33,6 @@ import torch
 from torch import nn
 
 from ...analysis.result import Result
-from ...trace import trace
 from .choices import ACDC_METRICS
 from .paths import plan_passes, run_ablated
 from .residual import ResidualGraph
@@ -59,11 +58,9 @@ class _Chunk:
         self.rows = rows
         self.clean, corrupt = task.inputs(rows)
         self.ablation = graph.source_values(model, corrupt)
-        self.outputs, logits = graph.source_run(model, self.clean)
         names = [f"blocks.{layer}.resid_pre" for layer in range(graph.n_layers)]
-        with torch.no_grad(), trace(model, names) as t:
-            self.clean.hidden(model)
-        self.stream = [t[name] for name in names]
+        self.outputs, logits, stream = graph.recorded_run(model, self.clean, names)  # one clean pass
+        self.stream = [stream[name] for name in names]
         self.reference = torch.log_softmax(logits.double(), dim=-1)  # (B, vocab)
         self.metric = task.score(logits, rows).double()  # (B,)
 

@@ -246,22 +246,20 @@ def _final(state: dict, plan: Plan, previous):
 def edge_effects(
     model: nn.Module, graph: ResidualGraph, batch: Batch, ablation: torch.Tensor, edges: list[tuple[int, int]],
     metric, *, max_tokens: int = 4096, progress=None,
-) -> torch.Tensor:
-    """[k, B]: metric of the clean run with one edge u -> v ablated, for each of `edges`, every row scored:
-    path patching of single edges. ablation [U, B, T, E] (or [U, 1, T, E]): each source's ablated output;
-    metric(last logits [C*B, vocab]) -> [C*B].
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(patched [k, B], clean [B]): the metric of the clean run with one edge u -> v ablated, for each of
+    `edges`, and of the clean run itself, every row scored: path patching of single edges. ablation
+    [U, B, T, E] (or [U, 1, T, E]): each source's ablated output; metric(last logits [C*B, vocab]) -> [C*B].
 
     With one edge ablated, the run is the clean run up to v's layer, and there v's input alone changes by
     a constant, in_v = resid_v + (a_u - clean_u): the run starts at v's layer from the clean residual
     stream (analysis.runs.run_patched, Stack.run_from), v's q, k or v recomputed from its changed input (or
     the MLP's own copy of the stream changed), the runs of one layer sharing a pass as copies of the batch."""
     a = ablation.expand(-1, batch.size, -1, -1) if ablation.size(1) == 1 else ablation  # (U, B, T, E)
-    clean = graph.source_values(model, batch)  # (U, B, T, E)
     final = graph.reader_input_point(graph.n_layers, "logits")
     names = [f"blocks.{layer}.{point}" for layer in range(graph.n_layers)
              for point in ("resid_pre",) + (() if graph.parallel else ("resid_mid",))]
-    with torch.no_grad(), trace(model, names + [final]) as t:
-        batch.hidden(model)
+    clean, logits, t = graph.recorded_run(model, batch, names + [final])  # the sources (U, B, T, E), the stream
     stream = [t[f"blocks.{layer}.resid_pre"] for layer in range(graph.n_layers)] + [t[final]]
     runs = []
     for u, v in edges:  # each edit computes its input when its pass runs: no k copies of the stream held
@@ -280,5 +278,6 @@ def edge_effects(
             return x
 
         runs.append(Run({f"blocks.{node.layer}.attn.{node.kind}": edit}, node.layer))
-    return run_patched(model, batch, runs, metric, stream=stream, max_tokens=max_tokens, progress=progress)
+    patched = run_patched(model, batch, runs, metric, stream=stream, max_tokens=max_tokens, progress=progress)
+    return patched, metric(logits[:, None])
 

@@ -126,16 +126,23 @@ class ResidualGraph:
 
     def source_run(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(every source's output [U, B, T, E], the last position's logits [B, vocab]) of one pass, no gradient."""
+        outputs, logits, _ = self.recorded_run(model, batch, [])
+        return outputs, logits
+
+    def recorded_run(self, model: nn.Module, batch: Batch, points: list[str]
+                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """source_run's (outputs [U, B, T, E], logits [B, vocab]) and {point: value} of `points`, from the same
+        pass."""
         names = ["blocks.0.resid_pre"] + [name for l in range(self.n_layers)
                                           for name in (f"blocks.{l}.attn.head_out", self.mlp_write_point(l))]
-        with torch.no_grad(), trace(model, names) as t:
+        with torch.no_grad(), trace(model, sorted(set(names + points))) as t:
             logits = batch.last_logits(model)[:, 0]  # (B, vocab)
         outputs = [t["blocks.0.resid_pre"][None]]
         for layer, block in enumerate(self.model.blocks):
             writes = head_writes(block, t[f"blocks.{layer}.attn.head_out"])  # (B, T, H, E)
             outputs.append(writes.permute(2, 0, 1, 3))  # (B, T, H, E) -> (H, B, T, E)
             outputs.append(t[self.mlp_write_point(layer)][None])
-        return torch.cat(outputs), logits  # (U, B, T, E), (B, vocab)
+        return torch.cat(outputs), logits, {point: t[point] for point in points}  # (U, B, T, E), (B, vocab)
 
     # ---- gradients at every destination's own input -----------------------------------------------
 

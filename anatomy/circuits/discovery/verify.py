@@ -134,11 +134,10 @@ def verify_edges(model: nn.Module, task: Task, result: Result, k: int = 50, *, s
     for rows in chunks:
         clean, corrupt = task.inputs(rows)
         ablation = graph.source_values(model, corrupt)
-        with torch.no_grad():
-            base = task.score(clean.last_logits(model)[:, 0], rows).double()
         metric = lambda logits: task.score(logits[:, 0], rows)  # noqa: E731
-        patched = edge_effects(model, graph, clean, ablation, checked, metric, max_tokens=max_tokens, progress=tick)
-        exact += (base[None] - patched.double()).sum(1)
+        patched, base = edge_effects(model, graph, clean, ablation, checked, metric, max_tokens=max_tokens,
+                                     progress=tick)
+        exact += (base.double()[None] - patched.double()).sum(1)
         done[0] += len(checked)
     exact /= len(task)
     names = [graph.edge_name(u, v) for u, v in checked]
