@@ -116,6 +116,7 @@ class Stack(nn.Module):
         position_ids: torch.Tensor | None = None,
         memory: torch.Tensor | None = None,
         memory_padding_mask: torch.Tensor | None = None,
+        past: KVCache | None = None,
     ) -> torch.Tensor:
         """The stack from block `layer` on, given the residual stream resid [B, T, E] at that block's input
         (what blocks.{layer}.resid_pre holds in a full pass) -> hidden states [B, T, E], as run() returns.
@@ -124,18 +125,22 @@ class Stack(nn.Module):
 
         (l = n_layers: the final norm alone). Patching starts here: a run that differs from a cached one
         only from layer l on need not compute the layers before it. The blocks' trace points from layer
-        l on fire as in a full pass; those before it and the embeddings' do not. No KV cache. Raises
-        ValueError for a layer outside 0..n_layers or a stream of the wrong width."""
+        l on fire as in a full pass; those before it and the embeddings' do not. past: a KVCache holding the
+        keys and values of the first P positions (KVCache.holding), resid then the stream of the positions
+        after them, [B, T - P, E], and padding_mask [B, T]: a causal run that differs from a cached one only
+        from position P on computes those positions alone (the cache is appended to). Raises ValueError for
+        a layer outside 0..n_layers or a stream of the wrong width."""
         n_layers = len(self.blocks)
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n_layers:
             raise ValueError(f"layer must be an integer from 0 to {n_layers} (the stack's blocks), got {layer!r}")
         if not torch.is_tensor(resid) or resid.dim() != 3 or resid.size(-1) != self.config.d_model:
             shape = tuple(resid.shape) if torch.is_tensor(resid) else type(resid).__name__
             raise ValueError(f"resid must be the residual stream [batch, pos, {self.config.d_model}], got {shape}")
+        done = 0 if past is None else past.length
         if padding_mask is not None:
-            check_mask("padding_mask", padding_mask, shape=tuple(resid.shape[:2]), ids_name="resid")
-        position_ids = self._positions(resid[..., 0], padding_mask, position_ids, 0)
-        return self._blocks(layer, resid, padding_mask, position_ids, memory, memory_padding_mask, None)
+            check_mask("padding_mask", padding_mask, shape=(resid.size(0), done + resid.size(1)), ids_name="resid")
+        position_ids = self._positions(resid[..., 0], padding_mask, position_ids, done)
+        return self._blocks(layer, resid, padding_mask, position_ids, memory, memory_padding_mask, past)
 
     def _positions(self, ids: torch.Tensor, padding_mask, position_ids, past: int) -> torch.Tensor:
         """Each position's index for the position tables: given, counted over real tokens only (a

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..cache import KVCache
 from ..trace import trace
 from .inputs import Batch
 
@@ -77,18 +78,34 @@ def _combined(edits: list[tuple[int, Edit]], batch_size: int) -> Edit:
     return fn
 
 
+def _start(layer: int, resid: torch.Tensor, prefix, copies: int, batch: Batch) -> tuple:
+    """Where a pass of `copies` copies starts: (layer, the stream [C*B, T, E]), or with a prefix of P positions
+    (layer, the stream after them [C*B, T - P, E], a cache holding them)."""
+    if prefix is None:
+        return layer, resid.repeat(copies, 1, 1)  # (C*B, T, E)
+    held, keys, values = prefix
+    repeat = [None if l < layer else k.repeat(copies, 1, 1, 1) for l, k in enumerate(keys)]  # (C*B, K, P, D)
+    past = KVCache.holding(repeat, [None if l < layer else v.repeat(copies, 1, 1, 1) for l, v in enumerate(values)],
+                           batch.target.ids.size(1))
+    return layer, resid[:, held:].repeat(copies, 1, 1), past  # (C*B, T - P, E)
+
+
 def run_patched(
     model: nn.Module, batch: Batch, runs: Sequence[Run], metric: Metric, *, stream: list[torch.Tensor] | None = None,
     logits_at: str = "last", max_tokens: int = 4096, runs_per_pass: int | None = None, saes=None,
-    progress: Progress | None = None,
+    prefix: tuple[int, list, list] | None = None, progress: Progress | None = None,
 ) -> torch.Tensor:
     """[R, B]: metric of each patched run of `batch`, each row of the batch scored (in the metric's dtype).
 
     Each run starts at its `layer` from the base run's residual stream there (`stream`, residual_stream's;
     computed here when not given), runs of one layer sharing a pass as copies of the batch, at most
     max_tokens tokens (or runs_per_pass copies) a pass. logits_at: "last" (each row's last real token)
-    or "all". saes: SAEs spliced in (trace's saes). progress(runs done, runs) after each pass. Raises
-    ValueError when the metric returns anything but one number per row."""
+    or "all". saes: SAEs spliced in (trace's saes). prefix = (P, keys, values): no run changes the first P
+    positions (a causal model, whose runs differ from the base run only from position P on), and keys[l],
+    values[l] [B, K, P, D] are the base run's there: each run computes positions P.. alone, reading those
+    as its past (KVCache.holding), and its edits see the points of those positions only.
+    progress(runs done, runs) after each pass. Raises ValueError when the metric returns anything but one
+    number per row."""
     model.eval()
     if not runs:
         return torch.empty(0, batch.size)
@@ -110,7 +127,7 @@ def run_patched(
                 for point, edit in runs[r].edits.items():
                     by_point.setdefault(point, []).append((copy, edit))
             interventions = {point: _combined(edits, batch.size) for point, edits in by_point.items()}
-            start = None if layer is None else (layer, stream[layer].repeat(len(group), 1, 1))  # (C*B, T, E)
+            start = None if layer is None else _start(layer, stream[layer], prefix, len(group), batch)
             with trace(model, [], interventions=interventions, saes=saes):
                 scores = metric(logits_of(batch.repeat(len(group)), model, start))
             if scores.shape != (len(group) * batch.size,):

@@ -73,3 +73,31 @@ def test_verification_reports_the_largest_miss_outside_and_the_recall():
     assert "outside the top 6" in checked.check and "recall" in checked.check
     alone = verify_edges(model, task, result, k)
     assert torch.equal(alone.values, checked.values) and "outside" not in alone.extra
+
+
+def test_a_late_corruption_computes_only_the_positions_from_it(monkeypatch):
+    """Pairs that differ from position 4 on: every run reads the clean run's first 4 positions from a cache and
+    computes the rest, and equals the whole run."""
+    from anatomy.circuits.discovery import paths
+    from anatomy.circuits.discovery.tasks import Task
+
+    model, base = tiny(n_layers=3), toy_task()
+    corrupt = base.clean.clone()
+    corrupt[:, 4:6] = (corrupt[:, 4:6] + 7) % 40
+    task = Task("late", base.clean, corrupt, torch.full((len(base),), 7), base.answers, base.wrongs)
+    graph = ResidualGraph(model)
+    rows = range(len(task))
+    clean, corrupted = task.inputs(rows)
+    ablation = graph.source_values(model, corrupted)
+    held = []
+    real = paths.run_patched
+    monkeypatch.setattr(paths, "run_patched", lambda *args, prefix, **kwargs: held.append(prefix[0]) or real(
+        *args, prefix=prefix, **kwargs))
+    edges = graph.allowed.nonzero().tolist()
+    metric = lambda logits: task.score(logits[:, 0], rows)  # noqa: E731
+    fast, _ = paths.edge_effects(model, graph, clean, ablation, edges, metric)
+    ablated = torch.zeros(len(edges), *graph.allowed.shape, dtype=torch.bool)
+    for i, (u, v) in enumerate(edges):
+        ablated[i, u, v] = True
+    whole = task.score(run_ablated(model, graph, clean, ablation, ablated), rows).view(len(edges), len(task))
+    assert held == [4] and (fast - whole).abs().max() < 1e-12

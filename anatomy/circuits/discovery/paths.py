@@ -254,30 +254,44 @@ def edge_effects(
     With one edge ablated, the run is the clean run up to v's layer, and there v's input alone changes by
     a constant, in_v = resid_v + (a_u - clean_u): the run starts at v's layer from the clean residual
     stream (analysis.runs.run_patched, Stack.run_from), v's q, k or v recomputed from its changed input (or
-    the MLP's own copy of the stream changed), the runs of one layer sharing a pass as copies of the batch."""
+    the MLP's own copy of the stream changed), the runs of one layer sharing a pass as copies of the batch.
+    And it is the clean run before the first position P where any a_u differs from clean_u (IOI's corrupted
+    name, late in the prompt): the model being causal, only positions P.. are computed, the clean run's
+    keys and values before them read from a cache."""
     a = ablation.expand(-1, batch.size, -1, -1) if ablation.size(1) == 1 else ablation  # (U, B, T, E)
     final = graph.reader_input_point(graph.n_layers, "logits")
     names = [f"blocks.{layer}.{point}" for layer in range(graph.n_layers)
              for point in ("resid_pre",) + (() if graph.parallel else ("resid_mid",))]
-    clean, logits, t = graph.recorded_run(model, batch, names + [final])  # the sources (U, B, T, E), the stream
+    rotary = "k_rot" if model.config.pos_encoding == "rotary" else "k"
+    kv = [f"blocks.{layer}.attn.{which}" for layer in range(graph.n_layers) for which in (rotary, "v")]
+    clean, logits, t = graph.recorded_run(model, batch, names + [final] + kv)  # sources (U, B, T, E), the stream
     stream = [t[f"blocks.{layer}.resid_pre"] for layer in range(graph.n_layers)] + [t[final]]
+    differs = (a != clean).any(dim=(0, 1, 3))  # (T,): the positions where some edge would carry a change
+    held = int(differs.nonzero().min()) if bool(differs.any()) else 0
+    prefix = None if held == 0 else (
+        held, [t[f"blocks.{layer}.attn.{rotary}"][:, :, :held] for layer in range(graph.n_layers)],
+        [t[f"blocks.{layer}.attn.v"][:, :, :held] for layer in range(graph.n_layers)])
+
+    def changed_input(resid: torch.Tensor, u: int) -> torch.Tensor:  # (B, T - P, E)
+        return (resid + (a[u] - clean[u]))[:, held:]
+
     runs = []
     for u, v in edges:  # each edit computes its input when its pass runs: no k copies of the stream held
         node = graph.destinations[v]
         if node.kind == "logits":  # the final residual, read at the last block's output
-            runs.append(Run({final: lambda x, u=u: x + (a[u] - clean[u])}, graph.n_layers - 1))
+            runs.append(Run({final: lambda x, u=u: changed_input(t[final], u)}, graph.n_layers - 1))
             continue
         block, resid = graph.model.blocks[node.layer], t[graph.reader_input_point(node.layer, node.kind)]
         if node.kind == "mlp":  # the MLP's own copy of the stream, before its norm
-            runs.append(Run({f"blocks.{node.layer}.mlp_in": lambda x, resid=resid, u=u: resid + (a[u] - clean[u])},
+            runs.append(Run({f"blocks.{node.layer}.mlp_in": lambda x, resid=resid, u=u: changed_input(resid, u)},
                             node.layer))
             continue
 
         def edit(x, block=block, kind=node.kind, slot=node.index, resid=resid, u=u):
-            x[:, slot] = one_head(block, kind, resid + (a[u] - clean[u]), slot)
+            x[:, slot] = one_head(block, kind, changed_input(resid, u), slot)
             return x
 
         runs.append(Run({f"blocks.{node.layer}.attn.{node.kind}": edit}, node.layer))
-    patched = run_patched(model, batch, runs, metric, stream=stream, max_tokens=max_tokens, progress=progress)
+    patched = run_patched(model, batch, runs, metric, stream=stream, max_tokens=max_tokens, prefix=prefix,
+                          progress=progress)
     return patched, metric(logits[:, None])
-
