@@ -49,7 +49,7 @@ GROUPS = {
     "explore": ["explore:bench_explore", "soak:bench_soak"],  # the page timed, then the soak
     "circuits": ["circuits:bench_circuits"],
     "refusals": ["refusals:bench_refusals"],
-    "discovery": ["discovery:bench_discovery"],
+    "discovery": ["discovery:bench_discovery", "discovery_exact:bench_discovery_exact"],
     "page": ["page:bench_page"],
 }
 

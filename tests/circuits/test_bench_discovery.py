@@ -9,6 +9,7 @@ import pytest
 
 from anatomy.bench.common import Settings
 from anatomy.bench.discovery import side_by_side
+from anatomy.bench.discovery_exact import acdc_side_by_side
 
 
 def test_without_auto_circuit_the_row_says_so_and_installs_nothing(monkeypatch, tmp_path):
@@ -26,3 +27,17 @@ def test_beside_auto_circuit_every_edge_scores_alike():
     assert row.ours > 0 and row.theirs is None
     worst = float(re.search(r"max \|diff\| (\S+) over 110 edges", " ".join(row.notes)).group(1))
     assert worst < 1e-4
+
+
+def test_without_auto_circuit_the_acdc_row_says_so(monkeypatch, tmp_path):
+    monkeypatch.delenv("ANATOMY_AUTOCIRCUIT_PYTHON", raising=False)
+    monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path))
+    row = acdc_side_by_side(Settings(quick=True, repeats=1))
+    assert row.ours > 0 and row.theirs is None and re.search(r"\d+ of 110 edges kept", " ".join(row.notes))
+    assert "no auto-circuit environment" in " ".join(row.notes)
+
+
+@pytest.mark.peer("ANATOMY_AUTOCIRCUIT_PYTHON")
+def test_beside_auto_circuit_acdc_keeps_the_same_edges():
+    row = acdc_side_by_side(Settings(quick=True, repeats=1))
+    assert "the same edges" in " ".join(row.notes)

@@ -33,7 +33,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ...analysis.attribution import on_path, riemann
 from ...analysis.inputs import Batch
+from ...analysis.patching import first_order
 from ...analysis.result import Result
 from ...attention import attention_scores, attention_weights, repeat_kv
 from ... import masks
@@ -141,8 +143,8 @@ def _chunk(model, task, rows, points, kind, method, steps, saes, tick) -> torch.
     layers = model.config.n_layers
     gates = list(range(layers)) if method == "atp*" else []
     totals = None
-    for k in range(1, steps + 1):
-        embed = along(corrupt_values["blocks.0.resid_pre"], clean_values["blocks.0.resid_pre"], k, steps)
+    for alpha, weight in zip(*riemann(steps)):  # the right Riemann sum, k/m for k = 1..m
+        embed = on_path(corrupt_values["blocks.0.resid_pre"], clean_values["blocks.0.resid_pre"], float(alpha))
         grads = _gradients(model, task, rows, clean, names + [n for n in extra if n.endswith("pattern")],
                            embed, saes, gates, tick)
         estimates = []
@@ -150,26 +152,11 @@ def _chunk(model, task, rows, points, kind, method, steps, saes, tick) -> torch.
             if qk:
                 estimates.append(_qk_fixed(model, clean, kind, clean_values, corrupt_values, grad))
             else:
-                estimates.append(torch.stack([_linear(clean_values[n] - corrupt_values[n], grad[n], axis)
+                estimates.append(torch.stack([first_order(clean_values[n] - corrupt_values[n], grad[n], axis)
                                               for n, axis in points]))  # (layers, nodes)
-        step = torch.stack(estimates)  # (1 + gates, layers, nodes)
+        step = torch.stack(estimates) * float(weight)  # (1 + gates, layers, nodes)
         totals = step if totals is None else totals + step
-    return totals / steps
-
-
-def along(start: torch.Tensor, end: torch.Tensor, k: int, steps: int) -> torch.Tensor:
-    """start + k/steps (end - start); exactly `end` at the last step (the clean input itself, not a rounding of it)."""
-    return end if k == steps else start + k / steps * (end - start)
-
-
-def _linear(delta: torch.Tensor, grad: torch.Tensor | None, axis: int | None) -> torch.Tensor:
-    """sum over the pairs and every axis but the node's of delta * grad: [nodes] ([1] for a whole point)."""
-    if grad is None:
-        grad = torch.zeros_like(delta)
-    product = (delta * grad).double()
-    if axis is None:
-        return product.sum()[None]
-    return product.transpose(0, axis).reshape(product.size(axis), -1).sum(1)
+    return totals
 
 
 def _gradients(model, task, rows, batch: Batch, names, embed, saes, gates, tick) -> list[dict]:

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...analysis.decompose import head_writes, mlp_write_point
 from ...analysis.inputs import Batch
-from ...layers import norm_parts
 from ...trace import trace
 from .choices import edge_refusal
 
@@ -117,9 +117,8 @@ class ResidualGraph:
         return f"blocks.{layer}.resid_pre"
 
     def mlp_write_point(self, layer: int) -> str:
-        """The point whose value the block adds to the stream for its MLP: its output, or its output norm's."""
-        block = self.model.blocks[layer]
-        return f"blocks.{layer}.mlp_out_norm.out" if hasattr(block, "mlp_out_norm") else f"blocks.{layer}.mlp.out"
+        """The point whose value the block adds to the stream for its MLP (analysis.decompose.mlp_write_point)."""
+        return mlp_write_point(self.model.blocks[layer], f"blocks.{layer}.")
 
     def source_values(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """[U, B, T, E]: every source's output in one pass (no gradient)."""
@@ -127,16 +126,23 @@ class ResidualGraph:
 
     def source_run(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(every source's output [U, B, T, E], the last position's logits [B, vocab]) of one pass, no gradient."""
+        outputs, logits, _ = self.recorded_run(model, batch, [])
+        return outputs, logits
+
+    def recorded_run(self, model: nn.Module, batch: Batch, points: list[str]
+                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """source_run's (outputs [U, B, T, E], logits [B, vocab]) and {point: value} of `points`, from the same
+        pass."""
         names = ["blocks.0.resid_pre"] + [name for l in range(self.n_layers)
                                           for name in (f"blocks.{l}.attn.head_out", self.mlp_write_point(l))]
-        with torch.no_grad(), trace(model, names) as t:
+        with torch.no_grad(), trace(model, sorted(set(names + points))) as t:
             logits = batch.last_logits(model)[:, 0]  # (B, vocab)
         outputs = [t["blocks.0.resid_pre"][None]]
         for layer, block in enumerate(self.model.blocks):
             writes = head_writes(block, t[f"blocks.{layer}.attn.head_out"])  # (B, T, H, E)
             outputs.append(writes.permute(2, 0, 1, 3))  # (B, T, H, E) -> (H, B, T, E)
             outputs.append(t[self.mlp_write_point(layer)][None])
-        return torch.cat(outputs), logits  # (U, B, T, E), (B, vocab)
+        return torch.cat(outputs), logits, {point: t[point] for point in points}  # (U, B, T, E), (B, vocab)
 
     # ---- gradients at every destination's own input -----------------------------------------------
 
@@ -253,20 +259,6 @@ def _mixing(graph: ResidualGraph, mix: tuple[torch.Tensor, float], interventions
 def attention_norm(block: nn.Module):
     """The norm the block's attention reads the stream through (the identity where it has none: OLMo 2)."""
     return getattr(block, "attn_norm", None) or (lambda x: x)
-
-
-def head_writes(block: nn.Module, head_out: torch.Tensor) -> torch.Tensor:
-    """[B, T, H, E]: what each head adds to the stream, from its output head_out [B, T, H, E]: itself, or through
-    the norm on the attention's output (sandwich, post-sublayer) with the norm's scale frozen at this run's,
-    centre(head_out_h) s g, so that the heads' writes and the norm of the output bias sum to the norm's output."""
-    norm = getattr(block, "attn_out_norm", None)
-    if norm is None:
-        return head_out
-    bias = block.attn.o_proj.bias
-    total = head_out.sum(2) + (0 if bias is None else bias)  # (B, T, E): the attention's output
-    parts = norm_parts(norm, total)
-    centred = head_out - head_out.mean(-1, keepdim=True) if parts.centred else head_out
-    return (centred * parts.scale[..., None, None] * parts.gain).to(head_out.dtype)
 
 
 def _reader_gradient(block: nn.Module, which: str, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:

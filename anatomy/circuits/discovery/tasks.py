@@ -100,6 +100,14 @@ class Task:
     def __len__(self) -> int:
         return self.clean.size(0)
 
+    def __repr__(self) -> str:
+        """Task('ioi', 100 pairs of 14–19 tokens, metric logit_difference, 3 dropped): what it holds, no tensors."""
+        low, high = int(self.lengths.min()), int(self.lengths.max())
+        tokens = f"{low}" if low == high else f"{low}–{high}"
+        metric = getattr(self.metric, "__name__", type(self.metric).__name__)
+        return (f"Task({self.name!r}, {len(self)} pairs of {tokens} tokens, metric {metric}"
+                + (f", {self.dropped} dropped" if self.dropped else "") + ")")
+
     def batches(self, size: int) -> list[range]:
         """The rows in consecutive chunks of at most `size` pairs."""
         return [range(start, min(start + size, len(self))) for start in range(0, len(self), size)]
