@@ -5,8 +5,8 @@
 # at the least-squares map from input to output (Paulo et al. 2025), the encoder at a tenth of its norm;
 # Adam (0.9, 0.999), lr 4e-3, 50 warmup steps, cosine decay to 0; batches of 1024 tokens, 600 steps
 # (0.61M tokens, about 0.8 of an epoch); AuxK on features silent for 250k tokens.
-# Why these: 40 minutes of 2 idle cores train about 0.6M tokens through all 30 layers (harvest and training cost
-# about the same: 265 tokens/s and 265 rows/s with one thread on the shared machine, `anatomy bench --only
+# Why these: 49 minutes of 2 shared cores (measured; BENCHMARKS.md) train about 0.6M tokens through all 30
+# layers (harvest and training cost about the same: 265 tokens/s and 265 rows/s with one thread on the shared machine, `anatomy bench --only
 # sae`). Measured on layers 2, 14, 26 (150 and 300 steps of 1024; FVE of the MLP output on held-out
 # Shakespeare): the linear path alone explains 0.36 / 0.62 / 0.49; features started at full strength added
 # nothing in 150 steps, started small 0.05-0.10; lr 4e-3 gave 0.67 / 0.76 / 0.70 after 300 steps (7e-4:
@@ -20,7 +20,7 @@
 # transcoders spliced in at once, the CE loss recovered without and with error terms, against zero and
 # mean ablation), transcoders.png, and heldout.txt.
 # usage: recipes/transcoders_smollm2.sh [OUT_DIR] [extra `anatomy sae train-transcoders` arguments...]
-#        THREADS=2 by default (the full run: about 40 minutes on 2 idle cores, 4.7 GB at most); BUFFER=1 (GiB).
+#        THREADS=2 by default (the full run: 49 minutes measured on 2 shared cores, 4.7 GB at most); BUFFER=1 (GiB).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the repository; the data lives beside it in ../shared/data
 DATA_DIR=${DATA_DIR:-$ROOT/../shared/data}
