@@ -38,7 +38,7 @@ class KVCache:
 
     @classmethod
     def holding(cls, keys: list, values: list, capacity: int) -> "KVCache":
-        """A cache whose first P positions are given: keys[l], values[l] [B, K, P, D] per layer (None for a
+        """A cache whose first P positions are given: `keys[l]`, `values[l]` of shape (B, K, P, D) per layer (None for a
         layer that will not run); a pass on it reads them as the past and appends after them (a patched
         run that starts where it first differs from a cached one: analysis.runs)."""
         lengths = {k.size(2) for k in keys if k is not None}
