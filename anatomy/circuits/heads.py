@@ -28,9 +28,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attribute import active_features, check_fits, errors_of, prompt_ids
+from .attribute import check_fits, prompt_ids
 from .graph import Graph, Node
 from .replacement import Replacement
+from .vectors import errors_of, read_features
 
 
 @dataclass
@@ -90,7 +91,7 @@ def target_gradients(rep: Replacement, target: Node) -> tuple[int, torch.Tensor,
     T, L, E = len(rep.ids), rep.n_layers, rep.embed.size(1)
     g = torch.zeros(T, E)
     if target.kind == "logit":
-        vector = rep.unembed[target.index] - rep.unembed.mean(dim=0)
+        vector = rep.logit_vectors(torch.tensor([target.index]))[0]
         g[T - 1] = rep.final_norm.transpose_at(vector[None], T - 1)[0]
         read_layer = L
     else:
@@ -145,8 +146,8 @@ def source_writes(rep: Replacement, source: Node, T: int) -> list[tuple[int, tor
     if source.kind == "token":
         return [(-1, rep.embed[source.column], source.column)]
     if source.kind == "error":
-        active = active_features(rep)
-        return [(source.layer, errors_of(rep, active, T)[source.layer, source.column], source.column)]
+        active, vectors = read_features(rep)
+        return [(source.layer, errors_of(rep, active, vectors)[source.layer, source.column], source.column)]
     if source.kind == "feature":
         rows = rep.transcoders.decoder_vectors(source.layer)[source.index].detach().float() * source.value  # (O, E)
         return [(source.layer + j, rows[j], source.column) for j in range(rows.size(0))]

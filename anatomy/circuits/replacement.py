@@ -90,10 +90,11 @@ class FrozenNorm:
         y = x * (self.scale[: x.size(0), None] * self.gain)
         return y + self.bias if constant and self.bias is not None else y
 
-    def transpose_at(self, g: torch.Tensor, position: int) -> torch.Tensor:
-        """[k, E] reading vectors at one position -> their gradients there, g s[q] gain, centred for a LayerNorm
-        (the centring is its own transpose)."""
-        g = g * (self.scale[position] * self.gain)
+    def transpose_at(self, g: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+        """[k, E] reading vectors at one position (or each at its own, position [k]) -> their gradients there,
+        g s[q] gain, centred for a LayerNorm (the centring is its own transpose)."""
+        scale = self.scale[position]
+        g = g * ((scale[:, None] if scale.dim() else scale) * self.gain)
         return g - g.mean(dim=-1, keepdim=True) if self.centred else g
 
 
@@ -142,7 +143,6 @@ class FrozenSublayer:
         self.attention = FrozenAttention(attention, pattern)
         w_back = self.attention.w_v * self.norm.gain  # (K*D, E)
         self.w_back = w_back - w_back.mean(dim=1, keepdim=True) if self.norm.centred else w_back
-        self._mixing: dict[int, torch.Tensor] = {}
 
     def forward(self, x: torch.Tensor, constant: bool = True) -> torch.Tensor:
         """[T, E] (positions 0 ..) -> [T, E]: attn(norm(x)); constant=False leaves every bias out."""
@@ -162,21 +162,21 @@ class FrozenSublayer:
 
     def mixing(self, P: int) -> torch.Tensor:
         """[K, keys, group P]: A_h[p, q] for key q, laid out so that one product sums a group's heads and
-        queries 1 .. P (kept per P: the prompt's positions are few)."""
-        if P not in self._mixing:
-            a = self.attention
-            pattern = a.pattern[:, 1:P + 1, :P + 1].transpose(1, 2)  # (H, keys, P)
-            self._mixing[P] = pattern.reshape(a.n_kv, a.group, P + 1, P).permute(0, 2, 1, 3).reshape(a.n_kv, P + 1, a.group * P)
-        return self._mixing[P]
+        queries 1 .. P (made for each call, not kept: a long prompt has many P, each P^2 H floats)."""
+        a = self.attention
+        pattern = a.pattern[:, 1:P + 1, :P + 1].transpose(1, 2)  # (H, keys, P)
+        return pattern.reshape(a.n_kv, a.group, P + 1, P).permute(0, 2, 1, 3).reshape(a.n_kv, P + 1, a.group * P)
 
-    def add_transpose_at(self, g: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-        """add_transpose for rows whose gradient is still at their own position P alone (they joined at
-        this layer): W_o is applied there only."""
+    def add_transpose_at(self, g: torch.Tensor, image: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """add_transpose for rows whose gradient is still at their own position alone (they joined at this
+        layer): P for every row, or positions [r] (1 .. P) one each; W_o is applied there only."""
         a = self.attention
         r, P, E = g.shape
         H, K, D, keys = a.n_heads, a.n_kv, a.d_head, P + 1
-        u = (g[:, P - 1] @ a.w_o).view(r, H, D)  # (r, H, D)
-        mixed = torch.einsum("hq,rhd->hqrd", a.pattern[:, P, :keys], u)  # (H, keys, r, D)
+        if positions is None:
+            positions = torch.full((r,), P, device=g.device)
+        u = (g[torch.arange(r, device=g.device), positions - 1] @ a.w_o).view(r, H, D)  # (r, H, D)
+        mixed = torch.einsum("hrq,rhd->hqrd", a.pattern[:, positions, :keys], u)  # (H, keys, r, D)
         mixed = mixed.reshape(K, a.group, keys, r, D).sum(dim=1)  # (K, keys, r, D)
         return self.add_keys(g, mixed, image)
 
@@ -185,7 +185,7 @@ class FrozenSublayer:
         r, P, E = g.shape
         K, _, _, D = mixed.shape
         scale = self.norm.scale
-        dv = torch.empty(r, P, K, D)
+        dv = torch.empty(r, P, K, D, device=g.device)
         torch.mul(mixed[:, 1:].permute(2, 1, 0, 3), scale[1:P + 1].view(1, P, 1, 1), out=dv)  # (r, P, K, D)
         g.view(r * P, E).addmm_(dv.view(r * P, K * D), self.w_back)
         first = mixed[:, 0].permute(1, 0, 2).reshape(r, K * D) * scale[0]  # (r, K*D)
@@ -206,14 +206,14 @@ class Replacement:
     def __init__(self, model: nn.Module, transcoders, ids: torch.Tensor):
         self.model, self.transcoders = model, transcoders
         self.n_layers = model.config.n_layers
-        self.ids = ids
+        self.ids = ids.to(next(model.parameters()).device)
         self.input_points = [transcoders.input_point(layer) for layer in range(self.n_layers)]
         names = ["embed", "blocks.*.resid_pre", "blocks.*.resid_mid", "blocks.*.attn.pattern", "blocks.*.mlp.out",
                  "blocks.*.mlp_norm.out", f"blocks.{self.n_layers - 1}.resid_post", "logits"]
         if model.config.pos_encoding in ("learned", "sinusoidal"):
             names.append("pos_embed")
         with torch.no_grad(), trace(model, names) as t:
-            model(ids[None])
+            model(self.ids[None])
         self.trace = t
         blocks = model.blocks
         self.embed = t["embed"][0].float()  # (T, E)
@@ -225,20 +225,30 @@ class Replacement:
         self.inputs = [t[point][0].float() for point in self.input_points]  # (T, E) each
         self.outputs = [t[f"blocks.{l}.mlp.out"][0].float() for l in range(self.n_layers)]
         self.logits = t["logits"][0, -1].float()  # (V,)
-        self.unembed = model.lm_head.proj.weight.detach().float()  # (V, E)
-        self.skips = [None if transcoders.skip(l) is None else transcoders.skip(l).detach().float() for l in range(self.n_layers)]
+        self.unembed = model.lm_head.proj.weight.detach()  # (V, E), as the model holds it (logit_vectors reads it)
+        self.device = self.embed.device
+        self.skips = [None if transcoders.skip(l) is None else transcoders.skip(l).detach().float().to(self.device)
+                      for l in range(self.n_layers)]
         # a skip's transpose with the MLP norm's gain and centring folded in, as the sublayers fold theirs
         self.skips_back = [None if skip is None else self.folded_input_transpose(l, skip.T) for l, skip in enumerate(self.skips)]
         bias = model.lm_head.proj.bias
         self.unembed_bias = None if bias is None else bias.detach().float()
+
+    def logit_vectors(self, ids: torch.Tensor, block: int = 16384) -> torch.Tensor:
+        """[k, E]: u_id - mean_v u_v for each id, in float32 (a logit demeaned over the vocabulary, as
+        circuit-tracer reads it); the mean a block of rows at a time, so that no float copy of a large
+        unembedding (256k x 2304) is made."""
+        V = self.unembed.size(0)
+        mean = sum(self.unembed[start:start + block].float().sum(dim=0) for start in range(0, V, block)) / V  # (E,)
+        return self.unembed[ids.to(self.device)].float() - mean
 
     # ---- the transcoder's input point, as a map from the residual stream (resid_mid) ---------------
     def reads_normed(self, layer: int) -> bool:
         """Whether layer's transcoder reads the MLP's normed input (else resid_mid itself)."""
         return self.input_points[layer].endswith("mlp_norm.out")
 
-    def input_transpose_at(self, layer: int, g: torch.Tensor, position: int) -> torch.Tensor:
-        """[k, E] reading vectors at the transcoder's input, at one position -> gradients at resid_mid."""
+    def input_transpose_at(self, layer: int, g: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+        """[k, E] reading vectors at the transcoder's input, at one position (or position [k]) -> gradients at resid_mid."""
         return self.mlp_norms[layer].transpose_at(g, position) if self.reads_normed(layer) else g
 
     def input_forward(self, layer: int, resid_mid: torch.Tensor, constant: bool = True) -> torch.Tensor:

@@ -1,137 +1,181 @@
-"""The direct effects of a graph, every row at once: one sweep down the layers of the local replacement.
+"""The direct effects of target rows: a bucket of rows carried down the layers of the local replacement together.
 
-Shape letters: T positions, E d_model, F transcoder features, N nodes, R rows (targets) at one position,
-P = p the positions 1 .. p a row at position p carries.
+Shape letters: T positions, E d_model, r rows swept together, P the positions they reach (1 .. P), J the most
+sources at one position of a layer (its error, then its features), W the nodes below the highest row.
 
-circuit-tracer computes the rows by batched backward passes of the whole model through autograd, one
-batch of rows at a time, each from its row's layer. Here the map is written out (replacement.py's
-transposes) and all rows travel down the layers together in one sweep, each carrying only the positions
-it can reach (its own and earlier ones: the mask is causal), rows joining at their own layer:
+circuit-tracer computes rows by batched backward passes of the whole model through autograd, each batch from
+the top. Here the map is written out (replacement.py's transposes) and a bucket of rows travels down the
+layers together, each row joining at its own layer and carrying the positions 1 .. P (a row at p < P carries
+zeros beyond p, and they stay zero: the mask is causal):
 
     for layer L = n-1 ... 0:
-        project every row's gradient at L's MLP output on the vectors written there   -> A[rows, sources at L]
+        project the rows' gradients at L's MLP output on the vectors written there        -> A[rows, sources at L]
         back through the transcoder's skip (if it has one)
-        rows of the features at layer L join, their encoder vectors at the MLP's input
+        the rows of the features of layer L join, their encoder vectors at the MLP's input
         back through L's attention, patterns and norm scales frozen
-    project on the token embeddings                                                    -> A[rows, tokens]
+    project on the token embeddings                                                     -> A[rows, tokens]
+
+Position 0 is not carried: only the first token's node writes there, so what attention sends back to it at
+layer l meets that token's image at resid_pre(l) (its embedding carried up the first position), and the
+product is that edge's share, added up over the layers.
+
+A bucket is rows of nearby positions (`buckets`): the whole graph sweeps each position's rows together; a
+capped graph, each batch of rows its ranking chose (capped.py).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from .layout import Active, Layout
 from .replacement import Replacement
+from .vectors import Vectors, written
+
+GRADIENT_BYTES = 256 * 2**20  # a bucket's gradients [r, P, E] at most: its temporaries are about as large again
+OUT_BYTES = 256 * 2**20  # a bucket's output rows [r, W] at most
+KEEP_SOURCES_BYTES = 256 * 2**20  # every layer's padded sources kept between buckets when they take no more
+
+
+@dataclass
+class Rows:
+    """Targets: layer [r] (n_layers for a logit), position [r], reading [r, E] (a feature's encoder vector at its
+    transcoder's input, or a logit's demeaned unembedding at the final norm's output)."""
+
+    layer: torch.Tensor
+    position: torch.Tensor
+    reading: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.layer)
+
+    def __getitem__(self, index) -> "Rows":
+        return Rows(self.layer[index], self.position[index], self.reading[index])
+
+
+def feature_rows(active: Active, vectors: Vectors, index: torch.Tensor) -> Rows:
+    """The rows of the active features `index` (into Active's arrays): each reads its encoder vector."""
+    layer = active.layer[index]
+    reading = torch.empty(len(index), vectors.reading[0].size(1), device=layer.device)
+    for l in layer.unique().tolist():
+        here = (layer == l).nonzero().flatten()
+        reading[here] = vectors.reading[l][vectors.slot[l][index[here] - active.span(l)[0]]]
+    return Rows(layer, active.position[index], reading)
 
 
 class Sources:
-    """The vectors written at each layer's MLP output, by position: the activation-scaled decoder rows of the
-    features that write there (a CLT's earlier layers too) and the error, with their node columns."""
+    """What is written at each layer's MLP output, by position: at(layer, P) -> (vectors [P, J, E], their node
+    columns [P, J], -1 for padding) for positions 1 .. P; slot 0 is the position's error, then the features of
+    every layer that writes there (a CLT's earlier layers too), a_i W_dec[i] each. first_images: what the first
+    token's embedding has become at each layer's input (replacement.first_position_images)."""
 
-    def __init__(self, rep: Replacement, active: Active, where: Layout, errors: torch.Tensor):
-        self.by_layer: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-        transcoders = rep.transcoders
-        for layer in range(rep.n_layers):
-            at_layer = []
-            for q in range(where.n_tokens):
-                vectors, columns = [], []
-                for source in transcoders.writers(layer):
-                    nodes, chosen = where.features(source, q)
-                    if nodes.stop > nodes.start:
-                        rows = transcoders.decoder_vectors(source)[active.feature[chosen], layer - source]  # (n, E)
-                        vectors.append(rows.detach().float() * active.activation[chosen, None])
-                        columns.append(torch.arange(nodes.start, nodes.stop))
-                vectors.append(errors[layer, q][None])
-                columns.append(torch.tensor([where.error_start[layer] + q]))
-                at_layer.append((torch.cat(vectors), torch.cat(columns)))
-            self.by_layer.append(at_layer)
+    def __init__(self, rep: Replacement, active: Active, where: Layout, vectors: Vectors, errors: torch.Tensor):
+        self.rep, self.active, self.where, self.vectors, self.errors = rep, active, where, vectors, errors
+        self.first_images = rep.first_position_images()
+        T, E = rep.embed.shape
+        widest = max((int(offsets.diff().max()) for offsets in where.feature_offsets), default=0)
+        writers = max(len(rep.transcoders.writers(layer)) for layer in range(rep.n_layers))
+        bound = rep.n_layers * T * (1 + writers * widest) * E * 4
+        self.kept = {} if bound <= KEEP_SOURCES_BYTES else None
+
+    def at(self, layer: int, P: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kept is None:
+            return self.build(layer, P)
+        if layer not in self.kept:
+            self.kept[layer] = self.build(layer, self.where.n_tokens - 1)
+        vectors, columns = self.kept[layer]
+        return vectors[:P], columns[:P]
+
+    def build(self, layer: int, P: int) -> tuple[torch.Tensor, torch.Tensor]:
+        active, where, device = self.active, self.where, self.rep.device
+        positions, vectors, columns = [], [], []
+        for source in self.rep.transcoders.writers(layer):
+            start = active.span(source)[0]
+            stop = start + int(where.feature_offsets[source][P + 1])  # its features at positions up to P
+            positions.append(active.position[start:stop])
+            vectors.append(written(active, self.vectors, source, layer, start, stop))
+            columns.append(torch.arange(where.feature_start[source], where.feature_start[source] + stop - start, device=device))
+        position = torch.cat(positions)
+        order = torch.argsort(position, stable=True)
+        position = position[order]
+        counts = torch.bincount(position, minlength=P + 1)  # (P + 1,): none at position 0
+        slot = 1 + torch.arange(len(position), device=device) - (counts.cumsum(0) - counts)[position]
+        J = 1 + int(counts.max()) if len(position) else 1
+        padded = torch.zeros(P, J, self.rep.embed.size(1), device=device)
+        padded[position - 1, slot] = torch.cat(vectors)[order]
+        padded[:, 0] = self.errors[layer, 1:P + 1]
+        column = torch.full((P, J), -1, dtype=torch.long, device=device)
+        column[position - 1, slot] = torch.cat(columns)[order]
+        column[:, 0] = where.error_start[layer] + torch.arange(1, P + 1, device=device)
+        return padded, column
 
 
-def errors_of(rep: Replacement, active: Active, T: int) -> torch.Tensor:
-    """[L, T, E]: each MLP's output minus what the transcoders write there (position 0's left at 0: no node)."""
-    transcoders = rep.transcoders
-    features = []
-    for layer in range(rep.n_layers):
-        f = torch.zeros(T, transcoders.d_transcoder)
-        chosen = active.layer == layer
-        f[active.position[chosen], active.feature[chosen]] = active.activation[chosen]
-        features.append(f)
-    errors = torch.stack([rep.outputs[layer] - transcoders.reconstruct(layer, features, rep.inputs).detach().float()
-                          for layer in range(rep.n_layers)])  # (L, T, E)
-    errors[:, 0] = 0
-    return errors
+def buckets(position: torch.Tensor, layer: torch.Tensor, d_model: int, slack: float = 1.0,
+            row_bytes: int = 0) -> list[torch.Tensor]:
+    """Groups of row indices to sweep together, each sorted by layer, highest first: rows by position, highest
+    first, a group closed where the next row's position falls below slack x the group's first (slack 1: one
+    position a group), or where its gradients [r, P, E] would pass GRADIENT_BYTES or its output rows (row_bytes
+    each) OUT_BYTES."""
+    order = torch.argsort(position, descending=True, stable=True).tolist()
+    positions = position.tolist()
+    groups, current, P = [], [], 0
+    for i in order:
+        full = (len(current) + 1) * P * d_model * 4 > GRADIENT_BYTES or (len(current) + 1) * row_bytes > OUT_BYTES
+        if current and (positions[i] < slack * P or full):
+            groups.append(current)
+            current = []
+        if not current:
+            P = positions[i]
+        current.append(i)
+    if current:
+        groups.append(current)
+    result = []
+    for group in groups:
+        index = torch.tensor(group, device=position.device)
+        result.append(index[torch.argsort(layer[index], descending=True, stable=True)])
+    return result
 
 
-ROW_CHUNK = 512  # rows carried back through one attention at a time: bounds the temporaries (512 x P x E floats)
+def width(where: Layout, rows: Rows, n_layers: int) -> int:
+    """W: the nodes below the highest of the rows (a logit: every node but the logits)."""
+    top = int(rows.layer.max())
+    return where.logit_start if top >= n_layers else where.feature_start[top]
 
 
-def sweep(rep: Replacement, active: Active, where: Layout, sources: Sources, logit_vectors: torch.Tensor,
-          adjacency: torch.Tensor, progress=None) -> None:
-    """Fill adjacency's target rows (features, logits) with every direct effect, in one sweep down the layers
-    (module docstring).
+def sweep(rep: Replacement, sources: Sources, rows: Rows, out: torch.Tensor, progress=None) -> None:
+    """Add to out [r, W] (W >= width(rows)) each row's direct effect on every node below it (module docstring).
 
-    The rows at position p carry their gradients at positions 1 .. p: grads[p] [R_p, p, E], joining at their
-    own layer (in order: logits, then the features of layer L-1, ..., 0, so that the rows joined so far are
-    the first ones). Position 0 is not carried: only the first token's node writes there, so what attention
-    sends back to it at layer l meets that token's image at resid_pre(l) (its embedding carried up the first
-    position), and the product is that edge's share, added up over the layers."""
-    T, L, E = where.n_tokens, rep.n_layers, rep.embed.size(1)
-    n_logits = logit_vectors.size(0)
-    row_nodes = [torch.zeros(0, dtype=torch.long)]  # per position: the rows' node indices, in joining order
-    for p in range(1, T):
-        nodes = [torch.arange(where.logit_start, where.logit_start + n_logits)] if p == T - 1 else []
-        nodes += [torch.arange(where.features(layer, p)[0].start, where.features(layer, p)[0].stop)
-                  for layer in reversed(range(L))]
-        row_nodes.append(torch.cat(nodes))
-    grads = [torch.zeros(0)] + [torch.zeros(len(row_nodes[p]), p, E) for p in range(1, T)]  # (R_p, p, E)
-    joined = [0] * T
-    grads[T - 1][:n_logits, T - 2] = rep.final_norm.transpose_at(logit_vectors, T - 1)
-    joined[T - 1] = n_logits
-    first_images = rep.first_position_images()
-    to_first_token = torch.zeros(where.total)  # each row's edge from the first token, summed over layers
-    encoders = [rep.transcoders.layers[layer].W_enc.detach().float() for layer in range(L)]  # (E, F) each
-
-    for layer in reversed(range(L)):
-        for q in range(1, T):  # every row that reaches position q, against what is written there
-            vectors, columns = sources.by_layer[layer][q]
-            groups = [p for p in range(q, T) if joined[p]]
-            if not groups:
-                continue
-            edges = torch.empty(sum(joined[p] for p in groups), len(columns))
-            start = 0
-            for p in groups:
-                torch.mm(grads[p][:joined[p], q - 1], vectors.T, out=edges[start:start + joined[p]])
-                start += joined[p]
-            rows = torch.cat([row_nodes[p][:joined[p]] for p in groups])
-            adjacency.index_put_((rows[:, None], columns[None, :]), edges, accumulate=True)
-        before = list(joined)  # the rows that have crossed an attention already; the others join now
-        for p in range(1, T):
-            if joined[p]:
-                rep.add_skip_transpose(layer, grads[p][:joined[p]])
-            chosen = where.features(layer, p)[1]  # the features of this layer join, read at the MLP's input
-            k = chosen.stop - chosen.start
-            if k:
-                reading = encoders[layer][:, active.feature[chosen]].T  # (k, E)
-                grads[p][joined[p]:joined[p] + k, p - 1] = rep.input_transpose_at(layer, reading, p)
-                joined[p] += k
-        sublayer = rep.sublayers[layer]
-        for p in range(1, T):
-            for start in range(0, joined[p], ROW_CHUNK):
-                stop = min(joined[p], start + ROW_CHUNK)
-                split = min(max(before[p], start), stop)  # rows before it crossed an attention; from it, joined now
-                if split > start:
-                    to_first_token[row_nodes[p][start:split]] += sublayer.add_transpose(grads[p][start:split],
-                                                                                        first_images[layer])
-                if stop > split:
-                    to_first_token[row_nodes[p][split:stop]] += sublayer.add_transpose_at(grads[p][split:stop],
-                                                                                          first_images[layer])
+    rows: sorted by layer, highest first (logits first), at positions 1 .. P. progress(): after each layer."""
+    r, P, E, L = len(rows), int(rows.position.max()), rep.embed.size(1), rep.n_layers
+    device = rep.device
+    grads = torch.zeros(r, P, E, device=device)  # each row's gradient at positions 1 .. P
+    joined = int((rows.layer == L).sum())  # the rows carried so far: the logits, then each layer's features
+    logits = torch.arange(joined, device=device)
+    grads[logits, rows.position[:joined] - 1] = rep.final_norm.transpose_at(rows.reading[:joined], rows.position[:joined])
+    to_first_token = torch.zeros(r, device=device)
+    chunk = max(1, GRADIENT_BYTES // (P * E * 4))
+    for layer in reversed(range(L if joined else int(rows.layer.max()) + 1)):
+        if joined:
+            vectors, columns = sources.at(layer, P)
+            edges = torch.bmm(grads[:joined].transpose(0, 1), vectors.transpose(1, 2))  # (P, joined, J)
+            real = columns.flatten() >= 0
+            out[:joined].index_add_(1, columns.flatten()[real], edges.transpose(0, 1).reshape(joined, -1)[:, real])
+            rep.add_skip_transpose(layer, grads[:joined])
+        before = joined  # the rows that have crossed an attention already; the others join now
+        joined += int((rows.layer[joined:] == layer).sum())
+        if joined > before:  # the features of this layer join, read at the MLP's input
+            new = torch.arange(before, joined, device=device)
+            grads[new, rows.position[new] - 1] = rep.input_transpose_at(layer, rows.reading[new], rows.position[new])
+        sublayer, image = rep.sublayers[layer], sources.first_images[layer]
+        for start in range(0, joined, chunk):
+            stop = min(joined, start + chunk)
+            split = min(max(before, start), stop)
+            if split > start:
+                to_first_token[start:split] += sublayer.add_transpose(grads[start:split], image)
+            if stop > split:
+                to_first_token[split:stop] += sublayer.add_transpose_at(grads[split:stop], image, rows.position[split:stop])
         if progress is not None:
-            progress(L - layer, L + 1)
-    for p in range(1, T):
-        if joined[p]:
-            rows = row_nodes[p][:joined[p]]
-            at_embeddings = (grads[p][:joined[p]] * rep.embed[1:p + 1]).sum(-1)  # (R, p)
-            adjacency[rows[:, None], torch.arange(1, p + 1)[None, :]] = at_embeddings
-            adjacency[rows, 0] = to_first_token[rows]
-
-
+            progress()
+    out[:, 1:P + 1] += torch.einsum("rpe,pe->rp", grads, rep.embed[1:P + 1])  # the tokens at positions 1 .. P
+    out[:, 0] += to_first_token

@@ -1,0 +1,96 @@
+"""What a graph will take in memory, said before it is computed, and refused in one line when it cannot fit.
+
+Shape letters: N the whole graph's nodes, n_kept a capped graph's, R the rows a capped graph computes.
+
+    whole graph     adjacency [N, N]                                              4 N^2 bytes
+    capped graph    adjacency [n_kept, n_kept], n_kept = cap + errors + tokens + logits
+                    + the rows held for its ranking, each over the nodes below it (at most [R, N]): in
+                      memory as far as the budget goes, the rest in a temporary file
+                    + the ranking's [R, R] (Â between the rows)
+    both            + a sweep's working set: a bucket's gradients and their temporaries, its output rows,
+                      the sources kept between buckets (sweep.py's constants)
+
+Both are beyond what is loaded already (the model, the transcoders, the prompt's forward pass and the vectors
+the graph gathered): max_bytes is a budget for the graph itself.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from .layout import Layout
+from .sweep import GRADIENT_BYTES, KEEP_SOURCES_BYTES, OUT_BYTES
+
+WORKING_BYTES = 3 * GRADIENT_BYTES + OUT_BYTES + KEEP_SOURCES_BYTES
+
+
+@dataclass
+class Plan:
+    """Bytes: adjacency (the graph's matrix), ranking (the capped ranking's [R, R]), rows (the rows held, at most),
+    working (a sweep's), rows_in_memory (what the rows may take in memory; the rest goes to a file)."""
+
+    nodes: int
+    adjacency: int
+    ranking: int
+    rows: int
+    working: int
+    rows_in_memory: int
+
+    @property
+    def in_memory(self) -> int:
+        return self.adjacency + self.ranking + self.working + min(self.rows, self.rows_in_memory)
+
+    @property
+    def on_file(self) -> int:
+        return max(0, self.rows - self.rows_in_memory)
+
+    def describe(self) -> str:
+        """One line: what it needs, where."""
+        gib = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
+        file = f", {gib(self.on_file)} of rows in a temporary file" if self.on_file else ""
+        return f"{gib(self.in_memory)} in memory (the adjacency {gib(self.adjacency)}){file}"
+
+
+def plan(where: Layout, max_features: int | None, room: int) -> Plan:
+    """The memory of the graph of this layout, whole (max_features None) or capped; the rows kept in memory as far
+    as `room` bytes go after the rest."""
+    n_logits = where.total - where.logit_start
+    n_features = where.logit_start - where.n_tokens * (len(where.feature_start) + 1)
+    if max_features is None or max_features >= n_features:
+        return Plan(where.total, 4 * where.total ** 2, 0, 0, WORKING_BYTES, 0)
+    kept = where.total - n_features + max_features
+    rows = max_features + n_logits
+    fixed = 4 * kept ** 2 + 4 * rows ** 2 + WORKING_BYTES
+    return Plan(kept, 4 * kept ** 2, 4 * rows ** 2, 4 * rows * where.logit_start, WORKING_BYTES, max(0, room - fixed))
+
+
+def room(max_bytes: int | None) -> int:
+    """Bytes the graph may take: the memory available, or max_bytes if less."""
+    from ..checkpoints.memory import available_memory
+
+    available = available_memory()
+    return available if max_bytes is None else min(max_bytes, available)
+
+
+def check_room(where: Layout, max_features: int | None, max_bytes: int | None, folder: str | None = None) -> Plan:
+    """The plan of this graph (`plan`), or ValueError in one line when it does not fit the memory available (or
+    max_bytes), or its rows do not fit the free space of the temporary folder."""
+    budget = room(max_bytes)
+    needs = plan(where, max_features, budget)
+    whose = "are available" if max_bytes is None or max_bytes > budget else "is the budget (--max-memory)"
+    if needs.in_memory > budget:
+        capped = needs.ranking > 0
+        raise ValueError(
+            f"this graph of {needs.nodes:,} nodes ({'capped at ' + format(max_features, ',') + ' features, ' if capped else ''}"
+            f"{where.n_tokens} positions) needs {needs.in_memory / 2**30:.1f} GiB, and {budget / 2**30:.1f} GiB {whose}; "
+            + ("a lower --max-feature-nodes or a shorter prompt needs less" if capped else
+               "--max-feature-nodes bounds it (the nodes grow with the positions, the memory with their square)"))
+    if needs.on_file:
+        folder = folder or tempfile.gettempdir()
+        free = shutil.disk_usage(folder).free
+        if needs.on_file > free:
+            raise ValueError(f"this graph's rows need {needs.on_file / 2**30:.1f} GiB in a temporary file beyond the "
+                             f"{budget / 2**30:.1f} GiB of memory it may take, and {folder} has {free / 2**30:.1f} GiB free")
+    return needs

@@ -1,0 +1,110 @@
+"""What no node carries, and the identity every attribution graph checks about itself.
+
+Shape letters: T positions, E d_model, N nodes, n active features, k logits, R the rows a capped graph holds.
+
+Each target's value (a feature's pre-activation, a demeaned logit) is linear in what the nodes write, plus
+what none of them carries: positional embeddings, biases (attention's, the norms', b_dec, b_enc), a skip's
+share of them, and everything the first position writes (its features and errors are no nodes, as in
+circuit-tracer). That rest is the replacement's forward pass with every node switched off, so that
+
+    whole graph     value_t = sum_s A[t, s] + rest_t
+    capped graph    value_t = sum over kept s of A[t, s] + sum over dropped features f of A[t, f] + rest_t
+
+and graph.check states how closely each holds: the largest |difference|, and the largest as a share of the
+sum of the |terms| it adds up. A capped graph also names what its dropped features carry: their share of the
+partial influence on the outputs (capped.py), and of its targets' input.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .layout import Active
+from .replacement import Replacement
+from .vectors import float32_layer
+
+
+def demeaned(bias: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | float:
+    """b[ids] - mean(b): the LM head's bias as a demeaned logit sees it (0 without a bias)."""
+    return 0.0 if bias is None else bias[ids.to(bias.device)] - bias.mean()
+
+
+@torch.no_grad()
+def unexplained(rep: Replacement, active: Active, logit_ids: torch.Tensor,
+                logit_vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """([n] for each active feature, [k] for each logit): what no node carries of its value (module docstring),
+    a layer at a time."""
+    T, device = rep.embed.size(0), rep.device
+    x = rep.trace["pos_embed"][0].float() if "pos_embed" in rep.trace else torch.zeros_like(rep.embed)  # (T, E)
+    features = torch.zeros(len(active.layer), device=device)
+    for layer in range(rep.n_layers):
+        x = x + rep.sublayers[layer].forward(x)
+        read = rep.input_forward(layer, x)  # (T, E)
+        start, stop = active.span(layer)
+        if stop > start:
+            sae = float32_layer(rep.transcoders.layers[layer])
+            pre = sae.pre_activations(read.to(sae.W_enc.device)).float().to(device)  # (T, F)
+            features[start:stop] = pre[active.position[start:stop], active.feature[start:stop]]
+            del sae, pre
+        bias = rep.transcoders.output_bias(layer).detach().float().to(device)
+        out = bias.expand(T, -1).clone()  # (T, E)
+        skip = rep.skips[layer]
+        if skip is not None:
+            out += read @ skip
+        # the first position's whole output, but for the part its skip passes on (a linear path, counted above)
+        first = rep.outputs[layer][0] - bias
+        if skip is not None:
+            first = first - rep.inputs[layer][0] @ skip
+        out[0] += first
+        x = x + out
+    h = rep.final_norm.forward(x)[-1]  # (E,)
+    return features, logit_vectors @ h + demeaned(rep.unembed_bias, logit_ids)
+
+
+def identity_gaps(adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tensor,
+                  block: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """(|value - row sum - rest|, sum of the |terms| added up) for every target (values not NaN), a block of
+    rows at a time (torch's float32 sums are cascaded: about 1e-7 of the terms, far below the check's 1e-4)."""
+    differences, terms = [], []
+    for start in range(0, adjacency.size(0), block):
+        rows = adjacency[start:start + block]  # (b, N)
+        value, other = values[start:start + block].double(), rest[start:start + block].double()
+        differences.append((value - rows.sum(1).double() - other).abs())
+        terms.append(rows.abs().sum(1).double() + other.abs())
+    targets = ~values.isnan()
+    return torch.cat(differences)[targets], torch.cat(terms)[targets]
+
+
+def whole_check(adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tensor) -> tuple[str, float]:
+    """(the check line, the largest relative difference) of a whole graph."""
+    differences, terms = identity_gaps(adjacency, values, rest)
+    error = float((differences / terms.clamp(min=1e-30)).max())
+    return (f"every feature's pre-activation and every target logit = its edges + what no node carries: "
+            f"max |diff| {float(differences.max()):.2g}, at most {error:.2g} of the terms it sums"), error
+
+
+def capped_check(adjacency: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, rest: torch.Tensor,
+                 totals: torch.Tensor, absolute: torch.Tensor, feature_influence: torch.Tensor, chosen: torch.Tensor,
+                 influence: torch.Tensor) -> tuple[str, float, torch.Tensor, torch.Tensor]:
+    """(check line, largest relative difference, values [n_kept], unexplained [n_kept]) of a capped graph.
+
+    targets [R]: the kept node of each row held; values, rest, totals (its sum over every source), absolute
+    (its sum of |A|): [R] each. The graph's unexplained part of a target is rest + what its dropped features
+    carry, so that values = adjacency.sum(1) + unexplained holds on it as on a whole graph."""
+    kept = adjacency[targets]  # (R, n_kept)
+    dropped = totals - kept.sum(1)
+    differences = (values.double() - totals.double() - rest.double()).abs()
+    terms = absolute.double() + rest.abs().double()
+    error = float((differences / terms.clamp(min=1e-30)).max())
+    n_kept = adjacency.size(0)
+    all_values = torch.full((n_kept,), float("nan"), device=adjacency.device)
+    all_rest = torch.zeros(n_kept, device=adjacency.device)
+    all_values[targets], all_rest[targets] = values, rest + dropped
+    dropped_influence = float(feature_influence[~chosen].sum() / influence.sum().clamp(min=1e-30))
+    dropped_input = float((absolute - kept.abs().sum(1)).sum() / absolute.sum().clamp(min=1e-30))
+    n, m = len(chosen), int(chosen.sum())
+    check = (f"every target held ({m:,} of the {n:,} active features, chosen by influence, and the logits) = its "
+             f"edges + the dropped features' + what no node carries: max |diff| {float(differences.max()):.2g}, at "
+             f"most {error:.2g} of the terms it sums; the {n - m:,} features dropped hold {dropped_influence:.1%} of "
+             f"the partial influence on the outputs and {dropped_input:.1%} of the held targets' input")
+    return check, error, all_values, all_rest
