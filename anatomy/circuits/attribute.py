@@ -162,7 +162,7 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     logit_ids, probs = logit_targets(rep.logits, max_logits, logit_probability)
     where = layout(active, L, T, len(logit_ids))
     capped = max_feature_nodes is not None and max_feature_nodes < len(active.layer)
-    needs = check_room(where, max_feature_nodes if capped else None, max_bytes)
+    needs = check_room(where, rep.embed.size(1), max_feature_nodes if capped else None, batch_size, max_bytes)
     logit_rows = Rows(torch.full_like(logit_ids, L), torch.full_like(logit_ids, T - 1), rep.logit_vectors(logit_ids))
     sources = Sources(rep, active, where, vectors, errors_of(rep, active, vectors))
     feature_rest, logit_rest = unexplained(rep, active, logit_ids, logit_rows.reading)
@@ -208,14 +208,17 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
 def finish(rep: Replacement, model: nn.Module, prompt, transcoders, active: Active, where: Layout, logit_ids: torch.Tensor,
            probs: torch.Tensor, adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tensor, check: str,
            error: float, needs: Plan, file_bytes: int, **meta) -> Graph:
-    """The Graph: its nodes named, its labels, what it explains, and what it took."""
+    """The Graph, on the CPU (a graph is data; it was computed where the model is): its nodes named, its labels,
+    what it explains, and what it took."""
     ids = rep.ids.cpu()
     tokenizer = getattr(model, "tokenizer", None)
     labels = tokenizer.labels(ids.tolist()) if tokenizer else [str(i) for i in ids.tolist()]
     logit_labels = tokenizer.labels(logit_ids.tolist()) if tokenizer else [str(i) for i in logit_ids.tolist()]
     nodes = build_nodes(rep, active, where, logit_ids, probs, labels, logit_labels)
-    weights = torch.zeros(where.total, device=adjacency.device)
-    weights[where.logit_start:] = probs.to(adjacency.device)
+    cpu = torch.device("cpu")
+    adjacency, values, rest = adjacency.to(cpu), values.to(cpu), rest.to(cpu)
+    weights = torch.zeros(where.total, device=cpu)
+    weights[where.logit_start:] = probs.to(cpu)
     text = prompt if isinstance(prompt, str) else (tokenizer.decode(ids.tolist()) if tokenizer else "")
     return Graph(
         nodes, adjacency, labels, rep.n_layers, output_weights=weights, kind="attribution graph",

@@ -23,6 +23,16 @@ from ..cli import (add_device_argument, add_model_argument, add_threads_argument
 
 HANDED_ON = {"discover": "anatomy.circuits.discovery.cli"}  # `anatomy circuits discover ...`, before parsing
 CHANGE = re.compile(r"^(\d+):(\d+)(?:@(\d+))?(?:=(-?[0-9.]+(?:e-?\d+)?))?$")
+POWERS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)i?B?$", re.IGNORECASE)
+
+
+def memory_size(text: str) -> int:
+    """An argparse type: bytes, as 8G, 512M, 1.5GiB or a plain number of bytes (K, M, G, T: powers of 1024)."""
+    match = SIZE.match(text.strip())
+    if not match or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size (e.g. 8G, 512M, 1.5GiB)")
+    return int(float(match.group(1)) * POWERS[match.group(2).upper()])
 
 
 def feature_change(kind: str):
@@ -70,7 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--edge-threshold", type=probability, default=0.98, metavar="P",
                         help="pruning: keep the edges holding this share of the edge influence (default 0.98)")
     parser.add_argument("--max-feature-nodes", type=positive_int, metavar="N",
-                        help="keep only this many features, chosen by partial influence as circuit-tracer does")
+                        help="compute only this many features' rows, chosen by partial influence as circuit-tracer "
+                             "does (bounds the time and the memory)")
+    parser.add_argument("--max-memory", type=memory_size, metavar="SIZE",
+                        help="what the graph may take in memory beyond the model and the transcoders, e.g. 8G (default: "
+                             "what is available); a capped graph keeps the rows past it in a temporary file")
     parser.add_argument("--contexts", nargs="+", type=input_file, metavar="FILE",
                         help="text files to find each feature's top contexts in, for the page")
     parser.add_argument("--max-context-tokens", type=positive_int, default=20_000, metavar="N",
@@ -101,7 +115,7 @@ def run(args) -> int:
     from .save import save
 
     started = time.time()
-    transcoders = load_transcoders(args.transcoders)
+    transcoders = load_transcoders(args.transcoders).to(args.device)
     model = from_pretrained(args.model).to(args.device).eval()
     if getattr(model, "tokenizer", None) is None:
         raise ValueError(f"{args.model!r} has no tokenizer: the text cannot be read")
@@ -111,7 +125,7 @@ def run(args) -> int:
     with bar:
         graph = attribution_graph(model, args.prompt, transcoders, max_logits=args.max_logits,
                                   logit_probability=args.logit_probability, max_feature_nodes=args.max_feature_nodes,
-                                  progress=progress)
+                                  max_bytes=args.max_memory, progress=progress)
     graph.about = f"{args.model} on {args.prompt!r}"
     graph.meta["model"] = str(args.model)
     built = time.time()
@@ -144,11 +158,12 @@ def run(args) -> int:
                 ("outputs", logits),
                 ("graph", f"{counts['feature']:,} features, {counts['error']} errors, {counts['token']} tokens, "
                           f"{counts['logit']} logits"),
+                ("memory", graph.meta["memory"]),
                 ("check", graph.check),
                 ("scores", f"replacement {replacement:.3f}, completeness {completeness:.3f}")]
         if shown is not None:
-            rows.append(("pruned", f"{len(shown)} nodes, {sum(1 for _ in shown.edges()):,} edges (node threshold "
-                                   f"{args.node_threshold}, edge threshold {args.edge_threshold})"))
+            rows.append(("pruned", f"node threshold {args.node_threshold}, edge threshold {args.edge_threshold}: "
+                                   f"{shown.check}"))
         rows.append(("time", f"loading {loaded - started:.1f} s, graph {built - loaded:.1f} s, "
                              f"the rest {time.time() - built:.1f} s"))
         rows += [("written", printable(str(path))) for path in written]
@@ -185,7 +200,7 @@ def progress_bar(args):
     console = Console(stderr=True)
     if args.quiet or not console.is_terminal:
         return (lambda done, total: None), nullcontext()
-    bar = Progress(TextColumn("graph"), BarColumn(), MofNCompleteColumn(), TextColumn("layers, ETA"),
+    bar = Progress(TextColumn("graph"), BarColumn(), MofNCompleteColumn(), TextColumn("rows, ETA"),
                    TimeRemainingColumn(), console=console, transient=True)
     task = bar.add_task("graph", total=None)
     return (lambda done, total: bar.update(task, completed=done, total=total)), bar

@@ -39,8 +39,9 @@ def promoted_tokens(model: nn.Module, transcoders, graph: Graph, k: int = 6) -> 
     if not chosen:
         return details
     gain = norm_parts(model.final_norm)[0] if getattr(model, "final_norm", None) is not None else 1.0
+    device = model.lm_head.proj.weight.device
     directions = torch.stack([transcoders.decoder_vectors(graph.nodes[i].layer)[graph.nodes[i].index].detach().float().sum(0)
-                              for i in chosen]) * gain  # (F, E)
+                              for i in chosen]).to(device) * gain  # (F, E)
     up, up_logits, down, down_logits = direct_logits(model, directions, k)
     texts = model.tokenizer.token_texts
     for row, i in enumerate(chosen):
@@ -65,24 +66,25 @@ def top_contexts(model: nn.Module, transcoders, graph: Graph, tokens: np.ndarray
     layers = sorted({graph.nodes[i].layer for i in chosen})
     points = [transcoders.input_point(layer) for layer in layers]
     width = BEFORE + 1 + AFTER
-    offsets = torch.arange(-BEFORE, AFTER + 1)  # (W,)
-    best = torch.full((len(chosen), top), -1.0)  # (F, top): the strongest activations so far
-    windows = torch.full((len(chosen), top, width), -1, dtype=torch.long)  # (F, top, W) token ids (-1: outside)
-    window_acts = torch.zeros(len(chosen), top, width)  # (F, top, W)
+    cpu, device = torch.device("cpu"), next(model.parameters()).device  # the model runs there; the tables stay here
+    offsets = torch.arange(-BEFORE, AFTER + 1, device=cpu)  # (W,)
+    best = torch.full((len(chosen), top), -1.0, device=cpu)  # (F, top): the strongest activations so far
+    windows = torch.full((len(chosen), top, width), -1, dtype=torch.long, device=cpu)  # (F, top, W) token ids (-1: outside)
+    window_acts = torch.zeros(len(chosen), top, width, device=cpu)  # (F, top, W)
     for start in range(0, n_contexts, batch):
         stop = min(n_contexts, start + batch)
         ids = torch.from_numpy(np.asarray(tokens[start * context:stop * context], dtype=np.int64).reshape(-1, context))
-        values = harvest(model, ids, points)  # each layer's input: (n, T, E)
+        values = harvest(model, ids.to(device), points)  # each layer's input: (n, T, E)
         features = {layer: transcoders.encode(layer, x) for layer, x in zip(layers, values)}  # (n, T, d_transcoder)
         for row, i in enumerate(chosen):
             node = graph.nodes[i]
-            acts = features[node.layer][..., node.index].clone()  # (n, T)
+            acts = features[node.layer][..., node.index].to(cpu, torch.float32, copy=True)  # (n, T)
             acts[:, :skip] = 0
             peak, position = acts.max(dim=1)  # (n,): each context's strongest token for this feature
             around = position[:, None] + offsets  # (n, W)
             inside = (around >= 0) & (around < context)
             around = around.clamp(0, context - 1)
-            contexts = torch.arange(len(ids))[:, None].expand_as(around)
+            contexts = torch.arange(len(ids), device=cpu)[:, None].expand_as(around)
             merged = torch.cat([best[row], peak])
             merged_windows = torch.cat([windows[row], torch.where(inside, ids[contexts, around], -1)])
             merged_acts = torch.cat([window_acts[row], torch.where(inside, acts[contexts, around], 0.0)])

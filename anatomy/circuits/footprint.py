@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from .layout import Layout
 from .sweep import GRADIENT_BYTES, KEEP_SOURCES_BYTES, OUT_BYTES
 
-WORKING_BYTES = 3 * GRADIENT_BYTES + OUT_BYTES + KEEP_SOURCES_BYTES
+
+def working_bytes(where: Layout, d_model: int, rows: int) -> int:
+    """A sweep's working set with at most `rows` rows in a bucket: their gradients [r, P, E] with the attention's
+    temporaries (about twice as large again), their output rows [r, W], the sources kept; each within the bound
+    sweep.py holds it to."""
+    T, N = where.n_tokens, where.total
+    gradients = min(GRADIENT_BYTES, 4 * rows * (T - 1) * d_model)
+    sources = min(KEEP_SOURCES_BYTES, 4 * (where.logit_start - T) * d_model * 2)
+    return 3 * gradients + min(OUT_BYTES, 4 * rows * N) + sources
 
 
 @dataclass
@@ -48,22 +56,30 @@ class Plan:
 
     def describe(self) -> str:
         """One line: what it needs, where."""
-        gib = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
-        file = f", {gib(self.on_file)} of rows in a temporary file" if self.on_file else ""
-        return f"{gib(self.in_memory)} in memory (the adjacency {gib(self.adjacency)}){file}"
+        file = f", {size(self.on_file)} of rows in a temporary file" if self.on_file else ""
+        return f"{size(self.in_memory)} in memory (the adjacency {size(self.adjacency)}){file}"
 
 
-def plan(where: Layout, max_features: int | None, room: int) -> Plan:
-    """The memory of the graph of this layout, whole (max_features None) or capped; the rows kept in memory as far
-    as `room` bytes go after the rest."""
+def size(n: int) -> str:
+    """Bytes in words: 3.2 GiB, 180 MiB, 12 KiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def plan(where: Layout, d_model: int, max_features: int | None, batch_size: int, room: int) -> Plan:
+    """The memory of the graph of this layout, whole (max_features None) or capped (rows computed batch_size at a
+    time); the rows kept in memory as far as `room` bytes go after the rest."""
     n_logits = where.total - where.logit_start
     n_features = where.logit_start - where.n_tokens * (len(where.feature_start) + 1)
     if max_features is None or max_features >= n_features:
-        return Plan(where.total, 4 * where.total ** 2, 0, 0, WORKING_BYTES, 0)
+        return Plan(where.total, 4 * where.total ** 2, 0, 0, working_bytes(where, d_model, n_features + n_logits), 0)
     kept = where.total - n_features + max_features
     rows = max_features + n_logits
-    fixed = 4 * kept ** 2 + 4 * rows ** 2 + WORKING_BYTES
-    return Plan(kept, 4 * kept ** 2, 4 * rows ** 2, 4 * rows * where.logit_start, WORKING_BYTES, max(0, room - fixed))
+    working = working_bytes(where, d_model, max(batch_size, n_logits))
+    fixed = 4 * kept ** 2 + 4 * rows ** 2 + working
+    return Plan(kept, 4 * kept ** 2, 4 * rows ** 2, 4 * rows * where.logit_start, working, max(0, room - fixed))
 
 
 def room(max_bytes: int | None) -> int:
@@ -74,11 +90,12 @@ def room(max_bytes: int | None) -> int:
     return available if max_bytes is None else min(max_bytes, available)
 
 
-def check_room(where: Layout, max_features: int | None, max_bytes: int | None, folder: str | None = None) -> Plan:
+def check_room(where: Layout, d_model: int, max_features: int | None, batch_size: int, max_bytes: int | None,
+               folder: str | None = None) -> Plan:
     """The plan of this graph (`plan`), or ValueError in one line when it does not fit the memory available (or
     max_bytes), or its rows do not fit the free space of the temporary folder."""
     budget = room(max_bytes)
-    needs = plan(where, max_features, budget)
+    needs = plan(where, d_model, max_features, batch_size, budget)
     whose = "are available" if max_bytes is None or max_bytes > budget else "is the budget (--max-memory)"
     if needs.in_memory > budget:
         capped = needs.ranking > 0

@@ -156,7 +156,7 @@ class Graph:
 
     def mask(self, *kinds: str) -> torch.Tensor:
         """[N] bool: the nodes of these kinds."""
-        return torch.tensor([node.kind in kinds for node in self.nodes], dtype=torch.bool)
+        return torch.tensor([node.kind in kinds for node in self.nodes], dtype=torch.bool, device=self.adjacency.device)
 
     def edges(self) -> list[tuple[int, int, float]]:
         """Every non-zero edge as (target, source, weight), in row order."""

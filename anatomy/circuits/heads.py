@@ -89,13 +89,13 @@ def target_gradients(rep: Replacement, target: Node) -> tuple[int, torch.Tensor,
     """(the layer it reads at (n_layers for a logit), its reading vector's gradient where it reads [T, E], and its
     gradient at each attention's output and at each MLP's output: per layer [T, E], None above the target)."""
     T, L, E = len(rep.ids), rep.n_layers, rep.embed.size(1)
-    g = torch.zeros(T, E)
+    g = torch.zeros(T, E, device=rep.device)
     if target.kind == "logit":
-        vector = rep.logit_vectors(torch.tensor([target.index]))[0]
+        vector = rep.logit_vectors(torch.tensor([target.index], device=rep.device))[0]
         g[T - 1] = rep.final_norm.transpose_at(vector[None], T - 1)[0]
         read_layer = L
     else:
-        encoder = rep.transcoders.layers[target.layer].W_enc.detach().float()[:, target.index]
+        encoder = rep.transcoders.layers[target.layer].W_enc.detach()[:, target.index].float().to(rep.device)
         g[target.column] = rep.input_transpose_at(target.layer, encoder[None], target.column)[0]
         read_layer = target.layer
     start = g.clone()

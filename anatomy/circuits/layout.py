@@ -59,7 +59,7 @@ def layout(active: Active, n_layers: int, T: int, n_logits: int) -> Layout:
         counts = torch.bincount(active.position[active.layer == layer].cpu(), minlength=T)  # bookkeeping: on the CPU
         feature_start.append(index)
         active_start.append(count)
-        offsets.append(torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]))
+        offsets.append(torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), counts.cumsum(0)]))
         index += int(counts.sum())
         count += int(counts.sum())
         error_start.append(index)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from .graph import INPUT_KINDS, OUTPUT_KINDS, SOURCE_KINDS, Graph
+from .identity import identity_gaps
 
 BLOCK = 1024  # rows of the adjacency read at a time: no [N, N] temporary is ever made
 
@@ -116,6 +117,8 @@ class Pruning:
     cumulative: torch.Tensor
     node_threshold: float
     edge_threshold: float
+    node_share: float = float("nan")  # the share of the total influence the kept nodes hold
+    edge_share: float = float("nan")  # the share of the edge influence (among the nodes kept) the kept edges hold
 
 
 def check_threshold(name: str, value: float) -> float:
@@ -154,23 +157,48 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
             break
         alive = now
     node_mask[kept[~alive]] = False
+    edge_share = float(edge_scores[edge_mask].sum() / edge_scores.sum().clamp(min=1e-30))  # edge_mask: alive nodes' only
     edge_mask = edge_mask[alive][:, alive]
+    node_share = float(node_influence[node_mask].sum() / node_influence.sum().clamp(min=1e-30))
 
     ordered, order = node_influence.sort(descending=True)
     cumulative = torch.zeros_like(node_influence)
     cumulative[order] = ordered.cumsum(0) / ordered.sum().clamp(min=1e-30)
-    return Pruning(node_mask, edge_mask, node_influence, cumulative, node_threshold, edge_threshold)
+    return Pruning(node_mask, edge_mask, node_influence, cumulative, node_threshold, edge_threshold, node_share, edge_share)
 
 
 def pruned(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98,
            decision: Pruning | None = None) -> Graph:
     """The pruned graph itself: the kept nodes and edges, with meta["influence"] (each kept node's
-    cumulative influence share, in node order) and the thresholds. decision: prune(graph, ...) if already made."""
+    cumulative influence share, in node order) and the thresholds. decision: prune(graph, ...) if already made.
+
+    Its check is its own: the share of the influence its nodes and edges hold and, for a graph whose targets
+    have values, the identity on what it keeps (every kept target = its kept edges + what the pruning dropped +
+    what no node carries; the dropped edges join its unexplained part, so that values = adjacency.sum(1) +
+    unexplained holds on it as on the graph it came from)."""
     decision = decision or prune(graph, node_threshold, edge_threshold)
+    n_edges = int(count_edges(graph.adjacency))
     meta = dict(graph.meta, node_threshold=node_threshold, edge_threshold=edge_threshold, pruned=True,
                 influence=[round(float(x), 6) for x in decision.cumulative[decision.node_mask]],
-                nodes_before=len(graph), edges_before=int(count_edges(graph.adjacency)))
-    return graph.subgraph(decision.node_mask, decision.edge_mask, meta=meta)
+                nodes_before=len(graph), edges_before=n_edges)
+    small = graph.subgraph(decision.node_mask, decision.edge_mask, meta=meta)
+    check = (f"pruned to {len(small):,} of {len(graph):,} nodes and {count_edges(small.adjacency):,} of {n_edges:,} "
+             f"edges, holding {decision.node_share:.1%} of the influence on the outputs and {decision.edge_share:.1%} "
+             f"of the edge influence")
+    error = float("nan")
+    if graph.values is not None and graph.unexplained is not None:
+        kept = decision.node_mask.nonzero().flatten()
+        whole = graph.adjacency[kept]  # (n, N): every edge into the kept nodes
+        dropped = whole.sum(1) - small.adjacency.sum(1)
+        small.unexplained = small.unexplained + dropped
+        differences, terms = identity_gaps(small.adjacency, small.values, small.unexplained)
+        targets = ~small.values.isnan()
+        share = float((whole.abs().sum(1) - small.adjacency.abs().sum(1))[targets].sum() / whole.abs().sum(1)[targets].sum().clamp(min=1e-30))
+        error = float((differences / terms.clamp(min=1e-30)).max()) if len(differences) else 0.0
+        check += (f"; every target kept = its kept edges + what the pruning dropped ({share:.1%} of their input) + "
+                  f"what no node carries: max |diff| {float(differences.max()) if len(differences) else 0.0:.2g}")
+    small.check, small.error = check, error
+    return small
 
 
 def count_edges(adjacency: torch.Tensor) -> int:

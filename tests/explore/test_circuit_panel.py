@@ -102,6 +102,6 @@ def test_the_panel_builds_the_graph_and_draws_it(browser, served):
     assert frame is not None, "the graph page did not draw"
     model = anatomy.from_pretrained(LLAMA).eval()
     graph = attribution_graph(model, TEXT, load_transcoders(SET))
-    assert frame.inner_text("#check-line") == f"Check: {graph.check}"
+    assert frame.inner_text("#check-line") == f"Check: {pruned(graph).check}"  # the drawn (pruned) graph's own
     assert all(url.startswith(f"http://127.0.0.1:{served.port}/") for url in requests if url.startswith("http"))
     page.close()
