@@ -44,9 +44,9 @@ class RowStore:
     def add(self, block: torch.Tensor, widths: list[int]) -> None:
         """Append the rows of block [r, W], row i over its first widths[i] columns."""
         self.device = block.device
-        self.totals.append(block.sum(dim=1))
-        self.absolute.append(block.abs().sum(dim=1))
         for row, width in zip(block, widths):
+            self.totals.append(row[:width].sum())
+            self.absolute.append(row[:width].abs().sum())
             if self.file is None and self.held_bytes + 4 * width <= self.memory_bytes:
                 self.in_memory.append(row[:width].clone())
                 self.held_bytes += 4 * width
@@ -59,11 +59,11 @@ class RowStore:
 
     def total(self) -> torch.Tensor:
         """[R]: each row's sum."""
-        return torch.cat(self.totals)
+        return torch.stack(self.totals)
 
     def absolute_total(self) -> torch.Tensor:
         """[R]: each row's sum of |A|."""
-        return torch.cat(self.absolute)
+        return torch.stack(self.absolute)
 
     def blocks(self) -> Iterator[tuple[int, torch.Tensor]]:
         """(first row, rows [b, W_max] padded with zeros): every row, in order, READ_BYTES at a time."""
