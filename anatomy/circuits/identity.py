@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .layout import Active
-from .replacement import Replacement
+from .replacement import Replacement, release
 from .vectors import float32_layer
 
 
@@ -46,7 +46,8 @@ def unexplained(rep: Replacement, active: Active, logit_ids: torch.Tensor,
             pre = sae.pre_activations(read.to(sae.W_enc.device)).float().to(device)  # (T, F)
             features[start:stop] = pre[active.position[start:stop], active.feature[start:stop]]
             del sae, pre
-        bias = rep.transcoders.output_bias(layer).detach().float().to(device)
+        bias = rep.transcoders.output_bias(layer).detach().to(device, torch.float32, copy=True)
+        release(rep.transcoders, layer)
         out = bias.expand(T, -1).clone()  # (T, E)
         skip = rep.skips[layer]
         if skip is not None:

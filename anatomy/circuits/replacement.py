@@ -38,6 +38,13 @@ INPUT_POINTS = ("mlp_norm.out", "resid_mid")  # where a transcoder may read, ins
 OUTPUT_POINTS = ("mlp.out",)  # where it writes
 
 
+def release(transcoders, layer: int) -> None:
+    """Let a set read from its files a layer at a time (anatomy.sae's lazy sets) let go of a layer it has built:
+    its pages return; the next use maps it again. Nothing for a set held in memory."""
+    if getattr(transcoders, "lazy", False):
+        transcoders.release(layer)
+
+
 def unsupported(model: nn.Module) -> str | None:
     """Why the replacement model cannot be built for `model` (its config flag), or None when it can."""
     config = getattr(model, "config", None)
@@ -227,8 +234,11 @@ class Replacement:
         self.logits = t["logits"][0, -1].float()  # (V,)
         self.unembed = model.lm_head.proj.weight.detach()  # (V, E), as the model holds it (logit_vectors reads it)
         self.device = self.embed.device
-        self.skips = [None if transcoders.skip(l) is None else transcoders.skip(l).detach().float().to(self.device)
-                      for l in range(self.n_layers)]
+        self.skips = []  # a float32 copy of each (the set's own may be a file's pages, let go after each layer)
+        for l in range(self.n_layers):
+            skip = transcoders.skip(l)
+            self.skips.append(None if skip is None else skip.detach().to(self.device, torch.float32, copy=True))
+            release(transcoders, l)
         # a skip's transpose with the MLP norm's gain and centring folded in, as the sublayers fold theirs
         self.skips_back = [None if skip is None else self.folded_input_transpose(l, skip.T) for l, skip in enumerate(self.skips)]
         bias = model.lm_head.proj.bias

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .layout import Active
-from .replacement import Replacement
+from .replacement import Replacement, release
 
 
 @dataclass
@@ -69,6 +69,7 @@ def read_features(rep: Replacement) -> tuple[Active, Vectors]:
         positions.append(position.to(device)), features.append(feature.to(device))
         activations.append(acts[position, feature].to(device)), pres.append(pre[position, feature].to(device))
         del sae, pre, acts
+        release(rep.transcoders, layer)
     active = Active(torch.cat(layers), torch.cat(positions), torch.cat(features), torch.cat(activations), torch.cat(pres))
     return active, vectors
 
@@ -90,7 +91,8 @@ def errors_of(rep: Replacement, active: Active, vectors: Vectors) -> torch.Tenso
     T, E = rep.embed.shape
     errors = torch.zeros(rep.n_layers, T, E, device=rep.device)
     for layer in range(rep.n_layers):
-        made = rep.transcoders.output_bias(layer).detach().float().to(rep.device).expand(T, E).clone()  # (T, E)
+        made = rep.transcoders.output_bias(layer).detach().to(rep.device, torch.float32, copy=True).expand(T, E).clone()  # (T, E)
+        release(rep.transcoders, layer)
         for source in rep.transcoders.writers(layer):
             start, stop = active.span(source)
             made.index_add_(0, active.position[start:stop], written(active, vectors, source, layer, start, stop))
