@@ -53,52 +53,73 @@ def prepare(settings: Settings, folder: Path) -> tuple[Path, Path, str]:
     ids = prompt_ids(model, PROMPT)  # 16 tokens: the BOS circuit-tracer puts in front, and 15 of the text
     prompt = PROMPT
     model_folder = folder / "smollm2"
-    model.save_pretrained(model_folder)
-    config_path = model_folder / "config.json"
-    config = json.loads(config_path.read_text())
-    theta = (config.get("rope_parameters") or {}).get("rope_theta")
-    if theta is not None and "rope_theta" not in config:  # transformers 4.57 reads a top-level rope_theta only
-        config["rope_theta"] = theta
-        config_path.write_text(json.dumps(config))
+    write_model(model, model_folder)
     transcoders = calibrated_random_transcoders(model, ids[None])
     save_transcoders(transcoders, folder / "transcoders", scan="anatomy-bench/random-calibrated")
     return model_folder, folder / "transcoders", prompt
 
 
+def write_model(model, folder: Path) -> None:
+    """The model as a Hugging Face folder that transformers 4.57 (circuit-tracer's) reads as anatomy does."""
+    model.save_pretrained(folder)
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    theta = (config.get("rope_parameters") or {}).get("rope_theta")
+    if theta is not None and "rope_theta" not in config:  # transformers 4.57 reads a top-level rope_theta only
+        config["rope_theta"] = theta
+        config_path.write_text(json.dumps(config))
+
+
 def run(command: list[str], out: Path, threads: int) -> dict:
     """The JSON a worker wrote to `out` (its command names it), or RuntimeError with its stderr's end."""
-    done = subprocess.run(command, capture_output=True, text=True, timeout=3600,
+    done = subprocess.run(command, capture_output=True, text=True, timeout=4 * 3600,
                           env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if done.returncode == 3 and out.is_file():  # stopped by its memory watchdog: the JSON says where
+        return json.loads(out.read_text())
     if done.returncode != 0:
         raise RuntimeError(f"{Path(command[1]).name} failed: {done.stderr[-800:]}")
     return json.loads(out.read_text())
 
 
 def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: str) -> None:
-    """The worker anatomy's side runs in (python -m anatomy.bench.circuits ...): load, then time the pruned graph."""
+    """The worker anatomy's side runs in (python -m anatomy.bench.circuits ...): load, then time the pruned graph.
+    options: prompt or prompt_ids, threads; batch_size, max_feature_nodes, dtype (of the model and the set),
+    memory_goal_gb (--max-memory: the goal less what is loaded), compare (write the adjacency, default true)."""
     from ..checkpoints import from_pretrained
     from ..circuits import attribution_graph, prune, pruned, scores
     from ..sae import load_transcoders
+    from .circuit_tracer_worker import PHASE, status_gb, watch_memory
     from safetensors.torch import save_file
 
     settings = json.loads(options)
     torch.set_num_threads(settings["threads"])
-    model = from_pretrained(model_folder).eval()
-    transcoders = load_transcoders(transcoder_folder)
+    watch_memory(Path(out))
+    dtype = getattr(torch, settings.get("dtype", "float32"))
+    model = from_pretrained(model_folder, dtype=dtype).eval()
+    transcoders = load_transcoders(transcoder_folder, dtype=dtype)
+    loaded = status_gb("VmRSS")
+    goal = settings.get("memory_goal_gb")
+    max_bytes = None if goal is None else int((0.9 * goal - loaded) * 1e9)
+    prompt = torch.tensor(settings["prompt_ids"]) if "prompt_ids" in settings else settings["prompt"]
+    PHASE["now"] = "attribution_graph"
     cpu = time.process_time()
     start = time.perf_counter()
-    graph = attribution_graph(model, settings["prompt"], transcoders)
+    graph = attribution_graph(model, prompt, transcoders, max_feature_nodes=settings.get("max_feature_nodes"),
+                              batch_size=settings.get("batch_size", 512), max_bytes=max_bytes)
     attributed = time.perf_counter() - start
+    PHASE["now"] = "pruning"
     decision = prune(graph, 0.8, 0.98)
     small = pruned(graph, decision=decision)
     replacement, completeness = scores(graph, decision.influence)
     total = time.perf_counter() - start
     cpu = time.process_time() - cpu
-    peak = next(int(line.split()[1]) / 1e6 for line in open("/proc/self/status") if line.startswith("VmHWM"))
-    save_file({"adjacency": graph.adjacency}, str(Path(out).with_suffix(".safetensors")),
-              metadata={"ids": json.dumps([node.id for node in graph.nodes])})
+    if settings.get("compare", True):
+        save_file({"adjacency": graph.adjacency}, str(Path(out).with_suffix(".safetensors")),
+                  metadata={"ids": json.dumps([node.id for node in graph.nodes])})
     Path(out).write_text(json.dumps({
-        "attribute_seconds": attributed, "seconds": total, "cpu_seconds": cpu, "peak_gb": peak, "scores": [replacement, completeness],
+        "attribute_seconds": attributed, "seconds": total, "cpu_seconds": cpu, "peak_gb": status_gb("VmHWM"),
+        "loaded_gb": loaded, "max_memory_gb": (max_bytes or 0) / 1e9, "memory": graph.meta["memory"],
+        "scores": [replacement, completeness], "nodes": len(graph), "active": graph.meta["features_active"],
         "features": sum(node.kind == "feature" for node in graph.nodes), "check": graph.check, "error": graph.error,
         "kept_nodes": len(small), "kept_edges": int(torch.count_nonzero(small.adjacency)),
     }))

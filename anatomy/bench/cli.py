@@ -35,6 +35,7 @@ from ..cli import add_threads_argument, non_negative_int, positive_float
 from .common import Row, Settings, cpu_model, fmt, load_average, matmul_peak, read_bandwidth
 from .analysis import bench_analysis
 from .circuits import bench_circuits
+from .circuits_scale import bench_circuits_scale
 from .decoding import bench_generate
 from .discovery import bench_discovery
 from .encoder import bench_encoder
@@ -59,7 +60,7 @@ GROUPS = {
     "analysis": bench_analysis,
     "sae": bench_sae,
     "explore": lambda settings: bench_explore(settings) + bench_soak(settings),  # the page timed, then the soak
-    "circuits": bench_circuits,
+    "circuits": lambda settings: bench_circuits(settings) + bench_circuits_scale(settings),  # 16 tokens whole, then capped
     "refusals": bench_refusals,
     "discovery": bench_discovery,
 }

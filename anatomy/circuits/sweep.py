@@ -31,7 +31,7 @@ import torch
 
 from .layout import Active, Layout
 from .replacement import Replacement
-from .vectors import Vectors, written
+from .vectors import Vectors
 
 GRADIENT_BYTES = 256 * 2**20  # a bucket's gradients [r, P, E] at most: its temporaries are about as large again
 OUT_BYTES = 256 * 2**20  # a bucket's output rows [r, W] at most
@@ -65,49 +65,65 @@ def feature_rows(active: Active, vectors: Vectors, index: torch.Tensor) -> Rows:
 
 
 class Sources:
-    """What is written at each layer's MLP output, by position: at(layer, P) -> (vectors [P, J, E], their node
-    columns [P, J], -1 for padding) for positions 1 .. P; slot 0 is the position's error, then the features of
-    every layer that writes there (a CLT's earlier layers too), a_i W_dec[i] each. first_images: what the first
-    token's embedding has become at each layer's input (replacement.first_position_images)."""
+    """What is written at each layer's MLP output, by position: at(layer, P) -> blocks of (vectors [P, J, E], their
+    node columns [P, J], -1 for padding) for positions 1 .. P, one block per layer whose features write there (a
+    CLT's earlier layers too), a_i W_dec[i] in each slot; the layer's own block has the position's error in slot 0.
+    first_images: what the first token's embedding has become at each layer's input
+    (replacement.first_position_images).
+
+    Where each slot's vector comes from is kept (`slots`: a row of the writer's decoder rows, a_i, a node column:
+    a few numbers a slot), and the vectors are gathered for each call; the padded vectors themselves are kept only
+    when every layer's fit KEEP_SOURCES_BYTES (a short prompt)."""
 
     def __init__(self, rep: Replacement, active: Active, where: Layout, vectors: Vectors, errors: torch.Tensor):
         self.rep, self.active, self.where, self.vectors, self.errors = rep, active, where, vectors, errors
         self.first_images = rep.first_position_images()
+        self.maps: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         T, E = rep.embed.shape
         widest = max((int(offsets.diff().max()) for offsets in where.feature_offsets), default=0)
         writers = max(len(rep.transcoders.writers(layer)) for layer in range(rep.n_layers))
-        bound = rep.n_layers * T * (1 + writers * widest) * E * 4
-        self.kept = {} if bound <= KEEP_SOURCES_BYTES else None
+        bound = rep.n_layers * T * writers * (1 + widest) * E * 4
+        self.kept: dict | None = {} if bound <= KEEP_SOURCES_BYTES else None
 
-    def at(self, layer: int, P: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def at(self, layer: int, P: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if self.kept is None:
-            return self.build(layer, P)
+            return [self.build(source, layer, P) for source in self.rep.transcoders.writers(layer)]
         if layer not in self.kept:
-            self.kept[layer] = self.build(layer, self.where.n_tokens - 1)
-        vectors, columns = self.kept[layer]
-        return vectors[:P], columns[:P]
+            self.kept[layer] = [self.build(source, layer, self.where.n_tokens - 1)
+                                for source in self.rep.transcoders.writers(layer)]
+        return [(vectors[:P], columns[:P]) for vectors, columns in self.kept[layer]]
 
-    def build(self, layer: int, P: int) -> tuple[torch.Tensor, torch.Tensor]:
-        active, where, device = self.active, self.where, self.rep.device
-        positions, vectors, columns = [], [], []
-        for source in self.rep.transcoders.writers(layer):
-            start = active.span(source)[0]
-            stop = start + int(where.feature_offsets[source][P + 1])  # its features at positions up to P
-            positions.append(active.position[start:stop])
-            vectors.append(written(active, self.vectors, source, layer, start, stop))
-            columns.append(torch.arange(where.feature_start[source], where.feature_start[source] + stop - start, device=device))
-        position = torch.cat(positions)
-        order = torch.argsort(position, stable=True)
-        position = position[order]
-        counts = torch.bincount(position, minlength=P + 1)  # (P + 1,): none at position 0
-        slot = 1 + torch.arange(len(position), device=device) - (counts.cumsum(0) - counts)[position]
-        J = 1 + int(counts.max()) if len(position) else 1
-        padded = torch.zeros(P, J, self.rep.embed.size(1), device=device)
-        padded[position - 1, slot] = torch.cat(vectors)[order]
-        padded[:, 0] = self.errors[layer, 1:P + 1]
-        column = torch.full((P, J), -1, dtype=torch.long, device=device)
-        column[position - 1, slot] = torch.cat(columns)[order]
-        column[:, 0] = where.error_start[layer] + torch.arange(1, P + 1, device=device)
+    def slots(self, source: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(row of the source layer's decoder rows [T - 1, J], a_i [T - 1, J] (0 for padding and the error slot),
+        node column [T - 1, J] (-1 for padding)) of its features at positions 1 .. T - 1; slot 0 is for the
+        error (of the layer written). Made once per layer."""
+        if source not in self.maps:
+            active, where, device = self.active, self.where, self.rep.device
+            T = where.n_tokens
+            start, stop = active.span(source)
+            position = active.position[start:stop]  # (n,), in order: Active's is (layer, position, feature)
+            counts = torch.bincount(position, minlength=T)  # (T,): none at position 0
+            slot = 1 + torch.arange(len(position), device=device) - (counts.cumsum(0) - counts)[position]
+            J = 1 + int(counts.max()) if len(position) else 1
+            row = torch.zeros(T - 1, J, dtype=torch.long, device=device)
+            scale = torch.zeros(T - 1, J, device=device)
+            column = torch.full((T - 1, J), -1, dtype=torch.long, device=device)
+            row[position - 1, slot] = self.vectors.slot[source]
+            scale[position - 1, slot] = active.activation[start:stop]
+            column[position - 1, slot] = torch.arange(where.feature_start[source], where.feature_start[source] + stop - start,
+                                                      device=device)
+            self.maps[source] = row, scale, column
+        return self.maps[source]
+
+    def build(self, source: int, layer: int, P: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block of `source`'s features at `layer`, positions 1 .. P (with the errors when source is layer)."""
+        row, scale, column = self.slots(source)
+        padded = self.vectors.writing[source][:, layer - source][row[:P]].mul_(scale[:P, :, None])  # (P, J, E)
+        column = column[:P]
+        if source == layer:
+            padded[:, 0] = self.errors[layer, 1:P + 1]
+            column = column.clone()
+            column[:, 0] = self.where.error_start[layer] + torch.arange(1, P + 1, device=column.device)
         return padded, column
 
 
@@ -157,10 +173,10 @@ def sweep(rep: Replacement, sources: Sources, rows: Rows, out: torch.Tensor, pro
     chunk = max(1, GRADIENT_BYTES // (P * E * 4))
     for layer in reversed(range(L if joined else int(rows.layer.max()) + 1)):
         if joined:
-            vectors, columns = sources.at(layer, P)
-            edges = torch.bmm(grads[:joined].transpose(0, 1), vectors.transpose(1, 2))  # (P, joined, J)
-            real = columns.flatten() >= 0
-            out[:joined].index_add_(1, columns.flatten()[real], edges.transpose(0, 1).reshape(joined, -1)[:, real])
+            for vectors, columns in sources.at(layer, P):
+                edges = torch.bmm(grads[:joined].transpose(0, 1), vectors.transpose(1, 2))  # (P, joined, J)
+                real = columns.flatten() >= 0
+                out[:joined].index_add_(1, columns.flatten()[real], edges.transpose(0, 1).reshape(joined, -1)[:, real])
             rep.add_skip_transpose(layer, grads[:joined])
         before = joined  # the rows that have crossed an attention already; the others join now
         joined += int((rows.layer[joined:] == layer).sum())
