@@ -82,7 +82,11 @@ def main() -> None:
     PHASE["now"] = f"attribute (max_feature_nodes {options.get('max_feature_nodes')}, batch {options['batch_size']})"
     cpu = time.process_time()
     start = time.perf_counter()
-    graph = attribute(prompt, model, batch_size=options["batch_size"], max_feature_nodes=options.get("max_feature_nodes"))
+    try:
+        graph = attribute(prompt, model, batch_size=options["batch_size"], max_feature_nodes=options.get("max_feature_nodes"))
+    except (MemoryError, RuntimeError) as error:  # an allocation the machine refused
+        out.write_text(json.dumps({"stopped": f"{type(error).__name__} while {PHASE['now']}: {str(error)[:200]}"}))
+        sys.exit(3)
     attributed = time.perf_counter() - start
     PHASE["now"] = "prune_graph"
     node_mask, edge_mask, _ = prune_graph(graph, 0.8, 0.98)

@@ -99,7 +99,7 @@ def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: s
     transcoders = load_transcoders(transcoder_folder, dtype=dtype)
     loaded = status_gb("VmRSS")
     goal = settings.get("memory_goal_gb")
-    max_bytes = None if goal is None else int((0.9 * goal - loaded) * 1e9)
+    max_bytes = None if goal is None else int((0.95 * goal - loaded) * 1e9)  # the goal less what is loaded
     prompt = torch.tensor(settings["prompt_ids"]) if "prompt_ids" in settings else settings["prompt"]
     PHASE["now"] = "attribution_graph"
     cpu = time.process_time()

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .capped import assemble, capped_rows, feature_nodes, kept_layout, partial_influence
-from .footprint import Plan, check_room
+from .footprint import Plan, check_room, lazy_zeros, resident_bytes
 from .graph import Graph, Node
 from .identity import capped_check, unexplained, whole_check
 from .layout import Active, Layout, layout
@@ -114,7 +114,7 @@ def whole_adjacency(rep: Replacement, sources: Sources, active: Active, where: L
     rows = Rows(torch.cat([logit_rows.layer, rows.layer]), torch.cat([logit_rows.position, rows.position]),
                 torch.cat([logit_rows.reading, rows.reading]))
     nodes = torch.cat([torch.arange(where.logit_start, where.total, device=rep.device), feature_nodes(active, where)])
-    adjacency = torch.zeros(where.total, where.total, device=rep.device)
+    adjacency = lazy_zeros(where.total, where.total, rep.device)
     for bucket in buckets(rows.position, rows.layer, rep.embed.size(1), row_bytes=4 * where.total):
         part = rows[bucket]
         out = torch.zeros(len(part), width(where, part, rep.n_layers), device=rep.device)
@@ -148,21 +148,24 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     circuit-tracer chooses them (by partial influence, in batches of batch_size, re-ranked every
     update_interval batches; capped.py), and only their rows computed. progress(done, total): rows. The graph
     checks its identity (graph.check, graph.error; a capped graph's names what its dropped features carry).
-    max_bytes: what the graph itself may take in memory (beyond the model, the transcoders and one forward
-    pass); a capped graph keeps the rows past it in a temporary file. Raises ValueError, before any
+    max_bytes: what the graph itself may take in memory (beyond what the process held when called: the model
+    and the transcoders; its frozen forward pass counted in), said in graph.meta["memory"]; a capped graph
+    keeps the rows past it in a temporary file (footprint.py). Raises ValueError, before any
     computation, for an empty prompt, one past the context, a model the replacement cannot be built for, or a
     transcoder set that does not fit the model; and, after one forward pass and before anything large is
     allocated, for a graph that needs more memory than is available (or than max_bytes)."""
     check_options(max_logits, logit_probability, max_feature_nodes, batch_size, update_interval)
     check_fits(model, transcoders)
     ids = prompt_ids(model, prompt)
+    resident = resident_bytes()
     rep = Replacement(model, transcoders, ids)
     active, vectors = read_features(rep)
     T, L = len(ids), rep.n_layers
     logit_ids, probs = logit_targets(rep.logits, max_logits, logit_probability)
     where = layout(active, L, T, len(logit_ids))
     capped = max_feature_nodes is not None and max_feature_nodes < len(active.layer)
-    needs = check_room(where, rep.embed.size(1), max_feature_nodes if capped else None, batch_size, max_bytes)
+    needs = check_room(where, rep.embed.size(1), max_feature_nodes if capped else None, batch_size, max_bytes, rep.device,
+                       spent=resident_bytes() - resident)
     logit_rows = Rows(torch.full_like(logit_ids, L), torch.full_like(logit_ids, T - 1), rep.logit_vectors(logit_ids))
     sources = Sources(rep, active, where, vectors, errors_of(rep, active, vectors))
     feature_rest, logit_rest = unexplained(rep, active, logit_ids, logit_rows.reading)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .footprint import lazy_zeros
 from .layout import Active, Layout, layout
 from .replacement import Replacement
 from .rows import RowStore
@@ -135,7 +136,7 @@ def assemble(capped: CappedRows, active: Active, where: Layout, kept_where: Layo
     to_kept[where.logit_start:] = torch.arange(kept_where.logit_start, kept_where.total, device=device)
     sources = (to_kept[:where.logit_start] >= 0).nonzero().flatten()  # kept nodes that are sources, whole-graph order
     targets = to_kept[capped.row_nodes]
-    adjacency = torch.zeros(kept_where.total, kept_where.total, device=device)
+    adjacency = lazy_zeros(kept_where.total, kept_where.total, device)
     for start, block in capped.store.blocks():
         inside = sources[sources < block.size(1)]
         rows = torch.zeros(len(block), kept_where.total, device=device)

@@ -10,8 +10,13 @@ Shape letters: N the whole graph's nodes, n_kept a capped graph's, R the rows a 
     both            + a sweep's working set: a bucket's gradients and their temporaries, its output rows,
                       the sources kept between buckets (sweep.py's constants)
 
-Both are beyond what is loaded already (the model, the transcoders, the prompt's forward pass and the vectors
-the graph gathered): max_bytes is a budget for the graph itself.
+max_bytes is a budget for the graph itself: what the process holds beyond what it held when the graph was asked
+for (the model and the transcoders). The frozen pass and the vectors gathered are made first and counted against
+it (the resident memory they added); the plan takes the rest.
+
+On the CPU an adjacency is allocated zeroed by the system (`lazy_zeros`): the pages of the rows no edge is
+written to (every error's and token's: three quarters of the nodes of a long prompt's capped graph) are never
+touched and take no memory, so that an adjacency costs its targets' rows, 4 R N bytes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from __future__ import annotations
 import shutil
 import tempfile
 from dataclasses import dataclass
+
+import numpy as np
+import torch
 
 from .layout import Layout
 from .sweep import GRADIENT_BYTES, KEEP_SOURCES_BYTES, OUT_BYTES
@@ -68,34 +76,54 @@ def size(n: int) -> str:
     return f"{n} bytes"
 
 
-def plan(where: Layout, d_model: int, max_features: int | None, batch_size: int, room: int) -> Plan:
+def lazy_zeros(rows: int, columns: int, device: torch.device) -> torch.Tensor:
+    """[rows, columns] zeros; on the CPU from calloc (numpy.zeros), whose pages take memory only once written."""
+    if device.type == "cpu":
+        return torch.from_numpy(np.zeros((rows, columns), dtype=np.float32))
+    return torch.zeros(rows, columns, device=device)
+
+
+def plan(where: Layout, d_model: int, max_features: int | None, batch_size: int, room: int, lazy: bool = True) -> Plan:
     """The memory of the graph of this layout, whole (max_features None) or capped (rows computed batch_size at a
-    time); the rows kept in memory as far as `room` bytes go after the rest."""
+    time); the rows kept in memory as far as `room` bytes go after the rest. lazy: the adjacency costs its
+    targets' rows alone (lazy_zeros, on the CPU)."""
     n_logits = where.total - where.logit_start
     n_features = where.logit_start - where.n_tokens * (len(where.feature_start) + 1)
     if max_features is None or max_features >= n_features:
-        return Plan(where.total, 4 * where.total ** 2, 0, 0, working_bytes(where, d_model, n_features + n_logits), 0)
+        targets = n_features + n_logits
+        adjacency = 4 * (targets if lazy else where.total) * where.total
+        return Plan(where.total, adjacency, 0, 0, working_bytes(where, d_model, targets), 0)
     kept = where.total - n_features + max_features
     rows = max_features + n_logits
     working = working_bytes(where, d_model, max(batch_size, n_logits))
-    fixed = 4 * kept ** 2 + 4 * rows ** 2 + working
-    return Plan(kept, 4 * kept ** 2, 4 * rows ** 2, 4 * rows * where.logit_start, working, max(0, room - fixed))
+    adjacency = 4 * (rows if lazy else kept) * kept
+    fixed = adjacency + 4 * rows ** 2 + working
+    return Plan(kept, adjacency, 4 * rows ** 2, 4 * rows * where.logit_start, working, max(0, room - fixed))
 
 
-def room(max_bytes: int | None) -> int:
-    """Bytes the graph may take: the memory available, or max_bytes if less."""
+def resident_bytes() -> int:
+    """The process's resident memory now (VmRSS; 0 where /proc says nothing)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS")), 0)
+    except OSError:
+        return 0
+
+
+def room(max_bytes: int | None, spent: int = 0) -> int:
+    """Bytes the graph may still take: the memory available, or max_bytes less what it has spent if less."""
     from ..checkpoints.memory import available_memory
 
     available = available_memory()
-    return available if max_bytes is None else min(max_bytes, available)
+    return available if max_bytes is None else max(0, min(max_bytes - spent, available))
 
 
 def check_room(where: Layout, d_model: int, max_features: int | None, batch_size: int, max_bytes: int | None,
-               folder: str | None = None) -> Plan:
+               device: torch.device, spent: int = 0, folder: str | None = None) -> Plan:
     """The plan of this graph (`plan`), or ValueError in one line when it does not fit the memory available (or
-    max_bytes), or its rows do not fit the free space of the temporary folder."""
-    budget = room(max_bytes)
-    needs = plan(where, d_model, max_features, batch_size, budget)
+    what is left of max_bytes after `spent`), or its rows do not fit the free space of the temporary folder."""
+    budget = room(max_bytes, spent)
+    needs = plan(where, d_model, max_features, batch_size, budget, lazy=device.type == "cpu")
     whose = "are available" if max_bytes is None or max_bytes > budget else "is the budget (--max-memory)"
     if needs.in_memory > budget:
         capped = needs.ranking > 0

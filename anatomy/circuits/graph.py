@@ -167,7 +167,7 @@ class Graph:
         """The graph of the nodes where keep [N] is True (their order kept), with only the edges where
         edge_mask [n, n] (over the kept nodes) is True, if given."""
         kept = keep.nonzero().flatten()
-        adjacency = self.adjacency[kept][:, kept]  # (n, n)
+        adjacency = self.adjacency[kept[:, None], kept[None, :]]  # (n, n), with no [n, N] on the way
         if edge_mask is not None:
             adjacency = adjacency * edge_mask
         vectors = {name: None if getattr(self, name) is None else getattr(self, name)[kept]

@@ -139,7 +139,7 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
     node_mask |= graph.mask(*INPUT_KINDS, *OUTPUT_KINDS)
 
     kept = node_mask.nonzero().flatten()
-    sub = graph.adjacency[kept][:, kept].float()  # (n, n): the edges between kept nodes
+    sub = graph.adjacency[kept[:, None], kept[None, :]].float()  # (n, n): the edges between kept nodes
     shares = normalized(sub)
     sub_influence = neumann_influence(sub, weights[kept]) if len(kept) <= BLOCK else influence(sub, weights[kept])
     edge_scores = shares * (sub_influence + weights[kept])[:, None]  # (n, n)
@@ -188,12 +188,14 @@ def pruned(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.
     error = float("nan")
     if graph.values is not None and graph.unexplained is not None:
         kept = decision.node_mask.nonzero().flatten()
-        whole = graph.adjacency[kept]  # (n, N): every edge into the kept nodes
-        dropped = whole.sum(1) - small.adjacency.sum(1)
-        small.unexplained = small.unexplained + dropped
+        total, absolute = torch.zeros(len(kept)), torch.zeros(len(kept))  # every edge into each kept node
+        for start in range(0, len(kept), BLOCK):
+            rows = graph.adjacency[kept[start:start + BLOCK]]  # (B, N)
+            total[start:start + BLOCK], absolute[start:start + BLOCK] = rows.sum(1), rows.abs().sum(1)
+        small.unexplained = small.unexplained + total - small.adjacency.sum(1)
         differences, terms = identity_gaps(small.adjacency, small.values, small.unexplained)
         targets = ~small.values.isnan()
-        share = float((whole.abs().sum(1) - small.adjacency.abs().sum(1))[targets].sum() / whole.abs().sum(1)[targets].sum().clamp(min=1e-30))
+        share = float((absolute - small.adjacency.abs().sum(1))[targets].sum() / absolute[targets].sum().clamp(min=1e-30))
         error = float((differences / terms.clamp(min=1e-30)).max()) if len(differences) else 0.0
         check += (f"; every target kept = its kept edges + what the pruning dropped ({share:.1%} of their input) + "
                   f"what no node carries: max |diff| {float(differences.max()) if len(differences) else 0.0:.2g}")
