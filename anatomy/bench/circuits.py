@@ -61,7 +61,7 @@ def prepare(settings: Settings, folder: Path) -> tuple[Path, Path, str]:
 
 def write_model(model, folder: Path) -> None:
     """The model as a Hugging Face folder that transformers 4.57 (circuit-tracer's) reads as anatomy does."""
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, max_shard_size="1GB")  # a 2B model's shards written one at a time
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     theta = (config.get("rope_parameters") or {}).get("rope_theta")

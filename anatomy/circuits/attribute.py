@@ -117,7 +117,7 @@ def whole_adjacency(rep: Replacement, sources: Sources, active: Active, where: L
     adjacency = lazy_zeros(where.total, where.total, rep.device)
     for bucket in buckets(rows.position, rows.layer, rep.embed.size(1), row_bytes=4 * where.total):
         part = rows[bucket]
-        out = torch.zeros(len(part), width(where, part, rep.n_layers), device=rep.device)
+        out = lazy_zeros(len(part), width(where, part, rep.n_layers), rep.device)
         sweep(rep, sources, part, out)
         adjacency[nodes[bucket], :out.size(1)] = out
         if progress is not None:

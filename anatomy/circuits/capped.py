@@ -57,7 +57,7 @@ def compute(rep: Replacement, sources: Sources, where: Layout, rows: Rows, store
     row_bytes = 4 * where.logit_start
     for bucket in buckets(rows.position, rows.layer, rep.embed.size(1), SLACK, row_bytes):
         part = rows[bucket]
-        out = torch.zeros(len(part), width(where, part, rep.n_layers), device=rep.device)
+        out = lazy_zeros(len(part), width(where, part, rep.n_layers), rep.device)
         sweep(rep, sources, part, out)
         widths = [where.logit_start if layer >= rep.n_layers else where.feature_start[layer] for layer in part.layer.tolist()]
         store.add(out, widths)

@@ -35,6 +35,7 @@ from .vectors import Vectors
 
 GRADIENT_BYTES = 256 * 2**20  # a bucket's gradients [r, P, E] at most: its temporaries are about as large again
 OUT_BYTES = 256 * 2**20  # a bucket's output rows [r, W] at most
+ROW_CHUNK = 512  # rows carried back through one attention at a time: their temporaries stay in the caches
 KEEP_SOURCES_BYTES = 256 * 2**20  # every layer's padded sources kept between buckets when they take no more
 
 
@@ -66,8 +67,9 @@ def feature_rows(active: Active, vectors: Vectors, index: torch.Tensor) -> Rows:
 
 class Sources:
     """What is written at each layer's MLP output, by position: at(layer, P) -> blocks of (vectors [P, J, E], their
-    node columns [P, J], -1 for padding) for positions 1 .. P, one block per layer whose features write there (a
+    node columns [P, J]) for positions 1 .. P, one block per layer whose features write there (a
     CLT's earlier layers too), a_i W_dec[i] in each slot; the layer's own block has the position's error in slot 0.
+    A padding slot holds a zero vector and column 0: what it adds there is exactly 0.
     first_images: what the first token's embedding has become at each layer's input
     (replacement.first_position_images).
 
@@ -95,7 +97,7 @@ class Sources:
 
     def slots(self, source: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(row of the source layer's decoder rows [T - 1, J], a_i [T - 1, J] (0 for padding and the error slot),
-        node column [T - 1, J] (-1 for padding)) of its features at positions 1 .. T - 1; slot 0 is for the
+        node column [T - 1, J] (0 for padding)) of its features at positions 1 .. T - 1; slot 0 is for the
         error (of the layer written). Made once per layer."""
         if source not in self.maps:
             active, where, device = self.active, self.where, self.rep.device
@@ -107,7 +109,7 @@ class Sources:
             J = 1 + int(counts.max()) if len(position) else 1
             row = torch.zeros(T - 1, J, dtype=torch.long, device=device)
             scale = torch.zeros(T - 1, J, device=device)
-            column = torch.full((T - 1, J), -1, dtype=torch.long, device=device)
+            column = torch.zeros(T - 1, J, dtype=torch.long, device=device)
             row[position - 1, slot] = self.vectors.slot[source]
             scale[position - 1, slot] = active.activation[start:stop]
             column[position - 1, slot] = torch.arange(where.feature_start[source], where.feature_start[source] + stop - start,
@@ -170,13 +172,12 @@ def sweep(rep: Replacement, sources: Sources, rows: Rows, out: torch.Tensor, pro
     logits = torch.arange(joined, device=device)
     grads[logits, rows.position[:joined] - 1] = rep.final_norm.transpose_at(rows.reading[:joined], rows.position[:joined])
     to_first_token = torch.zeros(r, device=device)
-    chunk = max(1, GRADIENT_BYTES // (P * E * 4))
+    chunk = max(1, min(ROW_CHUNK, GRADIENT_BYTES // (P * E * 4)))
     for layer in reversed(range(L if joined else int(rows.layer.max()) + 1)):
         if joined:
             for vectors, columns in sources.at(layer, P):
                 edges = torch.bmm(grads[:joined].transpose(0, 1), vectors.transpose(1, 2))  # (P, joined, J)
-                real = columns.flatten() >= 0
-                out[:joined].index_add_(1, columns.flatten()[real], edges.transpose(0, 1).reshape(joined, -1)[:, real])
+                out[:joined].index_add_(1, columns.flatten(), edges.transpose(0, 1).reshape(joined, -1))
             rep.add_skip_transpose(layer, grads[:joined])
         before = joined  # the rows that have crossed an attention already; the others join now
         joined += int((rows.layer[joined:] == layer).sum())
