@@ -5,6 +5,8 @@ Shape letters: B batch, T positions, E model width (d_model), F hidden width (d_
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -49,6 +51,42 @@ class RMSNorm(nn.Module):
 
 
 NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+
+
+class NormParts(NamedTuple):
+    """A norm as its parts, norm(x) = centre(x) * scale(x) * gain + bias, with
+
+        centre(x) = x - mean(x)  (LayerNorm)  or  x  (RMSNorm)
+        scale(x)  = 1 / sqrt(mean(centre(x)^2) + eps)                    one number per position
+
+    With the scale frozen at one input's, the norm is a linear map (and a constant, the bias): what
+    direct logit attribution (analysis/decompose.py) and a replacement model read a sum of parts through."""
+
+    gain: torch.Tensor  # [E], detached, in float32 at least: gamma (an RMSNorm with plus_one: 1 + w)
+    bias: torch.Tensor | None  # [E], like gain: a LayerNorm's beta; None for an RMSNorm
+    centred: bool  # whether centre() subtracts the mean (a LayerNorm)
+    eps: float
+    scale: torch.Tensor | None  # [...]: scale(x) in float32 for the x [..., E] given, else None
+
+
+def norm_parts(norm: nn.Module, x: torch.Tensor | None = None) -> NormParts:
+    """The parts of a LayerNorm or RMSNorm (NormParts), and its scale frozen at x [..., E] when x is
+    given. Raises ValueError for any other module."""
+    if not isinstance(norm, (LayerNorm, RMSNorm)):
+        raise ValueError(f"no frozen-scale form for the norm {type(norm).__name__}; allowed: LayerNorm, RMSNorm")
+    weight = norm.weight.detach()
+    weight = weight.to(torch.promote_types(weight.dtype, torch.float32))
+    centred = isinstance(norm, LayerNorm)
+    if centred:
+        gain, bias = weight, norm.bias.detach().to(weight.dtype)
+    else:
+        gain, bias = (1.0 + weight if norm.plus_one else weight), None
+    scale = None
+    if x is not None:
+        x = x.float()
+        spread = x.var(dim=-1, unbiased=False) if centred else x.pow(2).mean(dim=-1)  # (...,)
+        scale = torch.rsqrt(spread + norm.eps)
+    return NormParts(gain, bias, centred, norm.eps, scale)
 
 
 class Projection(nn.Linear):

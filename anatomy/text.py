@@ -19,6 +19,7 @@ before torch loads.
 
 from __future__ import annotations
 
+import codecs
 import os
 from collections.abc import Iterator
 
@@ -59,6 +60,33 @@ def text_lines(path: str | os.PathLike, newline: str | None = None) -> Iterator[
         raise InputError(_where_not_utf8(path)) from None
 
 
+def text_pieces(path: str | os.PathLike, size: int = 4096) -> Iterator[str]:
+    """The text of a UTF-8 file in pieces of at most `size` characters, read `size` bytes at a time, each piece
+    cut after its last space or newline when one is in its second half (so a word is rarely split): a file
+    that is one line of 25 MB is never in memory whole, and a reader that needs its first thousand tokens
+    reads a few pieces. InputError naming the file and the byte where it stops being UTF-8."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    carry, offset = "", 0
+    with open(path, "rb") as handle:
+        while True:
+            raw = handle.read(size)
+            try:
+                text = carry + decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as error:
+                raise InputError(f"{os.fspath(path)} is not UTF-8 text: near byte {offset + error.start + 1:,} "
+                                 f"({error.reason}); give a UTF-8 text file") from None
+            offset += len(raw)
+            while len(text) >= size or (not raw and text):
+                piece = text[:size]
+                cut = max(piece.rfind(" "), piece.rfind("\n")) + 1
+                cut = cut if cut > size // 2 and (raw or len(text) > size) else len(piece)
+                yield piece[:cut]
+                text = text[cut:]
+            carry = text
+            if not raw:
+                return
+
+
 def _where_not_utf8(path: str | os.PathLike) -> str:
     """The first line of the file that does not decode, and the byte in it (a second pass, in bytes:
     the text reader decodes blocks of several lines, so its error cannot say which)."""
@@ -72,4 +100,4 @@ def _where_not_utf8(path: str | os.PathLike) -> str:
     return f"{os.fspath(path)} is not UTF-8 text; give a UTF-8 text file"
 
 
-__all__ = ["InputError", "check_text", "text_lines"]
+__all__ = ["InputError", "check_text", "text_lines", "text_pieces"]

@@ -37,6 +37,16 @@ def cache_folder(tmp_path_factory):
         os.environ["ANATOMY_CACHE"] = before
 
 
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face cache of the test's own, with HF_HUB_OFFLINE set: nothing is downloaded."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
 @pytest.fixture(autouse=True)
 def one_thread():
     before = torch.get_num_threads()

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import anatomy
-from anatomy import cli
+from anatomy import arguments, cli
+from anatomy.parser import Parser
 from anatomy.checkpoints.cli import summary
 from anatomy.checkpoints.parity import ParityRow
 
@@ -31,12 +32,12 @@ def test_version(capsys):
 
 
 @pytest.mark.parametrize("kind, good, bad", [
-    (cli.positive_int, {"1": 1, "64": 64}, ["0", "-3", "2.5", "x", ""]),
-    (cli.non_negative_int, {"0": 0, "7": 7}, ["-1", "1e3", "nan"]),
-    (cli.probability, {"0": 0.0, "1": 1.0, "0.25": 0.25}, ["-0.1", "1.5", "nan", "inf"]),
-    (cli.finite_float, {"-2.5": -2.5, "0": 0.0}, ["nan", "inf", "-inf", "one"]),
-    (cli.positive_float, {"0.7": 0.7}, ["0", "-1", "nan", "inf"]),
-    (cli.non_negative_float, {"0": 0.0, "1e-5": 1e-5}, ["-1e-9", "nan"]),
+    (arguments.positive_int, {"1": 1, "64": 64}, ["0", "-3", "2.5", "x", ""]),
+    (arguments.non_negative_int, {"0": 0, "7": 7}, ["-1", "1e3", "nan"]),
+    (arguments.probability, {"0": 0.0, "1": 1.0, "0.25": 0.25}, ["-0.1", "1.5", "nan", "inf"]),
+    (arguments.finite_float, {"-2.5": -2.5, "0": 0.0}, ["nan", "inf", "-inf", "one"]),
+    (arguments.positive_float, {"0.7": 0.7}, ["0", "-1", "nan", "inf"]),
+    (arguments.non_negative_float, {"0": 0.0, "1e-5": 1e-5}, ["-1e-9", "nan"]),
 ])
 def test_typed_arguments_take_their_range_and_refuse_the_rest(kind, good, bad):
     for text, value in good.items():
@@ -49,15 +50,15 @@ def test_typed_arguments_take_their_range_and_refuse_the_rest(kind, good, bad):
 def test_text_refuses_invalid_utf8_as_a_shell_passes_it():
     raw = b"caf\xff".decode("utf-8", "surrogateescape")  # what sys.argv holds for those bytes
     with pytest.raises(argparse.ArgumentTypeError, match=r"not valid UTF-8 \(byte ff at character 3,"):
-        cli.text(raw)
-    assert cli.text("café") == "café"
+        arguments.text(raw)
+    assert arguments.text("café") == "café"
 
 
 def test_absent_devices_are_named_in_one_line(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    parser = cli.Parser(prog="anatomy x")
-    cli.add_device_argument(parser)
+    parser = Parser(prog="anatomy x")
+    arguments.add_device_argument(parser)
     for device, message in [("cuda", "no CUDA GPU is available"), ("cuda:1", "no CUDA GPU is available"),
                             ("mps", "MPS is not available"), ("tpu", "is not a device"),
                             ("cpu:x", "is not a device")]:
@@ -65,15 +66,15 @@ def test_absent_devices_are_named_in_one_line(monkeypatch, capsys):
             parser.parse_args(["--device", device])
         err = capsys.readouterr().err
         assert exit.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
-    assert cli.device("auto") == "cpu" and cli.device("cpu") == "cpu"
+    assert arguments.device("auto") == "cpu" and arguments.device("cpu") == "cpu"
 
 
 def test_a_cuda_index_past_the_gpus_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert cli.device("cuda:1") == "cuda:1"
+    assert arguments.device("cuda:1") == "cuda:1"
     with pytest.raises(argparse.ArgumentTypeError, match=r"has 2 CUDA GPU\(s\), cuda:0 to cuda:1"):
-        cli.device("cuda:2")
+        arguments.device("cuda:2")
 
 
 def test_errors_are_one_line_and_control_characters_never_reach_the_terminal(capsys):
@@ -169,7 +170,7 @@ def test_threads_are_set_before_torch_loads_and_after(tmp_path):
 
     import os
 
-    script = ("from anatomy.cli import set_threads; set_threads(1); import torch; a = torch.get_num_threads(); "
+    script = ("from anatomy.arguments import set_threads; set_threads(1); import torch; a = torch.get_num_threads(); "
               "set_threads(2); print(a, torch.get_num_threads())")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env,

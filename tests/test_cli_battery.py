@@ -57,7 +57,7 @@ BATTERY = [
     (["parity", "--model", "{tmp}/no-such-checkpoint"], "no-such-checkpoint"),
     (["parity", "--tol", "-1"], "--tol"),
     (["parity", "--seed", "-3"], "--seed"),
-    (["models", "--bogus"], "unrecognized arguments"),
+    (["models", "--bogus"], "unknown option --bogus"),
     # analyze
     (["analyze", "nosuch"], "invalid choice"),
     (["analyze", "lens", "Hello", "--model", "{tmp}/no-such-model"], "no-such-model"),
@@ -76,7 +76,8 @@ BATTERY = [
     # explore
     (["explore", "--port", "99999"], "--port"),
     # circuits
-    (["circuits"], "TEXT"),
+    (["circuits"], "the following arguments are required: --transcoders, --out"),
+    (["circuits", "--transcoders", "t", "--out", "{tmp}/g.html"], "one of the arguments TEXT --prompt is required"),
     (["circuits", "discover", "--task", "nosuch"], "--task"),
     (["circuits", "discover", "--steps", "0"], "--steps"),
     # train

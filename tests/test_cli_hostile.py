@@ -17,7 +17,7 @@ import pytest
 
 from test_cli import run as run_anatomy  # (exit status, stdout, stderr) of `anatomy argv`, in this process
 
-from anatomy import cli
+from anatomy import arguments, cli, terminal
 
 # Characters that change what a terminal shows: ESC, BEL, CSI, DEL, the bidirectional overrides and
 # isolates, the left-to-right and right-to-left marks, the line and paragraph separators.
@@ -25,29 +25,29 @@ HOSTILE = "\x1b\x07\x9b\x7f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u206
 
 
 def test_printable_escapes_every_control_format_and_separator_character():
-    shown = cli.printable("a" + HOSTILE + "b")
+    shown = terminal.printable("a" + HOSTILE + "b")
     assert shown.startswith("a") and shown.endswith("b")
-    assert all(unicodedata.category(c) not in cli.UNPRINTABLE for c in shown), shown
+    assert all(unicodedata.category(c) not in terminal.UNPRINTABLE for c in shown), shown
     assert "\\u202e" in shown and "\\x1b" in shown and "\\u2066" in shown
 
 
 def test_printable_shows_a_byte_that_was_not_utf8_as_the_byte():
     raw = b"caf\xff".decode("utf-8", "surrogateescape")  # what sys.argv holds for those bytes
-    assert cli.printable(raw) == "caf\\xff"
-    cli.printable(raw).encode("utf-8")  # printable text always encodes
+    assert terminal.printable(raw) == "caf\\xff"
+    terminal.printable(raw).encode("utf-8")  # printable text always encodes
 
 
 def test_printable_keeps_text_and_what_is_asked_for():
     text = "héllo wörld, 東京, مرحبا, नमस्ते, 👩\u200d💻"  # joiners (U+200D) are how scripts and emoji are written
-    assert cli.printable(text) == text
-    assert cli.printable("a\nb\tc", keep="\n\t") == "a\nb\tc"
-    assert cli.printable("a\nb") == "a\\x0ab"
+    assert terminal.printable(text) == text
+    assert terminal.printable("a\nb\tc", keep="\n\t") == "a\nb\tc"
+    assert terminal.printable("a\nb") == "a\\x0ab"
 
 
 def test_one_line_is_bounded_and_says_how_much_it_cut():
-    line = cli.one_line("x" * 10_000 + "\n" + "y" * 10, limit=500)
+    line = terminal.one_line("x" * 10_000 + "\n" + "y" * 10, limit=500)
     assert len(line) < 600 and line.endswith("… (9,511 more characters)")
-    assert cli.one_line("short\nmessage", limit=500) == "short message"
+    assert terminal.one_line("short\nmessage", limit=500) == "short message"
 
 
 @pytest.mark.parametrize("value, message", [
@@ -62,7 +62,7 @@ def test_one_line_is_bounded_and_says_how_much_it_cut():
 ])
 def test_an_output_file_is_checked_before_anything_runs(value, message, tmp_path):
     (tmp_path / "file.txt").write_text("x")
-    check = cli.output_file(".html", ".png")
+    check = arguments.output_file(".html", ".png")
     with pytest.raises(argparse.ArgumentTypeError, match=message):
         check(value.replace("{tmp}", str(tmp_path)))
     assert check(str(tmp_path / "view.HTML")) == str(tmp_path / "view.HTML")
@@ -78,14 +78,14 @@ def test_an_output_file_is_checked_before_anything_runs(value, message, tmp_path
 def test_an_output_folder_is_checked_before_anything_runs(value, message, tmp_path):
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(argparse.ArgumentTypeError, match=message):
-        cli.output_folder(value.replace("{tmp}", str(tmp_path)))
-    assert cli.output_folder(str(tmp_path / "a" / "b")) == str(tmp_path / "a" / "b")
+        arguments.output_folder(value.replace("{tmp}", str(tmp_path)))
+    assert arguments.output_folder(str(tmp_path / "a" / "b")) == str(tmp_path / "a" / "b")
     assert not (tmp_path / "a").exists()  # checked, not created
 
 
 def test_a_path_in_a_refusal_is_escaped(tmp_path):
     with pytest.raises(argparse.ArgumentTypeError) as refused:
-        cli.output_file(".html")(str(tmp_path / "no\x1b]0;PWNED\x07\u202e" / "v.html"))
+        arguments.output_file(".html")(str(tmp_path / "no\x1b]0;PWNED\x07\u202e" / "v.html"))
     assert not set(str(refused.value)) & set(HOSTILE)
 
 
@@ -93,7 +93,7 @@ def test_a_path_in_a_refusal_is_escaped(tmp_path):
 
 def raw_controls(text: str) -> list[str]:
     """The characters of `text` a terminal would act on (a newline ends a line and is allowed)."""
-    return [c for c in text if c != "\n" and (unicodedata.category(c) in cli.UNPRINTABLE and c not in cli.JOINERS)]
+    return [c for c in text if c != "\n" and (unicodedata.category(c) in terminal.UNPRINTABLE and c not in terminal.JOINERS)]
 
 
 LOADERS = ("build_toy", "from_pretrained", "load_gguf", "load_folder", "load_native", "load_into", "_build_model")
@@ -297,7 +297,7 @@ def test_a_training_run_in_a_hostile_folder_and_its_resume_warning_are_escaped(t
                              errors="surrogateescape", timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     warning = [line for line in resumed.stderr.splitlines() if "warning" in line]
-    assert len(warning) == 1 and warning[0].startswith("anatomy train: warning: skipped damaged checkpoints"), resumed.stderr
+    assert len(warning) == 1 and warning[0].startswith("anatomy train lm: warning: skipped damaged checkpoints"), resumed.stderr
     assert not raw_controls(resumed.stdout + resumed.stderr), resumed.stderr
     assert not (run_dir / ".lock").exists()  # removed on exit
 

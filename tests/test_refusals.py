@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 import anatomy
 from anatomy import cli
 from test_cli import run  # (exit status, stdout, stderr) of `anatomy argv`, in this process
+from test_cli_convention import COMMANDS, MISTAKES
+from anatomy.parser import MAX_MESSAGE
 from anatomy.text import InputError, check_text
 
 
@@ -142,7 +144,7 @@ def test_a_misspelt_command_gets_did_you_mean(word, suggestion, capsys):
 
 def test_an_argument_no_command_takes_is_named_by_that_command(capsys):
     status, _, err = run(["generate", "--prompt", "x", "--out", "y.html"], capsys)
-    assert status == 2 and err.startswith("anatomy generate: error: unrecognized arguments: --out y.html"), err
+    assert status == 2 and err.startswith("anatomy generate: error: unknown option --out (see anatomy generate --help)"), err
 
 
 def test_a_word_like_no_command_lists_the_commands(capsys):
@@ -150,9 +152,10 @@ def test_a_word_like_no_command_lists_the_commands(capsys):
     assert status == 2 and "did you mean" not in err and "\x1b" not in err and "walk, viz" in err
 
 
-# Refused by the parser, before any model or torch is needed: the command line answers these in
-# milliseconds (the time is measured in `anatomy bench`; what a test can check is that torch is not
-# imported). explore's and bench's modules import torch themselves.
+# Refused before any model or torch is needed: the command line answers these in milliseconds (the time
+# is measured in `anatomy bench`; what a test can check is that torch is not imported). Beside these, every
+# command and subcommand, walked from the parser (test_cli_convention.MISTAKES): an unknown option, a
+# prefix of one, every choice and every typed value given a value it refuses, and --help.
 BEFORE_TORCH = [
     [], ["wlak"], ["--version"], ["walk", ""], ["walk", "--layer", "x"], ["walk", "--model", "smolm2"],
     ["walk", "--example", "nope"], ["walk", "--out", "/no/such/folder/w.txt"], ["viz", "Hello"],
@@ -161,27 +164,37 @@ BEFORE_TORCH = [
     ["generate", "--temperature", "-1"], ["generate", "--chat", ""], ["generate", "--strategy", "nope"],
     ["generate", "--top-k", "0"], ["train", "lm", "--lr", "-1"], ["train", "lm", "--schedule", "nope"],
     ["train", "classify", "--labels", "a,,b"], ["sae", "train", "--kind", "nope"], ["sae", "eval"],
-    ["parity", "smolm2"], ["parity", "--text", ""],
-    *[[name, "--help"] for name in cli.SUBCOMMANDS if name not in ("explore", "bench")],
+    ["parity", "smolm2"], ["parity", "--text", ""], ["circuits", "discover", "--task", "ioi", "--method", "eap", "--steps", "2"],
+    ["circuits", "discover", "--task", "ioi", "--method", "atp", "--edges", "3"],
+    ["circuits", "Hi", "--transcoders", "t", "--out", "g.html", "--clamp", "1:2"],
 ]
 
 
 def test_refusals_and_help_come_before_torch_is_imported(tmp_path):
+    walked = [argv for _, argv, _ in MISTAKES] + [[*words, "--help"] for words, _ in COMMANDS.values()]
     script = (
-        "import json, sys\n"
+        "import contextlib, io, json, sys\n"
         "from anatomy.cli import main\n"
-        "statuses = []\n"
+        "answers = []\n"
         "for argv in json.loads(sys.argv[1]):\n"
-        "    try:\n"
-        "        statuses.append(main(argv))\n"
-        "    except SystemExit as exit:\n"
-        "        statuses.append(exit.code)\n"
-        "print(json.dumps([statuses, 'torch' in sys.modules]))\n")
-    result = subprocess.run([sys.executable, "-c", script, json.dumps(BEFORE_TORCH)], capture_output=True, text=True,
-                            cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
-    statuses, imported = json.loads(result.stdout.splitlines()[-1])
-    expected = [0 if argv[-1:] in ([], ["--version"], ["--help"]) else 2 for argv in BEFORE_TORCH]
-    assert statuses == expected, result.stderr
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n"
+        "            status = main(argv)\n"
+        "        except SystemExit as exit:\n"
+        "            status = exit.code\n"
+        "    answers.append([status, err.getvalue()])\n"
+        "print(json.dumps([answers, 'torch' in sys.modules]))\n")
+    result = subprocess.run([sys.executable, "-c", script, json.dumps(BEFORE_TORCH + walked)], capture_output=True,
+                            text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    answers, imported = json.loads(result.stdout.splitlines()[-1])
+    expected = [0 if argv[-1:] in ([], ["--version"], ["--help"]) else 2 for argv in BEFORE_TORCH + walked]
+    assert [status for status, _ in answers] == expected, result.stderr
+    for (prog, argv, said), (_, err) in zip(MISTAKES, answers[len(BEFORE_TORCH):]):
+        line = err.rstrip("\n")  # one printable line naming the full subcommand, what is wrong, and where help is
+        assert line.startswith(f"{prog}: error: ") and line.endswith(f" (see {prog} --help)"), (argv, err)
+        assert said in line and line.isprintable(), (argv, line)
+        assert len(line) <= MAX_MESSAGE + 2 * len(prog) + 50, (argv, len(line))
     assert not imported, "torch was imported before the arguments were refused"
 
 

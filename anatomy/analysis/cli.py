@@ -14,13 +14,18 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from ..cli import add_model_argument, add_threads_argument, one_line, output_file, positive_int, printable, text
+from ..arguments import add_compute_arguments, add_model_argument, output_file, positive_int, text, within
+from ..progress import Stages
+from ..terminal import one_line, printable
 from .choices import BY, KINDS
 
 # The model, the analyses and torch are imported by the functions that use them, once the arguments
 # have been checked (anatomy.lazy): a mistake is refused in milliseconds.
 
-ANALYSES = ("lens", "decompose", "dla", "patch", "ig", "gxi", "rollout", "heads")
+ANALYSES = {  # the analysis -> its name, as its stage is shown
+    "lens": "the logit lens", "decompose": "the decomposition", "dla": "direct logit attribution",
+    "patch": "activation patching", "ig": "integrated gradients", "gxi": "gradient x input",
+    "rollout": "attention rollout", "heads": "head detection"}
 # The options each analysis reads (None: the default below); any other given is refused, not ignored.
 OPTIONS = {"target": ("ig", "gxi", "dla"), "point": ("patch",), "by": ("patch",), "kind": ("heads",),
            "steps": ("ig",), "clean": ("patch",), "corrupt": ("patch",)}
@@ -28,19 +33,11 @@ DEFAULTS = {"point": "resid_pre", "by": "position", "kind": "induction"}
 MAX_STEPS = 4096  # ig: each step is one forward and backward pass
 
 
-def ig_steps(value: str) -> int:
-    """An argparse type: integrated gradients' steps, 1 to MAX_STEPS."""
-    steps = positive_int(value)
-    if steps > MAX_STEPS:
-        raise argparse.ArgumentTypeError(f"{steps} steps is more than {MAX_STEPS} (each is a forward and a backward pass)")
-    return steps
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("analysis", choices=ANALYSES, help="which analysis: " + ", ".join(ANALYSES))
     parser.add_argument("text", nargs="?", type=text, help="the input text (the source, for an encoder-decoder)")
     add_model_argument(parser)
-    add_threads_argument(parser)
+    add_compute_arguments(parser)
     parser.add_argument("--target-text", type=text, help="encoder-decoder: the decoder's input text")
     parser.add_argument("--target", type=text,
                         help="ig, gxi, dla: the token whose logit is explained (default: the top prediction)")
@@ -49,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--point", help=f"patch: the point in each block (default: {DEFAULTS['point']})")
     parser.add_argument("--by", choices=BY, help=f"patch: one cell per position, head or layer (default: {DEFAULTS['by']})")
     parser.add_argument("--kind", choices=KINDS, help=f"heads: which kind to score (default: {DEFAULTS['kind']})")
-    parser.add_argument("--steps", type=ig_steps, help=f"ig: a fixed number of Gauss-Legendre steps (Captum's rule), "
+    parser.add_argument("--steps", type=within(positive_int, 1, MAX_STEPS, "steps", " (each is a forward and a backward pass)"), help=f"ig: a fixed number of Gauss-Legendre steps (Captum's rule), "
                         f"1 to {MAX_STEPS} (default: adaptive, until completeness is within 5%%)")
     parser.add_argument("--out", type=output_file(".html", ".png", ".svg"),
                         help="write the view: .html (interactive, offline), .png or .svg")
@@ -127,18 +124,39 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..checkpoints import from_pretrained
+
+    for option, default in DEFAULTS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, default)
+    with Stages.of(args) as stages:
+        stages.start("loading the model")
+        model = from_pretrained(args.model, device=args.device).eval()
+        torch.manual_seed(0)
+        stages.start(ANALYSES[args.analysis])
+        result, target_label = _analyse(args, model)
+    baseline = None
+    if "baseline_ids" in result.extra and getattr(model, "tokenizer", None) is not None:
+        ids = result.extra["baseline_ids"].unique().tolist()
+        baseline = (f", from the baseline '{model.tokenizer.labels(ids)[0]}' at every position" if len(ids) == 1
+                    else ", from its baseline ids")
+    result.about = _about(args, target_label, baseline)
+    for line in (f"{result.kind}: {result.about}", f"{result.shape_text}", f"check: {result.check}"):
+        print("\n".join(textwrap.wrap(printable(line), 80, subsequent_indent="  ", break_long_words=False)))
+    print(_summary(result))
+    if args.out:
+        print(f"wrote {printable(str(result.save(args.out)))}")
+    return 0
+
+
+def _analyse(args: argparse.Namespace, model):
+    """(the Result of the analysis asked for, the label of the token it explains or None)."""
     from .attribution import attention_rollout, gradient_x_input, integrated_gradients
     from .decompose import decompose, direct_logit_attribution
     from .heads import detect_heads
     from .lens import logit_lens
     from .patching import patch
 
-    for option, default in DEFAULTS.items():
-        if getattr(args, option) is None:
-            setattr(args, option, default)
-    model = from_pretrained(args.model).eval()
-    torch.manual_seed(0)
-    analysis = args.analysis
+    analysis, target_label = args.analysis, None
     if analysis == "heads":
         result = detect_heads(model, args.kind)
     elif analysis == "patch":
@@ -164,18 +182,7 @@ def run(args: argparse.Namespace) -> int:
                 result = integrated_gradients(model, inputs, target, steps=args.steps)
             else:
                 result = gradient_x_input(model, inputs, target)
-    baseline = None
-    if "baseline_ids" in result.extra and getattr(model, "tokenizer", None) is not None:
-        ids = result.extra["baseline_ids"].unique().tolist()
-        baseline = (f", from the baseline '{model.tokenizer.labels(ids)[0]}' at every position" if len(ids) == 1
-                    else ", from its baseline ids")
-    result.about = _about(args, locals().get("target_label"), baseline)
-    for line in (f"{result.kind}: {result.about}", f"{result.shape_text}", f"check: {result.check}"):
-        print("\n".join(textwrap.wrap(printable(line), 80, subsequent_indent="  ", break_long_words=False)))
-    print(_summary(result))
-    if args.out:
-        print(f"wrote {printable(str(result.save(args.out)))}")
-    return 0
+    return result, target_label
 
 
 def _about(args: argparse.Namespace, target: str | None, baseline: str | None = None) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..layers import LayerNorm, RMSNorm
+from ..layers import norm_parts
 from ..trace import trace
 from .inputs import as_batch
 from .lens import stack_of, stack_prefix
@@ -86,22 +86,17 @@ def decompose(model: nn.Module, inputs, *, tokenizer=None) -> Result:
 
 
 def frozen_norm(norm: nn.Module | None, residual: torch.Tensor, parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The norm as the linear map it is once its scale is frozen at the whole residual's.
+    """The norm as the linear map it is once its scale is frozen at the whole residual's (layers.norm_parts).
 
     residual [B, T, E], parts [C, B, T, E] summing to it -> (normed parts [C, B, T, E], bias [E]);
     normed parts + bias sum to norm(residual)."""
     if norm is None:
         return parts, torch.zeros(residual.size(-1), dtype=residual.dtype)
-    x = residual.float()
-    if isinstance(norm, LayerNorm):
-        sigma = torch.sqrt(x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # (B, T, 1)
-        centred = parts - parts.mean(dim=-1, keepdim=True)
-        return norm.weight * centred / sigma, norm.bias.detach()
-    if isinstance(norm, RMSNorm):
-        rms = torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + norm.eps)  # (B, T, 1)
-        gain = 1.0 + norm.weight if norm.plus_one else norm.weight
-        return gain * parts / rms, torch.zeros_like(norm.weight)
-    raise ValueError(f"no frozen-scale form for the norm {type(norm).__name__}")
+    gain, bias, centred, _, scale = norm_parts(norm, residual)  # scale (B, T)
+    if centred:
+        parts = parts - parts.mean(dim=-1, keepdim=True)
+    bias = torch.zeros_like(gain) if bias is None else bias
+    return parts * scale[..., None] * gain, bias.to(norm.weight.dtype)
 
 
 def _targets(target, logits: torch.Tensor) -> torch.Tensor:

@@ -97,6 +97,8 @@ def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: s
     dtype = getattr(torch, settings.get("dtype", "float32"))
     model = from_pretrained(model_folder, dtype=dtype).eval()
     transcoders = load_transcoders(transcoder_folder, dtype=dtype)
+    for layer in range(transcoders.n_layers):  # the set reads its layers when first used: read before the clock
+        transcoders.layers[layer]
     loaded = status_gb("VmRSS")
     goal = settings.get("memory_goal_gb")
     max_bytes = None if goal is None else int((0.95 * goal - loaded) * 1e9)  # the goal less what is loaded

@@ -27,43 +27,38 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib
+import sys
 
-import torch
+from ..arguments import add_compute_arguments, non_negative_int, positive_float, within
+from ..progress import Stages
 
-from ..checkpoints.parity import quiet_progress_bars
-from ..cli import add_threads_argument, non_negative_int, positive_float
-from .common import Row, Settings, cpu_model, fmt, load_average, matmul_peak, read_bandwidth
-from .analysis import bench_analysis
-from .circuits import bench_circuits
-from .circuits_scale import bench_circuits_scale
-from .decoding import bench_generate
-from .discovery import bench_discovery
-from .encoder import bench_encoder
-from .explore import bench_explore
-from .gemv import bench_gemv
-from .load import bench_load
-from .overhead import bench_overhead
-from .refusals import bench_refusals
-from .sae import bench_sae
-from .soak import bench_soak
-from .trace import bench_trace
-from .train import bench_train
-
+# Each group's module (bench/<module>.py) and function, imported when the group runs: the arguments are
+# checked, and a mistake refused, before torch and transformers load.
 GROUPS = {
-    "encoder": bench_encoder,
-    "generate": bench_generate,
-    "train": bench_train,
-    "trace": bench_trace,
-    "overhead": bench_overhead,
-    "gemv": bench_gemv,
-    "load": bench_load,
-    "analysis": bench_analysis,
-    "sae": bench_sae,
-    "explore": lambda settings: bench_explore(settings) + bench_soak(settings),  # the page timed, then the soak
-    "circuits": lambda settings: bench_circuits(settings) + bench_circuits_scale(settings),  # 16 tokens whole, then capped
-    "refusals": bench_refusals,
-    "discovery": bench_discovery,
+    "encoder": ["encoder:bench_encoder"],
+    "generate": ["decoding:bench_generate"],
+    "train": ["train:bench_train"],
+    "trace": ["trace:bench_trace"],
+    "overhead": ["overhead:bench_overhead"],
+    "gemv": ["gemv:bench_gemv"],
+    "load": ["load:bench_load"],
+    "analysis": ["analysis:bench_analysis"],
+    "sae": ["sae:bench_sae"],
+    "explore": ["explore:bench_explore", "soak:bench_soak"],  # the page timed, then the soak
+    "circuits": ["circuits:bench_circuits", "circuits_scale:bench_circuits_scale"],  # 16 tokens whole, then capped
+    "refusals": ["refusals:bench_refusals"],
+    "discovery": ["discovery:bench_discovery"],
 }
+
+
+def group_rows(group: str, settings) -> list:
+    """Every row of one group (GROUPS), its functions run in order."""
+    rows = []
+    for target in GROUPS[group]:
+        module, _, function = target.partition(":")
+        rows += getattr(importlib.import_module(f".{module}", __package__), function)(settings)
+    return rows
 
 
 SMOKE_TEST = ("smoke test (--quick): tiny shapes and 2 repeats check that every case runs and that both sides "
@@ -72,9 +67,11 @@ SMOKE_TEST = ("smoke test (--quick): tiny shapes and 2 repeats check that every 
 MAX_REPEATS = 1000
 
 
-def table(rows: list[Row], quick: bool = False) -> str:
-    """A Markdown table: readable in a terminal, pasteable into BENCHMARKS.md. quick: a smoke test,
+def table(rows: list, quick: bool = False) -> str:
+    """A Markdown table of bench Rows: readable in a terminal, pasteable into BENCHMARKS.md. quick: a smoke test,
     whose speed-ups would mean nothing ("n/a")."""
+    from .common import fmt
+
     lines = ["| case | unit | anatomy | transformers | speed-up | notes |", "|---|---|---:|---:|---:|---|"]
     for row in rows:
         speedup = "n/a" if quick else f"{row.speedup:.2f}x" if row.speedup is not None else "-"
@@ -88,21 +85,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a smoke test: tiny shapes and 2 repeats check that it runs (CI); no speed-ups")
     parser.add_argument("--only", nargs="+", choices=sorted(GROUPS), metavar="GROUP",
                         help=f"run only these groups ({', '.join(GROUPS)})")
-    parser.add_argument("--repeats", type=repeats, default=0, help="timed runs per side (default: per case)")
+    parser.add_argument("--repeats", type=within(non_negative_int, 0, MAX_REPEATS, "repeats"), default=0,
+                        help="timed runs per side (default: per case)")
     parser.add_argument("--soak-seconds", type=positive_float, default=0.0, metavar="S",
                         help="how long the explorer's soak types (explore group; default 600, 20 with --quick)")
-    add_threads_argument(parser)
-
-
-def repeats(value: str) -> int:
-    """An argparse type: timed runs per side, 0 (each case's own) to MAX_REPEATS."""
-    count = non_negative_int(value)
-    if count > MAX_REPEATS:
-        raise argparse.ArgumentTypeError(f"{count:,} repeats is more than {MAX_REPEATS:,}")
-    return count
+    add_compute_arguments(parser, device=False)  # the CPU: both libraries against its measured ceilings
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..checkpoints.parity import quiet_progress_bars
+    from .common import Settings
+
     settings = Settings(quick=args.quick, repeats=2 if args.quick and not args.repeats else args.repeats,
                         soak_seconds=args.soak_seconds)
     try:
@@ -127,6 +120,10 @@ def verbosity(logging, level: int):
 
 def run_groups(args: argparse.Namespace, settings: Settings, transformers) -> int:
     """The run itself: the machine's ceilings, every group asked for, the table."""
+    import torch
+
+    from .common import cpu_model, fmt, load_average, matmul_peak, read_bandwidth
+
     settings.peak_gflops = matmul_peak(512 if args.quick else 1536)
     settings.bandwidth_gbs = read_bandwidth(32 if args.quick else 256)
     print(f"# anatomy bench{' --quick' if args.quick else ''}, {datetime.date.today()}")
@@ -137,11 +134,13 @@ def run_groups(args: argparse.Namespace, settings: Settings, transformers) -> in
     print(f"measured: fp32 matmul peak {settings.peak_gflops:.0f} GFLOP/s, "
           f"memory read bandwidth {settings.bandwidth_gbs:.1f} GB/s\n")
     rows = []
-    for group in args.only or list(GROUPS):
-        group_rows = GROUPS[group](settings)
-        rows += group_rows
-        for row in group_rows:  # progress, while the rest runs
-            print(f"  {row.group}: {row.case}: {fmt(row.ours)} vs {fmt(row.theirs)} {row.unit}", flush=True)
+    with Stages.of(args, sys.stderr) as stages:  # stdout: the rows and the table
+        for group in args.only or list(GROUPS):
+            stages.start(f"the {group} group")
+            done = group_rows(group, settings)
+            rows += done
+            for row in done:  # progress, while the rest runs
+                print(f"  {row.group}: {row.case}: {fmt(row.ours)} vs {fmt(row.theirs)} {row.unit}", flush=True)
     print()
     print(table(rows, quick=args.quick))
     if args.quick:

@@ -17,19 +17,15 @@ Two rows:
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .common import Row, Settings, alternate, load_average, peer_python
+from .common import Row, Settings, alternate, load_average
+from .sae_layers import bench_every_layer
+from .sae_workers import alternate_workers, smollm2_tokens
 
 POINT = "blocks.15.resid_post"
 WORKER = Path(__file__).with_name("saelens_worker.py")
@@ -52,11 +48,7 @@ def _activations(settings: Settings) -> tuple[torch.Tensor, torch.Tensor, object
         from ..checkpoints import from_pretrained
 
         model = from_pretrained("smollm2").eval()
-        # the repository's neighbour ../shared/data (a checkout); installed elsewhere, random tokens
-        text = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-        ids = model.tokenizer.encode(text.read_text(encoding="utf-8")[:400_000], add_special_tokens=False) \
-            if text.is_file() else np.random.default_rng(0).integers(0, model.config.vocab_size, 80_000)
-        rows = rows_of(model, [POINT], np.asarray(ids), context=128, limit=4096 * 12 + 8192)
+        rows = rows_of(model, [POINT], smollm2_tokens(model), context=128, limit=4096 * 12 + 8192)
     order = torch.from_numpy(np.random.default_rng(0).permutation(len(rows)))
     rows = rows[order]
     norms = rows.norm(dim=-1)
@@ -73,89 +65,15 @@ def _options(settings: Settings, d_in: int) -> dict:
                 aux_coefficient=1 / 32, dead_steps=20, seed=0, threads=1)
 
 
-def anatomy_worker(rows_path: str, out_path: str, options: str) -> None:
-    """anatomy's side, in its own process: the same batches, SAETrainer.train_step, the held-out FVE and L0.
-    With options "layers" N (default 1), N SAEs of options "kind" (default topk) each read their own E columns
-    of the rows (E = the width / N); the FVE and L0 are then lists, one a SAE."""
-    from safetensors.torch import load_file
-
-    from ..sae import SAE
-    from ..sae.train import SAETrainConfig, SAETrainer
-
-    o = json.loads(options)
-    torch.set_num_threads(o["threads"])
-    rows = load_file(rows_path)
-    train, held = rows["train"], rows["held_out"]
-    batch, n, kind = o["batch_size"], o.get("layers", 1), o.get("kind", "topk")
-    width, k = train.size(1) // n, o["k"] if kind == "topk" else float(o["k"])
-
-    class Batches:
-        def batch(self, step: int) -> torch.Tensor:
-            start = (step * batch) % (len(train) - batch + 1)
-            return train[start:start + batch]
-
-    config = SAETrainConfig(kind=kind, features=o["d_sae"], k=k, max_steps=o["steps"], batch_size=batch,
-                            lr=o["lr"], warmup=o["warmup"], min_lr_ratio=o["min_lr_ratio"], eps=1e-8,
-                            aux_coefficient=o["aux_coefficient"], dead_tokens=o["dead_steps"] * batch,
-                            eval_every=0, save_every=0, progress=False, quiet=True, seed=o["seed"])
-    saes = [SAE(width, o["d_sae"], kind=kind, k=k, seed=o["seed"] + i) for i in range(n)]
-    with tempfile.TemporaryDirectory() as run_dir:
-        trainer = SAETrainer(saes if n > 1 else saes[0], Batches(), config, run_dir, offsets=[i * width for i in range(n)])
-        seconds = []
-        for _ in range(o["steps"]):
-            start = time.perf_counter()
-            trainer.train_step()
-            seconds.append(time.perf_counter() - start)
-        trainer.calibrate()
-        trained = trainer.trained_saes()
-    fves, l0s = [], []
-    for i, sae in enumerate(trained):
-        x = held[:, i * width:(i + 1) * width].float()
-        with torch.no_grad():
-            f = sae.encode(x)
-            fves.append(1 - (x - sae.decode(f)).pow(2).sum().item() / (x - x.mean(0)).pow(2).sum().item())
-            l0s.append((f > 0).sum(-1).float().mean().item())
-    with open(out_path, "w") as handle:
-        json.dump({"seconds": seconds, "fve": fves if n > 1 else fves[0], "l0": l0s if n > 1 else l0s[0]}, handle)
-
-
-def saelens_python(install: bool = True) -> tuple[str | None, str]:
-    """(the python of an environment with sae-lens, or None; what was done or why not). install: make the
-    cached environment when it is absent (never in --quick: CI has neither the time nor the network)."""
-    return peer_python("SAELens", "ANATOMY_SAELENS_PYTHON", "venv-saelens", ["sae-lens"], install,
-                       "SAELens pins transformer-lens < 4")
-
-
-def run_worker(command: list[str]) -> dict:
-    """A worker process's JSON result (its command ends in OUT.json OPTIONS), or RuntimeError with its stderr."""
-    out = command[-2]
-    run = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                         timeout=3600)
-    if run.returncode != 0:
-        raise RuntimeError(f"{Path(command[1]).name if len(command) > 1 else command[0]} failed: {run.stderr[-600:]}")
-    return json.loads(Path(out).read_text())
-
-
 def bench_training(settings: Settings, train: torch.Tensor, held: torch.Tensor) -> Row:
     """The training row: each side's worker process in turn, rows per second and held-out FVE."""
-    from safetensors.torch import save_file
-
     options = _options(settings, train.size(1))
-    python, how = saelens_python(install=not settings.quick)
-    with tempfile.TemporaryDirectory() as folder:
-        rows_path = str(Path(folder) / "rows.safetensors")
-        save_file({"train": train, "held_out": held}, rows_path)
-        ours_command = lambda out: [sys.executable, "-m", "anatomy.bench.sae", rows_path, out, json.dumps(options)]  # noqa: E731
-        theirs_command = lambda out: [python, str(WORKER), rows_path, out, json.dumps(options)]  # noqa: E731
-        order = ["anatomy", "SAELens", "SAELens", "anatomy"] if python else ["anatomy", "anatomy"]
-        results: dict[str, list[dict]] = {"anatomy": [], "SAELens": []}
-        for i, side in enumerate(order):
-            out = str(Path(folder) / f"{side}-{i}.json")
-            results[side].append(run_worker(ours_command(out) if side == "anatomy" else theirs_command(out)))
+    results, how = alternate_workers(train, held, options, WORKER, install=not settings.quick)
+    python = "SAELens" in results
     skip = min(5, options["steps"] - 1)
     rate = {side: statistics.median(options["batch_size"] / s for r in runs for s in r["seconds"][skip:])
-            for side, runs in results.items() if runs}
-    fve = {side: statistics.mean(r["fve"] for r in runs) for side, runs in results.items() if runs}
+            for side, runs in results.items()}
+    fve = {side: statistics.mean(r["fve"] for r in runs) for side, runs in results.items()}
     case = (f"train TopK SAE {train.size(1)}->{options['d_sae']}, k {options['k']}, batch {options['batch_size']}, "
             f"{options['steps']} steps" + (", theirs = SAELens" if python else ""))
     row = Row("sae", case, "rows/s", rate["anatomy"], rate.get("SAELens"), True)
@@ -166,7 +84,7 @@ def bench_training(settings: Settings, train: torch.Tensor, held: torch.Tensor) 
                          f"{results['anatomy'][0]['l0']:.1f} vs {results['SAELens'][0]['l0']:.1f}")
     else:
         row.notes.append(f"no SAELens comparison; held-out FVE {fve['anatomy']:.4f}")
-    row.notes.append(f"{len(order) // (2 if python else 1)} runs a side, alternating, one process each; load {load_average()}")
+    row.notes.append(f"{len(results['anatomy'])} runs a side, alternating, one process each; load {load_average()}")
     return row
 
 
@@ -195,11 +113,5 @@ def bench_harvest(settings: Settings, model) -> Row:
 
 def bench_sae(settings: Settings) -> list[Row]:
     """Both rows of the module docstring, then the every-layer rows (sae_layers.py)."""
-    from .sae_layers import bench_every_layer
-
     train, held, model = _activations(settings)
     return [bench_harvest(settings, model), bench_training(settings, train, held), *bench_every_layer(settings)]
-
-
-if __name__ == "__main__":
-    anatomy_worker(*sys.argv[1:4])

@@ -8,7 +8,7 @@ Three rows, in the sae group:
 - **training N BatchTopK SAEs in one process from one stream** (N of SmolLM2's blocks.L.mlp.out, 576 -> 2304
   features, k 32, batches of 2048, Adam, warmup and cosine decay, AuxK): anatomy's `SAETrainer` over a list
   of SAEs against SAELens's `MultiSAETrainer` (what its MultiSAETrainingRunner drives), on the same rows in
-  the same order, each in its own process (bench/sae.py's worker and saelens_multi_worker.py), alternating: rows per second (each row trains all N), medians
+  the same order, each in its own process (sae_workers.py's and saelens_multi_worker.py), alternating: rows per second (each row trains all N), medians
   over the steps after the first 5, and the mean held-out FVE at the end. Both are given the activations:
   the runner's own harvest needs a TransformerLens model, which SmolLM2 is not offline. SAELens's
   MultiSAETrainer trains SAEs only (no transcoders), hence SAEs on both sides.
@@ -19,9 +19,7 @@ Three rows, in the sae group:
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ import numpy as np
 import torch
 
 from .common import Row, Settings, alternate, load_average
+from .sae_workers import alternate_workers, smollm2_tokens
 
 WORKER = Path(__file__).with_name("saelens_multi_worker.py")
 
@@ -46,17 +45,13 @@ def _model_and_tokens(settings: Settings):
     from ..checkpoints import from_pretrained
 
     model = from_pretrained("smollm2").eval()
-    text = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-    ids = model.tokenizer.encode(text.read_text(encoding="utf-8")[:400_000], add_special_tokens=False) \
-        if text.is_file() else np.random.default_rng(0).integers(0, model.config.vocab_size, 80_000)
-    return model, np.asarray(ids), 128
+    return model, smollm2_tokens(model), 128
 
 
 def bench_harvest_layers(settings: Settings, model, tokens: np.ndarray, context: int) -> Row:
     """One pass for every layer's MLP input and output against one pass per layer, alternating."""
     from ..sae.store import harvest
-    from ..sae.transcoders import mlp_points
-    from ..sae.transcoders_cli import points_of
+    from ..sae.transcoders import mlp_points, points_of
 
     n_layers = len(model.blocks)
     points = points_of(*mlp_points(model), n_layers)
@@ -87,10 +82,7 @@ def _options(settings: Settings) -> dict:
 
 def bench_multi_training(settings: Settings, model, tokens: np.ndarray, context: int) -> Row:
     """The N-SAE row: each side's worker process in turn, rows per second and mean held-out FVE."""
-    from safetensors.torch import save_file
-
     from ..sae.store import rows_of
-    from .sae import run_worker, saelens_python
 
     o = _options(settings)
     n_layers = len(model.blocks)
@@ -99,22 +91,13 @@ def bench_multi_training(settings: Settings, model, tokens: np.ndarray, context:
     rows = rows_of(model, points, tokens, context=context, limit=o["batch_size"] * 8 + 4096)
     rows = rows[torch.from_numpy(np.random.default_rng(0).permutation(len(rows)))]
     held, train = rows[-4096:].contiguous(), rows[:-4096].contiguous()
-    python, how = saelens_python(install=not settings.quick)
-    with tempfile.TemporaryDirectory() as folder:
-        rows_path = str(Path(folder) / "rows.safetensors")
-        save_file({"train": train, "held_out": held}, rows_path)
-        commands = {"anatomy": lambda out: [sys.executable, "-m", "anatomy.bench.sae", rows_path, out, json.dumps(o)],
-                    "SAELens": lambda out: [python, str(WORKER), rows_path, out, json.dumps(o)]}
-        order = ["anatomy", "SAELens", "SAELens", "anatomy"] if python else ["anatomy", "anatomy"]
-        results: dict[str, list[dict]] = {"anatomy": [], "SAELens": []}
-        for i, side in enumerate(order):
-            out = str(Path(folder) / f"{side}-{i}.json")
-            results[side].append(run_worker(commands[side](out)))
+    results, how = alternate_workers(train, held, o, WORKER, install=not settings.quick)
+    python = "SAELens" in results
     skip = min(5, o["steps"] - 1)
     rate = {side: statistics.median(o["batch_size"] / s for r in runs for s in r["seconds"][skip:])
-            for side, runs in results.items() if runs}
-    fve = {side: statistics.mean(statistics.mean(r["fve"]) for r in runs) for side, runs in results.items() if runs}
-    l0 = {side: statistics.mean(statistics.mean(r["l0"]) for r in runs) for side, runs in results.items() if runs}
+            for side, runs in results.items()}
+    fve = {side: statistics.mean(statistics.mean(r["fve"]) for r in runs) for side, runs in results.items()}
+    l0 = {side: statistics.mean(statistics.mean(r["l0"]) for r in runs) for side, runs in results.items()}
     case = (f"train {o['layers']} BatchTopK SAEs from one stream (layers {', '.join(map(str, layers))} mlp.out, "
             f"{train.size(1) // o['layers']}->{o['d_sae']}, k {o['k']}, batch {o['batch_size']}, {o['steps']} steps)"
             + (", theirs = SAELens MultiSAETrainer" if python else ""))
@@ -126,7 +109,7 @@ def bench_multi_training(settings: Settings, model, tokens: np.ndarray, context:
                          "encodes with its batch top-k, anatomy's with the calibrated threshold)")
     else:
         row.notes.append(f"no SAELens comparison; mean held-out FVE {fve['anatomy']:.4f}")
-    row.notes.append(f"{len(order) // (2 if python else 1)} runs a side, alternating, one process each; load {load_average()}")
+    row.notes.append(f"{len(results['anatomy'])} runs a side, alternating, one process each; load {load_average()}")
     return row
 
 
@@ -135,8 +118,7 @@ def bench_transcoder_step(settings: Settings, model, tokens: np.ndarray, context
     from ..sae import SAE
     from ..sae.store import rows_of
     from ..sae.train import SAETrainConfig, SAETrainer
-    from ..sae.transcoders import mlp_points
-    from ..sae.transcoders_cli import points_of
+    from ..sae.transcoders import mlp_points, points_of
 
     n_layers, width = len(model.blocks), model.config.d_model
     features, batch, steps = (128, 256, 4) if settings.quick else (2304, 1024, 6)

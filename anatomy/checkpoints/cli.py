@@ -14,9 +14,10 @@ import math
 import shutil
 import sys
 import textwrap
-import time
 
-from ..cli import add_model_argument, add_threads_argument, model_name, non_negative_float, non_negative_int, one_line, text
+from ..arguments import add_compute_arguments, add_model_argument, model_name, non_negative_float, non_negative_int, text
+from ..progress import Stages
+from ..terminal import one_line
 from .names import BUILTIN_MODELS
 
 # The checkpoints, transformers and torch are imported by the functions that use them, once the
@@ -29,7 +30,7 @@ def add_parity_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_path", metavar="MODEL", nargs="?", default=None, type=model_name,
                         help="the same as --model")
     add_model_argument(parser, default="minilm", help="a checkpoint transformers can also load")
-    add_threads_argument(parser)
+    add_compute_arguments(parser, device=False)  # both libraries run on the CPU, where transformers is the reference
     parser.add_argument("--text", type=text, action="append", help="input text (repeat for a batch); default: a "
                         "pangram, cut to the model's positions if longer")
     parser.add_argument("--text-b", type=text, help="second segment (BERT) or target text (Marian)")
@@ -61,12 +62,9 @@ def run_parity(args: argparse.Namespace) -> int:
                          f"{one_line(model, 100)} is a decoder, which reads one text: give --text only")
     console = Console(highlight=False)
     notes: list[str] = []
-    began = time.perf_counter()
-
-    def progress(stage: str) -> None:  # on stderr: the table alone goes to stdout
-        print(f"[{time.perf_counter() - began:5.1f} s] {one_line(stage, 66)} …", file=sys.stderr, flush=True)
-
-    rows = parity_rows(model, args.text, args.text_b, args.pad, args.tol, args.seed, notes=notes, progress=progress)
+    with Stages.of(args, sys.stderr) as stages:  # the table alone goes to stdout
+        rows = parity_rows(model, args.text, args.text_b, args.pad, args.tol, args.seed, notes=notes,
+                           progress=lambda stage: stages.start(stage))
     for note in notes:
         console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
     name = escape(one_line(model))

@@ -218,6 +218,15 @@ def check_memory(config: ModelConfig, source: str, model: nn.Module | None = Non
                               "available; nothing was allocated")
 
 
+def check_tensors_memory(where: str, shapes: list[tuple[int, ...]], dtype: torch.dtype, what: str) -> None:
+    """CheckpointError naming `where` when tensors of these shapes in `dtype` (what: "the SAE", "the
+    transcoder set") take more than the memory available; read from headers, before any is allocated."""
+    need = sum(math.prod(shape) for shape in shapes) * dtype.itemsize
+    if need > available_memory():
+        raise CheckpointError(f"{where!r}: {what} needs {need / 2**30:.2f} GiB, more than the "
+                              f"{available_memory() / 2**30:.2f} GiB of memory available")
+
+
 def check_weights_memory(weights, names, dtype: torch.dtype, device, source: str) -> None:
     """Before building: the bytes the named checkpoint tensors take once loaded (floating ones in
     `dtype`), read from the headers, against the memory available when they go to the cpu. A weight

@@ -33,6 +33,7 @@ from ..text import InputError, check_text
 from .chat import render_chat, turn_end
 from .files import CheckpointError, read_json, shorten
 from .token_text import piece_decoder, visible
+from .writing import write_atomically
 
 ROLES = ("bos", "eos", "pad", "unk", "mask")
 # role -> the tokens that conventionally play it: anatomy's own first, then BERT's, RoBERTa's, GPT-2's.
@@ -283,8 +284,8 @@ class Tokenizer:
             settings["chat_template"] = self.chat_template
         if self.max_length is not None:
             settings["model_max_length"] = self.max_length
-        _write_atomically(out / TOKENIZER_FILE, self.backend.to_str())
-        _write_atomically(out / SETTINGS_FILE, json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+        write_atomically(out / TOKENIZER_FILE, self.backend.to_str())
+        write_atomically(out / SETTINGS_FILE, json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
         return out
 
     @classmethod
@@ -313,12 +314,6 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _read_backend(path: Path) -> Backend:

@@ -1,8 +1,11 @@
 """Writing a checkpoint folder whole: safetensors shards as transformers writes them, the modes open()
-gives, and a staging folder beside the target, so that an interrupted save leaves nothing in it.
+gives, and a staging folder beside the target, so that an interrupted save leaves nothing in it; and
+any one file written whole, the same way.
 
     write_safetensors   model.safetensors, or shards of at most max_shard_size with their index
     staged_folder       a hidden folder beside the target, moved into place when the save succeeds
+    replacing           a hidden file beside the target, renamed over it when the writer succeeds
+    write_atomically    text or bytes written whole through `replacing`
 """
 
 from __future__ import annotations
@@ -83,6 +86,53 @@ def _umask() -> int:
     except OSError:
         pass
     return 0o022
+
+
+@contextmanager
+def replacing(path: str | Path, suffix: str = "", durable: bool = False) -> Iterator[Path]:
+    """A hidden temporary file beside `path` (.NAME.XXXXXXXX.tmpSUFFIX) for the block to write; when the
+    block ends without an error, it becomes `path` by one rename (atomic on POSIX), with the mode open()
+    gives a new file, so that a reader never sees a partial file and a failure (an encoding error, a full
+    disk, a kill) leaves the previous one whole and no temporary behind. suffix: an ending the writer
+    reads the format from (".png"); durable: the file and its folder are fsync'd (a run folder's files).
+    An OSError names `path`, never the temporary."""
+    path = Path(path)
+    try:  # the temporary's name shows whose it is, cut so that it stays within the file system's limit
+        handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:100]}.", suffix=".tmp" + suffix)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, str(path)) from None
+    os.close(handle)
+    temporary = Path(name)
+    try:
+        yield temporary
+        if durable:
+            _fsync(temporary)
+        os.chmod(temporary, _file_mode())  # mkstemp makes it 0600
+        os.replace(temporary, path)
+        if durable:
+            _fsync(path.parent)
+    except BaseException as error:
+        temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno is not None:  # name the user's file, not the temporary
+            raise OSError(error.errno, error.strerror, str(path)) from None
+        raise
+
+
+def write_atomically(path: str | Path, data: str | bytes, durable: bool = False) -> Path:
+    """Write `data` (text as UTF-8) to `path` all at once, through `replacing`; returns `path`."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data  # an encoding error before any file
+    with replacing(path, durable=durable) as temporary:
+        temporary.write_bytes(payload)
+    return Path(path)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's or a folder's contents to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # What anatomy's savers write into a checkpoint folder (config, weights, shards): a new save

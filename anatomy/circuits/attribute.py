@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import checks
 from .capped import assemble, capped_rows, feature_nodes, kept_layout, partial_influence
 from .footprint import Plan, check_room, lazy_zeros, resident_bytes
 from .graph import Graph, Node
@@ -58,7 +59,7 @@ def prompt_ids(model: nn.Module, prompt) -> torch.Tensor:
                 raise ValueError("the tokenizer has no BOS, pad or EOS token to put before the prompt")
             ids = [specials[0]] + ids
     else:
-        ids = [int(i) for i in (prompt.tolist() if torch.is_tensor(prompt) else prompt)]
+        ids = checks.token_ids(prompt)
     if len(ids) < 2:
         raise ValueError("the prompt needs at least one token after the first (the first position is no node)")
     limit = model.config.max_seq_len if model.config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
@@ -71,6 +72,7 @@ def prompt_ids(model: nn.Module, prompt) -> torch.Tensor:
 
 def check_fits(model: nn.Module, transcoders) -> None:
     """Raise ValueError, in one line, when the model or the transcoder set cannot make a graph together."""
+    checks.model_and_transcoders(model, transcoders)
     why = unsupported(model)
     if why:
         raise ValueError(why)
@@ -125,18 +127,6 @@ def whole_adjacency(rep: Replacement, sources: Sources, active: Active, where: L
     return adjacency
 
 
-def check_options(max_logits, logit_probability, max_feature_nodes, batch_size, update_interval) -> None:
-    """ValueError naming the option and its allowed values."""
-    for name, value in (("max_logits", max_logits), ("batch_size", batch_size), ("update_interval", update_interval)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if not 0.0 < logit_probability <= 1.0:
-        raise ValueError(f"logit_probability must be in (0, 1], got {logit_probability!r}")
-    if max_feature_nodes is not None and (isinstance(max_feature_nodes, bool) or not isinstance(max_feature_nodes, int)
-                                          or max_feature_nodes < 1):
-        raise ValueError(f"max_feature_nodes must be a positive integer or None, got {max_feature_nodes!r}")
-
-
 @torch.no_grad()
 def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int = 10, logit_probability: float = 0.95,
                       max_feature_nodes: int | None = None, batch_size: int = 512, update_interval: int = 4,
@@ -150,11 +140,17 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     checks its identity (graph.check, graph.error; a capped graph's names what its dropped features carry).
     max_bytes: what the graph itself may take in memory (beyond what the process held when called: the model
     and the transcoders; its frozen forward pass counted in), said in graph.meta["memory"]; a capped graph
-    keeps the rows past it in a temporary file (footprint.py). Raises ValueError, before any
-    computation, for an empty prompt, one past the context, a model the replacement cannot be built for, or a
-    transcoder set that does not fit the model; and, after one forward pass and before anything large is
-    allocated, for a graph that needs more memory than is available (or than max_bytes)."""
-    check_options(max_logits, logit_probability, max_feature_nodes, batch_size, update_interval)
+    keeps the rows past it in a temporary file (footprint.py). Raises ValueError, before any computation, for
+    an empty prompt, one past the context, ids that are not integers, an argument out of its range (a count
+    that is not a positive integer, a probability outside (0, 1]), a model the replacement cannot be built
+    for, or a transcoder set that does not fit the model (CheckpointError, a ValueError, for a weight of it
+    that is not finite, when its layer is first read); and, after one forward pass and before anything large
+    is allocated, for a graph that needs more memory than is available (or than max_bytes)."""
+    for name, value in (("max_logits", max_logits), ("batch_size", batch_size), ("update_interval", update_interval)):
+        checks.count(name, value)
+    checks.count("max_feature_nodes", max_feature_nodes, none=True), checks.count("max_bytes", max_bytes, none=True)
+    checks.number("logit_probability", logit_probability, low=0.0, high=1.0, open_low=True)
+    checks.function("progress", progress)
     check_fits(model, transcoders)
     ids = prompt_ids(model, prompt)
     resident = resident_bytes()

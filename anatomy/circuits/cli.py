@@ -1,13 +1,15 @@
-"""`anatomy circuits TEXT --model M --transcoders RUN --out graph.html|graph.json|graph.safetensors`.
+"""`anatomy circuits TEXT --transcoders RUN --out graph.html|graph.json|graph.safetensors`.
 
-    anatomy circuits "The capital of Germany is" --model smollm2 --transcoders runs/transcoders --out graph.html
-    anatomy circuits "..." --model smollm2 --transcoders runs/transcoders --out graph.json   # Neuronpedia's format
-    anatomy circuits "..." --model smollm2 --transcoders runs/transcoders --out g.html g.json g.safetensors  # all three
+    anatomy circuits "The capital of Germany is" --transcoders runs/transcoders --out graph.html
+    anatomy circuits "..." --transcoders runs/transcoders --out graph.json   # Neuronpedia's format
+    anatomy circuits "..." --transcoders runs/transcoders --out g.html g.json g.safetensors  # all three
+    anatomy circuits --prompt discover --transcoders runs/transcoders --out g.html   # a prompt that is the word
     anatomy circuits discover ...                    # circuits over a dataset (anatomy.circuits.discovery.cli)
 
 The graph explains the most likely next tokens (until --logit-probability, at most --max-logits) through
-the transcoders' features; it is pruned at --node-threshold and --edge-threshold for the page and the JSON,
-and written whole to a .safetensors file. Every argument is checked before the model loads.
+the transcoders' features, on the model the transcoders name (or --model); it is pruned at --node-threshold
+and --edge-threshold for the page and the JSON, and written whole to a .safetensors file. Every argument is
+checked before the model loads.
 """
 
 from __future__ import annotations
@@ -15,20 +17,21 @@ from __future__ import annotations
 import argparse
 import re
 import textwrap
-import time
 from pathlib import Path
 
-from ..cli import (add_device_argument, add_model_argument, add_threads_argument, input_file, output_file, positive_int,
-                   printable, probability, summary_block, text)
+from ..arguments import add_compute_arguments, add_model_argument, input_file, output_file, positive_int, probability, text
+from ..progress import Stages
+from ..terminal import printable, summary_block
+from .checks import MAX_CHANGE, number
 
 HANDED_ON = {"discover": "anatomy.circuits.discovery.cli"}  # `anatomy circuits discover ...`, before parsing
 CHANGE = re.compile(r"^(\d+):(\d+)(?:@(\d+))?(?:=(-?[0-9.]+(?:e-?\d+)?))?$")
-POWERS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)i?B?$", re.IGNORECASE)
+POWERS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # memory's sizes, in powers of 1024
+SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?$", re.IGNORECASE)
 
 
 def memory_size(text: str) -> int:
-    """An argparse type: bytes, as 8G, 512M, 1.5GiB or a plain number of bytes (K, M, G, T: powers of 1024)."""
+    """An argparse type: bytes, as 8G, 512M, 1.5GiB or a number of bytes (K, M, G, T: powers of 1024)."""
     match = SIZE.match(text.strip())
     if not match or float(match.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a memory size (e.g. 8G, 512M, 1.5GiB)")
@@ -36,39 +39,39 @@ def memory_size(text: str) -> int:
 
 
 def feature_change(kind: str):
-    """An argparse type for --ablate L:F[@P], --clamp L:F[@P]=V, --steer L:F[@P]=A (layer, feature, position)."""
+    """An argparse type for --ablate L:F[@P], --clamp L:F[@P]=V, --steer L:F[@P]=A (layer, feature, position):
+    a function that makes the FeatureChange once the arguments are checked (interventions.py imports torch)."""
     def parse(text: str):
-        from .interventions import FeatureChange
-
         match = CHANGE.match(text.strip())
         if not match or (kind != "ablate") != (match.group(4) is not None):
             form = "LAYER:FEATURE[@POSITION]" + ("" if kind == "ablate" else "=VALUE")
             raise argparse.ArgumentTypeError(f"{text!r} is not {form} (e.g. 12:345@4{'' if kind == 'ablate' else '=2.5'})")
         layer, feature = int(match.group(1)), int(match.group(2))
         position = None if match.group(3) is None else int(match.group(3))
-        amount = None if match.group(4) is None else float(match.group(4))
-        if kind == "steer":
-            return FeatureChange(layer, feature, position, add=amount)
-        return FeatureChange(layer, feature, position, value=0.0 if kind == "ablate" else amount)
+        try:  # 1e999 is inf, 1.2.3 no number: the value FeatureChange would refuse, refused here
+            amount = None if match.group(4) is None else float(match.group(4))
+            number(f"the {'added ' if kind == 'steer' else ''}value", amount, low=-MAX_CHANGE, high=MAX_CHANGE, none=True)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+        return lambda FeatureChange: (FeatureChange(layer, feature, position, add=amount) if kind == "steer" else
+                                      FeatureChange(layer, feature, position, value=0.0 if kind == "ablate" else amount))
     return parse
-
-
-def nonempty_text(value: str) -> str:
-    """An argparse type: a prompt with something in it."""
-    value = text(value)
-    if not value.strip():
-        raise argparse.ArgumentTypeError("the prompt is empty: give a text to explain")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`anatomy circuits TEXT ...` (and, handed on before parsing, `anatomy circuits discover ...`)."""
     parser.description = ("the attribution graph of TEXT's next token through transcoder features "
                           "(`anatomy circuits discover --help`: circuits over a dataset)")
-    parser.add_argument("prompt", metavar="TEXT", type=nonempty_text, help="the prompt whose next token to explain")
-    add_model_argument(parser, default="smollm2", help="the model")
-    parser.add_argument("--transcoders", required=True, metavar="RUN",
-                        help="a transcoder set: a run folder, or circuit-tracer's folder (config.yaml + safetensors)")
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("text", metavar="TEXT", type=text, nargs="?", help="the prompt whose next token to explain")
+    prompt.add_argument("--prompt", type=text, metavar="TEXT",
+                        help="the prompt, as an option: for one that is the word 'discover' (`anatomy circuits "
+                             "--prompt discover ...`) or that starts with '-'")
+    add_model_argument(parser, named_by="the transcoder set's files", help="the model the transcoders replace the "
+                       "MLPs of")
+    parser.add_argument("--transcoders", required=True, metavar="SET",
+                        help="a transcoder set: a run folder, circuit-tracer's or Gemma Scope's files, a Hub id "
+                             "(org/name[/folder]), or circuit-tracer's names gemma and llama")
     parser.add_argument("--out", required=True, nargs="+", type=output_file(".html", ".htm", ".json", ".safetensors"),
                         help="one or more of .html (the page), .json (Neuronpedia's format), .safetensors (the whole "
                              "graph): one graph, written to each")
@@ -100,8 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="what the intervened model holds at the prompt's values: nothing, the attention patterns, "
                         "or everything but the change (direct effects, which the graph predicts exactly)")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    add_threads_argument(parser)
-    add_device_argument(parser)
+    add_compute_arguments(parser)
 
 
 def run(args) -> int:
@@ -109,28 +111,61 @@ def run(args) -> int:
     from ..checkpoints import from_pretrained
     from ..sae import load_transcoders
     from .attribute import attribution_graph, check_fits
-    from .features import promoted_tokens, top_contexts
-    from .interventions import intervene
+    from .interventions import FeatureChange, intervene
+
+    prompt = args.text if args.text is not None else args.prompt  # one of them: the parser says so
+    with Stages.of(args) as stages:
+        stages.start("loading the transcoders")
+        transcoders = load_transcoders(args.transcoders)
+        name = args.model or transcoders.metadata.get("model_name")
+        if not name:
+            raise ValueError(f"{args.transcoders} does not name the model it was trained on: pass --model")
+        stages.start("loading the model")
+        model = from_pretrained(name).to(args.device).eval()
+        if getattr(model, "tokenizer", None) is None:
+            raise ValueError(f"{name!r} has no tokenizer: the text cannot be read")
+        check_fits(model, transcoders)
+        transcoders = transcoders.to(args.device)  # on the model's device, as every tensor of the graph
+        graph = attribution_graph(model, prompt, transcoders, max_logits=args.max_logits,
+                                  logit_probability=args.logit_probability, max_feature_nodes=args.max_feature_nodes,
+                                  max_bytes=args.max_memory, progress=stages.start("the graph", "rows"))
+        graph.about = f"{name} on {prompt!r}"
+        graph.meta["model"] = str(name)
+        changes = [make(FeatureChange) for make in args.ablate + args.clamp + args.steer]
+        if changes:
+            stages.start("the interventions")
+        tested = intervene(model, prompt, transcoders, changes, freeze=args.freeze, graph=graph) if changes else None
+        stages.start("writing")
+        written, shown, (replacement, completeness) = write_graph(args, graph, model, transcoders, tested)
+    if not args.quiet:
+        counts = {kind: sum(node.kind == kind for node in graph.nodes) for kind in ("feature", "error", "token", "logit")}
+        # a token and its probability kept on one line (a no-break space, which the folding never breaks at)
+        logits = ", ".join(f"{printable(node.label)}\u00a0{node.value:.3f}" for node in graph.nodes if node.kind == "logit")
+        rows = [("model", printable(str(name))), ("prompt", printable(repr(prompt))),
+                ("outputs", logits),
+                ("graph", f"{counts['feature']:,} features, {counts['error']} errors, {counts['token']} tokens, "
+                          f"{counts['logit']} logits"),
+                ("memory", graph.meta["memory"]),
+                ("check", graph.check),
+                ("scores", f"replacement {replacement:.3f}, completeness {completeness:.3f}")]
+        if shown is not None:
+            rows.append(("pruned", f"node threshold {args.node_threshold}, edge threshold {args.edge_threshold}: "
+                                   f"{shown.check}"))
+        rows.append(("time", stages.times()))
+        rows += [("written", printable(str(path))) for path in written]
+        print(summary_block("anatomy circuits", rows))
+        if tested is not None:
+            print(intervention_table(tested))
+    return 0
+
+
+def write_graph(args, graph, model, transcoders, tested):
+    """Write the graph to every --out (pruned for the page and the JSON, whole to .safetensors); returns
+    (the paths written, the pruned graph or None, (replacement, completeness) scores)."""
+    from .features import context_tokens, promoted_tokens, top_contexts
     from .prune import pruned, scores
     from .save import save
 
-    started = time.time()
-    transcoders = load_transcoders(args.transcoders).to(args.device)
-    model = from_pretrained(args.model).to(args.device).eval()
-    if getattr(model, "tokenizer", None) is None:
-        raise ValueError(f"{args.model!r} has no tokenizer: the text cannot be read")
-    check_fits(model, transcoders)
-    loaded = time.time()
-    progress, bar = progress_bar(args)
-    with bar:
-        graph = attribution_graph(model, args.prompt, transcoders, max_logits=args.max_logits,
-                                  logit_probability=args.logit_probability, max_feature_nodes=args.max_feature_nodes,
-                                  max_bytes=args.max_memory, progress=progress)
-    graph.about = f"{args.model} on {args.prompt!r}"
-    graph.meta["model"] = str(args.model)
-    built = time.time()
-    changes = args.ablate + args.clamp + args.steer
-    tested = intervene(model, args.prompt, transcoders, changes, freeze=args.freeze, graph=graph) if changes else None
     replacement, completeness = scores(graph)
     graph.meta.update(replacement=replacement, completeness=completeness)
     written, shown = [], None
@@ -144,33 +179,11 @@ def run(args) -> int:
             written.append(save(shown, path))
             continue
         details = promoted_tokens(model, transcoders, shown)
-        if args.contexts:
-            from ..sae.store import corpus_tokens
-
-            tokens = corpus_tokens(args.contexts, model.tokenizer, eval_fraction=None)[0][:args.max_context_tokens]
+        if args.contexts:  # read a piece at a time, up to the cap
+            tokens = context_tokens(args.contexts, model.tokenizer, args.max_context_tokens)
             details = top_contexts(model, transcoders, shown, tokens, details)
         written.append(save(shown, path, details=details, scores=(replacement, completeness), intervention=tested))
-    if not args.quiet:
-        counts = {kind: sum(node.kind == kind for node in graph.nodes) for kind in ("feature", "error", "token", "logit")}
-        # a token and its probability kept on one line (a no-break space, which the folding never breaks at)
-        logits = ", ".join(f"{printable(node.label)}\u00a0{node.value:.3f}" for node in graph.nodes if node.kind == "logit")
-        rows = [("model", printable(str(args.model))), ("prompt", printable(repr(args.prompt))),
-                ("outputs", logits),
-                ("graph", f"{counts['feature']:,} features, {counts['error']} errors, {counts['token']} tokens, "
-                          f"{counts['logit']} logits"),
-                ("memory", graph.meta["memory"]),
-                ("check", graph.check),
-                ("scores", f"replacement {replacement:.3f}, completeness {completeness:.3f}")]
-        if shown is not None:
-            rows.append(("pruned", f"node threshold {args.node_threshold}, edge threshold {args.edge_threshold}: "
-                                   f"{shown.check}"))
-        rows.append(("time", f"loading {loaded - started:.1f} s, graph {built - loaded:.1f} s, "
-                             f"the rest {time.time() - built:.1f} s"))
-        rows += [("written", printable(str(path))) for path in written]
-        print(summary_block("anatomy circuits", rows))
-        if tested is not None:
-            print(intervention_table(tested))
-    return 0
+    return written, shown, (replacement, completeness)
 
 
 def intervention_table(result) -> str:
@@ -187,20 +200,3 @@ def intervention_table(result) -> str:
         lines.append(f"  {token:<16}{row['before']:>9.3f}{row['after']:>9.3f}{row['change']:>+14.3f}"
                      f"{row.get('direct', float('nan')):>+15.3f}{row.get('through', float('nan')):>+10.3f}")
     return "\n".join(lines)
-
-
-
-def progress_bar(args):
-    """(progress(done, total), a context manager): a bar on a terminal, nothing otherwise."""
-    from contextlib import nullcontext
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    console = Console(stderr=True)
-    if args.quiet or not console.is_terminal:
-        return (lambda done, total: None), nullcontext()
-    bar = Progress(TextColumn("graph"), BarColumn(), MofNCompleteColumn(), TextColumn("rows, ETA"),
-                   TimeRemainingColumn(), console=console, transient=True)
-    task = bar.add_task("graph", total=None)
-    return (lambda done, total: bar.update(task, completed=done, total=total)), bar

@@ -102,3 +102,20 @@ def top_contexts(model: nn.Module, transcoders, graph: Graph, tokens: np.ndarray
             shown.append({"tokens": texts(windows[row, k][inside].tolist()), "acts": window_acts[row, k][inside].tolist()})
         details.contexts[graph.nodes[i].id] = shown
     return details
+
+
+def context_tokens(paths, tokenizer, max_tokens: int) -> np.ndarray:
+    """[at most max_tokens] ids of the UTF-8 files `paths`, in order: each read a few kilobytes at a time
+    (anatomy.text.text_pieces) and tokenized piece by piece until max_tokens are had, so that a corpus of
+    gigabytes costs what its first max_tokens cost. InputError naming a file that is not UTF-8."""
+    from ..text import text_pieces
+    from . import checks
+
+    checks.count("max_tokens", max_tokens)
+    ids: list[int] = []
+    for path in paths:
+        for piece in text_pieces(path):
+            ids += tokenizer.encode(piece, add_special_tokens=False)
+            if len(ids) >= max_tokens:
+                return np.asarray(ids[:max_tokens], dtype=np.int64)
+    return np.asarray(ids, dtype=np.int64)

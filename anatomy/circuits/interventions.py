@@ -32,6 +32,8 @@ import torch
 from torch import nn
 
 from ..trace import trace
+from ..checkpoints.files import shorten
+from . import checks
 from .attribute import check_fits, prompt_ids
 from .graph import Graph
 from .replacement import FrozenNorm, Replacement
@@ -53,6 +55,12 @@ class FeatureChange:
     def __post_init__(self) -> None:
         if (self.value is None) == (self.add is None):
             raise ValueError("a feature change sets a value (ablate: 0, clamp) or adds one (steer): give one of the two")
+        checks.count("a feature change's layer", self.layer, minimum=0)
+        checks.count("a feature change's feature", self.feature, minimum=0)
+        checks.count("a feature change's position", self.position, minimum=0, none=True)
+        for name in ("value", "add"):
+            checks.number(f"a feature change's {name}", getattr(self, name), low=-checks.MAX_CHANGE,
+                          high=checks.MAX_CHANGE, none=True)
 
     def __str__(self) -> str:
         """'L3 #12 @4 = 0' (ablated there), 'L3 #12 += 2.5' (steered at every position)."""
@@ -93,9 +101,14 @@ def intervene(model: nn.Module, prompt, transcoders, changes: list[FeatureChange
               graph: Graph | None = None) -> InterventionResult:
     """Run `prompt` through `model` with `changes` made to `transcoders`' features (module docstring), holding
     what `freeze` says; with a graph of the same prompt, its predictions for its target logits. Raises ValueError
-    for an unknown freeze, a layer, feature or position out of range, or a graph of another prompt."""
-    if freeze not in FREEZES:
-        raise ValueError(f"freeze={freeze!r}; allowed: {', '.join(map(repr, FREEZES))}")
+    for an unknown freeze, a layer, feature or position out of range, or a graph of another prompt; and, after
+    the pass, for changes so large that the logits are no longer finite."""
+    if not isinstance(freeze, str) or freeze not in FREEZES:
+        raise ValueError(f"freeze={shorten(repr(freeze), 80)}; allowed: {', '.join(map(repr, FREEZES))}")
+    if not isinstance(changes, (list, tuple)) or not all(isinstance(c, FeatureChange) for c in changes):
+        raise ValueError("changes must be a list of FeatureChange (layer, feature, position, value= or add=)")
+    if graph is not None and not isinstance(graph, Graph):
+        raise ValueError(f"graph must be a Graph of the same prompt, or None; got {type(graph).__name__}")
     check_fits(model, transcoders)
     ids = prompt_ids(model, prompt)
     if graph is not None and graph.meta.get("prompt_ids") != ids.tolist():
@@ -110,6 +123,9 @@ def intervene(model: nn.Module, prompt, transcoders, changes: list[FeatureChange
             raise ValueError(f"position {change.position} is not in [1, {T}) (the first position is no feature's)")
     rep = Replacement(model, transcoders, ids)
     logits = model_with_changes(model, rep, changes, freeze)
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError(f"the model's logits are not finite after {', '.join(map(str, changes))[:200]}: the changes "
+                         "are too large for its arithmetic")
     before = torch.softmax(rep.logits, dim=-1)
     after = torch.softmax(logits, dim=-1)
     if graph is not None:

@@ -96,17 +96,28 @@ def save_neuronpedia(graph: Graph, path: str | Path, **options) -> Path:
     and list it in graph-metadata.json beside it (kept, one entry per slug), as circuit-tracer's
     create_graph_files does: that folder is what its local server shows (`circuit_tracer start-server
     --graph_file_dir FOLDER`)."""
-    from ..viz.html import write_atomically
+    from ..viz.html import json_text, write_atomically
 
     path = Path(path)
     options.setdefault("slug", path.stem or "anatomy-graph")
     data = neuronpedia_json(graph, **options)
-    written = write_atomically(path, json.dumps(data, ensure_ascii=False))
+    written = write_atomically(path, json_text(data, ensure_ascii=False))
     listing = path.parent / "graph-metadata.json"
-    try:
-        graphs = json.loads(listing.read_text(encoding="utf-8")).get("graphs", []) if listing.is_file() else []
-    except (ValueError, AttributeError):
-        graphs = []  # not a listing this writer can keep: it starts a new one
-    graphs = [entry for entry in graphs if isinstance(entry, dict) and entry.get("slug") != data["metadata"]["slug"]]
-    write_atomically(listing, json.dumps({"graphs": graphs + [data["metadata"]]}, ensure_ascii=False, indent=1))
+    graphs = [entry for entry in listed_graphs(listing) if entry.get("slug") != data["metadata"]["slug"]]
+    write_atomically(listing, json_text({"graphs": graphs + [data["metadata"]]}, ensure_ascii=False, indent=1))
     return written
+
+
+MAX_LISTING_BYTES = 16 << 20  # a listing of graphs: a kilobyte of metadata each
+
+
+def listed_graphs(listing: Path) -> list[dict]:
+    """The entries of a graph-metadata.json that this writer can keep; [] for a file it cannot read (too large,
+    not UTF-8, not JSON, nested past reading, of another shape), which it then replaces."""
+    try:
+        if not listing.is_file() or listing.stat().st_size > MAX_LISTING_BYTES:
+            return []
+        graphs = json.loads(listing.read_text(encoding="utf-8")).get("graphs", [])
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return []
+    return [entry for entry in graphs if isinstance(entry, dict)] if isinstance(graphs, list) else []

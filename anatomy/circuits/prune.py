@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import checks
 from .graph import INPUT_KINDS, OUTPUT_KINDS, SOURCE_KINDS, Graph
 from .identity import identity_gaps
 
@@ -122,9 +123,7 @@ class Pruning:
 
 
 def check_threshold(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be a number from 0 to 1, got {value!r}")
-    return float(value)
+    return checks.number(name, value, low=0.0, high=1.0)
 
 
 def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Pruning:

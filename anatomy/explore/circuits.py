@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .panels import float_setting, int_setting
-from .state import ExploreError, ModelSlot, Pass
+from .models import ModelSlot
+from .state import Pass
+from .values import ExploreError, float_setting, int_setting
 
 GRAPH_BYTES = 3 * 2**30  # at most this much held by one graph (SmolLM2, 16 positions: about 1.6 GiB)
 

@@ -13,16 +13,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib.util
-import os
 import socket
 import sys
 import threading
 import webbrowser
 
-import torch
-
-from ..cli import add_model_argument, positive_int, printable
-from .state import CACHE_BYTES
+from ..arguments import add_model_argument, add_threads_argument, positive_int
+from ..terminal import printable
 
 LOCAL = ("127.0.0.1", "localhost", "::1")
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -44,7 +41,7 @@ def port(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_argument(parser, default=None, required=False, several=True,
+    add_model_argument(parser, default=None, several=True,
                        help="a model the page may show; give --model several times (default: smollm2 if installed, "
                             "the three toys, minilm if installed)")
     parser.add_argument("--sae", action="append", default=[], metavar="MODEL=PATH",
@@ -62,11 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-open", action="store_true",
                         help="let the page open a folder, a .gguf file or a Hub id typed into it (default: only the "
                              "models given here)")
-    parser.add_argument("--threads", type=positive_int, default=max(1, min(4, (os.cpu_count() or 2) // 2)),
-                        help="torch threads for each computation (default: half the cores, at most 4)")
-    parser.add_argument("--cache-mb", type=positive_int, default=CACHE_BYTES // 2**20,
-                        help=f"memory the traced passes may keep, in MB (default: {CACHE_BYTES // 2**20}; SmolLM2 "
-                             "holds about 15 MB a text of 16 tokens)")
+    # the models run where the page asks, on the CPU (no --device), and each job shows its own progress on
+    # the page (no --no-progress)
+    add_threads_argument(parser)
+    parser.add_argument("--cache-mb", type=positive_int, default=None,
+                        help="memory the traced passes may keep, in MB (default: the explorer's, four SmolLM2 passes "
+                             "of 16 tokens, about 15 MB each)")
 
 
 def return_large_buffers(threshold: int = MMAP_THRESHOLD) -> None:
@@ -84,10 +82,10 @@ def return_large_buffers(threshold: int = MMAP_THRESHOLD) -> None:
 def run(args: argparse.Namespace) -> int:
     from .connections import serve
     from .server import create_app
+    from .state import CACHE_BYTES
 
     return_large_buffers()  # before any model loads
     models = args.model or default_models()
-    torch.set_num_threads(args.threads)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on connections whose socket says TCP, and
     # without it a response's body waits for the browser's delayed ACK (40 ms on Linux) after its
@@ -101,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     sock.listen()  # from here a connection waits in the backlog: the URL printed below answers at once
     bound = sock.getsockname()[1]
     hosts = [] if args.host in LOCAL else [args.host, socket.gethostname()]
-    app = create_app(models, hosts=hosts, allow_open=args.allow_open, cache_bytes=args.cache_mb * 2**20, saes=args.sae,
+    app = create_app(models, hosts=hosts, allow_open=args.allow_open, cache_bytes=args.cache_mb * 2**20 if args.cache_mb else CACHE_BYTES, saes=args.sae,
                      transcoders=args.transcoders)
     shown = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else shown}:{bound}/?token={app.state.explorer.token}"

@@ -11,8 +11,10 @@ from torch import nn
 
 from ..analysis.lens import stack_prefix
 from ..generation import generate
-from .panels import default_position, distribution, int_setting, kl_divergence, layer_count
-from .state import ModelSlot, Pass
+from .models import ModelSlot
+from .panels import default_position, distribution, kl_divergence, layer_count
+from .state import Pass
+from .values import int_setting
 
 
 def greedy_text(model: nn.Module, p: Pass, n: int) -> list[int]:

@@ -17,8 +17,8 @@ from ..circuits.discovery import (ResidualGraph, attribute_edges, build_task, ci
 from ..circuits.discovery.edges import METHODS
 from ..circuits.discovery.generators import TASKS
 from ..circuits.page import graph_view
-from .panels import rounded
-from .state import ExploreError, ModelSlot
+from .models import ModelSlot
+from .values import ExploreError, rounded
 
 MAX_PAIRS = 200  # generated pairs: a job of minutes on SmolLM2, not hours
 MAX_CUSTOM = 64  # pairs typed into the page

@@ -16,10 +16,10 @@ from ..analysis.views import payload_view
 from ..analysis.heads import KINDS
 from ..viz import views as attention_views
 from ..viz.adapters import from_trace
+from . import analyses
 from . import lens as lens_panel
 from . import panels
-from .panels import finite
-from .state import ExploreError
+from .values import ExploreError, finite, int_setting
 
 
 ATTENTION_VIEWS = ("head", "model", "neuron")
@@ -35,7 +35,7 @@ def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, st
     stem = f"anatomy-{what}"
     if fmt == "json":
         builders = {"run": panels.run, "walk": panels.walk, "attention": panels.attention, "lens": lens_panel.lens,
-                    "attribution": panels.attribution, "intervene": panels.intervene}
+                    "attribution": analyses.attribution, "intervene": analyses.intervene}
         if what not in builders:
             raise ExploreError(f"'panel' must be one of {', '.join(builders)} for JSON")
         data = builders[what](slot, p, settings)
@@ -48,8 +48,8 @@ def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, st
     if what == "attention":
         maps = [from_trace(p.trace, m["queries"], m["keys"], stack=m["stack"], attention=m["attention"], name=m["name"])
                 for m in panels.attention_maps(model, p)]
-        layer = panels.int_setting(settings, "layer", 0, 0, maps[0].n_layers - 1)
-        head = panels.int_setting(settings, "head", 0, 0, maps[0].n_heads - 1)
+        layer = int_setting(settings, "layer", 0, 0, maps[0].n_layers - 1)
+        head = int_setting(settings, "head", 0, 0, maps[0].n_heads - 1)
         if fmt == "png":
             from ..viz.plots import map_heatmap  # matplotlib: imported when a PNG is asked for, not at start
 
@@ -81,7 +81,7 @@ def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, st
         if method == "rollout":
             result = attention_rollout(model, inputs)
         else:
-            target = panels.target_id(model, p, settings, position)
+            target = analyses.target_id(model, p, settings, position)
             result = (direct_logit_attribution(model, inputs, target) if method == "dla"
                       else integrated_gradients(model, inputs, target, position=position) if method == "ig"
                       else gradient_x_input(model, inputs, target, position=position))
@@ -89,7 +89,7 @@ def export_file(slot, p, what: str, fmt: str, settings: dict) -> tuple[bytes, st
         kind = settings.get("kind", "induction")
         if kind not in KINDS:
             raise ExploreError(f"'kind' must be one of {', '.join(KINDS)}")
-        result = panels.head_scores(slot, kind)
+        result = analyses.head_scores(slot, kind)
     else:
         raise ExploreError("'panel' must be one of walk, attention, lens, attribution, heads")
     if fmt == "png":

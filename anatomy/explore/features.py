@@ -12,8 +12,10 @@ from __future__ import annotations
 import torch
 
 from ..trace import trace
-from .panels import before_after, default_position, float_setting, int_setting, rounded
-from .state import ExploreError, ModelSlot, Pass
+from .models import ModelSlot
+from .panels import before_after, default_position
+from .state import Pass
+from .values import ExploreError, float_setting, int_setting, rounded
 
 
 def sae_of(slot: ModelSlot, settings: dict):

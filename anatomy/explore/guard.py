@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..text import check_text
-from .panels import finite
+from .values import finite
 
 MAX_BODY = 64 * 1024  # bytes a request body may have
 MAX_HEAD = 256 * 1024  # bytes a request's line and headers may have: an export's URL carries its text

@@ -27,7 +27,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .state import ExploreError, give_back_memory
+from .state import give_back_memory
+from .values import ExploreError
 
 MAX_JOBS = 2  # jobs running at once
 MAX_KEPT = 32  # finished jobs kept for the page to read

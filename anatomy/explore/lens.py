@@ -18,10 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from ..analysis.lens import lens_probabilities, lens_top, stack_of, stack_prefix, unembed
-from ..analysis.views import identity_line, lens_candidates, lens_panel
+from ..analysis.identity import identity_line
+from ..analysis.layouts import lens_candidates, lens_panel
 from ..checkpoints.token_text import legend_for
-from .panels import int_setting, rounded, vocabulary
-from .state import MAX_TOKENS, ModelSlot, Pass
+from .models import ModelSlot
+from .panels import vocabulary
+from .state import MAX_TOKENS, Pass
+from .values import int_setting, rounded
 
 TOP = 10  # tokens kept per cell; a request shows up to `top` of them
 

@@ -16,18 +16,9 @@ import argparse
 import sys
 import time
 
-from ..cli import (
-    add_device_argument,
-    add_model_argument,
-    add_threads_argument,
-    finite_float,
-    one_line,
-    positive_float,
-    positive_int,
-    printable,
-    seed,
-    text,
-)
+from ..arguments import add_compute_arguments, add_model_argument, finite_float, positive_float, positive_int, seed, text, within
+from ..progress import Stages
+from ..terminal import one_line, printable
 from .choices import MAX_LENGTH_PENALTY, STRATEGIES
 
 # The model, the search and torch are imported by the functions that use them, once the arguments
@@ -40,16 +31,6 @@ MAX_BEAMS = 256  # beam search keeps this many sequences (and their caches) at e
 TOY_PROMPT_WORDS = 3  # with no --prompt, a toy decoder continues the first words of its own sentence
 
 
-def bounded(kind, low, high):
-    """An argparse type: `kind` (an argparse type), within [low, high]."""
-    def check(value: str):
-        number = kind(value)
-        if not low <= number <= high:
-            raise argparse.ArgumentTypeError(f"{value} is not between {low:,} and {high:,}")
-        return number
-    return check
-
-
 def top_p(value: str) -> float:
     """An argparse type: a probability in (0, 1]."""
     p = finite_float(value)
@@ -60,8 +41,7 @@ def top_p(value: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_argument(parser, help="a decoder or an encoder-decoder")
-    add_device_argument(parser)
-    add_threads_argument(parser)
+    add_compute_arguments(parser)
     parser.add_argument("--prompt", type=text, default=None, help="the text to continue (decoder-only), or the "
                         "decoder's forced beginning (encoder-decoder)")
     parser.add_argument("--src", type=text, default=None, help="the source text, for an encoder-decoder model")
@@ -70,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and print only the answer (it stops at the template's end of turn)")
     parser.add_argument("--system", type=text, default=None, metavar="TEXT",
                         help="with --chat: the system message (default: the template's own, if it has one)")
-    parser.add_argument("--max-new-tokens", type=bounded(positive_int, 1, MAX_NEW_TOKENS),
+    parser.add_argument("--max-new-tokens", type=within(positive_int, 1, MAX_NEW_TOKENS),
                         default=64, metavar="N",
                         help="at most this many new tokens; past the model's context the window slides")
     parser.add_argument("--strategy", choices=STRATEGIES, default=None,
@@ -80,10 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most probable tokens")
     parser.add_argument("--top-p", type=top_p, default=None,
                         help="sample among the fewest most probable tokens holding probability >= p, in (0, 1]")
-    parser.add_argument("--num-beams", type=bounded(positive_int, 1, MAX_BEAMS), default=1,
+    parser.add_argument("--num-beams", type=within(positive_int, 1, MAX_BEAMS), default=1,
                         help="beams for beam search")
     parser.add_argument("--length-penalty", default=1.0,
-                        type=bounded(finite_float, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY),
+                        type=within(finite_float, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY),
                         help="beam search ranks by log p / length^this")
     parser.add_argument("--seed", type=seed, default=None, help="seed for sampling (printed when not given)")
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole sequence at every step")
@@ -190,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
     from .generate import generate
     from .runner import context_window
 
-    model = from_pretrained(args.model, device=args.device)
+    with Stages.of(args, sys.stderr, redirected=False) as stages:  # stdout is the text, stderr its notes
+        stages.start("loading the model")
+        model = from_pretrained(args.model, device=args.device)
     tokenizer = getattr(model, "tokenizer", None) or load_tokenizer(args.model)
     config = model.config
     encoder_decoder = config.arch == "encoder-decoder"

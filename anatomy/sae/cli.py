@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from contextlib import contextmanager
 from pathlib import Path
 
-from ..cli import (add_device_argument, add_model_argument, add_threads_argument, input_file, non_negative_int, output_file,
-                   output_folder, positive_float, positive_int, printable, probability, summary_block, text)
+from ..arguments import add_model_argument, input_file, non_negative_int, output_file, positive_float, positive_int, text
+from ..progress import Stages
+from ..terminal import printable, summary_block
+from . import transcoders_cli
 from .choices import KINDS
+from .cli_common import add_corpus_arguments, add_run_arguments, add_training_arguments, load_model, train_config, training_run
 
 # The model, the trainer and torch are imported by the functions that use them, once the arguments
 # have been checked (anatomy.lazy): a mistake is refused in milliseconds.
@@ -31,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="sae_command", metavar="COMMAND", required=True)
 
     train = commands.add_parser("train", help="train an SAE (or a transcoder) on a model's activations")
-    add_model_argument(train, default="smollm2", help="the model whose activations the SAE reads")
+    add_model_argument(train, help="the model whose activations the SAE reads")
     train.add_argument("--point", required=True, type=text,
                        help="the trace point it reads (blocks.12.resid_post; TransformerLens names too)")
     train.add_argument("--point-out", type=text,
@@ -57,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     evaluate = commands.add_parser("eval", help="L0, variance explained, CE loss recovered, dead and dense features")
     evaluate.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
-    add_model_argument(evaluate, default=None, required=False, help="the model (default: the one the SAE names)")
+    add_model_argument(evaluate, named_by="the SAE's files", help="the model")
     evaluate.add_argument("--data", required=True, nargs="+", type=input_file, help="held-out UTF-8 text files")
     evaluate.add_argument("--context", type=positive_int, default=128, help="tokens per context")
     evaluate.add_argument("--skip", type=non_negative_int, default=1,
@@ -71,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     features = commands.add_parser("features", help="one offline page: every feature's top contexts, density, logits")
     features.add_argument("sae", metavar="RUN_OR_FOLDER", help="a run folder, an SAE folder or a Hub id")
-    add_model_argument(features, default=None, required=False, help="the model (default: the one the SAE names)")
+    add_model_argument(features, named_by="the SAE's files", help="the model")
     features.add_argument("--data", required=True, nargs="+", type=input_file,
                           help="UTF-8 text files to find the top contexts in")
     features.add_argument("--out", required=True, type=output_file(".html", ".htm"), help="the HTML file to write")
@@ -84,114 +86,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     features.add_argument("--layer", type=non_negative_int, help="a transcoder set: the layer whose features to show")
     add_run_arguments(features)
 
-    from .transcoders_cli import add_arguments as add_transcoder_commands
-
-    add_transcoder_commands(commands)
-
-
-def add_training_arguments(g, *, max_steps: int, batch_size: int, lr: float, warmup: int, dead_tokens: int,
-                           save_every: int, ce_contexts: int) -> None:
-    """The optimisation options of a training command (sae train, train-transcoders), with its defaults."""
-    g.add_argument("--max-steps", type=positive_int, default=max_steps, help="optimizer steps")
-    g.add_argument("--batch-size", type=positive_int, default=batch_size, help="rows per step and rank")
-    g.add_argument("--lr", type=positive_float, default=lr,
-                   help="Adam's peak learning rate, reached after --warmup, then a cosine down to lr x --min-lr-ratio")
-    g.add_argument("--warmup", type=non_negative_int, default=warmup, help="steps of linear warm-up to --lr")
-    g.add_argument("--min-lr-ratio", type=probability, default=0.0, help="the cosine ends at lr x this")
-    g.add_argument("--aux-k", type=positive_int, help="dead features per row in AuxK (default: half the width)")
-    g.add_argument("--aux-coefficient", type=probability, default=1 / 32,
-                   help="topk, batchtopk: weight of AuxK, the loss by which dead features learn the error")
-    g.add_argument("--dead-tokens", type=positive_int, default=dead_tokens, help="tokens without firing = dead")
-    g.add_argument("--seed", type=non_negative_int, default=0,
-                   help="seed of the first weights (a set's layer L: seed + L) and of the order the activations are read in")
-    g.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
-    g.add_argument("--eval-every", type=non_negative_int, default=100,
-                   help="steps between held-out evaluations (0: only at the end)")
-    g.add_argument("--save-every", type=non_negative_int, default=save_every,
-                   help="steps between checkpoints (0: only at the end)")
-    g.add_argument("--ce-contexts", type=non_negative_int, default=ce_contexts,
-                   help="held-out contexts for the cross-entropy loss recovered (0: skip it)")
-
-
-def add_corpus_arguments(train: argparse.ArgumentParser) -> None:
-    """--data, --eval-fraction, --out and --resume: the text a training command reads and the run
-    folder it writes (sae train, train-transcoders)."""
-    train.add_argument("--data", required=True, nargs="+", type=input_file, help="UTF-8 text files")
-    train.add_argument("--eval-fraction", type=probability, default=0.05,
-                       help="the last share of each file held out for evaluation")
-    train.add_argument("--out", required=True, type=output_folder, help="run folder")
-    train.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """--device, --threads, --no-progress and --quiet: what every sae command takes."""
-    add_device_argument(parser, default="cpu")
-    add_threads_argument(parser)
-    parser.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
-    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    transcoders_cli.add_arguments(commands)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the sae command named on the command line; 0 on success."""
-    from .transcoders_cli import run_eval_transcoders, run_train_transcoders
-
-    return {"train": run_train, "eval": run_eval, "features": run_features, "train-transcoders": run_train_transcoders,
-            "eval-transcoders": run_eval_transcoders}[args.sae_command](args)
-
-
-def load_model(name: str, device: str, points=()):
-    """The model, in evaluation mode, after checking it has a tokenizer and the trace points `points`."""
-    from ..checkpoints import from_pretrained
-    from ..trace import anatomy_name, trace_points
-
-    model = from_pretrained(name).to(device).eval()
-    if getattr(model, "tokenizer", None) is None:
-        raise ValueError(f"{name!r} has no tokenizer: the text cannot be read")
-    available = trace_points(model)
-    for point in points:
-        if anatomy_name(point) not in available:
-            block = sorted({n.split(".", 2)[2] for n in available if n.startswith("blocks.0.")})
-            raise ValueError(f"{name!r} has no trace point {point!r}; it has {len(model.blocks)} blocks, each with "
-                             f"blocks.L.{{{', '.join(block)}}} (anatomy.trace_points lists them)")
-    return model
-
-
-@contextmanager
-def training_run(args):
-    """(distributed info, run folder) for a training command, in a block: torchrun's process group set up,
-    the run folder locked (rank 0), its temporaries from a killed run removed, and a run that already holds
-    checkpoints refused unless --resume; the lock released and the group left at the end, however it ends."""
-    from ..training import distributed
-    from ..training.checkpoint import checkpoint_candidates, remove_temporaries
-    from ..training.metrics import METRICS
-    from ..training.rundir import RunLock
-
-    info = distributed.setup(args.device)
-    run_dir = Path(args.out)
-    lock = RunLock(run_dir).acquire() if info.is_main else None
-    try:
-        if info.is_main:
-            remove_temporaries(run_dir)
-        if not args.resume and checkpoint_candidates(run_dir):
-            raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another --out")
-        if info.is_main and not args.resume:
-            (run_dir / METRICS).unlink(missing_ok=True)
-        yield info, run_dir
-    finally:
-        if lock is not None:
-            lock.release()
-        distributed.cleanup()
-
-
-def train_config(args, k):
-    """The SAETrainConfig of a training command's options (`k` as the kind takes it)."""
-    from .train import SAETrainConfig
-
-    return SAETrainConfig(kind=args.kind, features=args.features, k=k, l1=args.l1, l0=args.l0, max_steps=args.max_steps,
-                          batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, min_lr_ratio=args.min_lr_ratio,
-                          aux_k=args.aux_k, aux_coefficient=args.aux_coefficient, dead_tokens=args.dead_tokens,
-                          seed=args.seed, log_every=args.log_every, eval_every=args.eval_every,
-                          save_every=args.save_every, progress=not args.no_progress, quiet=args.quiet)
+    return {"train": run_train, "eval": run_eval, "features": run_features,
+            "train-transcoders": transcoders_cli.run_train_transcoders,
+            "eval-transcoders": transcoders_cli.run_eval_transcoders}[args.sae_command](args)
 
 
 def run_train(args) -> int:
@@ -205,9 +107,12 @@ def run_train(args) -> int:
     from .train import SAETrainer, write_summary
     from ..trace import anatomy_name, trace
 
-    with training_run(args) as (info, run_dir):
+    with training_run(args) as (info, run_dir), Stages(quiet=args.quiet or not info.is_main,
+                                                        bar=not args.no_progress) as stages:
+        stages.start("loading the model")
         points = [args.point] + ([args.point_out] if args.point_out else [])
         model = load_model(args.model, str(info.device), points)
+        stages.start("reading the text")
         train_tokens, held_tokens = corpus_tokens(args.data, model.tokenizer, args.eval_fraction)
         shards = Path(args.shards) / _shard_key(args, points) if args.shards else None
         store = ActivationStore(model, points, train_tokens, context=args.context, batch_size=args.batch_size,
@@ -226,6 +131,7 @@ def run_train(args) -> int:
                   d_out=widths[-1], point=args.point, point_out=args.point_out, seed=args.seed,
                   metadata={"model_name": args.model, "context_size": args.context, "dataset_path": " ".join(args.data)})
         config = train_config(args, k)
+        stages.start("harvesting the held-out rows")
         eval_rows = rows_of(model, points, held_tokens, context=args.context, skip=args.skip, limit=16384)
         if info.is_main:
             write_summary(run_dir, config, {"model": args.model, "point": args.point, "point_out": args.point_out,
@@ -242,12 +148,14 @@ def run_train(args) -> int:
                     ("steps", f"{args.max_steps:,} x {per_step:,} rows = {args.max_steps * per_step / store.rows:.1f} "
                               f"epochs; {kept}")]), flush=True)
         trainer = SAETrainer(sae, store, config, run_dir, eval_rows=eval_rows, dist=info, resume=args.resume)
-        trainer.fit()
+        stages.start("training")
+        with stages.handed_over():  # the trainer's own bar, or its log lines
+            trainer.fit()
         if info.is_main:
             final = trainer.trained_sae()
             save_sae(final, run_dir / "sae")
             results = evaluate(model, final, held_tokens, context=args.context, skip=args.skip,
-                               ce_contexts=args.ce_contexts)
+                               ce_contexts=args.ce_contexts, progress=stages.start("evaluating", "contexts"))
             (run_dir / "eval.json").write_text(json.dumps(results, indent=1) + "\n")
             trainer.log_record({"step": trainer.step, **{f"heldout_{k}": v for k, v in results.items()}})
             from .plots import plot_training
@@ -280,24 +188,7 @@ def _describe(results: dict, title: str, text: str | None = None) -> str:
     return summary_block(f"{title}:", rows)
 
 
-def progress_bar(label: str, args):
-    """A progress callback (done, total) drawing a transient rich bar on a terminal's stderr, unless
-    --quiet or --no-progress; and the bar itself, to use as a context manager."""
-    from contextlib import nullcontext
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    console = Console(stderr=True)
-    if args.quiet or args.no_progress or not console.is_terminal:
-        return (lambda done, total: None), nullcontext()
-    bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("contexts, ETA"),
-                   TimeRemainingColumn(), console=console, transient=True)
-    task = bar.add_task(label, total=None)
-    return (lambda done, total: bar.update(task, completed=done, total=total)), bar
-
-
-def _sae_model_tokens(args):
+def _sae_model_tokens(args, stages: Stages):
     """(sae, model, tokens of --data, the first --max-tokens of them) for eval and features; the model
     named by --model or the SAE."""
     from .formats import load_sae
@@ -306,13 +197,16 @@ def _sae_model_tokens(args):
     for path in args.data:
         if not Path(path).is_file():
             raise FileNotFoundError(2, "no such file", path)
+    stages.start("loading the SAE")
     sae = _layer_of_set(args) if _is_set(args.sae) or args.layer is not None else load_sae(args.sae, point=args.point)
     name = args.model or sae.metadata.get("model_name")
     if not name:
         raise ValueError(f"{args.sae} does not name its model: pass --model")
     if sae.point is None:
         raise ValueError(f"{args.sae} does not say which point it reads: pass --point")
+    stages.start("loading the model")
     model = load_model(name, args.device, [p for p in (sae.point, sae.point_out) if p])
+    stages.start("reading the text")
     tokens = corpus_tokens(args.data, model.tokenizer, eval_fraction=None)[0]
     return sae.to(args.device), model, tokens[:args.max_tokens] if args.max_tokens else tokens
 
@@ -355,11 +249,10 @@ def run_eval(args) -> int:
     """Print L0, FVE, CE loss recovered, dead and dense of an SAE on the text of --data."""
     from .evaluate import evaluate
 
-    sae, model, tokens = _sae_model_tokens(args)
-    progress, bar = progress_bar("eval", args)
-    with bar:
+    with Stages.of(args) as stages:
+        sae, model, tokens = _sae_model_tokens(args, stages)
         results = evaluate(model, sae, tokens, context=args.context, skip=args.skip, ce_contexts=args.ce_contexts,
-                           progress=progress)
+                           progress=stages.start("evaluating", "contexts"))
     if not args.quiet:
         print(_describe(results, f"anatomy sae eval {printable(args.sae)}",
                         text=f"{len(tokens):,} tokens of {printable(' '.join(args.data))}"))
@@ -368,18 +261,14 @@ def run_eval(args) -> int:
 
 def run_features(args) -> int:
     """Write the feature page of an SAE over the text of --data."""
-    import time
-
     from .features import feature_page
 
-    started = time.time()
-    sae, model, tokens = _sae_model_tokens(args)
-    progress, bar = progress_bar("features", args)
-    with bar:
+    with Stages.of(args) as stages:
+        sae, model, tokens = _sae_model_tokens(args, stages)
         view = feature_page(model, sae, tokens, context=args.context, skip=args.skip, top=args.top,
-                            stats=_stats(args), progress=progress)
-    out = view.save(args.out)
+                            stats=_stats(args), progress=stages.start("finding the top contexts", "contexts"))
+        stages.start("writing the page")
+        out = view.save(args.out)
     if not args.quiet:
-        print(f"{printable(str(out))}: {sae.d_sae:,} features, {len(view.html) / 1e6:.1f} MB, "
-              f"{time.time() - started:.0f} s")
+        print(f"{printable(str(out))}: {sae.d_sae:,} features, {len(view.html) / 1e6:.1f} MB; {stages.times()}")
     return 0

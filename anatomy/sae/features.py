@@ -19,17 +19,15 @@ only draws these numbers: search by token, sort by density, a card per feature w
 
 from __future__ import annotations
 
-import html
 import json
 from dataclasses import dataclass, field
 from importlib import resources
-from string import Template
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..viz.html import View, asset, pack, page, script_json
+from ..viz.html import View, asset, pack, view_document
 from .modules import SAE
 from .store import harvest
 
@@ -182,11 +180,9 @@ def render(data: FeatureData, tokenizer, *, title: str, subtitle: str) -> str:
                        promotedLogits=pack(data.promoted_logits.float().numpy().astype("<f4")),
                        suppressed=pack(remap(data.suppressed).numpy().astype("<i4")),
                        suppressedLogits=pack(data.suppressed_logits.float().numpy().astype("<f4")))
-    body = Template(asset("view.html")).substitute(title=html.escape(title), subtitle=html.escape(subtitle),
-                                                   data=script_json(payload))
-    script = asset("common.js") + "\n" + (ASSETS / "features.js").read_text(encoding="utf-8")
-    style = asset("view.css") + "\n" + (ASSETS / "features.css").read_text(encoding="utf-8")
-    return page(title, body, style=style, script=script, body_class="view-features")
+    return view_document("features", title, subtitle, payload,
+                         scripts=[asset("common.js"), (ASSETS / "features.js").read_text(encoding="utf-8")],
+                         style=asset("view.css") + "\n" + (ASSETS / "features.css").read_text(encoding="utf-8"))
 
 
 def feature_page(model: nn.Module, sae: SAE, tokens: np.ndarray, *, context: int = 128, skip: int = 1, top: int = 12,

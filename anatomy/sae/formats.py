@@ -17,43 +17,21 @@ unpickled (numpy.load(allow_pickle=False)); every problem is one CheckpointError
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from ..checkpoints.files import SAFETENSORS_DTYPES, CheckpointError, read_json, shorten
-from ..checkpoints.memory import available_memory
-from ..hook_names import anatomy_name, transformer_lens_name
+from ..checkpoints.memory import check_tensors_memory
+from ..hook_names import anatomy_name
 from .modules import SAE
+from .saelens import ARCHITECTURES, CONFIG, WEIGHTS, WITH_SKIP, WRITTEN_KEYS, save_sae
 
-CONFIG, WEIGHTS, GEMMA_SCOPE = "cfg.json", "sae_weights.safetensors", "params.npz"
-FORMAT_VERSION = "6.0.0"  # the SAELens cfg.json layout written here (hook names under "metadata")
-
-# SAELens architecture <-> (anatomy kind, transcoder). batchtopk is written as SAELens writes it: a
-# JumpReLU with the learned threshold. topk_transcoder is anatomy's own (SAELens has no TopK transcoder).
-ARCHITECTURES = {
-    "standard": ("relu", False),
-    "topk": ("topk", False),
-    "jumprelu": ("jumprelu", False),
-    "transcoder": ("relu", True),
-    "jumprelu_transcoder": ("jumprelu", True),
-    "topk_transcoder": ("topk", True),
-    "skip_transcoder": ("relu", True),
-    "jumprelu_skip_transcoder": ("jumprelu", True),
-    "topk_skip_transcoder": ("topk", True),
-}
-WITH_SKIP = {"skip_transcoder", "jumprelu_skip_transcoder", "topk_skip_transcoder"}  # W_skip [d_out, d_in]
-WRITTEN_AS = {(kind, transcoder, name in WITH_SKIP): name for name, (kind, transcoder) in ARCHITECTURES.items()}
-for _skip in (False, True):
-    WRITTEN_AS[("batchtopk", True, _skip)] = WRITTEN_AS[("jumprelu", True, _skip)]
-WRITTEN_AS[("batchtopk", False, False)] = "jumprelu"
+GEMMA_SCOPE = "params.npz"
 
 # Gemma Scope: which point a repository's SAEs read, from its name (google/gemma-scope-2b-pt-res, -mlp, -att,
 # -transcoders) and the layer in the folder's path; `flatten`: attention SAEs read hook_z, heads flattened.
@@ -170,7 +148,7 @@ def _dtype(name, where: str) -> torch.dtype:
 def _kept_metadata(metadata: dict, cfg: dict) -> dict:
     """What a file says beyond the weights, kept (JSON-safe scalars) and written back by save."""
     kept = {k: v for k, v in {**cfg, **metadata}.items() if isinstance(v, (str, int, float, bool)) or v is None}
-    return {k: v for k, v in kept.items() if k not in _WRITTEN_KEYS}
+    return {k: v for k, v in kept.items() if k not in WRITTEN_KEYS}
 
 
 def _read_safetensors(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -201,7 +179,7 @@ def read_tensors(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.
     unknown = sorted(k for k in present if SAFETENSORS_DTYPES.get(dtypes[k]) not in DTYPES.values())
     if unknown:
         raise CheckpointError(f"{what} {str(path)!r}: tensors {unknown} are not floating point")
-    _check_memory(str(path), [shapes[k] for k in present], dtype)
+    check_tensors_memory(str(path), [shapes[k] for k in present], dtype, "the SAE")
     try:
         return {k: handle.get_tensor(k).to(dtype) for k in present}
     except Exception as error:  # safetensors reports truncated data only when a tensor is read
@@ -220,13 +198,6 @@ def check_shapes(where: str, shapes: dict, expected: dict, optional: dict | None
     for key, shape in {**expected, **{k: v for k, v in optional.items() if k in shapes}}.items():
         if tuple(shapes[key]) != tuple(shape):
             raise CheckpointError(f"{where!r}: {key} has shape {tuple(shapes[key])}, the configuration says {shape}")
-
-
-def _check_memory(where: str, shapes: list[tuple[int, ...]], dtype: torch.dtype) -> None:
-    need = sum(int(np.prod(shape, dtype=np.float64)) for shape in shapes) * dtype.itemsize
-    if need > available_memory():
-        raise CheckpointError(f"{where!r}: the SAE needs {need / 2**30:.2f} GiB, more than the "
-                              f"{available_memory() / 2**30:.2f} GiB of memory available")
 
 
 def _assign(sae: SAE, tensors: dict[str, torch.Tensor]) -> None:
@@ -248,8 +219,12 @@ def _fold_decoder_norms(sae: SAE) -> None:
 # ---- Gemma Scope --------------------------------------------------------------------------------
 def _load_gemma_scope(path: Path, source: str, point: str | None, dtype: torch.dtype | None) -> SAE:
     """params.npz: W_enc [E, F], W_dec [F, O], b_enc, b_dec, threshold; a JumpReLU that never subtracts b_dec
-    from its input. The point comes from `point` or the repository name and the folder's layer_N."""
-    shapes = _npz_shapes(path)
+    from its input. The point comes from `point` or the repository name and the folder's layer_N. The
+    archive's directory and headers are checked first (mapped.py: no object array, no zip bomb)."""
+    from .mapped import check_finite, mapped_file
+
+    weights = mapped_file(path)
+    shapes = weights.shapes
     if "W_enc" not in shapes or len(shapes["W_enc"]) != 2 or "W_dec" not in shapes or len(shapes["W_dec"]) != 2:
         raise CheckpointError(f"{str(path)!r}: a Gemma Scope file holds W_enc and W_dec matrices; found {sorted(shapes)}")
     (d_in, d_sae), d_out = shapes["W_enc"], shapes["W_dec"][-1]
@@ -257,50 +232,16 @@ def _load_gemma_scope(path: Path, source: str, point: str | None, dtype: torch.d
                 "threshold": (d_sae,)}
     check_shapes(str(path), shapes, expected)
     dtype = dtype or torch.float32
-    _check_memory(str(path), list(expected.values()), dtype)
+    check_tensors_memory(str(path), list(expected.values()), dtype, "the SAE")
     where, point_out, flatten = _gemma_scope_point(source, point)
     transcoder = point_out is not None or d_out != d_in
     sae = SAE(d_in, d_sae, kind="jumprelu", d_out=d_out, point=where, point_out=point_out, transcoder=transcoder,
               apply_b_dec_to_input=False, flatten_heads=flatten, metadata={"source": source}, dtype=dtype, seed=None)
-    try:
-        with np.load(path, allow_pickle=False) as arrays:
-            _assign(sae, {key: torch.from_numpy(np.asarray(arrays[key])).to(dtype) for key in expected})
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
-        raise CheckpointError(f"{str(path)!r} cannot be read: {error}") from None
+    tensors = {key: weights.tensor(key) for key in expected}
+    for key, tensor in tensors.items():
+        check_finite(tensor, f"{str(path)!r}: {key}")
+    _assign(sae, {key: tensor.to(dtype) for key, tensor in tensors.items()})
     return sae.eval()
-
-
-def _npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """{array name: shape} from each .npy header inside the zip, without reading any array; an array
-    whose header disagrees with its stored size, or that holds Python objects, is refused."""
-    try:
-        archive = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as error:
-        raise CheckpointError(f"{str(path)!r} is not a readable .npz (zip) file: {error}") from None
-    shapes = {}
-    with archive:
-        for info in archive.infolist():
-            if not info.filename.endswith(".npy"):
-                continue
-            name = info.filename[:-4]
-            try:
-                with archive.open(info) as member:
-                    version = np.lib.format.read_magic(member)
-                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                        np.lib.format.read_array_header_2_0
-                    shape, _, dtype = read_header(member)  # the header only, no data
-                    header = member.tell()
-            except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
-                raise CheckpointError(f"{str(path)!r}: the header of {shorten(repr(name), 80)} is malformed: "
-                                      f"{error}") from None
-            if dtype.hasobject or dtype.kind not in "fiu":
-                raise CheckpointError(f"{str(path)!r}: {shorten(repr(name), 80)} holds {dtype}, not numbers "
-                                      "(nothing is unpickled)")
-            if header + int(np.prod(shape, dtype=np.float64)) * dtype.itemsize != info.file_size:
-                raise CheckpointError(f"{str(path)!r}: {shorten(repr(name), 80)} declares shape {shape} of {dtype}, "
-                                      f"which its {info.file_size} stored bytes do not hold")
-            shapes[name] = tuple(shape)
-    return shapes
 
 
 def _gemma_scope_point(source: str, point: str | None) -> tuple[str | None, str | None, bool]:
@@ -333,43 +274,4 @@ def _from_hub(source: str, revision: str | None) -> Path:
     return snapshot / folder if folder else snapshot
 
 
-# ---- writing ------------------------------------------------------------------------------------
-_WRITTEN_KEYS = {"d_in", "d_sae", "d_out", "dtype", "device", "apply_b_dec_to_input", "normalize_activations",
-                 "reshape_activations", "metadata", "architecture", "k", "rescale_acts_by_decoder_norm",
-                 "hook_name", "hook_name_out", "sae_lens_version", "sae_lens_training_version"}
-
-
-def saelens_config(sae: SAE) -> dict:
-    """The cfg.json SAELens 6.x writes for this SAE (hook names in TransformerLens spelling)."""
-    metadata = {**sae.metadata, "sae_lens_version": FORMAT_VERSION, "sae_lens_training_version": FORMAT_VERSION}
-    if sae.point:
-        metadata["hook_name"] = transformer_lens_name(sae.point)
-    if sae.point_out:
-        metadata["hook_name_out"] = transformer_lens_name(sae.point_out)
-    config = {"d_in": sae.d_in, "d_sae": sae.d_sae, "dtype": str(sae.W_enc.dtype).removeprefix("torch."),
-              "device": "cpu", "apply_b_dec_to_input": sae.apply_b_dec_to_input, "normalize_activations": "none",
-              "reshape_activations": "hook_z" if sae.flatten_heads else "none", "metadata": metadata}
-    if sae.is_transcoder:
-        config["d_out"] = sae.d_out
-    if sae.kind == "topk":
-        config.update(k=sae.k, rescale_acts_by_decoder_norm=False)
-    config["architecture"] = WRITTEN_AS[(sae.kind, sae.is_transcoder, sae.W_skip is not None)]
-    return config
-
-
-def save_sae(sae: SAE, folder: str | os.PathLike) -> Path:
-    """Write `sae` to `folder` as SAELens writes one: cfg.json and sae_weights.safetensors (W_enc, b_enc,
-    W_dec, b_dec, and threshold for a JumpReLU or BatchTopK), each file atomically, mode 0644."""
-    from ..training.checkpoint import make_readable, write_text_atomically
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    names = ["W_enc", "b_enc", "W_dec", "b_dec"] + (["threshold"] if sae.kind in ("jumprelu", "batchtopk") else []) \
-        + (["W_skip"] if sae.W_skip is not None else [])
-    tensors = {name: getattr(sae, name).detach().cpu().contiguous().clone() for name in names}
-    temporary = folder / f".{WEIGHTS}.tmp{os.getpid()}"
-    save_file(tensors, str(temporary))
-    make_readable(temporary)
-    os.replace(temporary, folder / WEIGHTS)
-    write_text_atomically(folder / CONFIG, json.dumps(saelens_config(sae), indent=1) + "\n")
-    return folder
+__all__ = ["check_shapes", "load_sae", "read_tensors", "save_sae"]  # save_sae: saelens.py's, here too

@@ -234,9 +234,9 @@ class SAE(nn.Module):
             raise ValueError(f"feature must be an integer in [0, d_sae={self.d_sae}), got {feature!r}")
         return feature
 
-    def save(self, folder) -> "Path":  # noqa: F821 - see formats.py
+    def save(self, folder) -> "Path":  # noqa: F821 - see saelens.py
         """Write SAELens's format (cfg.json + sae_weights.safetensors) to `folder`; SAELens loads it back."""
-        from .formats import save_sae
+        from .saelens import save_sae  # the writer reads this SAE's fields and never imports this module
 
         return save_sae(self, folder)
 

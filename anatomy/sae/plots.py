@@ -24,13 +24,11 @@ def _pyplot():
 
 
 def _save(fig, path: Path) -> Path:
-    from ..training.checkpoint import make_readable
+    from ..checkpoints.writing import replacing
 
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}.png")
     fig.tight_layout()
-    fig.savefig(temporary)
-    make_readable(temporary)
-    os.replace(temporary, path)
+    with replacing(path, suffix=path.suffix) as temporary:
+        fig.savefig(temporary)
     return path
 
 

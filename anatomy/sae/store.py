@@ -34,6 +34,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from ..checkpoints.writing import replacing
 from ..trace import anatomy_name, trace, trace_points
 
 
@@ -187,9 +188,8 @@ def rows_of(model: nn.Module, points: Sequence[str], tokens: np.ndarray, *, cont
 
 def _write_shard(path: Path, rows: torch.Tensor) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    save_file({"rows": rows.contiguous()}, str(temporary))
-    os.replace(temporary, path)
+    with replacing(path) as temporary:
+        save_file({"rows": rows.contiguous()}, str(temporary))
 
 
 def _read_shard(path: Path) -> torch.Tensor | None:

@@ -1,5 +1,9 @@
-"""Transcoder sets on disk: circuit-tracer's folders (per-layer and cross-layer) and Gemma Scope 2's.
+"""Transcoder sets on disk and on the Hub: circuit-tracer's folders (per-layer and cross-layer), Gemma Scope's
+and Gemma Scope 2's, by path, by Hub id or by circuit-tracer's short names.
 
+    load_transcoders("gemma")                        # circuit-tracer 0.5's preset: Gemma Scope's, for gemma-2-2b
+    load_transcoders("llama")                        #   and Llama-3.2-1B's (transcoder_hub.py)
+    load_transcoders("mntss/transcoder-Llama-3.2-1B")                  # a Hub id (only the files needed fetched)
     load_transcoders("path/to/set")                  # circuit-tracer 0.5: config.yaml + layer_{i}.safetensors
     load_transcoders("path/to/clt")                  #   or config.yaml + W_enc_{i} / W_dec_{i}.safetensors
     load_transcoders("gemma-scope-2-270m-pt/transcoder_all", variant="width_16k_l0_small_affine")
@@ -8,24 +12,20 @@
 
 circuit-tracer's files (circuit_tracer/transcoder/*.py, utils/caching.py), F features, E d_model:
 
-    config.yaml             model_kind: transcoder_set | cross_layer_transcoder, feature_input_hook,
-                            feature_output_hook (hook names inside a block: mlp.hook_in, hook_mlp_out, ...),
-                            scan; optionally transcoders: [one file per layer]
+    config.yaml             model_kind, feature_input_hook, feature_output_hook, scan; optionally transcoders:
+                            one file per layer, local or hf://org/name/path?revision=r (transcoder_config.py)
     layer_{i}.safetensors   W_enc [F, E] (read as x W_enc^T), b_enc [F], W_dec [F, E], b_dec [E],
                             activation_function.threshold [F] (JumpReLU; else ReLU), W_skip [E, E] (x W_skip^T)
     W_enc_{i}.safetensors   W_enc_{i} [F, E], b_enc_{i} [F], b_dec_{i} [E] (layer i's output bias), threshold_{i}
     W_dec_{i}.safetensors   W_dec_{i} [F, L - i, E]: layer i's features to layers i .. L - 1
 
-Gemma Scope 2 (google/gemma-scope-2-*, as SAELens's gemma_3 loader reads it): one folder per layer,
-transcoder_all/layer_{i}_{variant}/params.safetensors with w_enc [E, F] (x w_enc), w_dec [F, E] (or
-[F, L, E] for a cross-layer one), b_enc, b_dec, threshold, and for the _affine variants
-affine_skip_connection [E, E] (x A); its config.json names the points as Hugging Face module outputs
-(pre_feedforward_layernorm -> post_feedforward_layernorm: Gemma 3's sandwich norms).
+and Gemma Scope's params.npz and Gemma Scope 2's params.safetensors (gemma_scope_files.py).
 
-Hostile files get the SAE loader's guarantees (formats.py): config.yaml is read with yaml.safe_load
-(no object is ever constructed from it) after a size check; every tensor's name and shape is checked
-from the safetensors headers of every layer, and the whole set against the memory available, before
-a single tensor is read; nothing is unpickled; every problem is one CheckpointError naming the file.
+Only headers are read here: every name, shape, dtype and size is checked for every layer (mapped.py), and the
+set is returned with its layers read when first used, memory-mapped, and checked finite then
+(transcoder_layers.py). Nothing is unpickled; YAML constructs no object; every file must resolve inside
+the set's folder (a Hub repository's cache folder for a download). Every problem is one CheckpointError
+naming the file.
 """
 
 from __future__ import annotations
@@ -34,290 +34,244 @@ import os
 import re
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from ..checkpoints.files import CheckpointError, inside, read_json, read_safetensors_header
-from ..checkpoints.memory import available_memory
-from ..hook_names import circuit_tracer_hook, circuit_tracer_point, hf_module_point
-from .formats import check_shapes, load_sae, read_tensors
-from .modules import SAE
+from ..checkpoints.files import CheckpointError, inside, shorten
+from ..checkpoints.memory import check_tensors_memory
+from ..hook_names import circuit_tracer_hook, circuit_tracer_point
+from .formats import DTYPES, check_shapes
+from .gemma_scope_files import gemma_scope_2_folder, gemma_scope_plans
+from .mapped import mapped_file
+from .transcoder_config import CONFIG, KINDS, MAX_LAYERS, check_listed, read_config, yaml_module
+from .transcoder_layers import LayerPlan, LayerSpec, LazyLayers, first_block
 from .transcoders import TranscoderSet
 
-CONFIG = "config.yaml"
-MAX_CONFIG_BYTES = 1_000_000
-KINDS = {"transcoder_set": False, "cross_layer_transcoder": True}  # model_kind -> cross_layer
 WRITTEN_KINDS = ("relu", "jumprelu", "batchtopk")  # circuit-tracer 0.5 reads ReLU and JumpReLU (BatchTopK in use is one)
-GEMMA_SCOPE_2 = "params.safetensors"
 RUN_FOLDER = "transcoders"  # where an `anatomy sae train-transcoders` run keeps its set
 
 
 def load_transcoders(source: str | os.PathLike, *, dtype: torch.dtype = torch.float32, variant: str | None = None,
-                     mlp_out_norm: bool = False) -> TranscoderSet:
-    """A TranscoderSet from a circuit-tracer folder (per-layer or cross-layer), a Gemma Scope 2 folder
-    (transcoder_all, or the repository holding it), or a training run folder, in evaluation mode.
+                     revision: str | None = None, mlp_out_norm: bool = False, resident: int | None = None
+                     ) -> TranscoderSet:
+    """A TranscoderSet, in evaluation mode, from a circuit-tracer folder (per-layer or cross-layer), a Gemma
+    Scope 2 folder (transcoder_all, or the repository holding it), a training run folder, a Hub id
+    `org/name[/folder][@revision]` or a short name of circuit-tracer's ("gemma", "llama"): a path that exists
+    wins, then a short name, then a Hub id. Its layers are read when first used (module docstring).
 
-    dtype: the parameters' dtype (files of bf16 or f16 are converted). variant: Gemma Scope 2's
-    width_{W}_l0_{S}[_affine], when the folder holds several. mlp_out_norm: the model normalises its MLP's
-    output (Gemma): circuit-tracer's hook_mlp_out is then that norm's output. Raises CheckpointError naming
-    the file and the problem (missing, malformed, hostile, sizes that disagree, more than memory holds)
-    before any tensor is read."""
-    path = Path(source)
-    if path.is_dir() and not (path / CONFIG).is_file() and (path / RUN_FOLDER / CONFIG).is_file():
+    dtype: the parameters' dtype (files of another are converted layer by layer). variant: Gemma Scope 2's
+    width_{W}_l0_{S}[_affine], when the folder holds several. revision: the Hub revision. mlp_out_norm: the
+    model normalises its MLP's output (Gemma): circuit-tracer's hook_mlp_out is then that norm's output ("gemma"
+    sets it). resident: at most this many layers kept built at once (None: all). Raises ValueError for a bad
+    argument and CheckpointError (a ValueError) naming the file or the id for anything wrong with the files
+    (missing, malformed, hostile, sizes that disagree, not in the cache while offline), before any tensor is read."""
+    from .transcoder_hub import hub_source, resolve
+
+    _check_options(source, dtype, variant, revision, mlp_out_norm, resident)
+    path = Path(source).expanduser()
+    root = None
+    called = ", ".join([repr(str(source))] + [f"{k}={v!r}" for k, v in (("variant", variant), ("revision", revision)) if v])
+    command = f'HF_HUB_OFFLINE=0 python -c "import anatomy; anatomy.load_transcoders({called})"'  # fetches what it lacks
+    if not _exists(path) and hub_source(str(source)) is not None:
+        found = resolve(str(source), variant, revision, command)
+        path, root, variant, mlp_out_norm = found.folder, found.root, found.variant, mlp_out_norm or found.mlp_out_norm
+    if path.is_dir() and not os.path.lexists(path / CONFIG) and (path / RUN_FOLDER / CONFIG).is_file():
         path = path / RUN_FOLDER
-    if path.is_dir() and (path / CONFIG).is_file():
-        return _load_circuit_tracer(path, dtype, mlp_out_norm)
+    root = root or path
+    options = dict(dtype=dtype, resident=resident)
+    if path.is_dir() and os.path.lexists(path / CONFIG):  # a config.yaml that is no regular file is named as such
+        return _load_circuit_tracer(path, root, mlp_out_norm, options, command)
     if path.is_dir() and (path / "transcoder_all").is_dir():
         path = path / "transcoder_all"
-    if path.is_dir() and any(path.glob(f"layer_*/{GEMMA_SCOPE_2}")):
-        return _load_gemma_scope_2(path, dtype, variant)
-    if not path.exists():
-        raise CheckpointError(f"no transcoder set at {str(source)!r}: not a folder")
-    raise CheckpointError(f"no transcoder set in {str(path)!r}: expected {CONFIG} with layer_{{i}}.safetensors or "
-                          f"W_enc_{{i}}/W_dec_{{i}}.safetensors (circuit-tracer), transcoder_all/layer_{{i}}_*/{GEMMA_SCOPE_2} "
-                          f"(Gemma Scope 2), or a run folder with {RUN_FOLDER}/")
+    if path.is_dir() and any(path.glob("layer_*/params.safetensors")):
+        files, variant, about = gemma_scope_2_folder(path, root, variant)
+        points = (about.pop("hf_hook_point_in"), about.pop("hf_hook_point_out"))
+        return _set(gemma_scope_plans(files), points, about, str(path), **options)
+    if not _exists(path):
+        raise CheckpointError(f"no transcoder set at {shorten(str(source))!r}: not a folder, a Hub id "
+                              "('org/name[/folder]') nor a short name ('gemma', 'llama')")
+    raise CheckpointError(f"no transcoder set in {shorten(str(path))!r}: expected {CONFIG} with layer_{{i}}.safetensors "
+                          f"or W_enc_{{i}}/W_dec_{{i}}.safetensors (circuit-tracer), transcoder_all/layer_{{i}}_*/"
+                          f"params.safetensors (Gemma Scope 2), or a run folder with {RUN_FOLDER}/")
+
+
+def _check_options(source, dtype, variant, revision, mlp_out_norm, resident) -> None:
+    if not isinstance(source, (str, os.PathLike)) or not str(source).strip() or "\0" in str(source):
+        raise ValueError(f"source must be a folder, a Hub id or a short name; got {shorten(repr(source), 80)}")
+    if dtype not in DTYPES.values():
+        raise ValueError(f"dtype must be one of {', '.join(map(str, DTYPES.values()))}; got {shorten(repr(dtype), 80)}")
+    for name, value in (("variant", variant), ("revision", revision)):
+        if value is not None and (not isinstance(value, str) or not value or len(value) > 200 or "\0" in value):
+            raise ValueError(f"{name} must be a name or None; got {shorten(repr(value), 80)}")
+    if not isinstance(mlp_out_norm, bool):
+        raise ValueError(f"mlp_out_norm must be True or False; got {shorten(repr(mlp_out_norm), 80)}")
+    if resident is not None and (isinstance(resident, bool) or not isinstance(resident, int) or resident < 1):
+        raise ValueError(f"resident must be a positive number of layers or None (all); got {shorten(repr(resident), 80)}")
+
+
+def _exists(path: Path) -> bool:
+    """path.exists(), where a name no file system holds (too long, a NUL byte) is not there."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _set(plans: list[LayerPlan], points: tuple[str, str], metadata: dict, where: str, *, dtype: torch.dtype,
+         resident: int | None, cross_layer: bool | None = None) -> TranscoderSet:
+    """The TranscoderSet of `plans`, each layer checked to fit in memory in `dtype` (a converted copy's worst
+    case), every disagreement between layers a CheckpointError naming `where`."""
+    spec = plans[0].spec
+    shapes = [(spec.d_in, spec.d_sae), (spec.d_sae, spec.d_out), (2 * spec.d_sae + spec.d_out,)]
+    check_tensors_memory(shorten(where), shapes + ([(spec.d_out, spec.d_in)] if spec.skip else []), dtype,
+                         "one layer of the transcoder set")
+    cross_layer = spec.d_out != spec.d_in if cross_layer is None else cross_layer  # layer 0 of a CLT writes every layer
+    try:
+        return TranscoderSet(LazyLayers(plans, dtype, resident), cross_layer=cross_layer, input_point=points[0],
+                             output_point=points[1], metadata=metadata).eval()
+    except ValueError as error:
+        raise CheckpointError(f"{shorten(where)!r}: {error}") from None
 
 
 # ---- circuit-tracer ---------------------------------------------------------------------------------
-def _yaml():
-    try:
-        import yaml
-    except ImportError:
-        raise ImportError("circuit-tracer's config.yaml is read with PyYAML: pip install 'anatomy[transcoders]'") from None
-    return yaml
-
-
-def read_config(path: Path) -> dict:
-    """config.yaml as a dict, read with yaml.safe_load after checking its size; CheckpointError otherwise."""
-    yaml = _yaml()
-    where = repr(str(path))
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise CheckpointError(f"transcoder config {where} is {path.stat().st_size:,} bytes; a real one is under "
-                              f"{MAX_CONFIG_BYTES:,}")
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as error:
-        raise CheckpointError(f"transcoder config {where} is not valid YAML: {str(error).splitlines()[0]}") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"transcoder config {where} must hold a mapping, got {type(config).__name__}")
-    kind = config.get("model_kind")
-    if kind not in KINDS:
-        raise CheckpointError(f"transcoder config {where}: model_kind={kind!r}; allowed: {', '.join(KINDS)}")
-    for key in ("feature_input_hook", "feature_output_hook"):
-        if not isinstance(config.get(key), str):
-            raise CheckpointError(f"transcoder config {where}: {key} must be a hook name such as 'mlp.hook_in', "
-                                  f"got {config.get(key)!r}")
-    return config
-
-
-def _load_circuit_tracer(folder: Path, dtype: torch.dtype, mlp_out_norm: bool) -> TranscoderSet:
-    config = read_config(folder / CONFIG)
+def _load_circuit_tracer(folder: Path, root: Path, mlp_out_norm: bool, options: dict, command: str) -> TranscoderSet:
+    config = read_config(inside(folder / CONFIG, root, "transcoder config"))
     where = str(folder / CONFIG)
     try:
-        points = [circuit_tracer_point(config[key], 0, mlp_out_norm).replace(".0.", ".L.", 1)
-                  for key in ("feature_input_hook", "feature_output_hook")]
+        points = tuple(circuit_tracer_point(config[key], 0, mlp_out_norm).replace(".0.", ".L.", 1)
+                       for key in ("feature_input_hook", "feature_output_hook"))
     except ValueError as error:
-        raise CheckpointError(f"transcoder config {where!r}: {error}") from None
-    metadata = {k: v for k, v in config.items() if isinstance(v, (str, int, float, bool)) and k != "model_kind"}
+        raise CheckpointError(f"transcoder config {shorten(where)!r}: {shorten(str(error), 300)}") from None
+    metadata = {k: shorten(v, 1000) if isinstance(v, str) else v for k, v in config.items()
+                if isinstance(k, str) and isinstance(v, (str, int, float, bool)) and k != "model_kind"}
+    metadata = {k: v for k, v in metadata.items() if not isinstance(v, float) or v == v and abs(v) != float("inf")}
     cross_layer = KINDS[config["model_kind"]]
     if cross_layer:
-        layers = _clt_layers(folder, dtype)
+        plans = _clt_plans(folder, root, where)
     elif "transcoders" in config:
-        layers = _listed_layers(folder, config["transcoders"], where, dtype)
+        plans = _listed_plans(folder, root, config["transcoders"], where, command)
     else:
-        layers = _plt_layers(folder, _numbered(folder, "layer_{}.safetensors", where), dtype)
-    return TranscoderSet(layers, cross_layer=cross_layer, input_point=points[0], output_point=points[1],
-                         metadata=metadata).eval()
+        plans = _plt_plans(_numbered(folder, root, "layer_{}.safetensors", where))
+    return _set(plans, points, metadata, str(folder), cross_layer=cross_layer, **options)
 
 
-def _numbered(folder: Path, pattern: str, where: str) -> list[Path]:
-    """The files pattern.format(0), .format(1), ... of `folder`: every layer from 0, none missing."""
+def _numbered(folder: Path, root: Path, pattern: str, where: str) -> list[Path]:
+    """The files pattern.format(0), .format(1), ... of `folder`: every layer from 0, none missing, none twice,
+    at most MAX_LAYERS (a file named layer_99999999999 is counted, never a range made up to it)."""
     regex = re.compile(re.escape(pattern).replace(r"\{\}", r"(\d+)"))
-    found = sorted(int(m.group(1)) for p in folder.iterdir() if (m := regex.fullmatch(p.name)))
+    found: dict[int, Path] = {}
+    for path in folder.iterdir():
+        match = regex.fullmatch(path.name)
+        if not match:
+            continue
+        layer = int(match.group(1))
+        if layer in found:
+            raise CheckpointError(f"{shorten(where)!r}: {found[layer].name} and {shorten(path.name)} are both layer {layer}")
+        found[layer] = path
+        if len(found) > MAX_LAYERS:
+            raise CheckpointError(f"{shorten(where)!r}: more than {MAX_LAYERS:,} {pattern.format('{i}')} files beside it; "
+                                  f"a set has one a layer")
     if not found:
-        raise CheckpointError(f"{where!r}: no {pattern.format('{i}')} beside it")
-    if found != list(range(len(found))):
-        missing = sorted(set(range(max(found) + 1)) - set(found))
-        raise CheckpointError(f"{where!r}: {pattern.format(missing[0] if missing else found[-1])} is missing or repeated; "
-                              f"a set has one file for every layer 0 .. {max(found)}")
-    return [folder / pattern.format(i) for i in found]
+        raise CheckpointError(f"{shorten(where)!r}: no {pattern.format('{i}')} beside it")
+    missing = next(i for i in range(len(found) + 1) if i not in found)
+    if missing < len(found):
+        raise CheckpointError(f"{shorten(where)!r}: {pattern.format(missing)} is missing; a set has one file for every "
+                              f"layer 0 .. {len(found) - 1} and no other")
+    return [inside(found[i], root, "transcoder file") for i in range(len(found))]
 
 
-def _header(path: Path) -> dict[str, tuple[int, ...]]:
-    """{tensor: shape} of a safetensors file, from its header alone (CheckpointError if malformed)."""
-    if not path.is_file():
-        raise CheckpointError(f"transcoder weights {str(path)!r} are missing")
-    return {name: shape for name, (_, shape) in read_safetensors_header(path).items()}
-
-
-def _check_set_memory(where: str, shapes: list[tuple[int, ...]], dtype: torch.dtype) -> None:
-    need = sum(int(np.prod(shape, dtype=np.float64)) for shape in shapes) * dtype.itemsize
-    if need > available_memory():
-        raise CheckpointError(f"{where!r}: the transcoder set needs {need / 2**30:.2f} GiB, more than the "
-                              f"{available_memory() / 2**30:.2f} GiB of memory available")
-
-
-def _plt_layers(folder: Path, files: list[Path], dtype: torch.dtype) -> list[SAE]:
-    """Per-layer files in circuit-tracer's layout, every header checked before any tensor is read."""
-    first = _header(files[0])
+def _plt_plans(files: list[Path]) -> list[LayerPlan]:
+    """Per-layer files in circuit-tracer's layout, every header checked against layer 0's."""
+    opened = [mapped_file(path) for path in files]
+    first = opened[0].shapes
     if len(first.get("W_enc", ())) != 2 or len(first.get("b_dec", ())) != 1:
-        raise CheckpointError(f"{str(files[0])!r}: a circuit-tracer transcoder holds W_enc [F, E] and b_dec [E]; "
-                              f"found {sorted(first)}")
-    (d_transcoder, d_model), d_out = first["W_enc"], first["b_dec"][0]
-    expected = {"W_enc": (d_transcoder, d_model), "b_enc": (d_transcoder,), "W_dec": (d_transcoder, d_out), "b_dec": (d_out,)}
-    optional = {"activation_function.threshold": (d_transcoder,), "W_skip": (d_out, d_model)}
+        raise CheckpointError(f"{shorten(str(files[0]))!r}: a circuit-tracer transcoder holds W_enc [F, E] and b_dec [E]; "
+                              f"found {sorted(first)[:8]}")
+    (d_sae, d_model), d_out = first["W_enc"], first["b_dec"][0]
+    expected = {"W_enc": (d_sae, d_model), "b_enc": (d_sae,), "W_dec": (d_sae, d_out), "b_dec": (d_out,)}
+    optional = {"activation_function.threshold": (d_sae,), "W_skip": (d_out, d_model)}
     present = [k for k in optional if k in first]
-    for path in files:
-        shapes = _header(path)
-        check_shapes(str(path), shapes, expected, optional)
-        if [k for k in optional if k in shapes] != present:
-            raise CheckpointError(f"{str(path)!r} holds {sorted(shapes)}; layer 0 holds {sorted(first)}: every layer "
-                                  "of a set has the same tensors")
-    _check_set_memory(str(folder), [s for s in {**expected, **optional}.values()] * len(files), dtype)
-    layers = []
-    for path in files:
-        tensors = read_tensors(path, expected, dtype, optional, what="transcoder weights")
-        layers.append(_sae(tensors["W_enc"].T, tensors["b_enc"], tensors["W_dec"], tensors["b_dec"],
-                           tensors.get("activation_function.threshold"), tensors.get("W_skip"), dtype))
-    return layers
+    plans = []
+    for path, weights in zip(files, opened):
+        check_shapes(str(path), weights.shapes, expected, optional)
+        if [k for k in optional if k in weights.shapes] != present:
+            raise CheckpointError(f"{shorten(str(path))!r} holds {sorted(weights.shapes)}; layer 0 holds {sorted(first)}: "
+                                  "every layer of a set has the same tensors")
+        kind = "jumprelu" if "activation_function.threshold" in present else "relu"
+        spec = LayerSpec(kind, d_model, d_sae, d_out, "W_skip" in present, str(path))
+        renamed = {"W_enc": "W_enc", "b_enc": "b_enc", "W_dec": "W_dec", "b_dec": "b_dec",
+                   "threshold": "activation_function.threshold", "W_skip": "W_skip"}
+        plans.append(LayerPlan(spec, lambda w=weights, names=renamed: {
+            ours: (w.tensor(theirs).T if ours == "W_enc" else w.tensor(theirs))  # (F, E) -> (E, F): a view
+            for ours, theirs in names.items() if theirs in w.shapes}))
+    return plans
 
 
-def _sae(W_enc, b_enc, W_dec, b_dec, threshold=None, W_skip=None, dtype=torch.float32) -> SAE:
-    """A transcoder SAE from its tensors in anatomy's layout: W_enc [E, F], W_dec [F, O], W_skip [O, E]."""
-    (d_in, d_sae), d_out = W_enc.shape, W_dec.shape[-1]
-    sae = SAE(d_in, d_sae, kind="jumprelu" if threshold is not None else "relu", d_out=d_out, transcoder=True,
-              skip=W_skip is not None, apply_b_dec_to_input=False, dtype=dtype, seed=None)
-    with torch.no_grad():
-        for name, value in (("W_enc", W_enc), ("b_enc", b_enc), ("W_dec", W_dec), ("b_dec", b_dec),
-                            ("threshold", threshold), ("W_skip", W_skip)):
-            if value is not None:
-                getattr(sae, name).copy_(value)
-    return sae.eval()
-
-
-def _clt_layers(folder: Path, dtype: torch.dtype) -> list[SAE]:
+def _clt_plans(folder: Path, root: Path, where: str) -> list[LayerPlan]:
     """A cross-layer transcoder in circuit-tracer's lazy layout, every header checked first."""
-    where = str(folder / CONFIG)
-    encoders = _numbered(folder, "W_enc_{}.safetensors", where)
+    encoders = _numbered(folder, root, "W_enc_{}.safetensors", where)
+    decoders = _numbered(folder, root, "W_dec_{}.safetensors", where)
     n_layers = len(encoders)
-    first = _header(encoders[0])
+    if len(decoders) != n_layers:
+        raise CheckpointError(f"{shorten(where)!r}: {n_layers} W_enc_{{i}} files but {len(decoders)} W_dec_{{i}}; a "
+                              "cross-layer set has one of each a layer")
+    first = mapped_file(encoders[0]).shapes
     if len(first.get("W_enc_0", ())) != 2:
-        raise CheckpointError(f"{str(encoders[0])!r}: a cross-layer transcoder's file holds W_enc_0 [F, E]; found {sorted(first)}")
-    d_transcoder, d_model = first["W_enc_0"]
+        raise CheckpointError(f"{shorten(str(encoders[0]))!r}: a cross-layer transcoder's file holds W_enc_0 [F, E]; "
+                              f"found {sorted(first)[:8]}")
+    d_sae, d_model = first["W_enc_0"]
     thresholded = "threshold_0" in first
-    plans, total = [], []
-    for i, path in enumerate(encoders):
-        expected = {f"W_enc_{i}": (d_transcoder, d_model), f"b_enc_{i}": (d_transcoder,), f"b_dec_{i}": (d_model,)}
+    plans = []
+    for i, (encoder_file, decoder_file) in enumerate(zip(encoders, decoders)):
+        expected = {f"W_enc_{i}": (d_sae, d_model), f"b_enc_{i}": (d_sae,), f"b_dec_{i}": (d_model,)}
         if thresholded:
-            expected[f"threshold_{i}"] = (d_transcoder,)
-        check_shapes(str(path), _header(path), expected)
-        decoder = folder / f"W_dec_{i}.safetensors"
-        decoder_shape = {f"W_dec_{i}": (d_transcoder, n_layers - i, d_model)}
-        check_shapes(str(decoder), _header(decoder), decoder_shape)
-        plans.append((path, expected, decoder, decoder_shape))
-        total += list(expected.values()) + list(decoder_shape.values()) + [(n_layers - i, d_model)]
-    _check_set_memory(str(folder), total, dtype)
-    layers = []
-    for i, (path, expected, decoder, decoder_shape) in enumerate(plans):
-        encoder = read_tensors(path, expected, dtype, what="transcoder weights")
-        W_dec = read_tensors(decoder, decoder_shape, dtype, what="transcoder weights")[f"W_dec_{i}"]
-        layers.append(_sae(encoder[f"W_enc_{i}"].T, encoder[f"b_enc_{i}"], W_dec.flatten(1),  # (F, L-i, E) -> (F, (L-i) E)
-                           _first_block(encoder[f"b_dec_{i}"], n_layers - i), encoder.get(f"threshold_{i}"), None, dtype))
-    return layers
+            expected[f"threshold_{i}"] = (d_sae,)
+        encoder, decoder = mapped_file(encoder_file), mapped_file(decoder_file)
+        check_shapes(str(encoder_file), encoder.shapes, expected)
+        check_shapes(str(decoder_file), decoder.shapes, {f"W_dec_{i}": (d_sae, n_layers - i, d_model)})
+        spec = LayerSpec("jumprelu" if thresholded else "relu", d_model, d_sae, (n_layers - i) * d_model, False,
+                         f"{encoder_file}, {decoder_file.name}")
+
+        def read(i=i, encoder=encoder, decoder=decoder) -> dict[str, torch.Tensor]:
+            tensors = {"W_enc": encoder.tensor(f"W_enc_{i}").T, "b_enc": encoder.tensor(f"b_enc_{i}"),
+                       "W_dec": decoder.tensor(f"W_dec_{i}").flatten(1),  # (F, L-i, E) -> (F, (L-i) E): a view
+                       "b_dec": first_block(encoder.tensor(f"b_dec_{i}"), n_layers - i)}
+            return {**tensors, "threshold": encoder.tensor(f"threshold_{i}")} if thresholded else tensors
+
+        plans.append(LayerPlan(spec, read))
+    return plans
 
 
-def _first_block(vector: torch.Tensor, blocks: int) -> torch.Tensor:
-    """[E] -> [blocks E]: the vector, then zeros (a CLT layer's bias, written to its own output only)."""
-    return torch.cat([vector, vector.new_zeros((blocks - 1) * vector.numel())])
+def _listed_plans(folder: Path, root: Path, listed: list[str], where: str, command: str) -> list[LayerPlan]:
+    """config.yaml's `transcoders`: one file per layer, inside the folder or hf://org/name/path[?revision=r]
+    (fetched into the Hugging Face cache), in circuit-tracer's layout, Gemma Scope 2's params.safetensors or
+    Gemma Scope's params.npz. command: what fetches them, named when the cache lacks them offline."""
+    from .transcoder_hub import fetch_uris
 
-
-def _listed_layers(folder: Path, listed, where: str, dtype: torch.dtype) -> list[SAE]:
-    """config.yaml's `transcoders`: one local file per layer, inside the folder (circuit-tracer's layout,
-    Gemma Scope 2's params.safetensors, or Gemma Scope's params.npz)."""
-    if not isinstance(listed, list) or not listed or not all(isinstance(p, str) for p in listed):
-        raise CheckpointError(f"{where!r}: transcoders must be a list of file paths, one per layer")
-    remote = [p for p in listed if "://" in p]
-    if remote:
-        raise CheckpointError(f"{where!r} names files to download ({remote[0]!r}); anatomy reads a transcoder set "
-                              "from local files: download them into the folder and list their paths")
-    files = [inside(folder / p, folder, "transcoder file") for p in listed]
-    for path in files:
-        if not path.is_file():
-            raise CheckpointError(f"{where!r} lists {str(path)!r}, which is missing")
-    if all(path.suffix == ".npz" for path in files):
-        return [load_sae(path, dtype=dtype) for path in files]
-    if "w_enc" in _header(files[0]):
-        return _gemma_scope_2_layers(files, dtype)
-    return _plt_layers(folder, files, dtype)
-
-
-# ---- Gemma Scope 2 -----------------------------------------------------------------------------------
-def _load_gemma_scope_2(folder: Path, dtype: torch.dtype, variant: str | None) -> TranscoderSet:
-    by_variant: dict[str, dict[int, Path]] = {}
-    for params in folder.glob(f"layer_*/{GEMMA_SCOPE_2}"):
-        match = re.fullmatch(r"layer_(\d+)_(.+)", params.parent.name)
-        if match:
-            by_variant.setdefault(match.group(2), {})[int(match.group(1))] = params
-    if variant is None and len(by_variant) != 1:
-        raise CheckpointError(f"{str(folder)!r} holds Gemma Scope 2 transcoders of several variants; choose one: "
-                              f"{', '.join(sorted(by_variant))}")
-    variant = variant if variant is not None else next(iter(by_variant))
-    if variant not in by_variant:
-        raise CheckpointError(f"{str(folder)!r} has no Gemma Scope 2 variant {variant!r}; allowed: {', '.join(sorted(by_variant))}")
-    layers = by_variant[variant]
-    if sorted(layers) != list(range(len(layers))):
-        missing = sorted(set(range(max(layers) + 1)) - set(layers))
-        raise CheckpointError(f"{str(folder)!r}: layer_{missing[0]}_{variant} is missing; a set has every layer 0 .. {max(layers)}")
-    files = [layers[i] for i in range(len(layers))]
-    config = read_json(files[0].parent / "config.json", "Gemma Scope 2 config") \
-        if (files[0].parent / "config.json").is_file() else {}
-    points = []
-    for key, default in (("hf_hook_point_in", "blocks.L.mlp_norm.out"), ("hf_hook_point_out", "blocks.L.mlp_out_norm.out")):
-        name = config.get(key)
-        try:
-            points.append(re.sub(r"^blocks\.\d+\.", "blocks.L.", hf_module_point(name)) if isinstance(name, str) else default)
-        except ValueError as error:
-            raise CheckpointError(f"{str(files[0].parent / 'config.json')!r}: {key}: {error}") from None
-    metadata = {"scan": f"{folder.parent.name}/{folder.name}/{variant}"}
-    if isinstance(config.get("model_name"), str):
-        metadata["model_name"] = config["model_name"]
-    layer_saes = _gemma_scope_2_layers(files, dtype)
-    cross_layer = layer_saes[0].d_out != layer_saes[0].d_in  # layer 0 of a CLT writes every layer
-    return TranscoderSet(layer_saes, cross_layer=cross_layer, input_point=points[0], output_point=points[1],
-                         metadata=metadata).eval()
-
-
-def _gemma_scope_2_layers(files: list[Path], dtype: torch.dtype) -> list[SAE]:
-    """Gemma Scope 2's params.safetensors, one a layer: w_enc [E, F], w_dec [F, E] (per-layer) or [F, L, E]
-    (cross-layer: layer i keeps its rows for layers i .. L - 1), every header checked first."""
-    first = _header(files[0])
-    if len(first.get("w_enc", ())) != 2 or len(first.get("w_dec", ())) not in (2, 3):
-        raise CheckpointError(f"{str(files[0])!r}: a Gemma Scope 2 transcoder holds w_enc [E, F] and w_dec [F, E] "
-                              f"or [F, L, E]; found {sorted(first)}")
-    (d_model, d_transcoder), n_layers = first["w_enc"], len(files)
-    cross_layer = len(first["w_dec"]) == 3
-    w_dec = (d_transcoder, n_layers, d_model) if cross_layer else (d_transcoder, d_model)
-    expected = {"w_enc": (d_model, d_transcoder), "w_dec": w_dec, "b_enc": (d_transcoder,), "b_dec": (d_model,),
-                "threshold": (d_transcoder,)}
-    optional = {"affine_skip_connection": (d_model, d_model)}
-    for path in files:
-        shapes = _header(path)
-        check_shapes(str(path), shapes, expected, optional)
-        if ("affine_skip_connection" in shapes) != ("affine_skip_connection" in first):
-            raise CheckpointError(f"{str(path)!r}: every layer of a set has an affine_skip_connection, or none does")
-    _check_set_memory(str(files[0].parent.parent), [*expected.values(), *optional.values()] * n_layers, dtype)
-    layers = []
-    for i, path in enumerate(files):
-        t = read_tensors(path, expected, dtype, optional, what="transcoder weights")
-        decoder, bias, skip = t["w_dec"], t["b_dec"], t.get("affine_skip_connection")
-        if cross_layer:
-            decoder = decoder[:, i:].flatten(1)  # (F, L - i, E) -> (F, (L - i) E): the rows to layers i and later
-            bias = _first_block(bias, n_layers - i)
-            skip = None if skip is None else torch.cat([skip.T, skip.new_zeros((n_layers - i - 1) * d_model, d_model)])
+    check_listed(listed, repr(shorten(where)))
+    remote = fetch_uris([name for name in listed if name.startswith("hf://")], f"{shorten(where)!r} lists", command)
+    files, seen = [], {}
+    for layer, name in enumerate(listed):
+        if name in remote:
+            path, file_root = remote[name]
+        elif "://" in name:
+            raise CheckpointError(f"{shorten(where)!r} lists {shorten(name)!r}; anatomy reads local files and "
+                                  "hf://org/name/path URIs")
         else:
-            skip = None if skip is None else skip.T  # x A = x (A^T)^T: W_skip [E_out, E_in]
-        layers.append(_sae(t["w_enc"], t["b_enc"], decoder, bias, t["threshold"], skip, dtype))
-    return layers
+            path, file_root = folder / name, root
+        real = inside(path, file_root, "transcoder file")
+        if real in seen:
+            raise CheckpointError(f"{shorten(where)!r} lists one file twice (layers {seen[real]} and {layer}): "
+                                  f"{shorten(name)!r}")
+        seen[real] = layer
+        files.append(real)
+    suffixes = {Path(name.split("?")[0]).suffix for name in listed}
+    if ".npz" in suffixes:
+        if suffixes != {".npz"}:
+            raise CheckpointError(f"{shorten(where)!r} lists .npz and other files; a set is in one layout")
+        return gemma_scope_plans(files)
+    if "w_enc" in mapped_file(files[0]).shapes:
+        return gemma_scope_plans(files)
+    return _plt_plans(files)
 
 
 # ---- writing ------------------------------------------------------------------------------------------
@@ -338,7 +292,7 @@ def save_transcoders(transcoders: TranscoderSet, folder: str | os.PathLike, *, s
         raise ValueError(f"circuit-tracer 0.5 reads ReLU and JumpReLU transcoders; kind={transcoders.kind!r} has no such "
                          f"file (allowed: {', '.join(WRITTEN_KINDS)}; BatchTopK is written as the JumpReLU it is in use)")
     hooks = [circuit_tracer_hook(transcoders.input_point(0)), circuit_tracer_hook(transcoders.output_point(0))]
-    skip = transcoders.layers[0].W_skip is not None
+    skip = transcoders.has_skip
     if transcoders.cross_layer and skip:
         raise ValueError("circuit-tracer 0.5's cross-layer files hold no skip connection (W_skip): this set's would be lost")
     folder = Path(folder)
@@ -365,7 +319,7 @@ def save_transcoders(transcoders: TranscoderSet, folder: str | os.PathLike, *, s
             if skip:
                 tensors["W_skip"] = sae.W_skip.detach().cpu().contiguous()
             save_file(tensors, str(staging / f"layer_{layer}.safetensors"))
-        (staging / CONFIG).write_text(_yaml().safe_dump(config, sort_keys=False), encoding="utf-8")
+        (staging / CONFIG).write_text(yaml_module().safe_dump(config, sort_keys=False), encoding="utf-8")
         for path in staging.iterdir():
             os.chmod(path, 0o644)
     return folder

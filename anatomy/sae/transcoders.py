@@ -35,6 +35,7 @@ from torch import nn
 from ..hook_names import anatomy_name
 from ..trace import trace_points
 from .modules import SAE
+from .transcoder_layers import LayerSpec, LazyLayers
 
 INPUT_POINT, OUTPUT_POINT = "blocks.L.mlp_norm.out", "blocks.L.mlp.out"
 
@@ -43,38 +44,72 @@ class TranscoderSet(nn.Module):
     """Transcoders for every layer of one model: `layers[l]` the SAE of layer l's features.
 
     layers: one transcoder SAE per layer, all of one kind and width; a PLT's write d_model, a CLT's
-    layer l writes (n_layers - l) d_model (see the module docstring). cross_layer: a CLT.
-    input_point, output_point: the points each layer reads and writes, with L for the layer
+    layer l writes (n_layers - l) d_model (see the module docstring); or a LazyLayers (transcoder_layers.py:
+    what load_transcoders gives), whose layers are read from their files when first used. cross_layer: a
+    CLT. input_point, output_point: the points each layer reads and writes, with L for the layer
     (TransformerLens names accepted). metadata: what the files said (model name, scan), written back.
     Raises ValueError, before anything is computed, for layers that disagree in kind, width or shape.
     """
 
-    def __init__(self, layers: Sequence[SAE], *, cross_layer: bool = False, input_point: str = INPUT_POINT,
-                 output_point: str = OUTPUT_POINT, metadata: dict | None = None):
+    def __init__(self, layers: Sequence[SAE] | LazyLayers, *, cross_layer: bool = False,
+                 input_point: str = INPUT_POINT, output_point: str = OUTPUT_POINT, metadata: dict | None = None):
         super().__init__()
+        lazy = isinstance(layers, LazyLayers)
+        if not lazy and (not isinstance(layers, (Sequence, nn.ModuleList)) or not all(isinstance(sae, SAE) for sae in layers)):
+            raise ValueError("a transcoder set's layers are a sequence of SAEs (anatomy.sae.SAE), one per layer")
         if not layers:
             raise ValueError("a transcoder set needs one transcoder per layer; got none")
-        first = layers[0]
-        n_layers, d_model = len(layers), first.d_in
-        for layer, sae in enumerate(layers):
+        specs = layers.specs if lazy else [LayerSpec.of(sae) for sae in layers]
+        first = specs[0]
+        n_layers, d_model = len(specs), first.d_in
+        for layer, spec in enumerate(specs):
             writes = (n_layers - layer) * d_model if cross_layer else d_model
-            for field, value, allowed in (("kind", sae.kind, first.kind), ("d_sae", sae.d_sae, first.d_sae),
-                                          ("d_in", sae.d_in, d_model), ("d_out", sae.d_out, writes),
-                                          ("skip", sae.W_skip is not None, first.W_skip is not None)):
+            for field, value, allowed in (("kind", spec.kind, first.kind), ("d_sae", spec.d_sae, first.d_sae),
+                                          ("d_in", spec.d_in, d_model), ("d_out", spec.d_out, writes),
+                                          ("skip", spec.skip, first.skip)):
                 if value != allowed:
                     raise ValueError(f"transcoder set: layer {layer} has {field}={value!r}; allowed: {allowed!r} "
                                      f"(as layer 0{', and n_layers - layer blocks of d_model for a CLT' if field == 'd_out' else ''})")
-            if cross_layer and any(t is not None and t.detach()[d_model:].any() for t in (sae.b_dec, sae.W_skip)):
+            if cross_layer and not lazy and any(t is not None and t.detach()[d_model:].any()
+                                                for t in (layers[layer].b_dec, layers[layer].W_skip)):
                 raise ValueError(f"transcoder set: layer {layer} of a CLT has b_dec or W_skip beyond its own output's "
                                  f"first {d_model}; allowed: zeros there (each layer's bias and skip are added once)")
-        self.layers = nn.ModuleList(layers)
+        self.layers = layers if lazy else nn.ModuleList(layers)
         self.n_layers, self.d_model, self.d_transcoder = n_layers, d_model, first.d_sae
-        self.kind, self.cross_layer = first.kind, cross_layer
+        self.kind, self.cross_layer, self.has_skip = first.kind, cross_layer, first.skip
         self.input_pattern = _layer_pattern(input_point)
         self.output_pattern = _layer_pattern(output_point)
         self.metadata = dict(metadata or {})
-        for layer, sae in enumerate(self.layers):  # each transcoder names the points of its own layer
-            sae.point, sae.point_out, sae.is_transcoder = self.input_point(layer), self.output_point(layer), True
+        if lazy:
+            layers.prepare = self._name_points
+        else:
+            for layer, sae in enumerate(self.layers):
+                self._name_points(layer, sae)
+
+    def _name_points(self, layer: int, sae: SAE) -> None:
+        """Each transcoder names the points of its own layer."""
+        sae.point, sae.point_out, sae.is_transcoder = self.input_point(layer), self.output_point(layer), True
+
+    @property
+    def lazy(self) -> bool:
+        """Whether the layers are read from files when first used (LazyLayers), rather than held."""
+        return isinstance(self.layers, LazyLayers)
+
+    def release(self, layer: int | None = None) -> None:
+        """A lazy set lets go of one built layer (or of all): their memory returns; the next use reads it
+        again. Nothing for a set held in memory."""
+        if self.lazy:
+            self.layers.release(None if layer is None else self._layer(layer))
+
+    def _apply(self, fn, recurse: bool = True):
+        if self.lazy:  # .to(device), .float(): done to the layers built, and to each one built later
+            self.layers.apply(fn)
+        return super()._apply(fn, recurse)
+
+    def train(self, mode: bool = True):
+        if self.lazy:
+            self.layers.train(mode)
+        return super().train(mode)
 
     # ---- where the features live ----------------------------------------------------------------
     def input_point(self, layer: int) -> str:
@@ -178,7 +213,7 @@ class TranscoderSet(nn.Module):
         if self.cross_layer:
             raise ValueError("a cross-layer transcoder's features write to every later layer: splice it with "
                              "TranscoderSet.replacement(), not one SAE per point")
-        return {self.output_point(layer): sae for layer, sae in enumerate(self.layers)}
+        return {self.output_point(layer): self.layers[layer] for layer in range(self.n_layers)}
 
     def replacement(self, where: Callable[[torch.Tensor], torch.Tensor] | None = None, errors: bool = False
                     ) -> dict[str, Callable]:
@@ -221,7 +256,7 @@ class TranscoderSet(nn.Module):
         return layer
 
     def extra_repr(self) -> str:
-        skip = ", skip" if self.layers[0].W_skip is not None else ""
+        skip = ", skip" if self.has_skip else ""
         return (f"{'CLT' if self.cross_layer else 'PLT'}, kind={self.kind!r}, n_layers={self.n_layers}, d_model={self.d_model}, "
                 f"d_transcoder={self.d_transcoder}{skip}, {self.input_pattern} -> {self.output_pattern}")
 
@@ -238,6 +273,12 @@ def mlp_points(model: nn.Module) -> tuple[str, str]:
     else:
         reads = "blocks.L.mlp_norm.out"
     return reads, OUTPUT_POINT
+
+
+def points_of(input_point: str, output_point: str, n_layers: int) -> list[str]:
+    """[in_0, out_0, in_1, out_1, ...]: the points of every layer's transcoder (L for the layer in each), in the
+    order a harvested row holds them."""
+    return [p.replace("L", str(layer), 1) for layer in range(n_layers) for p in (input_point, output_point)]
 
 
 def _layer_pattern(point: str) -> str:

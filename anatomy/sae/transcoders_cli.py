@@ -15,13 +15,12 @@ under torchrun each rank harvests its own share of the contexts.
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
-from ..cli import (input_file, non_negative_int, output_folder, positive_float, positive_int, printable, probability,
-                   summary_block, text)
-from ..terminal import one_line
+from ..arguments import add_model_argument, input_file, non_negative_int, positive_float, positive_int, text
+from ..progress import Stages
+from ..terminal import one_line, printable, summary_block
+from .cli_common import add_corpus_arguments, add_run_arguments, add_training_arguments, load_model, train_config, training_run
 
 # torch, the model and the trainer are imported by the functions that use them, once the arguments have been
 # checked: a mistake is refused before torch loads.
@@ -32,12 +31,9 @@ RUNTIME_BYTES = 300 * 2**20  # the interpreter, torch and the tokenizer before a
 
 
 def add_arguments(commands) -> None:
-    """The two commands, added to `anatomy sae`'s sub-commands (with the option groups of sae's cli.py)."""
-    from ..cli import add_model_argument
-    from .cli import add_corpus_arguments, add_run_arguments, add_training_arguments
-
+    """The two commands, added to `anatomy sae`'s sub-commands (with the option groups of cli_common.py)."""
     train = commands.add_parser("train-transcoders", help="train a transcoder on every layer, from one harvest")
-    add_model_argument(train, default="smollm2", help="the model whose MLPs the transcoders replace")
+    add_model_argument(train, help="the model whose MLPs the transcoders replace")
     add_corpus_arguments(train)
     g = train.add_argument_group("the transcoders")
     g.add_argument("--kind", choices=KINDS, default="batchtopk",
@@ -68,7 +64,7 @@ def add_arguments(commands) -> None:
     evaluate = commands.add_parser("eval-transcoders",
                                    help="per layer FVE, L0, dead; CE loss recovered with every MLP replaced at once")
     evaluate.add_argument("transcoders", metavar="RUN_OR_FOLDER", help="a run folder, a circuit-tracer or Gemma Scope 2 folder")
-    add_model_argument(evaluate, default=None, required=False, help="the model (default: the one the set names)")
+    add_model_argument(evaluate, named_by="the transcoder set's files", help="the model")
     evaluate.add_argument("--data", required=True, nargs="+", type=input_file, help="held-out UTF-8 text files")
     evaluate.add_argument("--context", type=positive_int, default=128, help="tokens per context")
     evaluate.add_argument("--skip", type=non_negative_int, default=1, help="leading positions of each context left out")
@@ -77,11 +73,6 @@ def add_arguments(commands) -> None:
     evaluate.add_argument("--max-tokens", type=positive_int, help="read at most this many tokens of --data")
     evaluate.add_argument("--variant", type=text, help="Gemma Scope 2: which width_W_l0_S[_affine] folder")
     add_run_arguments(evaluate)
-
-
-def points_of(input_point: str, output_point: str, n_layers: int) -> list[str]:
-    """[in_0, out_0, in_1, out_1, ...]: the columns of a harvested row, layer by layer."""
-    return [p.replace("L", str(layer), 1) for layer in range(n_layers) for p in (input_point, output_point)]
 
 
 def memory_plan(model, n_layers: int, d_in: int, d_out: int, features: int, skip: bool, fill_rows: int,
@@ -106,16 +97,17 @@ def run_train_transcoders(args) -> int:
     import torch
 
     from ..checkpoints.memory import available_memory
-    from .cli import load_model, train_config, training_run
     from .evaluate import evaluate_transcoders
     from .modules import SAE
     from .plots import plot_training
     from .store import ActivationStore, corpus_tokens, harvest, rows_of
     from .train import SAETrainer, write_summary
     from .transcoder_files import save_transcoders
-    from .transcoders import TranscoderSet, mlp_points
+    from .transcoders import TranscoderSet, mlp_points, points_of
 
-    with training_run(args) as (info, run_dir):
+    with training_run(args) as (info, run_dir), Stages(quiet=args.quiet or not info.is_main,
+                                                        bar=not args.no_progress) as stages:
+        stages.start("loading the model")
         model = load_model(args.model, str(info.device))
         args.input_point = args.input_point or mlp_points(model)[0]
         n_layers = len(model.blocks)
@@ -123,6 +115,7 @@ def run_train_transcoders(args) -> int:
         probe = TranscoderSet([SAE(model.config.d_model, 1, kind="relu", transcoder=True, seed=None) for _ in range(n_layers)],
                               input_point=args.input_point, output_point=args.output_point)
         probe.check_fits(model)  # the points exist in every block, at d_model: refused before any pass
+        stages.start("reading the text")
         train_tokens, held_tokens = corpus_tokens(args.data, model.tokenizer, args.eval_fraction)
         widths = [v.flatten(2).size(-1) for v in harvest(model, torch.as_tensor(train_tokens[None, :8]), points[:2])]
         store_dtype = getattr(torch, args.store_dtype)
@@ -143,6 +136,7 @@ def run_train_transcoders(args) -> int:
                     point_out=points[2 * layer + 1], transcoder=True, skip=not args.no_skip, seed=args.seed + layer,
                     metadata=metadata) for layer in range(n_layers)]
         config = train_config(args, k)
+        stages.start("harvesting the held-out rows")
         eval_rows = rows_of(model, points, held_tokens, context=args.context, skip=args.skip,
                             limit=args.eval_rows)[:args.eval_rows].to(store_dtype)
         if info.is_main:
@@ -156,14 +150,17 @@ def run_train_transcoders(args) -> int:
                                      fill_rows, info.world_size), flush=True)
         trainer = SAETrainer(saes, store, config, run_dir, eval_rows=eval_rows, dist=info, resume=args.resume,
                              offsets=[layer * sum(widths) for layer in range(n_layers)])
-        trainer.fit()
+        stages.start("training")
+        with stages.handed_over():  # the trainer's own bar, or its log lines
+            trainer.fit()
         if info.is_main:
             transcoders = TranscoderSet(trainer.trained_saes(), input_point=args.input_point,
                                         output_point=args.output_point, metadata={"model_name": args.model})
             save_transcoders(transcoders, run_dir / "transcoders", scan=f"anatomy/{run_dir.resolve().name}")
             trainer.store = trainer.eval_rows = store = eval_rows = None  # the buffer's memory, for the evaluation
             results = evaluate_transcoders(model, transcoders, held_tokens[:args.eval_tokens], context=args.context,
-                                           skip=args.skip, ce_contexts=args.ce_contexts)
+                                           skip=args.skip, ce_contexts=args.ce_contexts,
+                                           progress=stages.start("evaluating", "contexts"))
             (run_dir / "eval.json").write_text(json.dumps(results, indent=1) + "\n")
             trainer.log_record({"step": trainer.step, **{f"heldout_{k}": v for k, v in results.items() if k != "layers"}})
             plot_training(run_dir, trainer.history, name="transcoders.png",
@@ -214,24 +211,25 @@ def describe(results: dict, title: str, text: str | None = None) -> str:
 
 def run_eval_transcoders(args) -> int:
     """Print a set's per-layer FVE, L0, dead and its CE loss recovered on the text of --data."""
-    from .cli import load_model, progress_bar
     from .evaluate import evaluate_transcoders
     from .store import corpus_tokens
     from .transcoder_files import load_transcoders
 
-    transcoders = load_transcoders(args.transcoders, variant=args.variant)
-    name = args.model or transcoders.metadata.get("model_name")
-    if not name:
-        raise ValueError(f"{args.transcoders} does not name its model: pass --model")
-    model = load_model(name, args.device)
-    transcoders.check_fits(model)
-    transcoders.to(args.device)
-    tokens = corpus_tokens(args.data, model.tokenizer, eval_fraction=None)[0]
-    tokens = tokens[:args.max_tokens] if args.max_tokens else tokens
-    progress, bar = progress_bar("eval", args)
-    with bar:
+    with Stages.of(args) as stages:
+        stages.start("loading the transcoders")
+        transcoders = load_transcoders(args.transcoders, variant=args.variant)
+        name = args.model or transcoders.metadata.get("model_name")
+        if not name:
+            raise ValueError(f"{args.transcoders} does not name its model: pass --model")
+        stages.start("loading the model")
+        model = load_model(name, args.device)
+        transcoders.check_fits(model)
+        transcoders.to(args.device)
+        stages.start("reading the text")
+        tokens = corpus_tokens(args.data, model.tokenizer, eval_fraction=None)[0]
+        tokens = tokens[:args.max_tokens] if args.max_tokens else tokens
         results = evaluate_transcoders(model, transcoders, tokens, context=args.context, skip=args.skip,
-                                       ce_contexts=args.ce_contexts, progress=progress)
+                                       ce_contexts=args.ce_contexts, progress=stages.start("evaluating", "contexts"))
     if not args.quiet:
         print(describe(results, f"anatomy sae eval-transcoders {printable(args.transcoders)}",
                        text=f"{len(tokens):,} tokens of {' '.join(args.data)}"))

@@ -17,9 +17,10 @@ import json
 import random
 from pathlib import Path
 
-from ..cli import (add_device_argument, add_model_argument, add_threads_argument, input_file, non_negative_float,
-                   non_negative_int, one_line, output_folder, positive_float, positive_int, printable, probability, seed,
-                   summary_block, text)
+from ..arguments import (add_compute_arguments, add_model_argument, input_file, non_negative_float, non_negative_int,
+                         output_folder, positive_float, positive_int, probability, seed, text)
+from ..parser import closest
+from ..terminal import one_line, printable, summary_block
 from ..config import ACTIVATIONS, ATTN_IMPLS, NORM_POSITIONS, NORMS, POS_ENCODINGS, QK_NORMS
 from .choices import KINDS
 from .schedules import SCHEDULES
@@ -86,8 +87,10 @@ def tokenizer_choice(value: str) -> str:
     except (OSError, ValueError):
         exists = False
     if not exists:
+        meant = closest(value, KINDS)
         raise argparse.ArgumentTypeError(f"{one_line(value, 100)!r} is no tokenizer kind ({', '.join(KINDS)}) and "
-                                         "no tokenizer.json or folder that exists")
+                                         "no tokenizer.json or folder that exists"
+                                         + (f"; did you mean {meant!r}?" if meant else ""))
     return value
 
 
@@ -127,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cls.add_argument("--labels", type=label_list,
                      help="comma-separated allowed labels, in class order (default: those in --train)")
     cls.add_argument("--max-len", type=positive_int, default=64, help="tokens kept per text")
-    add_model_argument(cls, default=None, flag="--init", required=False, help="fine-tune this pretrained encoder")
+    add_model_argument(cls, default=None, flag="--init", help="fine-tune this pretrained encoder")
     cls.add_argument("--pooling", choices=("first", "mean"), default="mean",
                      help="the sequence's vector: its first token's, or the mean of its tokens'")
 
@@ -140,11 +143,9 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
     g.add_argument("--out", required=True, type=output_folder, help="run directory")
     g.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in --out")
     g.add_argument("--seed", type=seed, default=1337, help="seed of the weights, the data order and dropout")
-    add_device_argument(g, default="auto")
-    add_threads_argument(g)
+    add_compute_arguments(g)
     g.add_argument("--cache-dir", type=output_folder,
                    help="where token ids are cached (default: ~/.cache/anatomy/tokens)")
-    g.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     g.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
     g = p.add_argument_group("tokenizer")
@@ -159,13 +160,15 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
     g.add_argument("--n-layers", type=layer_count, default=model_defaults["n_layers"], help="blocks (per stack)")
     g.add_argument("--d-ff", type=positive_int, help="feed-forward width (default: 4 x d_model)")
     g.add_argument("--dropout", type=probability, default=model_defaults["dropout"], help="dropout probability")
-    g.add_argument("--pos-encoding", default=model_defaults["pos_encoding"], choices=POS_ENCODINGS,
-                   help="how positions enter the model")
+    g.add_argument("--pos-encoding", default=model_defaults["pos_encoding"], choices=POS_ENCODINGS, metavar="KIND",
+                   help=f"how positions enter the model: {', '.join(POS_ENCODINGS)}")
     g.add_argument("--norm", default="layernorm", choices=NORMS, help="the normalisation")
-    g.add_argument("--norm-position", default="pre", choices=NORM_POSITIONS,
-                   help="norm before each sublayer (GPT-2) or after the residual sum (the paper)")
-    g.add_argument("--activation", default="gelu", choices=ACTIVATIONS,
-                   help="gated ones (swiglu, geglu) have 3 matrices: d_ff 2/3 as wide keeps the parameters")
+    g.add_argument("--norm-position", default="pre", choices=NORM_POSITIONS, metavar="WHERE",
+                   help="pre: x + f(Norm(x)) (GPT-2), post: Norm(x + f(x)) (the paper), sandwich: x + Norm(f(Norm(x))) "
+                        "(Gemma 2), post_sublayer: x + Norm(f(x)) (OLMo 2)")
+    g.add_argument("--activation", default="gelu", choices=ACTIVATIONS, metavar="NAME",
+                   help=f"{', '.join(ACTIVATIONS)}; gated ones (swiglu, geglu) have 3 matrices: d_ff 2/3 as wide keeps "
+                        "the parameters")
     g.add_argument("--qk-norm", default="none", choices=QK_NORMS, help="RMSNorm on queries and keys")
     g.add_argument("--no-bias", dest="bias", action="store_false", help="no biases in attention and feed-forward")
     g.add_argument("--untied", action="store_true", help="an output matrix of its own, not the token embeddings")

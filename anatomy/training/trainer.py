@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..cli import printable
+from ..terminal import printable
 from . import distributed
 from .checkpoint import load_newest, save_checkpoint
 from .metrics import ProgressBar, append_metrics, plot_metrics, read_metrics, rewrite_metrics

@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli import add_device_argument, add_model_argument, add_threads_argument, non_negative_int, output_file, positive_int, printable, text
+from ..arguments import add_compute_arguments, add_model_argument, non_negative_int, output_file, positive_int, text
+from ..progress import Stages
+from ..terminal import printable
 
 # The model, the views and torch are imported by the functions that use them, once the arguments
 # have been checked (anatomy.lazy): a mistake is refused in milliseconds.
@@ -32,8 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a second sentence (a pair, for an encoder), or the target of an encoder-decoder "
                         "(default: the model's own greedy translation)")
     add_model_argument(parser)
-    add_device_argument(parser)
-    add_threads_argument(parser)
+    add_compute_arguments(parser)
     parser.add_argument("--view", choices=VIEWS, default="head", help="which view to write (default: head)")
     parser.add_argument("--out", metavar="FILE.html", type=output_file(".html"),
                         help="write the interactive view here (one self-contained file)")
@@ -94,13 +95,17 @@ def run(args: argparse.Namespace) -> int:
 
     args.head, args.query = args.head or 0, args.query or 0
     args.new_tokens = args.new_tokens or NEW_TOKENS
-    model = from_pretrained(args.model, device=args.device)
-    tokenizer = getattr(model, "tokenizer", None) or load_tokenizer(args.model)
-    maps, prompt_length = trace_attention(args, model, tokenizer)
-    try:
-        written = write_outputs(args, maps, prompt_length)
-    except IndexError as error:  # a --layer, --head or --query past the model's: the message names the range
-        raise ValueError(str(error)) from None
+    with Stages.of(args) as stages:
+        stages.start("loading the model")
+        model = from_pretrained(args.model, device=args.device)
+        tokenizer = getattr(model, "tokenizer", None) or load_tokenizer(args.model)
+        stages.start("tracing the attention")
+        maps, prompt_length = trace_attention(args, model, tokenizer)
+        stages.start("drawing")
+        try:
+            written = write_outputs(args, maps, prompt_length)
+        except IndexError as error:  # a --layer, --head or --query past the model's: the message names the range
+            raise ValueError(str(error)) from None
     for path in written:
         print(f"wrote {printable(path)}")
     return 0

@@ -17,8 +17,8 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
-import tempfile
+import math
+import numbers
 import zlib
 from importlib import resources
 from pathlib import Path
@@ -26,6 +26,7 @@ from string import Template
 
 import numpy as np
 
+from ..checkpoints.writing import write_atomically
 from .data import AttentionMap
 
 ASSETS = resources.files("anatomy.viz") / "assets"
@@ -66,9 +67,35 @@ def map_payload(attention: AttentionMap, vectors: bool = False) -> dict:
     return payload
 
 
+def json_text(data, **options) -> str:
+    """json.dumps(data), with every number that is not finite written as null: JSON has no NaN nor Infinity
+    (Python writes them, JSON.parse refuses the file). Containers are walked without recursion."""
+    def finite(value):
+        if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):  # numpy's floats too
+            value = float(value)
+            return value if math.isfinite(value) else None
+        return value
+
+    root = [data]
+    pending = [(root, 0)]
+    while pending:
+        holder, key = pending.pop()
+        value = holder[key]
+        if isinstance(value, dict):
+            value = holder[key] = dict(value)
+            pending += [(value, k) for k in value]
+        elif isinstance(value, (list, tuple)):
+            value = holder[key] = list(value)
+            pending += [(value, i) for i in range(len(value))]
+        else:
+            holder[key] = finite(value)
+    return json.dumps(root[0], allow_nan=False, **options)
+
+
 def script_json(payload: dict) -> str:
-    """JSON that is safe inside <script>: no '<' (so no '</script>' or '<!--'), no '>' or '&'."""
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    """JSON that is safe inside <script>: no '<' (so no '</script>' or '<!--'), no '>' or '&', and no NaN
+    (the page reads it with JSON.parse, which refuses one)."""
+    text = json_text(payload, ensure_ascii=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
@@ -109,39 +136,19 @@ def page(title: str, body: str, *, style: str = "", script: str = "", body_class
     ])
 
 
-def write_atomically(path: str | Path, data: str | bytes) -> Path:
-    """Write `data` to `path` all at once: into a temporary file beside it, then renamed over it, so
-    that a failure (an encoding error, a full disk, a kill) never leaves a partial or empty file.
-    The file is readable by everyone (0644, less the umask), like any file a user writes. An
-    OSError names `path`, never the temporary file."""
-    path = Path(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        # the temporary's name shows whose it is, cut so that it stays within the file system's limit
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:100]}.", suffix=".tmp")
-    except OSError as error:
-        raise OSError(error.errno, error.strerror, str(path)) from None
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(payload)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
-        os.replace(temporary, path)
-    except BaseException as error:
-        Path(temporary).unlink(missing_ok=True)
-        if isinstance(error, OSError):  # name the user's file, not the temporary one
-            raise OSError(error.errno, error.strerror, str(path)) from None
-        raise
-    return path
+def view_document(view: str, title: str, subtitle: str, payload: dict, *, scripts: list[str], style: str) -> str:
+    """A view's whole HTML document: the views' body (view.html: `title` and `subtitle`, escaped here, and
+    `payload` as JSON no token can break out of) in the page shell, with the view's `scripts` (joined by
+    new lines) and `style`. Every view of anatomy's floors (attention, analyses, features) is one."""
+    body = Template(asset("view.html")).substitute(
+        title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
+    return page(title, body, style=style, script="\n".join(scripts), body_class=f"view-{view}")
 
 
 def render(view: str, title: str, subtitle: str, payload: dict) -> str:
     """The whole HTML document for `view` ("head", "model", "neuron" or "generation")."""
-    body = Template(asset("view.html")).substitute(
-        title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
-    script = "\n".join([asset("common.js"), asset("grid.js"), asset(f"{view}.js")])
-    return page(title, body, style=asset("view.css"), script=script, body_class=f"view-{view}")
+    return view_document(view, title, subtitle, payload, scripts=[asset("common.js"), asset("grid.js"), asset(f"{view}.js")],
+                         style=asset("view.css"))
 
 
 class View:

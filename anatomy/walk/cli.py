@@ -19,7 +19,9 @@ import shutil
 import sys
 import textwrap
 
-from ..cli import add_device_argument, add_model_argument, add_threads_argument, non_negative_int, output_file, printable, seed, text
+from ..arguments import add_compute_arguments, add_model_argument, non_negative_int, output_file, seed, text
+from ..progress import Stages
+from ..terminal import printable
 from .sources import EXAMPLES
 
 # The model, the walk and torch are imported by the functions that use them, once the arguments
@@ -41,8 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the input text (default: the model's own example; for minilm: "
                              f"{DEFAULT_TEXT['minilm']!r})")
     add_model_argument(parser, default="toy", help="the model whose forward pass is narrated")
-    add_device_argument(parser)
-    add_threads_argument(parser)
+    add_compute_arguments(parser)
     parser.add_argument("--target", default=None, type=text, help="an encoder-decoder: the decoder's text")
     parser.add_argument("--layer", type=non_negative_int, default=0, help="the layer narrated in full")
     parser.add_argument("--head", type=non_negative_int, default=0, help="the attention head narrated in full")
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="walk one source text's worked example, with its own numbers")
 
 
-def _toy(args: argparse.Namespace) -> tuple:
+def _toy(args: argparse.Namespace, stages: Stages) -> tuple:
     """(model, ids, walkthrough options) for a built-in toy, grown to fit a long text; every
     argument is checked before the toy is built."""
     from ..checkpoints.describe import config_of
@@ -79,11 +80,12 @@ def _toy(args: argparse.Namespace) -> tuple:
     longest = max(len(ids), len(target_ids or []))
     if longest > MAX_TOY_TOKENS:
         raise WalkError(f"the text is {longest} tokens long; a toy's walk reads at most {MAX_TOY_TOKENS}")
+    stages.start("fitting the toy")
     model = build_toy(name, seed=args.seed, max_seq_len=longest, **overrides).to(args.device)
     return model, ids, target_ids, tokenizer, toy.task
 
 
-def _pretrained(args: argparse.Namespace) -> tuple:
+def _pretrained(args: argparse.Namespace, stages: Stages) -> tuple:
     """(model, ids, target ids, tokenizer) for any name or path the resolver knows. The config and
     the tokenizer come first, so that every argument is checked before a weight loads."""
     from ..checkpoints import from_pretrained, load_tokenizer
@@ -104,6 +106,7 @@ def _pretrained(args: argparse.Namespace) -> tuple:
     ids = tokenizer.encode_prompt(text) if config is not None and config.arch == "decoder" else tokenizer.encode(text)
     if config is not None:
         _check_length(args, config, ids, tokenizer)
+    stages.start("loading the model")
     model = from_pretrained(args.model, device=args.device, tokenizer=False)
     if config is None:  # now it is known
         check_layer_and_head(model.config, args.layer, args.head)
@@ -134,12 +137,12 @@ def _check_length(args: argparse.Namespace, config, ids: list[int], tokenizer) -
     return target_ids
 
 
-def build(args: argparse.Namespace):
-    """The Walkthrough the arguments ask for."""
+def build(args: argparse.Namespace, stages: Stages):
+    """The Walkthrough the arguments ask for, its stages said as they start."""
     from ..checkpoints.toys import MASK, TOY_MODELS
     from .walkthrough import walkthrough
 
-    model, ids, target_ids, tokenizer, task = (_toy if args.model in TOY_MODELS else _pretrained)(args)
+    model, ids, target_ids, tokenizer, task = (_toy if args.model in TOY_MODELS else _pretrained)(args, stages)
     if not ids:
         raise WalkError("the text has no tokens")
     label = lambda i: tokenizer.labels([i])[0]  # noqa: E731  each token as text ("␣capital"), as everywhere
@@ -149,6 +152,7 @@ def build(args: argparse.Namespace):
         options.update(target_ids=target_ids, target_tokens=tokenizer.labels(target_ids))
     if model.config.arch == "encoder":
         options["mask_token"] = MASK if args.model in TOY_MODELS else tokenizer.mask_token
+    stages.start("the walk")
     try:
         walk = walkthrough(model, ids, **options)
     except ValueError as error:  # a layer or head out of range
@@ -176,7 +180,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.example and (args.text is not None or args.target is not None or args.model != "toy"):
         raise WalkError("--example walks a source text's own model and numbers: it takes no TEXT, --model or --target")
-    walk = example_walk(args.example) if args.example else build(args)
+    # stdout is the walk itself, stderr its notes and errors: stages once the checks are done, as lines if asked
+    with Stages.of(args, sys.stderr, redirected=False) as stages:
+        walk = example_walk(args.example) if args.example else build(args, stages)
     if args.format == "markdown":
         output = walk.to_markdown()
     elif args.format == "html":

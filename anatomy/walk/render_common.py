@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from ..cli import printable
+from ..terminal import printable
 from .types import Matrix, WalkResult
 
 LIMIT = 16  # up to this many rows (or columns) are shown in full

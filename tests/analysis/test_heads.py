@@ -15,7 +15,8 @@ VOCAB, LENGTH = 16, 8  # sequences of 8 distinct tokens out of 16, repeated: 16 
 
 def planted_model() -> torch.nn.Module:
     """Two layers, two heads of width 32; L0H0 attends to the previous token and writes its identity
-    into dims 32..47; L1H0 attends where that written identity equals the current token: induction.
+    into dims 32..47; L1H0 attends where that written identity equals the current token: induction;
+    L0H1 attends to the earlier position of its own token (a duplicate-token head) and writes nothing.
 
     Residual dims: 0..15 the token (one-hot), 16..17 (cos, sin) of angle p*theta, 18..19 of (p-1)*theta,
     32..47 the previous token. Post-norm with RMSNorm, so layer 0 reads the embeddings as they are.
@@ -40,6 +41,13 @@ def planted_model() -> torch.nn.Module:
         previous.k_proj.weight[0:2, 16:18] = torch.eye(2)  # key: its position
         previous.v_proj.weight[0:VOCAB, 0:VOCAB] = torch.eye(VOCAB)  # value: its token
         previous.o_proj.weight[32:32 + VOCAB, 0:VOCAB] = torch.eye(VOCAB)  # written to dims 32..47
+        # head 1 (rows 32..63 of q/k): its score is A [same token] - B cos((p - k) theta), so that the same
+        # token 8 positions back (cos = 0) scores A, the query's own position A - B, any other token at
+        # most 0.98 B; with A = 2B, the earlier copy takes nearly all the weight
+        previous.q_proj.weight[32:32 + VOCAB, 0:VOCAB] = 400 * torch.eye(VOCAB)
+        previous.k_proj.weight[32:32 + VOCAB, 0:VOCAB] = torch.eye(VOCAB)
+        previous.q_proj.weight[48:50, 16:18] = -200 * torch.eye(2)
+        previous.k_proj.weight[48:50, 16:18] = torch.eye(2)
         induction = model.blocks[1].attn
         induction.q_proj.weight[0:VOCAB, 0:VOCAB] = 20 * torch.eye(VOCAB)  # query: my token
         induction.k_proj.weight[0:VOCAB, 32:32 + VOCAB] = torch.eye(VOCAB)  # key: the token before it
@@ -64,10 +72,10 @@ def test_the_planted_induction_head_is_found():
     assert torch.all(result.values[0] < 0.2)  # the previous-token head is no induction head
 
 
-def test_duplicate_scores_are_attention_weights():
+def test_the_planted_duplicate_token_head_is_found():
     result = anatomy.detect_heads(planted_model(), "duplicate", length=LENGTH, batch=4)
-    assert torch.all((result.values >= 0) & (result.values <= 1))
-    assert result.values[1, 0] < 0.1 and result.values[0, 0] < 0.1  # neither planted head is a duplicate head
+    assert result.values[0, 1] > 0.95 and int(result.values.argmax()) == 1  # layer 0, head 1
+    assert result.values[1, 0] < 0.1 and result.values[0, 0] < 0.1  # neither other planted head is a duplicate head
 
 
 def test_bad_kind_and_length_are_named():

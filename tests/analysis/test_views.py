@@ -13,7 +13,8 @@ import torch
 
 import anatomy
 from analysis_models import ids, tiny
-from anatomy.analysis.views import diverging, figure, panels
+from anatomy.analysis.scales import diverging
+from anatomy.analysis.views import figure, panels
 
 HOSTILE = ['<img src=x onerror="window.__pwned=1">', "</script><script>window.__pwned=1</script>", "&amp; $x$"]
 
@@ -60,8 +61,11 @@ def test_the_check_status_says_whether_the_identity_holds():
     assert panels(dla)["check"]["status"] == "fails"
     assert panels(anatomy.detect_heads(model, length=8))["check"]["status"] == "none"
     assert panels(anatomy.patch(model, ids(1, 6), ids(1, 6, seed=7), method="attribution"))["check"]["status"] == "none"
-    ig = anatomy.integrated_gradients(model, ids(1, 6), 3)
-    assert panels(ig)["check"]["status"] == ("holds" if ig.extra["converged"] else "fails")
+    ig = anatomy.integrated_gradients(model, ids(1, 6), 3)  # adaptive: complete on a tiny model
+    assert ig.extra["converged"] and panels(ig)["check"]["status"] == "holds"
+    ig.extra["converged"] = False  # integrated gradients judges its own completeness, whatever its error
+    ig.error = 0.0
+    assert panels(ig)["check"]["status"] == "fails"
 
 
 def test_a_scale_ends_before_an_outlier_and_reaches_the_largest_value_otherwise():

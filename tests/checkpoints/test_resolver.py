@@ -35,15 +35,6 @@ def fake_hub_cache(cache, repo_id: str, folder, commit: str = COMMIT):
     return repo
 
 
-@pytest.fixture
-def offline_cache(tmp_path, monkeypatch):
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return cache
-
-
 def _logits(model, ids):
     with torch.no_grad():
         return model(ids).logits

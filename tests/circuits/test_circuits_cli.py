@@ -100,3 +100,55 @@ def test_discover_is_handed_on_before_parsing(capsys):
         assert code == 2 and "anatomy circuits discover: unavailable" in printed.err
     else:
         assert code == 0 and "anatomy circuits discover" in printed.out
+
+
+@pytest.fixture
+def named_set(tmp_path):
+    """The fixture's transcoders, naming the fixture's model as the one they were trained on."""
+    from anatomy.sae import load_transcoders, save_transcoders
+
+    transcoders = load_transcoders(FIXTURES / "plt_jumprelu")
+    transcoders.metadata["model_name"] = str(FIXTURES / "llama")
+    return save_transcoders(transcoders, tmp_path / "named")
+
+
+@pytest.mark.parametrize("given", [["--prompt", "discover"], ["--", "discover"]])
+def test_a_prompt_that_is_the_word_discover_is_explained(given, named_set, tmp_path, capsys):
+    out = str(tmp_path / "g.json")
+    assert main(["circuits", "--transcoders", str(named_set), "--out", out, "--threads", "1", *given]) == 0
+    assert "prompt      'discover'" in capsys.readouterr().out
+    assert "discover" in json.loads(Path(out).read_text())["metadata"]["prompt"]
+
+
+def test_the_model_is_the_one_the_transcoders_name(named_set, tmp_path, capsys):
+    assert main(["circuits", PROMPT, "--transcoders", str(named_set), "--out", str(tmp_path / "g.json")]) == 0
+    assert f"model       {FIXTURES / 'llama'}"[:60] in capsys.readouterr().out
+    assert status(["circuits", PROMPT, "--transcoders", str(FIXTURES / "plt_jumprelu"), "--out", str(tmp_path / "g.json")]) == 2
+    assert "tiny-llama" in capsys.readouterr().err  # what that set names, not another built-in model
+
+
+def test_the_transcoders_go_to_the_models_device(tmp_path, monkeypatch):
+    """--device puts the model and the transcoders on it (recorded on the CPU: no GPU here)."""
+    from torch import nn
+
+    from anatomy.sae.transcoders import TranscoderSet
+
+    moved = []
+    to = nn.Module.to
+
+    def recorded(module, *args, **kwargs):
+        moved.append((type(module).__name__, str(args[0] if args else kwargs.get("device"))))
+        return to(module, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "to", recorded)
+    assert main(BASE + ["--out", str(tmp_path / "g.json"), "--quiet", "--device", "cpu"]) == 0
+    kinds = {name for name, device in moved if device == "cpu"}
+    assert TranscoderSet.__name__ in kinds and any(name != TranscoderSet.__name__ for name in kinds), moved
+
+
+def test_the_stages_are_said_as_they_start_when_redirected(tmp_path, capsys):
+    assert main(BASE + ["--out", str(tmp_path / "g.json")]) == 0
+    out = capsys.readouterr().out
+    stages = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[")]
+    assert stages == ["loading the transcoders …", "loading the model …", "the graph …", "writing …"]
+    assert out.index("writing …") < out.index("anatomy circuits\n")

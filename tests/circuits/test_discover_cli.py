@@ -4,6 +4,7 @@ page and as the Graph; every mistake is one line on stderr, exit status 2, befor
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -38,7 +39,13 @@ def test_discover_writes_the_circuit(prenorm, pairs_file, tmp_path, capsys):
                  "--out", str(html)]) == 0
     out = capsys.readouterr().out
     assert "2 pairs kept" in out and "Spearman" in out and "curve" in out
-    assert all(len(line) <= 80 for line in out.splitlines()[1:])  # the first names the output file, whatever its length
+    # redirected, each stage is said as it starts, before the summary: a log shows where a long run is
+    stages = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[")]
+    assert stages == ["loading the model …", "the task …", "scoring the edges …", "the faithfulness curve …",
+                      "verifying …", "writing …"]
+    assert out.index("writing …") < out.index("anatomy circuits discover ->")
+    # every line in 80 columns but the title, which names the output file, whatever its length
+    assert all(len(line) <= 80 for line in out.splitlines() if not line.startswith("anatomy circuits discover ->"))
     assert "view-graph" in html.read_text(encoding="utf-8")
     assert main(["circuits", "discover", "--task", pairs_file, "--model", prenorm, "--method", "eap", "--edges", "3",
                  "--out", str(graph), "--quiet"]) == 0
@@ -47,7 +54,7 @@ def test_discover_writes_the_circuit(prenorm, pairs_file, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("arguments, words", [
-    (["--task", "poetry"], "is not a task; allowed values: ioi"),
+    (["--task", "poetry"], "'poetry' is not a task (allowed values: ioi"),
     (["--task", "ioi", "--steps", "0"], "0 is not a positive integer"),
     (["--task", "ioi", "--pairs", "1000000"], "1000000 pairs is more than 100000"),
     (["--task", "ioi", "--method", "acdc"], "invalid choice: 'acdc'"),
@@ -70,3 +77,48 @@ def test_a_pair_of_unequal_length_is_one_line(prenorm, tmp_path, capsys):
 def test_k_larger_than_the_edges_is_one_line(prenorm, pairs_file, capsys):
     assert main(["circuits", "discover", "--task", pairs_file, "--model", prenorm, "--verify", "100000"]) == 2
     assert "--verify 100000: choose 1 to" in capsys.readouterr().err
+
+
+def test_the_methods_offered_are_the_librarys():
+    from anatomy.circuits.discovery import choices, edges, generators, nodes
+
+    assert (edges.METHODS, nodes.METHODS) == (choices.EDGE_METHODS, choices.NODE_METHODS)
+    assert set(nodes.KINDS) == set(choices.NODE_KINDS) and set(generators.TASKS) == set(choices.TASKS)
+
+
+@pytest.mark.parametrize("method", ["eap", "eap-ig", "atp", "atp*", "ig"])
+def test_every_method_of_the_library_runs_from_the_command_line(method, prenorm, pairs_file, tmp_path, capsys):
+    from anatomy.circuits.discovery import edges, nodes
+
+    assert method in edges.METHODS + nodes.METHODS
+    out = tmp_path / ("circuit.html" if method.startswith("eap") else "nodes.html")
+    assert main(["circuits", "discover", "--task", pairs_file, "--model", prenorm, "--method", method, "--verify", "2",
+                 "--roles", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Spearman" in printed and out.stat().st_size > 1000
+    roles = next(line for line in printed.splitlines() if line.startswith("  roles"))
+    assert len(re.findall(r"L\dH\d", roles)) == 2  # the two strongest heads, each named by its roles or (none)
+    if method.startswith("eap"):
+        assert "curve" in printed
+    else:
+        assert "4 heads scored by " + method in printed and "strongest" in printed
+
+
+@pytest.mark.parametrize("kind", ["q", "k", "v", "mlp", "neurons"])
+def test_every_kind_of_node_is_scored(kind, prenorm, pairs_file, capsys):
+    assert main(["circuits", "discover", "--task", pairs_file, "--model", prenorm, "--method", "atp", "--nodes", kind]) == 0
+    strongest = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  strongest"))
+    assert re.search(r"[+-]\d", strongest)
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (["--method", "eap", "--steps", "3"], "--steps is for --method eap-ig and ig, not eap"),
+    (["--method", "atp", "--edges", "3"], "--edges is for --method eap and eap-ig, not atp"),
+    (["--method", "eap-ig", "--nodes", "mlp"], "--nodes is for --method atp and atp* and ig, not eap-ig"),
+    (["--method", "atp", "--out", "x.safetensors"], "--method atp writes .html, .htm, .png, .svg"),
+    (["--method", "atp", "--nodes", "mlp", "--roles", "3"], "--roles names heads"),
+])
+def test_an_option_of_another_method_is_refused_not_ignored(arguments, words, capsys):
+    assert status(["circuits", "discover", "--task", "ioi", *arguments]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err

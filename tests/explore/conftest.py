@@ -9,6 +9,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 from explore_servers import HAS_SMOLLM2, TOKEN, TOYS, Served  # noqa: E402
+from hostile_sockets import SHORT  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from anatomy.explore import create_app  # noqa: E402
@@ -60,7 +61,23 @@ def client(app):
 
 
 @pytest.fixture(scope="module")
+def hostile(app):
+    """A client that sees a 500 as a response (not as the server's exception re-raised)."""
+    with TestClient(app, base_url="http://testserver", raise_server_exceptions=False) as client:
+        client.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield client
+
+
+@pytest.fixture(scope="module")
 def served(prenorm, sae_folder):
     server = Served(TOYS + (["smollm2"] if HAS_SMOLLM2 else []) + [prenorm], saes=[f"{prenorm}={sae_folder}"])
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The toy served with the deadlines shortened (hostile_sockets.SHORT), for the hostile-connection tests."""
+    served = Served(["toy"], limits=SHORT)
+    yield served
+    served.stop()

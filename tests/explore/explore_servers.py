@@ -41,6 +41,13 @@ class Served:
         self.thread.join(timeout=10)
 
 
+def post(client, path, **body) -> dict:
+    """The JSON of a 200 answer to POST `body` at `path`."""
+    response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
 def refused(response, *words: str) -> str:
     """The error message of a 4xx JSON answer holding every one of `words`."""
     assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])

@@ -11,15 +11,9 @@ import torch
 
 import anatomy
 from anatomy.explore.server import PAGE_POLICY
-from explore_servers import TOKEN
+from explore_servers import TOKEN, post
 
 TEXT = "Hello World, this is"
-
-
-def post(client, path, **body):
-    response = client.post(path, json=body)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def model(name):
@@ -127,8 +121,23 @@ def test_intervening_on_a_head_equals_the_trace_intervention(client):
         after = torch.softmax(toy(torch.tensor([toy.tokenizer.encode_prompt(TEXT)])).logits[0, -1], dim=-1)
     for row in data["rows"]:
         assert row["after"] == pytest.approx(float(after[row["id"]]), abs=1e-6)
-    neuron = post(client, "/api/intervene", model="toy", text=TEXT, kind="neuron", layer=0, index=3, scale=2.0)
-    assert neuron["point"] == "blocks.0.mlp.post" and neuron["kl"] >= -1e-12
+    neuron = post(client, "/api/intervene", model="toy", text=TEXT, kind="neuron", layer=0, index=5, scale=2.0)
+    assert neuron["point"] == "blocks.0.mlp.post"  # neuron 5 fires on this text (neuron 3 is silent)
+
+    def double(x):
+        x = x.clone()
+        x[:, :, 5] = 2 * x[:, :, 5]
+        return x
+
+    ids = torch.tensor([toy.tokenizer.encode_prompt(TEXT)])
+    with torch.no_grad():
+        before = torch.softmax(toy(ids).logits[0, -1].double(), dim=-1)
+        with anatomy.trace(toy, [], interventions={"blocks.0.mlp.post": double}):
+            after = torch.softmax(toy(ids).logits[0, -1].double(), dim=-1)
+    for row in neuron["rows"]:
+        assert row["after"] == pytest.approx(float(after[row["id"]]), abs=1e-6)
+    kl = float((before * (before.log() - after.log())).sum())  # KL(before || after)
+    assert kl > 1e-4 and neuron["kl"] == pytest.approx(kl, rel=1e-5)
 
 
 def test_the_walk_panel_is_the_walk(client):
@@ -144,7 +153,14 @@ def test_compare_two_texts_on_one_model(client):
     data = post(client, "/api/compare", model="toy", text=TEXT, text_b="Hello World, this")
     first, second = data["sides"]
     assert first["distribution"]["next"][0]["token"] == "Alejandro!" and second["distribution"]["next"][0]["token"] == "is"
-    assert len(data["divergence"]) == 2 and data["kl"] > 0
+    (_, a), (_, b) = (anatomy.run_with_cache(model("toy"), text) for text in (TEXT, "Hello World, this"))
+    p, q = (torch.softmax(cache["logits"][0, -1].double(), dim=-1) for cache in (a, b))
+    assert data["kl"] == pytest.approx(float((p * (p.log() - q.log())).sum()), rel=1e-5)  # KL(first || second)
+    assert [row["layer"] for row in data["divergence"]] == [0, 1]
+    for row in data["divergence"]:
+        x, y = (cache[f"blocks.{row['layer']}.resid_post"][0, -1].double() for cache in (a, b))
+        assert row["relative"] == pytest.approx(float((x - y).norm() / x.norm()), rel=1e-5)
+        assert row["cosine"] == pytest.approx(float(torch.nn.functional.cosine_similarity(x, y, dim=0)), rel=1e-5)
 
 
 # ---- jobs: progress, results, cancelling ---------------------------------------------------------

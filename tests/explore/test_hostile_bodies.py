@@ -8,21 +8,12 @@ import json
 
 import pytest
 from explore_servers import TOKEN, refused
-from starlette.testclient import TestClient
 
 from anatomy.explore.guard import MAX_DEPTH, json_settings, nesting_depth, reply
 
 TEXT = "Hello World, this is"
 ROUTES = ["/api/run", "/api/walk", "/api/attention", "/api/lens", "/api/attribution", "/api/intervene",
           "/api/features", "/api/feature", "/api/steer", "/api/heads", "/api/compare", "/api/jobs", "/api/open"]
-
-
-@pytest.fixture(scope="module")
-def hostile(app):
-    """A client that sees a 500 as a response (not as the server's exception re-raised)."""
-    with TestClient(app, base_url="http://testserver", raise_server_exceptions=False) as client:
-        client.headers["Authorization"] = f"Bearer {TOKEN}"
-        yield client
 
 
 def send(client, route: str, body: bytes):

@@ -9,20 +9,12 @@ from __future__ import annotations
 from urllib.parse import quote
 
 import pytest
-from explore_servers import TOKEN, refused
-from starlette.testclient import TestClient
+from explore_servers import refused
 
 import anatomy.explore.state as state
 from anatomy.explore.guard import query_settings
 
 TEXT = "Hello World, this is"
-
-
-@pytest.fixture(scope="module")
-def hostile(app):
-    with TestClient(app, base_url="http://testserver", raise_server_exceptions=False) as client:
-        client.headers["Authorization"] = f"Bearer {TOKEN}"
-        yield client
 
 
 def export(client, query: str):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import anatomy
 from anatomy.explore import create_app
 from anatomy.explore.lanes import Gone, Lane, Lanes
-from explore_servers import TOKEN
+from explore_servers import TOKEN, post
 from starlette.testclient import TestClient
 
 # A typing session on the toy: each text shares a prefix of ids with the one before (the last word
@@ -30,12 +30,6 @@ def client(long_toy):
         test_client.headers["Authorization"] = f"Bearer {TOKEN}"
         test_client.app_state = app.state
         yield test_client
-
-
-def post(client, path, **body):
-    response = client.post(path, json=body)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def test_a_keystroke_computes_only_the_positions_after_the_shared_prefix(client):

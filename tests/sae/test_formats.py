@@ -63,7 +63,7 @@ def test_a_giant_config_is_refused_from_the_header_before_any_allocation(tmp_pat
 
 
 def test_more_than_memory_holds_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr("anatomy.sae.formats.available_memory", lambda: 1000)
+    monkeypatch.setattr("anatomy.checkpoints.memory.available_memory", lambda: 1000)
     with pytest.raises(CheckpointError, match="memory"):
         load_sae(_copy(tmp_path))
 

@@ -12,8 +12,8 @@ from anatomy.sae.objectives import _JumpReLU, _Step, dense_step, mse, topk_step
 from anatomy.sae.train import SAETrainConfig, SAETrainer, fold_scales
 
 
-def _random(kind="topk", k=8, d_in=24, d_sae=96, apply=True, d_out=None, seed=0):
-    sae = SAE(d_in, d_sae, kind=kind, k=k, d_out=d_out, apply_b_dec_to_input=apply, seed=seed)
+def _random(kind="topk", k=8, d_in=24, d_sae=96, apply=True, d_out=None, seed=0, skip=False):
+    sae = SAE(d_in, d_sae, kind=kind, k=k, d_out=d_out, apply_b_dec_to_input=apply, seed=seed, skip=skip)
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for parameter in sae.parameters():
@@ -115,19 +115,22 @@ def test_training_recovers_sparse_data(tmp_path, kind, k, options):
 
 
 def test_folded_scales_read_and_write_the_models_own_activations():
-    for kind, k in (("topk", 6), ("jumprelu", None), ("relu", None)):
-        sae = _random(kind, k).eval()
+    """Trained on (c_in x -> c_out y), folded: it reads x and writes y. An SAE has c_in = c_out (it writes
+    what it reads); a transcoder's scales differ, and so does each weight's share of them."""
+    cases = [("topk", 6, None, False, 0.37, 0.37), ("jumprelu", None, None, False, 0.37, 0.37),
+             ("relu", None, None, False, 0.37, 0.37), ("topk", 6, 20, True, 0.37, 2.5), ("jumprelu", None, 20, True, 3.1, 0.6)]
+    for kind, k, d_out, skip, c_in, c_out in cases:
+        sae = _random(kind, k, apply=d_out is None, d_out=d_out, skip=skip).eval()
         if kind == "jumprelu":
             with torch.no_grad():
                 sae.threshold.uniform_(0, 0.05)
         x = 3 * torch.randn(40, 24)
-        c = 0.37
         with torch.no_grad():
-            scaled_f = sae.encode(c * x)
-            expected = sae.decode(scaled_f) / c
-            folded = fold_scales(_clone(sae), c, c)
-            assert torch.allclose(folded.encode(x), scaled_f / c, atol=1e-5)
-            assert torch.allclose(folded.decode(folded.encode(x)), expected, atol=1e-5)
+            scaled_f = sae.encode(c_in * x)
+            expected = sae.decode(scaled_f, c_in * x) / c_out
+            folded = fold_scales(_clone(sae), c_in, c_out)
+            assert torch.allclose(folded.encode(x), scaled_f / c_out, atol=1e-4), kind
+            assert torch.allclose(folded.decode(folded.encode(x), x), expected, atol=1e-4), kind
 
 
 def _clone(sae):

@@ -58,12 +58,15 @@ def test_the_start_says_the_memory_it_will_hold(text, tmp_path, capsys):
     assert main(TRAIN + ["--data", str(text), "--out", str(tmp_path / "tc"), "--max-steps", "1"]) == 0
     out = capsys.readouterr().out
     assert " at most: python and torch " in out and "model" in out and "activations" in out and "transcoders" in out
-    assert max(len(line) for line in out.splitlines()[1:8]) <= 80  # the rows under the title, folded
+    lines = out.splitlines()
+    title = next(i for i, line in enumerate(lines) if line.startswith("anatomy sae train-transcoders ->"))
+    assert max(len(line) for line in lines[title + 1:title + 8]) <= 80  # the rows under the title, folded
 
 
 def test_resume_continues_and_a_second_run_needs_it(run, text, capsys):
     assert status(TRAIN + ["--data", str(text), "--out", str(run), "--quiet"]) == 2
-    assert "--resume" in capsys.readouterr().err
+    error = capsys.readouterr().err  # named by the full subcommand, not `anatomy sae`
+    assert error.startswith("anatomy sae train-transcoders: error: ") and "--resume" in error
     assert main(TRAIN + ["--data", str(text), "--out", str(run), "--resume", "--max-steps", "8", "--quiet"]) == 0
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 9))
@@ -74,7 +77,11 @@ def test_eval_transcoders_prints_every_layer_in_80_columns(run, text, capsys):
                  "--threads", "1", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "  layer     FVE       L0    dead" in out and "      1  " in out and "no error terms: CE" in out
-    assert max(len(line) for line in out.splitlines()[1:]) <= 80  # under the title (the folder's path)
+    # redirected, each stage is said as it starts: minutes of evaluation are never silent in a log
+    stages = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[")]
+    assert stages == ["loading the transcoders …", "loading the model …", "reading the text …", "evaluating …"]
+    assert out.index("evaluating …") < out.index("anatomy sae eval-transcoders")
+    assert max(len(line) for line in out.splitlines() if not line.startswith("anatomy sae")) <= 80  # but the title
 
 
 @pytest.mark.parametrize("arguments, message", [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -27,8 +28,14 @@ def test_heatmap_png_and_svg(tmp_path):
         save_figure(attention_heatmap(weights[0, 0], tokens, tokens), tmp_path / "a.jpg")
 
 
-def test_positional_encoding_figure(tmp_path):
-    path = save_figure(positional_encoding_figure(n_positions=100, d_model=512), tmp_path / "positions.png")
+def test_positional_encoding_figure_draws_the_papers_sinusoids(tmp_path):
+    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i / d)), PE(pos, 2i + 1) = cos(the same), positions down."""
+    fig = positional_encoding_figure(n_positions=100, d_model=512)
+    drawn = np.asarray(fig.axes[0].collections[0].get_array()).reshape(100, 512)
+    angle = np.arange(100)[:, None] / 10000 ** (2 * np.arange(256)[None, :] / 512)  # (P, d/2): one per pair
+    expected = np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(100, 512)  # sin, cos interleaved
+    np.testing.assert_allclose(drawn, expected, atol=1e-5)
+    path = save_figure(fig, tmp_path / "positions.png")
     assert path.read_bytes().startswith(PNG_MAGIC) and path.stat().st_size > 5000
 
 

@@ -8,15 +8,16 @@
     circuit_graph(edges, kept_masks(edges.extra["graph"], edges, [n])[0]).view().save("circuit.html")
 """
 
-from .circuit import circuit_graph
-from .edges import attribute_edges, top_edges
-from .faithfulness import faithfulness, kept_masks
-from .nodes import attribute_nodes
-from .residual import ResidualGraph
-from .generators import build_task, capital_country, greater_than, ioi, subject_verb
-from .tasks import Task, load_pairs, make_task
-from .verify import spearman, verify_edges, verify_nodes
+from ...lazy import lazy_names
 
-__all__ = ["ResidualGraph", "Task", "attribute_edges", "attribute_nodes", "build_task", "capital_country",
-           "circuit_graph", "faithfulness", "greater_than", "ioi", "kept_masks", "load_pairs", "make_task",
-           "spearman", "subject_verb", "top_edges", "verify_edges", "verify_nodes"]
+# Imported on first use, so that `anatomy circuits discover` checks its arguments before torch loads.
+__all__ = lazy_names(__name__, {
+    "circuit_graph": ".circuit",
+    "attribute_edges": ".edges", "top_edges": ".edges",
+    "faithfulness": ".faithfulness", "kept_masks": ".faithfulness",
+    "attribute_nodes": ".nodes",
+    "ResidualGraph": ".residual",
+    **{name: ".generators" for name in ("build_task", "capital_country", "greater_than", "ioi", "subject_verb")},
+    "Task": ".tasks", "load_pairs": ".tasks", "make_task": ".tasks",
+    "spearman": ".verify", "verify_edges": ".verify", "verify_nodes": ".verify",
+})

@@ -30,13 +30,11 @@ import torch
 from torch import nn
 
 from ...analysis.result import Result
+from .choices import EDGE_METHODS as METHODS, MAX_STEPS, PATHS
 from .nodes import along
 from .residual import ResidualGraph
 from .tasks import Task
 
-METHODS = ("eap", "eap-ig")
-PATHS = ("inputs", "edges")
-MAX_STEPS = 256
 Progress = Callable[[int, int], None]  # (passes done, passes in all)
 
 

@@ -22,12 +22,12 @@ import torch
 from torch import nn
 
 from ...analysis.result import Result
+from .choices import ABLATIONS
 from .edges import top_edges
 from .paths import plan_passes, run_ablated
 from .residual import ResidualGraph
 from .tasks import Task
 
-ABLATIONS = ("corrupt", "mean")
 Progress = Callable[[int, int], None]
 
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from ...checkpoints.files import shorten
 from .tasks import MAX_PAIRS, Task, keep_correct, load_pairs, make_task
 
 NAMES = ["Mary", "John", "Tom", "James", "Dan", "Sid", "Martin", "Amy", "Paul", "Anna", "Kate", "Mark", "Lisa",
@@ -56,7 +57,7 @@ def ioi(model: nn.Module, n: int = 100, *, seed: int = 0) -> Task:
     """Indirect object identification (Wang et al. 2022) with single-token names: "When Mary and John
     went to the store, John gave a drink to" -> " Mary" (not " John"); the corrupted prompt names a third
     person in place of the subject's second mention (their ABC dataset)."""
-    tokenizer = _tokenizer(model)
+    tokenizer = _tokenizer(model, n, seed)
     names = _single(tokenizer, NAMES)
     if len(names) < 3:
         raise ValueError("ioi needs three names that are single tokens for this tokenizer; it has fewer")
@@ -74,7 +75,7 @@ def ioi(model: nn.Module, n: int = 100, *, seed: int = 0) -> Task:
 def capital_country(model: nn.Module, n: int = 100, *, seed: int = 0) -> Task:
     """"The capital of France is" -> " Paris" (not the corrupted country's capital); the corrupted prompt
     names another country of as many tokens."""
-    tokenizer = _tokenizer(model)
+    tokenizer = _tokenizer(model, n, seed)
     usable = [(country, capital) for country, capital in COUNTRIES if _single(tokenizer, [capital])]
     rng = random.Random(seed)
     pairs = []
@@ -90,7 +91,7 @@ def capital_country(model: nn.Module, n: int = 100, *, seed: int = 0) -> Task:
 def subject_verb(model: nn.Module, n: int = 100, *, seed: int = 0) -> Task:
     """Subject-verb agreement: "The key near the table" -> " is" (not " are"); the corrupted prompt has
     the subject in the other number, and pairs run both ways."""
-    tokenizer = _tokenizer(model)
+    tokenizer = _tokenizer(model, n, seed)
     nouns = [(s, p) for s, p in NOUNS if _single(tokenizer, [s]) and _single(tokenizer, [p])]
     rng = random.Random(seed)
     pairs = []
@@ -109,7 +110,7 @@ def greater_than(model: nn.Module, n: int = 100, *, seed: int = 0) -> Task:
     corrupted prompt starts at 1701. Where two-digit years are single tokens (GPT-2) the answers are
     those tokens; where numbers are read digit by digit (Llama, SmolLM2) they are the next digit: the
     tens digit above the start's, against those below it."""
-    tokenizer = _tokenizer(model)
+    tokenizer = _tokenizer(model, n, seed)
     probe = "The war lasted from the year 1732 to the year 17"
     two_digit = all(_continuation(tokenizer, probe, f"{yy:02d}") is not None for yy in range(100))
     digits = [_continuation(tokenizer, probe, str(d)) for d in range(10)]
@@ -140,7 +141,13 @@ def _continuation(tokenizer, prompt: str, text: str) -> int | None:
     return longer[-1] if len(longer) == len(base) + 1 and longer[:-1] == base else None
 
 
-def _tokenizer(model: nn.Module):
+def _tokenizer(model: nn.Module, n, seed):
+    """The model's tokenizer, after checking n and seed: nothing is generated for a count out of range."""
+    _check_count(n)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {shorten(repr(seed), 80)}")
+    if not isinstance(model, nn.Module) or getattr(model, "config", None) is None:
+        raise ValueError(f"model must be an anatomy model (anatomy.from_pretrained); got {type(model).__name__}")
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise ValueError("the task generators need the model's tokenizer (anatomy.from_pretrained attaches it)")
@@ -150,9 +157,12 @@ def _tokenizer(model: nn.Module):
     return tokenizer
 
 
-def _generated(model, name, pairs, n, metric, about) -> Task:
+def _check_count(n) -> None:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PAIRS:
-        raise ValueError(f"n must be an integer from 1 to {MAX_PAIRS}, got {n!r}")
+        raise ValueError(f"n must be an integer from 1 to {MAX_PAIRS}, got {shorten(repr(n), 80)}")
+
+
+def _generated(model, name, pairs, n, metric, about) -> Task:
     if not pairs:
         raise ValueError(f"{name}: this tokenizer leaves no pair of equal length with single-token answers")
     task = keep_correct(model, make_task(model, name, pairs, metric=metric, about=about), n)
@@ -163,9 +173,15 @@ TASKS = {"ioi": ioi, "greater-than": greater_than, "capital-country": capital_co
 
 
 def build_task(model: nn.Module, name: str, n: int = 100, *, seed: int = 0) -> Task:
-    """One of TASKS by name (n pairs the model gets right), or a .jsonl file of pairs."""
+    """One of TASKS by name, or a .jsonl file of pairs: n pairs the model gets right either way (of a file, the
+    first n right among its first 3n, as a generator makes 3n candidates; task.dropped counts the others)."""
+    if not isinstance(name, str):
+        raise ValueError(f"task must be a name or a .jsonl path, got {type(name).__name__}")
     if name.endswith(".jsonl"):
-        return load_pairs(model, name)
+        _check_count(n)
+        _tokenizer(model, n, seed)
+        return keep_correct(model, load_pairs(model, name, limit=min(MAX_PAIRS, 3 * n)), n)
     if name not in TASKS:
-        raise ValueError(f"task {name!r} is not known; allowed values: {', '.join(TASKS)}, or a .jsonl file of pairs")
+        raise ValueError(f"task {shorten(repr(name), 80)} is not known; allowed values: {', '.join(TASKS)}, or a .jsonl "
+                         "file of pairs")
     return TASKS[name](model, n, seed=seed)

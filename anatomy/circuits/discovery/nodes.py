@@ -38,14 +38,13 @@ from ...analysis.result import Result
 from ...attention import attention_scores, attention_weights, repeat_kv
 from ... import masks
 from ...trace import trace
+from .choices import MAX_STEPS, NODE_METHODS as METHODS
 from .tasks import Task
 
 KINDS = {  # kind -> (point inside block L, the axis that indexes the node, the result's axis name)
     "heads": ("attn.z", 2, "head"), "q": ("attn.q", 1, "head"), "k": ("attn.k", 1, "kv_head"),
     "v": ("attn.v", 1, "kv_head"), "mlp": ("mlp.out", None, None), "neurons": ("mlp.post", 2, "neuron"),
 }
-METHODS = ("atp", "atp*", "ig")
-MAX_STEPS = 256
 Progress = Callable[[int, int], None]
 
 

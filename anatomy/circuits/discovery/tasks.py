@@ -21,7 +21,11 @@ the model gets right (m(clean) > 0), saying how many they dropped.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import re
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +34,14 @@ import torch
 from torch import nn
 
 from ...analysis.inputs import Batch, Text
+from ...checkpoints.files import shorten
+from ...text import check_text
+from .choices import MAX_PAIRS
 
 Metric = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-MAX_PAIRS = 100_000
+MAX_LINE = 1_000_000  # bytes of one JSONL pair: two prompts and their answers
+MAX_ANSWERS = 1_000  # texts a pair lists as its answers (greater-than lists up to 99)
+MAX_BLANK = 10_000  # blank lines of a pair file
 
 
 def logit_difference(logits: torch.Tensor, answers: torch.Tensor, wrongs: torch.Tensor) -> torch.Tensor:
@@ -154,36 +163,67 @@ def make_task(
     """A Task from pairs {"clean": text, "corrupt": text, "answer": text | [texts], "wrong": text | [texts]}.
 
     Each text is encoded as a prompt by the model's tokenizer; each answer must be one token.
-    Raises ValueError, naming the pair, for prompts of unequal length or an answer of several tokens.
+    Raises ValueError, naming the pair, for a text that is empty or not a string, prompts of unequal length
+    or past the model's context, a clean prompt equal to its corrupted one (patching would change nothing),
+    an answer of several tokens, or an answer that is also a wrong answer (the metric would be 0 or NaN).
     """
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise ValueError("a task from texts needs the model's tokenizer (anatomy.from_pretrained attaches it)")
     if isinstance(metric, str):
         if metric not in METRICS:
-            raise ValueError(f"metric={metric!r} is not supported; allowed values: {', '.join(METRICS)}, or a function")
+            raise ValueError(f"metric={shorten(repr(metric), 80)} is not supported; allowed values: "
+                             f"{', '.join(METRICS)}, or a function")
         metric = METRICS[metric]
+    if not isinstance(pairs, Sequence) or isinstance(pairs, (str, bytes)):
+        raise ValueError(f"pairs must be a list of objects with clean, corrupt, answer, wrong; got {type(pairs).__name__}")
     if not pairs:
-        raise ValueError(f"task {name!r} has no pairs")
+        raise ValueError(f"task {shorten(repr(name), 80)} has no pairs")
     if len(pairs) > MAX_PAIRS:
-        raise ValueError(f"task {name!r} has {len(pairs)} pairs; at most {MAX_PAIRS}")
+        raise ValueError(f"task {shorten(repr(name), 80)} has {len(pairs)} pairs; at most {MAX_PAIRS}")
+    limit = model.config.max_seq_len if model.config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
     clean_rows, corrupt_rows, answers, wrongs, texts = [], [], [], [], []
     for index, pair in enumerate(pairs):
+        if not isinstance(pair, dict):
+            raise ValueError(f"pair {index} must be an object with clean, corrupt, answer, wrong; got {type(pair).__name__}")
         missing = [key for key in ("clean", "corrupt", "answer", "wrong") if key not in pair]
         if missing:
             raise ValueError(f"pair {index}: missing {', '.join(missing)}; each pair has clean, corrupt, answer, wrong")
-        clean, corrupt = tokenizer.encode_prompt(pair["clean"]), tokenizer.encode_prompt(pair["corrupt"])
+        clean_text, corrupt_text = (check_text(pair[key], f"pair {index}: {key}") for key in ("clean", "corrupt"))
+        clean, corrupt = tokenizer.encode_prompt(clean_text), tokenizer.encode_prompt(corrupt_text)
         if len(clean) != len(corrupt):
             raise ValueError(f"pair {index}: the clean prompt has {len(clean)} tokens, the corrupted {len(corrupt)}; "
                              f"patching needs both prompts of a pair to have as many tokens")
-        answer = [pair["answer"]] if isinstance(pair["answer"], str) else list(pair["answer"])
-        wrong = [pair["wrong"]] if isinstance(pair["wrong"], str) else list(pair["wrong"])
-        answers.append([one_token(tokenizer, text, f"pair {index}: answer") for text in answer])
-        wrongs.append([one_token(tokenizer, text, f"pair {index}: wrong answer") for text in wrong])
+        if limit is not None and len(clean) > limit:
+            raise ValueError(f"pair {index}: the prompts have {len(clean)} tokens; this model reads at most {limit}")
+        if clean == corrupt:
+            raise ValueError(f"pair {index}: the clean and corrupted prompts are the same tokens; patching one into the "
+                             "other would change nothing")
+        answer = [one_token(tokenizer, text, f"pair {index}: answer") for text in answer_texts(pair["answer"], index, "answer")]
+        wrong = [one_token(tokenizer, text, f"pair {index}: wrong answer") for text in answer_texts(pair["wrong"], index, "wrong")]
+        both = sorted(set(answer) & set(wrong))
+        if both:
+            raise ValueError(f"pair {index}: {shorten(repr(tokenizer.token_texts(both[:1])[0]), 40)} is both an answer "
+                             "and a wrong answer; the metric compares the two")
+        answers.append(answer)
+        wrongs.append(wrong)
         clean_rows.append(clean)
         corrupt_rows.append(corrupt)
-        texts.append((pair["clean"], pair["corrupt"]))
+        texts.append((clean_text, corrupt_text))
     return _assemble(name, clean_rows, corrupt_rows, answers, wrongs, metric, texts, tokenizer, about)
+
+
+def answer_texts(value, index: int, key: str) -> list[str]:
+    """An answer (or wrong answer) as a list of 1 .. MAX_ANSWERS texts, each a non-empty string."""
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not 1 <= len(texts) <= MAX_ANSWERS:
+        raise ValueError(f"pair {index}: {key} must be a text or a list of 1 to {MAX_ANSWERS} texts; got "
+                         f"{shorten(repr(value), 80)}")
+    for text in texts:
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"pair {index}: each {key} is a non-empty text; got {shorten(repr(text), 80)}")
+        check_text(text, f"pair {index}: {key}", empty=True)
+    return texts
 
 
 def _assemble(name, clean_rows, corrupt_rows, answers, wrongs, metric, texts, tokenizer, about) -> Task:
@@ -201,25 +241,63 @@ def _assemble(name, clean_rows, corrupt_rows, answers, wrongs, metric, texts, to
     )
 
 
-def load_pairs(model: nn.Module, path: str | Path, *, metric: Metric | str = "logit-diff") -> Task:
-    """A Task from a JSONL file, one pair a line: {"clean": ..., "corrupt": ..., "answer": ..., "wrong": ...}."""
+def load_pairs(model: nn.Module, path: str | Path, *, metric: Metric | str = "logit-diff", limit: int = MAX_PAIRS
+               ) -> Task:
+    """A Task from a JSONL file, one pair a line: {"clean": ..., "corrupt": ..., "answer": ..., "wrong": ...};
+    the first `limit` pairs, read a line at a time (no line longer than MAX_LINE bytes is read whole).
+    Raises ValueError naming the file and the line for anything that is not a pair (make_task's checks)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path must be a .jsonl file of pairs, got {type(path).__name__}")
     path = Path(path)
-    pairs = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                pair = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path.name} line {number}: not JSON ({error.msg})") from None
-            if not isinstance(pair, dict) or not all(isinstance(pair.get(k), (str, list)) for k in ("clean", "corrupt", "answer", "wrong")):
-                raise ValueError(f"{path.name} line {number}: each line is an object with the texts clean, corrupt, "
-                                 f"answer and wrong")
-            pairs.append(pair)
-            if len(pairs) > MAX_PAIRS:
-                raise ValueError(f"{path.name} has more than {MAX_PAIRS} pairs")
-    return make_task(model, path.stem, pairs, metric=metric, about=f"pairs from {path.name}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAIRS:
+        raise ValueError(f"limit must be an integer from 1 to {MAX_PAIRS}, got {shorten(repr(limit), 80)}")
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError(f"{shorten(str(path))} is not a file of pairs (a folder, a device or a pipe)")
+        handle = path.open("rb")
+    except OSError as error:
+        raise ValueError(f"{shorten(str(path))}: {error.strerror or error}") from None
+    pairs, lines = [], []
+    with handle:
+        for number in itertools.count(1):
+            raw = handle.readline(MAX_LINE + 1)
+            if not raw or len(pairs) >= limit:
+                break
+            if number - len(pairs) > MAX_BLANK:
+                raise ValueError(f"{path.name} has more than {MAX_BLANK:,} blank lines by line {number:,}; a file of "
+                                 "pairs has one pair a line")
+            if len(raw) > MAX_LINE:
+                raise ValueError(f"{path.name} line {number} is longer than {MAX_LINE:,} bytes; a pair of prompts is "
+                                 "far shorter")
+            pair = _pair(raw, f"{path.name} line {number}")
+            if pair is not None:
+                pairs.append(pair)
+                lines.append(number)
+    try:
+        return make_task(model, path.stem, pairs, metric=metric, about=f"pairs from {path.name}")
+    except ValueError as error:  # "pair 3: ..." is the fourth pair read: say which line of which file
+        found = re.match(r"pair (\d+)", str(error))
+        where = f"{path.name} line {lines[int(found.group(1))]}, " if found else f"{path.name}: "
+        raise ValueError(where + str(error)) from None
+
+
+def _pair(raw: bytes, where: str) -> dict | None:
+    """One line's pair (None for a blank line): UTF-8 JSON of an object whose four texts are strings or lists."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{where}: not UTF-8 (byte {error.start + 1})") from None
+    if not line.strip():
+        return None
+    try:
+        pair = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where}: not JSON ({error.msg})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: nested too deeply to be a pair") from None
+    if not isinstance(pair, dict) or not all(isinstance(pair.get(k), (str, list)) for k in ("clean", "corrupt", "answer", "wrong")):
+        raise ValueError(f"{where}: each line is an object with the texts clean, corrupt, answer and wrong")
+    return pair
 
 
 def clean_scores(model: nn.Module, task: Task, batch_size: int = 32, *, enough: int | None = None) -> torch.Tensor:
