@@ -76,7 +76,7 @@ def prepare_2b(folder: str) -> None:
 
     folder = Path(folder)
     torch.set_default_dtype(torch.bfloat16)  # made in bfloat16: a float32 copy would be 10.5 GB
-    model = build_model(ModelConfig(**SHAPE_2B), seed=0).eval()
+    model = build_model(ModelConfig(**SHAPE_2B), seed=0).to(torch.bfloat16).eval()  # its buffers too
     torch.set_default_dtype(torch.float32)
     tokenizer = from_pretrained("smollm2").tokenizer  # token ids only: any 64 ids below the vocabulary do
     ids = prompt_of(tokenizer, 64)
