@@ -161,10 +161,10 @@ def width(where: Layout, rows: Rows, n_layers: int) -> int:
     return where.logit_start if top >= n_layers else where.feature_start[top]
 
 
-def sweep(rep: Replacement, sources: Sources, rows: Rows, out: torch.Tensor, progress=None) -> None:
+def sweep(rep: Replacement, sources: Sources, rows: Rows, out: torch.Tensor) -> None:
     """Add to out [r, W] (W >= width(rows)) each row's direct effect on every node below it (module docstring).
 
-    rows: sorted by layer, highest first (logits first), at positions 1 .. P. progress(): after each layer."""
+    rows: sorted by layer, highest first (logits first), at positions 1 .. P."""
     r, P, E, L = len(rows), int(rows.position.max()), rep.embed.size(1), rep.n_layers
     device = rep.device
     grads = torch.zeros(r, P, E, device=device)  # each row's gradient at positions 1 .. P
@@ -192,7 +192,5 @@ def sweep(rep: Replacement, sources: Sources, rows: Rows, out: torch.Tensor, pro
                 to_first_token[start:split] += sublayer.add_transpose(grads[start:split], image)
             if stop > split:
                 to_first_token[split:stop] += sublayer.add_transpose_at(grads[split:stop], image, rows.position[split:stop])
-        if progress is not None:
-            progress()
     out[:, 1:P + 1] += torch.einsum("rpe,pe->rp", grads, rep.embed[1:P + 1])  # the tokens at positions 1 .. P
     out[:, 0] += to_first_token
