@@ -127,9 +127,10 @@ def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: s
     }))
 
 
-def compare(ours: Path, theirs: Path) -> float:
-    """max |diff| between the two adjacencies, nodes matched by what they are (circuit-tracer's order:
-    features, errors layer by layer, tokens, logits)."""
+def compare(ours: Path, theirs: Path) -> tuple[float, int]:
+    """(max |diff| between the two adjacencies on the nodes both have, how many of theirs ours lacks), nodes
+    matched by what they are (circuit-tracer's order: features, errors layer by layer, tokens, logits). A
+    capped graph of a long prompt may choose a few features otherwise where two rank within float rounding."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -146,12 +147,14 @@ def compare(ours: Path, theirs: Path) -> float:
     order += [Node("error", l, p).id for l in range(n_layers) for p in range(T)]
     order += [Node("token", -1, p, t).id for p, t in enumerate(tokens)]
     order += [Node("logit", n_layers, T - 1, t).id for t in their["logit_ids"].tolist()]
-    mapped = torch.tensor([index[node_id] for node_id in order])
+    both = torch.tensor([node_id in index for node_id in order])
+    mapped = torch.tensor([index[node_id] for node_id in order if node_id in index])
+    shared = both.nonzero().flatten()
     worst = 0.0
-    for start in range(0, len(order), 1024):
+    for start in range(0, len(shared), 1024):
         rows = adjacency[mapped[start:start + 1024]][:, mapped]
-        worst = max(worst, float((rows - their["adjacency"][start:start + 1024]).abs().max()))
-    return worst
+        worst = max(worst, float((rows - their["adjacency"][shared[start:start + 1024]][:, shared]).abs().max()))
+    return worst, int((~both).sum())
 
 
 def bench_circuits(settings: Settings) -> list[Row]:
@@ -167,7 +170,7 @@ def bench_circuits(settings: Settings) -> list[Row]:
         if python:
             theirs = run([python, str(WORKER), str(model_folder), str(transcoder_folder), str(folder / "circuit-tracer.json"),
                           options], folder / "circuit-tracer.json", threads)
-            difference = compare(folder / "anatomy.safetensors", folder / "circuit-tracer.safetensors")
+            difference, _ = compare(folder / "anatomy.safetensors", folder / "circuit-tracer.safetensors")
     model = "tiny Llama (the tests')" if settings.quick else "SmolLM2-135M"
     case = f"pruned attribution graph, {model}, {ours['features']:,} features, {threads} threads"
     row = Row("circuits", case, "s", ours["seconds"], theirs["seconds"] if theirs else None, False)

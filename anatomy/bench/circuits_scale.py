@@ -87,8 +87,8 @@ def prepare_2b(folder: str) -> None:
 
 
 def both_sides(settings: Settings, folder: Path, model_folder: Path, transcoder_folder: Path, ids: list[int],
-               options: dict, python: str | None) -> tuple[dict, dict | None, float | None]:
-    """(anatomy's JSON, circuit-tracer's or None, max |diff| of the adjacencies or None)."""
+               options: dict, python: str | None) -> tuple[dict, dict | None, tuple[float, int] | None]:
+    """(anatomy's JSON, circuit-tracer's or None, (max |diff| of the adjacencies, their nodes ours lacks) or None)."""
     threads = 1 if settings.quick else 2
     options = dict(options, prompt_ids=ids, threads=threads)
     for name in ("anatomy", "circuit-tracer"):
@@ -103,8 +103,8 @@ def both_sides(settings: Settings, folder: Path, model_folder: Path, transcoder_
     return ours, theirs, compare(folder / "anatomy.safetensors", folder / "circuit-tracer.safetensors") if same else None
 
 
-def row_of(case: str, goal: tuple[float, float] | None, ours: dict, theirs: dict | None, difference: float | None,
-           how: str) -> Row:
+def row_of(case: str, goal: tuple[float, float] | None, ours: dict, theirs: dict | None,
+           difference: tuple[float, int] | None, how: str) -> Row:
     if "stopped" in ours:
         raise RuntimeError(f"anatomy's side of {case!r} stopped: {ours['stopped']}")
     row = Row("circuits", case, "s", ours["seconds"], theirs.get("seconds") if theirs and "stopped" not in theirs else None,
@@ -123,7 +123,8 @@ def row_of(case: str, goal: tuple[float, float] | None, ours: dict, theirs: dict
                          f"{theirs['attribute_seconds']:.1f} s, prune_graph {theirs['prune_seconds']:.1f} s "
                          f"({theirs['cpu_seconds']:.0f} s of CPU), peak {theirs['peak_gb']:.2f} GB")
     if difference is not None:
-        row.notes.append(f"same adjacency: max |diff| {difference:.2g}")
+        other = f" ({difference[1]} of circuit-tracer's features chosen otherwise)" if difference[1] else ""
+        row.notes.append(f"same adjacency: max |diff| {difference[0]:.2g}{other}")
     row.notes.append(f"one process a side, one after the other; load {load_average()}")
     return row
 
