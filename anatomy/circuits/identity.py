@@ -92,8 +92,11 @@ def capped_check(adjacency: torch.Tensor, targets: torch.Tensor, values: torch.T
     targets [R]: the kept node of each row held; values, rest, totals (its sum over every source), absolute
     (its sum of |A|): [R] each. The graph's unexplained part of a target is rest + what its dropped features
     carry, so that values = adjacency.sum(1) + unexplained holds on it as on a whole graph."""
-    kept = adjacency[targets]  # (R, n_kept)
-    dropped = totals - kept.sum(1)
+    kept, kept_absolute = torch.empty_like(totals), torch.empty_like(totals)  # each target's sums over its kept edges
+    for start in range(0, len(targets), 1024):
+        rows = adjacency[targets[start:start + 1024]]  # (b, n_kept)
+        kept[start:start + 1024], kept_absolute[start:start + 1024] = rows.sum(1), rows.abs().sum(1)
+    dropped = totals - kept
     differences = (values.double() - totals.double() - rest.double()).abs()
     terms = absolute.double() + rest.abs().double()
     error = float((differences / terms.clamp(min=1e-30)).max())
@@ -102,7 +105,7 @@ def capped_check(adjacency: torch.Tensor, targets: torch.Tensor, values: torch.T
     all_rest = torch.zeros(n_kept, device=adjacency.device)
     all_values[targets], all_rest[targets] = values, rest + dropped
     dropped_influence = float(feature_influence[~chosen].sum() / influence.sum().clamp(min=1e-30))
-    dropped_input = float((absolute - kept.abs().sum(1)).sum() / absolute.sum().clamp(min=1e-30))
+    dropped_input = float((absolute - kept_absolute).sum() / absolute.sum().clamp(min=1e-30))
     n, m = len(chosen), int(chosen.sum())
     check = (f"every target held ({m:,} of the {n:,} active features, chosen by influence, and the logits) = its "
              f"edges + the dropped features' + what no node carries: max |diff| {float(differences.max()):.2g}, at "
