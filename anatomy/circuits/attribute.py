@@ -188,7 +188,7 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
             influence = partial_influence(store, rows.row_nodes, rows.weights, where.total)
             active_kept, where_kept = kept_layout(active, rows.chosen, L, T, len(logit_ids))
             adjacency, targets = assemble(rows, active, where, where_kept)
-            check, error, values, rest = capped_check(adjacency, targets, values[rows.row_nodes], rest[rows.row_nodes],
+            check, error, values, rest, dropped = capped_check(adjacency, targets, values[rows.row_nodes], rest[rows.row_nodes],
                                                       store.total(), store.absolute_total(), influence[nodes],
                                                       rows.chosen, influence)
             file_bytes = store.file_bytes
@@ -198,10 +198,10 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     else:
         adjacency = whole_adjacency(rep, sources, active, where, logit_rows, advance)
         check, error = whole_check(adjacency, values, rest)
-        file_bytes = 0
+        file_bytes, dropped = 0, {}
     return finish(rep, model, prompt, transcoders, active, where, logit_ids, probs, adjacency, values, rest, check,
                   error, needs, file_bytes, max_logits=max_logits, logit_probability=logit_probability,
-                  features_active=len(nodes), **({"max_feature_nodes": max_feature_nodes} if capped else {}))
+                  features_active=len(nodes), **({"max_feature_nodes": max_feature_nodes} if capped else {}), **dropped)
 
 
 def finish(rep: Replacement, model: nn.Module, prompt, transcoders, active: Active, where: Layout, logit_ids: torch.Tensor,

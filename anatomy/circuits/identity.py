@@ -86,8 +86,9 @@ def whole_check(adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tenso
 
 def capped_check(adjacency: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, rest: torch.Tensor,
                  totals: torch.Tensor, absolute: torch.Tensor, feature_influence: torch.Tensor, chosen: torch.Tensor,
-                 influence: torch.Tensor) -> tuple[str, float, torch.Tensor, torch.Tensor]:
-    """(check line, largest relative difference, values [n_kept], unexplained [n_kept]) of a capped graph.
+                 influence: torch.Tensor) -> tuple[str, float, torch.Tensor, torch.Tensor, dict]:
+    """(check line, largest relative difference, values [n_kept], unexplained [n_kept], what the dropped features
+    carry: {dropped_features, dropped_influence, dropped_input}) of a capped graph.
 
     targets [R]: the kept node of each row held; values, rest, totals (its sum over every source), absolute
     (its sum of |A|): [R] each. The graph's unexplained part of a target is rest + what its dropped features
@@ -111,4 +112,5 @@ def capped_check(adjacency: torch.Tensor, targets: torch.Tensor, values: torch.T
              f"edges + the dropped features' + what no node carries: max |diff| {float(differences.max()):.2g}, at "
              f"most {error:.2g} of the terms it sums; the {n - m:,} features dropped hold {dropped_influence:.1%} of "
              f"the partial influence on the outputs and {dropped_input:.1%} of the held targets' input")
-    return check, error, all_values, all_rest
+    carried = {"dropped_features": n - m, "dropped_influence": dropped_influence, "dropped_input": dropped_input}
+    return check, error, all_values, all_rest, carried

@@ -95,6 +95,8 @@ def test_a_capped_graph_checks_its_identity_on_the_rows_it_holds_and_names_what_
     held, dropped_share = (float(x.rstrip("%")) for x in
                            (graph.check.split("dropped hold ")[1].split(" ")[0], graph.check.split(" and ")[-1].split("%")[0]))
     assert 0 < held < 100 and 0 < dropped_share < 100
+    assert graph.meta["dropped_features"] == dropped and round(100 * graph.meta["dropped_influence"], 1) == held
+    assert pruned(graph).meta["dropped_features"] == dropped  # the page of the pruned graph can say it too
     # without what the dropped features carry, the kept edges alone would not add up
     whole = attribution_graph(model, torch.tensor(LONG), transcoders)
     rest = whole.unexplained[[whole.index(node.id) for node in graph.nodes]][targets].double()
