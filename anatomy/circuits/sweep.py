@@ -65,40 +65,54 @@ def feature_rows(active: Active, vectors: Vectors, index: torch.Tensor) -> Rows:
     return Rows(layer, active.position[index], reading)
 
 
+@dataclass
+class Slots:
+    """Where the vectors of one block of sources come from, per position and slot: a row of the writing layer's
+    decoder rows, a_i (0 for padding), a node column (0 for padding: a zero vector adds exactly 0 there).
+    positions [Q]: the positions the block's rows are (None: 1 .. T - 1, one row each)."""
+
+    row: torch.Tensor  # [Q, J] long
+    scale: torch.Tensor  # [Q, J]
+    column: torch.Tensor  # [Q, J] long
+    positions: torch.Tensor | None = None
+
+
 class Sources:
-    """What is written at each layer's MLP output, by position: at(layer, P) -> blocks of (vectors [P, J, E], their
-    node columns [P, J]) for positions 1 .. P, one block per layer whose features write there (a
-    CLT's earlier layers too), a_i W_dec[i] in each slot; the layer's own block has the position's error in slot 0.
-    A padding slot holds a zero vector and column 0: what it adds there is exactly 0.
+    """What is written at each layer's MLP output, by position: at(layer, P) -> blocks of (vectors [Q, J, E],
+    their node columns [Q, J], their positions [Q] or None for 1 .. P), for positions up to P: per layer whose
+    features write there (a CLT's earlier layers too) a block of every position, a_i W_dec[i] in each slot, with
+    the position's error in slot 0 of the layer's own; and a block of the positions where more features fire
+    than that one's width (its width is the usual count, not the largest: padding costs what it holds).
     first_images: what the first token's embedding has become at each layer's input
     (replacement.first_position_images).
 
-    Where each slot's vector comes from is kept (`slots`: a row of the writer's decoder rows, a_i, a node column:
-    a few numbers a slot), and the vectors are gathered for each call; the padded vectors themselves are kept only
-    when every layer's fit KEEP_SOURCES_BYTES (a short prompt)."""
+    Where each slot's vector comes from is kept (`slots`: a few numbers a slot), and the vectors are gathered
+    for each call; the vectors themselves are kept only when every layer's fit KEEP_SOURCES_BYTES (a short
+    prompt)."""
 
     def __init__(self, rep: Replacement, active: Active, where: Layout, vectors: Vectors, errors: torch.Tensor):
         self.rep, self.active, self.where, self.vectors, self.errors = rep, active, where, vectors, errors
         self.first_images = rep.first_position_images()
-        self.maps: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.maps: dict[int, list[Slots]] = {}
         T, E = rep.embed.shape
         widest = max((int(offsets.diff().max()) for offsets in where.feature_offsets), default=0)
         writers = max(len(rep.transcoders.writers(layer)) for layer in range(rep.n_layers))
         bound = rep.n_layers * T * writers * (1 + widest) * E * 4
         self.kept: dict | None = {} if bound <= KEEP_SOURCES_BYTES else None
 
-    def at(self, layer: int, P: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def at(self, layer: int, P: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        writers = self.rep.transcoders.writers(layer)
         if self.kept is None:
-            return [self.build(source, layer, P) for source in self.rep.transcoders.writers(layer)]
+            return [self.build(source, layer, slots, P) for source in writers for slots in self.slots(source)]
         if layer not in self.kept:
-            self.kept[layer] = [self.build(source, layer, self.where.n_tokens - 1)
-                                for source in self.rep.transcoders.writers(layer)]
-        return [(vectors[:P], columns[:P]) for vectors, columns in self.kept[layer]]
+            self.kept[layer] = [self.build(source, layer, slots, self.where.n_tokens - 1)
+                                for source in writers for slots in self.slots(source)]
+        return [(vectors[:upto(positions, P)], columns[:upto(positions, P)], positions if positions is None else
+                 positions[:upto(positions, P)]) for vectors, columns, positions in self.kept[layer]]
 
-    def slots(self, source: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(row of the source layer's decoder rows [T - 1, J], a_i [T - 1, J] (0 for padding and the error slot),
-        node column [T - 1, J] (0 for padding)) of its features at positions 1 .. T - 1; slot 0 is for the
-        error (of the layer written). Made once per layer."""
+    def slots(self, source: int) -> list[Slots]:
+        """The blocks of the source layer's features (class docstring), made once per layer; slot 0 of the first
+        is for the error of the layer written."""
         if source not in self.maps:
             active, where, device = self.active, self.where, self.rep.device
             T = where.n_tokens
@@ -106,27 +120,45 @@ class Sources:
             position = active.position[start:stop]  # (n,), in order: Active's is (layer, position, feature)
             counts = torch.bincount(position, minlength=T)  # (T,): none at position 0
             slot = 1 + torch.arange(len(position), device=device) - (counts.cumsum(0) - counts)[position]
-            J = 1 + int(counts.max()) if len(position) else 1
-            row = torch.zeros(T - 1, J, dtype=torch.long, device=device)
-            scale = torch.zeros(T - 1, J, device=device)
-            column = torch.zeros(T - 1, J, dtype=torch.long, device=device)
-            row[position - 1, slot] = self.vectors.slot[source]
-            scale[position - 1, slot] = active.activation[start:stop]
-            column[position - 1, slot] = torch.arange(where.feature_start[source], where.feature_start[source] + stop - start,
-                                                      device=device)
-            self.maps[source] = row, scale, column
+            J = 1 + (int(counts[1:].float().quantile(0.75).ceil()) if len(position) else 0)  # the error's slot too
+            column = torch.arange(where.feature_start[source], where.feature_start[source] + stop - start, device=device)
+            first, over = slot < J, slot >= J
+            blocks = [self.fill(T - 1, J, position[first] - 1, slot[first], start + first.nonzero().flatten(),
+                                column[first], source)]
+            if over.any():
+                positions = position[over].unique()  # (Q,) sorted
+                here = torch.searchsorted(positions, position[over])
+                blocks.append(self.fill(len(positions), int(slot[over].max()) + 1 - J, here, slot[over] - J,
+                                        start + over.nonzero().flatten(), column[over], source, positions))
+            self.maps[source] = blocks
         return self.maps[source]
 
-    def build(self, source: int, layer: int, P: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block of `source`'s features at `layer`, positions 1 .. P (with the errors when source is layer)."""
-        row, scale, column = self.slots(source)
-        padded = self.vectors.writing[source][:, layer - source][row[:P]].mul_(scale[:P, :, None])  # (P, J, E)
-        column = column[:P]
-        if source == layer:
+    def fill(self, Q: int, J: int, at: torch.Tensor, slot: torch.Tensor, index: torch.Tensor, column: torch.Tensor,
+             source: int, positions: torch.Tensor | None = None) -> Slots:
+        """A block [Q, J] with the features `index` (into Active's arrays) at rows `at`, slots `slot`."""
+        device = self.rep.device
+        block = Slots(torch.zeros(Q, J, dtype=torch.long, device=device), torch.zeros(Q, J, device=device),
+                      torch.zeros(Q, J, dtype=torch.long, device=device), positions)
+        block.row[at, slot] = self.vectors.slot[source][index - self.active.span(source)[0]]
+        block.scale[at, slot] = self.active.activation[index]
+        block.column[at, slot] = column
+        return block
+
+    def build(self, source: int, layer: int, slots: Slots, P: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """A block of `source`'s features at `layer` up to position P (with the errors in the layer's own)."""
+        Q = upto(slots.positions, P)
+        padded = self.vectors.writing[source][:, layer - source][slots.row[:Q]].mul_(slots.scale[:Q, :, None])  # (Q, J, E)
+        column = slots.column[:Q]
+        if source == layer and slots.positions is None:
             padded[:, 0] = self.errors[layer, 1:P + 1]
             column = column.clone()
             column[:, 0] = self.where.error_start[layer] + torch.arange(1, P + 1, device=column.device)
-        return padded, column
+        return padded, column, None if slots.positions is None else slots.positions[:Q]
+
+
+def upto(positions: torch.Tensor | None, P: int) -> int:
+    """How many rows of a block are at positions up to P."""
+    return P if positions is None else int(torch.searchsorted(positions, P, right=True))
 
 
 def buckets(position: torch.Tensor, layer: torch.Tensor, d_model: int, slack: float = 1.0,
@@ -175,8 +207,9 @@ def sweep(rep: Replacement, sources: Sources, rows: Rows, out: torch.Tensor) -> 
     chunk = max(1, min(ROW_CHUNK, GRADIENT_BYTES // (P * E * 4)))
     for layer in reversed(range(L if joined else int(rows.layer.max()) + 1)):
         if joined:
-            for vectors, columns in sources.at(layer, P):
-                edges = torch.bmm(grads[:joined].transpose(0, 1), vectors.transpose(1, 2))  # (P, joined, J)
+            for vectors, columns, positions in sources.at(layer, P):
+                carried = grads[:joined] if positions is None else grads[:joined, positions - 1]  # (joined, Q, E)
+                edges = torch.bmm(carried.transpose(0, 1), vectors.transpose(1, 2))  # (Q, joined, J)
                 out[:joined].index_add_(1, columns.flatten(), edges.transpose(0, 1).reshape(joined, -1))
             rep.add_skip_transpose(layer, grads[:joined])
         before = joined  # the rows that have crossed an attention already; the others join now
