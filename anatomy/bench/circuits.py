@@ -121,6 +121,7 @@ def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: s
     Path(out).write_text(json.dumps({
         "attribute_seconds": attributed, "seconds": total, "cpu_seconds": cpu, "peak_gb": status_gb("VmHWM"),
         "loaded_gb": loaded, "max_memory_gb": (max_bytes or 0) / 1e9, "memory": graph.meta["memory"],
+        "file_gb": graph.meta["rows_on_file_bytes"] / 1e9,
         "scores": [replacement, completeness], "nodes": len(graph), "active": graph.meta["features_active"],
         "features": sum(node.kind == "feature" for node in graph.nodes), "check": graph.check, "error": graph.error,
         "kept_nodes": len(small), "kept_edges": int(torch.count_nonzero(small.adjacency)),

@@ -114,7 +114,8 @@ def row_of(case: str, goal: tuple[float, float] | None, ours: dict, theirs: dict
                                    + ("met" if ours["seconds"] <= goal[0] and ours["peak_gb"] <= goal[1] else "not met"))
     row.notes = [how, f"anatomy: graph {ours['attribute_seconds']:.1f} s, pruned and scored {ours['seconds']:.1f} s "
                       f"({ours['cpu_seconds']:.0f} s of CPU), peak {ours['peak_gb']:.2f} GB (loaded {ours['loaded_gb']:.2f} GB, "
-                      f"--max-memory {budget}){met}; memory said before: {ours['memory']}; "
+                      f"--max-memory {budget}){met}; memory said before: {ours['memory']}"
+                      + (f" ({ours['file_gb']:.2f} GB written)" if ours.get("file_gb") else "") + "; "
                       f"{ours['nodes']:,} nodes of {ours['active']:,} active features; {ours['check']}"]
     if theirs and "stopped" in theirs:
         row.notes.append(f"circuit-tracer 0.5.0 stopped: {theirs['stopped']}")
