@@ -28,7 +28,9 @@ from .trace import TracePoint
 
 class Block(nn.Module):
     """One layer. Trace points: resid_pre, resid_mid, (resid_cross,) resid_post [batch pos d_model]
-    (a parallel block has no resid_mid: both sublayers read resid_pre).
+    (a parallel block has no resid_mid: both sublayers read resid_pre); mlp_in [batch pos d_model], on
+    request: the MLP sublayer's own copy of the stream it reads, before its norm (TransformerLens's
+    hook_mlp_in), so that the MLP's input can be changed without changing the residual stream.
 
     Norms, by config.norm_position: attn_norm, cross_attn_norm, mlp_norm before (pre, sandwich) or
     after the residual sum (post); attn_out_norm, cross_attn_out_norm, mlp_out_norm on the
@@ -49,6 +51,7 @@ class Block(nn.Module):
             self._add_norms(config, "cross_attn")
             self.cross_attn = MultiHeadAttention(config, layer_index=layer_index, cross=True)
             self.resid_cross = TracePoint("batch pos d_model")
+        self.mlp_in = TracePoint("batch pos d_model", on_request=True)
         if not config.parallel_shared_norm:
             self._add_norms(config, "mlp")
         self.mlp = MixtureOfExperts(config) if config.n_experts else FeedForward(config)
@@ -61,11 +64,13 @@ class Block(nn.Module):
         if self.norm_position in ("sandwich", "post_sublayer"):
             setattr(self, f"{sublayer}_out_norm", make_norm(config))
 
-    def _residual(self, x: torch.Tensor, name: str, sublayer, **kwargs) -> torch.Tensor:
+    def _residual(self, x: torch.Tensor, name: str, sublayer, reads=None, **kwargs) -> torch.Tensor:
+        """x + Sublayer(...) as the block's norms say; reads: the sublayer's own copy of x (a trace point)."""
         norm, out_norm = getattr(self, f"{name}_norm", None), getattr(self, f"{name}_out_norm", None)
+        own = x if reads is None else reads(x)
         if self.norm_position == "post":
-            return norm(x + self.dropout(sublayer(x, **kwargs)))  # Norm(x + Sublayer(x))
-        update = sublayer(norm(x) if norm is not None else x, **kwargs)  # Sublayer(Norm(x)) or Sublayer(x)
+            return norm(x + self.dropout(sublayer(own, **kwargs)))  # Norm(x + Sublayer(x))
+        update = sublayer(norm(own) if norm is not None else own, **kwargs)  # Sublayer(Norm(x)) or Sublayer(x)
         if out_norm is not None:
             update = out_norm(update)  # Norm'(...): sandwich and post-sublayer
         return x + self.dropout(update)
@@ -88,11 +93,15 @@ class Block(nn.Module):
         if self.parallel:
             # Both sublayers read x; GPT-J feeds the MLP the attention's own norm (no mlp_norm).
             normed = self.attn_norm(x)
-            mlp_in = self.mlp_norm(x) if hasattr(self, "mlp_norm") else normed
+            if hasattr(self, "mlp_norm"):
+                mlp_in = self.mlp_norm(self.mlp_in(x))
+            else:  # the shared norm again, only on a copy of x that a trace has changed
+                own = self.mlp_in(x)
+                mlp_in = normed if own is x else self.attn_norm(own)
             return self.resid_post(x + self.dropout(self.attn(normed, **attention)) + self.dropout(self.mlp(mlp_in)))
         x = self.resid_mid(self._residual(x, "attn", self.attn, **attention))
         if self.has_cross_attention:
             x = self.resid_cross(self._residual(
                 x, "cross_attn", self.cross_attn, mask=memory_mask, memory=memory, cache=cache,
             ))
-        return self.resid_post(self._residual(x, "mlp", self.mlp))
+        return self.resid_post(self._residual(x, "mlp", self.mlp, reads=self.mlp_in))

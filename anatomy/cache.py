@@ -36,6 +36,24 @@ class KVCache:
         self._values: list[torch.Tensor | None] = [None] * n_layers
         self._cross: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_layers
 
+    @classmethod
+    def holding(cls, keys: list, values: list, capacity: int) -> "KVCache":
+        """A cache whose first P positions are given: keys[l], values[l] [B, K, P, D] per layer (None for a
+        layer that will not run); a pass on it reads them as the past and appends after them (a patched
+        run that starts where it first differs from a cached one: analysis.runs)."""
+        lengths = {k.size(2) for k in keys if k is not None}
+        if len(lengths) != 1:
+            raise ValueError(f"the layers' cached keys must all hold the same positions, got {sorted(lengths)}")
+        cache = cls(len(keys), capacity)
+        cache.length = lengths.pop()
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            if k is not None:
+                cache._keys[layer] = k.new_empty(*k.shape[:2], capacity, k.size(3))
+                cache._values[layer] = v.new_empty(*v.shape[:2], capacity, v.size(3))
+                cache._keys[layer][:, :, :cache.length] = k
+                cache._values[layer][:, :, :cache.length] = v
+        return cache
+
     def check_room(self, n_new: int) -> None:
         """Raise CacheFullError unless n_new more positions fit."""
         if self.length + n_new > self.capacity:

@@ -13,15 +13,19 @@ import re
 # TransformerLens hook name -> anatomy trace point, per block (L) or for the whole model. The
 # axes are anatomy's: q, k and v are [batch head pos d_head] here, [batch pos head d_head] there;
 # TransformerLens's attn_scores are masked (-inf above the diagonal), anatomy's `scores` are not.
+# hook_normalized is a norm's x / rms (LayerNorm: centred, / std) BEFORE its gain and bias, as in
+# TransformerLens's RMSNorm and its folded LayerNorm: anatomy's `<norm>.normalized` (on request);
+# the norm's output after the gain, what the sublayer reads, is `<norm>.out` (no TransformerLens name).
 ALIASES = {
     "hook_embed": "embed",
     "hook_pos_embed": "pos_embed",
     "hook_token_type_embed": "type_embed",
     "blocks.L.hook_resid_pre": "blocks.L.resid_pre",
     "blocks.L.hook_resid_mid": "blocks.L.resid_mid",
+    "blocks.L.hook_mlp_in": "blocks.L.mlp_in",
     "blocks.L.hook_resid_post": "blocks.L.resid_post",
-    "blocks.L.ln1.hook_normalized": "blocks.L.attn_norm.out",
-    "blocks.L.ln2.hook_normalized": "blocks.L.mlp_norm.out",
+    "blocks.L.ln1.hook_normalized": "blocks.L.attn_norm.normalized",
+    "blocks.L.ln2.hook_normalized": "blocks.L.mlp_norm.normalized",
     "blocks.L.attn.hook_q": "blocks.L.attn.q",
     "blocks.L.attn.hook_k": "blocks.L.attn.k",
     "blocks.L.attn.hook_v": "blocks.L.attn.v",
@@ -35,7 +39,7 @@ ALIASES = {
     "blocks.L.mlp.hook_pre": "blocks.L.mlp.pre",
     "blocks.L.mlp.hook_post": "blocks.L.mlp.post",
     "blocks.L.hook_mlp_out": "blocks.L.mlp.out",
-    "ln_final.hook_normalized": "final_norm.out",
+    "ln_final.hook_normalized": "final_norm.normalized",
 }
 _ALIAS_PATTERNS = [
     (re.compile("^" + re.escape(tl).replace("L", r"(\d+|\*)") + "$"), ours) for tl, ours in ALIASES.items()
@@ -73,7 +77,7 @@ def transformer_lens_name(name: str) -> str:
 # hook_mlp_out is that norm's output: `circuit_tracer_point` takes the block's layout.
 CIRCUIT_TRACER_HOOKS = {
     "mlp.hook_in": "blocks.L.mlp_norm.out",
-    "ln2.hook_normalized": "blocks.L.mlp_norm.out",
+    "ln2.hook_normalized": "blocks.L.mlp_norm.normalized",
     "hook_resid_mid": "blocks.L.resid_mid",
     "mlp.hook_out": "blocks.L.mlp.out",
     "hook_mlp_out": "blocks.L.mlp.out",

@@ -15,23 +15,37 @@ from .trace import TracePoint
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm(x) = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta, over the last axis (Ba et al.)."""
+    """LayerNorm(x) = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta, over the last axis (Ba et al.).
+
+    Trace points: normalized (x - mean(x)) / sqrt(var(x) + eps), before gamma and beta: TransformerLens's
+    hook_normalized, on request; out, the norm's output."""
 
     def __init__(self, d_model: int, eps: float = 1e-5):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model))  # gamma
         self.bias = nn.Parameter(torch.zeros(d_model))  # beta
+        self.normalized = TracePoint("batch pos d_model", on_request=True)
         self.out = TracePoint("batch pos d_model")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps))
+        out = F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        if self.normalized.active:
+            # Named in a trace: the normalised stream is computed apart, and gamma and beta follow what the
+            # trace leaves there; recorded only, the fused output above stands (the same bits as untraced).
+            normed = F.layer_norm(x, self.weight.shape, eps=self.eps)
+            kept = self.normalized(normed)
+            if kept is not normed:
+                out = kept * self.weight + self.bias
+        return self.out(out)
 
 
 class RMSNorm(nn.Module):
     """RMSNorm(x) = x / sqrt(mean(x^2) + eps) * gamma: LayerNorm without centring (Zhang & Sennrich).
 
     plus_one: gamma = 1 + w (Gemma), so that a weight of zero is the identity gain.
+    Trace points: normalized x / sqrt(mean(x^2) + eps), before gamma (TransformerLens's hook_normalized, on
+    request); out, the norm's output.
     """
 
     def __init__(self, d_model: int, eps: float = 1e-6, *, plus_one: bool = False, axes: str = "batch pos d_model"):
@@ -39,14 +53,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.plus_one = plus_one
         self.weight = nn.Parameter(torch.zeros(d_model) if plus_one else torch.ones(d_model))  # w
+        self.normalized = TracePoint(axes, on_request=True)
         self.out = TracePoint(axes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Computed in float32 whatever the input dtype, as the Llama reference does.
-        x32 = x.float()
-        normed = F.rms_norm(x32, x32.shape[-1:], eps=self.eps)  # x / sqrt(mean(x^2) + eps), PyTorch's own
+        # Computed in float32 at least whatever the input dtype, as the Llama reference does (float64 stays float64).
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))
+        normed = self.normalized(F.rms_norm(x32, x32.shape[-1:], eps=self.eps))  # x / sqrt(mean(x^2) + eps), PyTorch's own
         if self.plus_one:  # Gemma multiplies by its gain in float32 too
-            return self.out(((1.0 + self.weight.float()) * normed).to(x.dtype))
+            return self.out(((1.0 + self.weight.to(x32.dtype)) * normed).to(x.dtype))
         return self.out(self.weight * normed.to(x.dtype))
 
 
@@ -66,7 +81,7 @@ class NormParts(NamedTuple):
     bias: torch.Tensor | None  # [E], like gain: a LayerNorm's beta; None for an RMSNorm
     centred: bool  # whether centre() subtracts the mean (a LayerNorm)
     eps: float
-    scale: torch.Tensor | None  # [...]: scale(x) in float32 for the x [..., E] given, else None
+    scale: torch.Tensor | None  # [...]: scale(x) in float32 at least for the x [..., E] given, else None
 
 
 def norm_parts(norm: nn.Module, x: torch.Tensor | None = None) -> NormParts:
@@ -83,7 +98,7 @@ def norm_parts(norm: nn.Module, x: torch.Tensor | None = None) -> NormParts:
         gain, bias = (1.0 + weight if norm.plus_one else weight), None
     scale = None
     if x is not None:
-        x = x.float()
+        x = x.to(torch.promote_types(x.dtype, torch.float32))  # float64 stays float64
         spread = x.var(dim=-1, unbiased=False) if centred else x.pow(2).mean(dim=-1)  # (...,)
         scale = torch.rsqrt(spread + norm.eps)
     return NormParts(gain, bias, centred, norm.eps, scale)

@@ -8,14 +8,13 @@ A Stack is: token embeddings (+ positions, + token types) -> N blocks -> optiona
 - EncoderDecoderModel = an encoder Stack, a causal decoder Stack whose blocks add cross-attention
   to the encoder output, and an LM head (the paper, figure 1).
 
-Masks are built once per forward pass here, at the model level, and shared by every block.
-The heads (LMHead, Pooler, pool) are in heads.py.
+The stack (stack.py) builds the masks once per forward pass, at the model level, and shares them with
+every block; it also runs from any layer (Stack.run_from). The heads (LMHead, Pooler, pool) are in heads.py.
 """
 
 from __future__ import annotations
 
 import importlib
-import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,18 +23,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import masks
-from .blocks import Block
 from .cache import KVCache
 from .config import ModelConfig
 from .heads import LMHead, Pooler, pool
 from .initialization import drawing_from, init_weights
-from .inputs import InputError, check_ids, check_mask, check_token_types
-from .layers import Dropout, Projection, make_norm
-from .positional import (
-    LearnedPositions, RelativePositionBias, RotaryEmbedding, SinusoidalPositions, alibi_bias, alibi_slopes,
-)
+from .inputs import InputError, check_mask, check_token_types
+from .layers import Dropout
+from .stack import Stack
 from .trace import TracePoint
+
+__all__ = ["DecoderModel", "DecoderOutput", "EncoderDecoderModel", "EncoderModel", "EncoderOutput", "FAMILIES",
+           "Seq2SeqOutput", "Stack", "build_model", "pool", "register_saver"]
 
 
 # Outputs: one dataclass per family ------------------------------------------------------------
@@ -60,146 +58,6 @@ class Seq2SeqOutput:
     last_hidden_state: torch.Tensor  # decoder output [B, T, E]
     encoder_last_hidden_state: torch.Tensor  # [B, S, E]
     cache: KVCache | None = None
-
-
-# The stack -------------------------------------------------------------------------------------
-
-class Stack(nn.Module):
-    """Embeddings, then n_layers blocks, then (pre-norm) a final norm.
-
-    Trace points: embed (token embeddings, scaled if configured), pos_embed, type_embed
-    [batch pos d_model], then each block's, then final_norm.out.
-    """
-
-    def __init__(self, config: ModelConfig, *, causal: bool, cross_attention: bool = False,
-                 token_embedding: nn.Embedding | None = None):
-        super().__init__()
-        self.config = config
-        self.causal = causal
-        self.token_embedding = token_embedding or nn.Embedding(config.vocab_size, config.d_embed)
-        if config.d_embed != config.d_model:  # narrower embeddings, projected in and out (OPT-350m)
-            self.project_in = Projection(config.d_embed, config.d_model)
-            self.project_out = Projection(config.d_model, config.d_embed)
-        self.embed = TracePoint("batch pos d_model")
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
-        if config.pos_encoding == "learned":
-            self.position_embedding = LearnedPositions(config.max_seq_len, config.d_model, config.pos_offset)
-        elif config.pos_encoding == "sinusoidal":
-            self.position_embedding = SinusoidalPositions(config.max_seq_len, config.d_model, config.sinusoid_layout)
-        if config.pos_encoding in ("learned", "sinusoidal"):
-            self.pos_embed = TracePoint("batch pos d_model")
-        if config.type_vocab_size:
-            self.token_type_embedding = nn.Embedding(config.type_vocab_size, config.d_model)
-            self.type_embed = TracePoint("batch pos d_model")
-        if config.embed_norm:
-            self.embed_norm = make_norm(config)
-        self.embed_dropout = Dropout(config.dropout)
-        rotary = {"full": None, "sliding": None}  # by layer type: the sliding layers may have their own base
-        if config.pos_encoding == "rotary":
-            rotary["full"] = rotary["sliding"] = RotaryEmbedding.from_config(config)
-            if config.rope_local_theta is not None:
-                rotary["sliding"] = RotaryEmbedding.from_config(config, local=True)
-        if config.pos_encoding == "alibi":
-            self.register_buffer("alibi_slopes", alibi_slopes(config.n_heads), persistent=False)
-        if config.pos_encoding == "relative":  # one table for the whole stack; the encoder's looks both ways
-            self.relative_position_bias = RelativePositionBias(
-                config.relative_buckets, config.n_heads, config.relative_max_distance, bidirectional=not causal
-            )
-            self.position_bias = TracePoint("head query key")
-        self.blocks = nn.ModuleList(
-            Block(config, i, cross_attention=cross_attention, rotary=rotary[kind])
-            for i, kind in enumerate(config.layer_types)
-        )
-        if config.final_norm:
-            self.final_norm = make_norm(config)
-
-    @property
-    def max_positions(self) -> int | None:
-        """How many positions the position tables cover (None: unbounded, ALiBi or no positions)."""
-        return self.config.max_seq_len if self.config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
-
-    def run(
-        self,
-        input_ids: torch.Tensor,
-        *,
-        padding_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        memory: torch.Tensor | None = None,
-        memory_padding_mask: torch.Tensor | None = None,
-        cache: KVCache | None = None,
-    ) -> torch.Tensor:
-        """input_ids [B, T] (already checked) -> hidden states [B, T, E]."""
-        config = self.config
-        n_new = input_ids.size(1)
-        past = cache.length if cache is not None else 0
-        if position_ids is None and config.positions_from_padding and padding_mask is not None:
-            # Count real tokens only: a left-padded row numbers its first real token 0.
-            position_ids = (padding_mask.long().cumsum(dim=1) - 1).clamp(min=0)[:, past:]  # (B, T)
-        elif position_ids is None:
-            position_ids = torch.arange(past, past + n_new, device=input_ids.device)  # (T,)
-
-        # X = E + P (+ token types): the input of the first block.
-        x = self.embed(self.token_embedding(input_ids) * self.embed_scale)  # (B, T, E)
-        if hasattr(self, "project_in"):
-            x = self.project_in(x)  # (B, T, d_embed) -> (B, T, E)
-        if hasattr(self, "position_embedding"):
-            x = x + self.pos_embed(self.position_embedding(position_ids).expand_as(x))
-        if hasattr(self, "token_type_embedding"):
-            if token_type_ids is None:
-                token_type_ids = torch.zeros_like(input_ids)
-            x = x + self.type_embed(self.token_type_embedding(token_type_ids))
-        if hasattr(self, "embed_norm"):
-            x = self.embed_norm(x)
-        x = self.embed_dropout(x)
-
-        layer_masks, bias = self.attention_inputs(padding_mask, n_new, past=past, device=input_ids.device, dtype=x.dtype)
-        memory_mask = masks.cross_attention_mask(memory_padding_mask)
-        for block, kind in zip(self.blocks, config.layer_types):
-            mask, is_causal = layer_masks[kind]
-            x = block(
-                x, mask=mask, is_causal=is_causal, position_ids=position_ids, bias=bias,
-                memory=memory, memory_mask=memory_mask, cache=cache,
-            )
-        if cache is not None:
-            cache.advance()
-        if hasattr(self, "final_norm"):
-            x = self.final_norm(x)
-        if hasattr(self, "project_out"):
-            x = self.project_out(x)  # (B, T, E) -> (B, T, d_embed), the width of the LM head
-        return x
-
-    def attention_inputs(self, padding_mask: torch.Tensor | None, n_new: int, *, past: int = 0, device=None,
-                         dtype: torch.dtype = torch.float32) -> tuple[dict, torch.Tensor | None]:
-        """What every block's self-attention reads besides x, built once per pass for n_new queries
-        after `past` cached keys: ({layer kind: (mask, is_causal)}, the position bias [H, T, S] of
-        ALiBi or T5, else None). padding_mask [B, past + T]."""
-        config = self.config
-        # One (mask, is_causal) per kind of layer: "full" sees every earlier key, "sliding" the last few.
-        layer_masks = {
-            kind: masks.self_attention_mask(
-                padding_mask, n_new, causal=self.causal, past_length=past, device=device,
-                window=config.sliding_window if kind == "sliding" else None,
-            )
-            for kind in set(config.layer_types)
-        }
-        bias = None
-        if config.pos_encoding == "alibi":
-            # Distances between slots in the sequence: unchanged by left padding, so no position_ids.
-            key_positions = torch.arange(past + n_new, device=device)
-            bias = alibi_bias(self.alibi_slopes, key_positions[past:], key_positions).to(dtype)  # (H, T, S)
-        if config.pos_encoding == "relative":  # between slots too, as T5 measures them
-            key_positions = torch.arange(past + n_new, device=device)
-            bias = self.position_bias(self.relative_position_bias(key_positions[past:], key_positions).to(dtype))
-        return layer_masks, bias
-
-    def check_inputs(self, name: str, ids, mask, mask_name: str, cache: KVCache | None = None) -> None:
-        past = cache.length if cache is not None else 0
-        check_ids(name, ids, vocab_size=self.config.vocab_size, max_positions=self.max_positions, past_length=past)
-        if cache is not None:
-            cache.check_room(ids.size(1))
-        check_mask(mask_name, mask, shape=(ids.size(0), past + ids.size(1)), ids_name=name
-                   + (f" plus {past} cached positions" if past else ""))
 
 
 # Writing checkpoints is the job of the checkpoints floor, which registers its writer here when it
@@ -250,6 +108,11 @@ class EncoderModel(Stack, _Saveable):
         self.check_inputs("input_ids", input_ids, padding_mask, "padding_mask")
         check_token_types(token_type_ids, shape=tuple(input_ids.shape), type_vocab_size=self.config.type_vocab_size)
         hidden = self.run(input_ids, padding_mask=padding_mask, token_type_ids=token_type_ids, position_ids=position_ids)
+        return self.outputs(hidden, padding_mask)
+
+    def outputs(self, hidden: torch.Tensor, padding_mask=None) -> EncoderOutput:
+        """The pooling and the head on the stack's hidden states [B, T, E] (forward's last step; after
+        Stack.run_from, the same outputs from a resumed run)."""
         pooled = None
         if hasattr(self, "pooled"):
             pooled = pool(hidden, padding_mask, self.config.pooling)

@@ -42,7 +42,7 @@ class MixtureOfExperts(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, E] -> [B, T, E]."""
         logits = self.router_logits(self.router(x))  # (B, T, N)
-        probs = torch.softmax(logits.float(), dim=-1)  # (B, T, N), in float32 whatever x's dtype
+        probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # (B, T, N), float32 at least
         top_p, top_index = probs.topk(self.top_k, dim=-1)  # (B, T, k)
         top_p = top_p / top_p.sum(dim=-1, keepdim=True)  # renormalised over the chosen k
         weights = self.expert_weights(torch.zeros_like(probs).scatter(-1, top_index, top_p))  # (B, T, N)

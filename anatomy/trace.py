@@ -30,7 +30,7 @@ keeps the recorded tensors in the autograd graph. The names (hook_names.ALIASES;
     TransformerLens                      anatomy
     hook_embed, hook_pos_embed           embed, pos_embed
     blocks.L.hook_resid_pre / _mid / _post   blocks.L.resid_pre / resid_mid / resid_post
-    blocks.L.ln1.hook_normalized         blocks.L.attn_norm.out      (ln2: mlp_norm.out)
+    blocks.L.ln1.hook_normalized         blocks.L.attn_norm.normalized   (ln2: mlp_norm; before the gain)
     blocks.L.attn.hook_q / _k / _v       blocks.L.attn.q / k / v     ([batch head pos d_head] here)
     blocks.L.attn.hook_rot_q / _rot_k    blocks.L.attn.q_rot / k_rot
     blocks.L.attn.hook_attn_scores       blocks.L.attn.scores        (unmasked here)
@@ -40,7 +40,7 @@ keeps the recorded tensors in the autograd graph. The names (hook_names.ALIASES;
     blocks.L.hook_attn_out               blocks.L.attn.out
     blocks.L.mlp.hook_pre / hook_post    blocks.L.mlp.pre / mlp.post
     blocks.L.hook_mlp_out                blocks.L.mlp.out
-    ln_final.hook_normalized             final_norm.out
+    ln_final.hook_normalized             final_norm.normalized
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What each design choice buys, on nanoGPT's CPU budget for tinyshakespeare: the char-LM recipe
 # (recipes/char_shakespeare.sh: 2000 steps x 12 x 64 characters, one thread, the 90/10 split, the same
-# 50 fixed validation batches), changed one flag at a time, then all the modern choices together.
+# 50 fixed validation batches), changed one flag at a time (architecture, then optimisation: learning
+# rate, warm-up, schedule), then the recipe's modern VARIANT, and on it the optimisation options
+# (WSD schedule, checkpoint averaging, Muon: VARIANT=muon).
 # Each variant runs once per seed; recipes/ablation_report.py then writes OUT/ablation.md (val loss mean
 # and spread, parameters, wall time, tokens/s) and OUT/ablation.png (the validation curves).
 #
@@ -35,9 +37,13 @@ declare -A FLAGS=(
   [warmup-300]="--warmup 300"
   [constant-lr]="--schedule constant"
   [modern]="VARIANT=modern"
+  # the optimisation options, on the modern variant: a schedule, an optimizer, checkpoint averaging
+  [modern-wsd]="VARIANT=modern --schedule wsd --lr 2e-3 --min-lr-ratio 0"
+  [modern-average-4]="VARIANT=modern --average-last 4 --keep 4 --save-every 125"
+  [muon]="VARIANT=muon"
 )
 ORDER="baseline post-norm rmsnorm relu swiglu sinusoidal rotary alibi no-bias untied dropout-0.1 qk-norm
-       lr-2e-3 lr-5e-4 warmup-0 warmup-300 constant-lr modern"
+       lr-2e-3 lr-5e-4 warmup-0 warmup-300 constant-lr modern modern-wsd modern-average-4 muon"
 
 for name in ${VARIANTS:-$ORDER}; do
   if [ -z "${FLAGS[$name]+set}" ]; then
@@ -46,8 +52,10 @@ for name in ${VARIANTS:-$ORDER}; do
   fi
   for seed in ${SEEDS:-1337 1338 1339}; do
     run="$OUT/$name/seed$seed"
-    if [ "${FLAGS[$name]}" = "VARIANT=modern" ]; then
-      run_once "$run" env VARIANT=modern "$HERE/char_shakespeare.sh" "$run" --seed "$seed" "$@"
+    if [[ "${FLAGS[$name]}" == VARIANT=* ]]; then  # VARIANT=NAME [flags...]: the recipe's variant, changed
+      read -r variant flags <<< "${FLAGS[$name]}"
+      # shellcheck disable=SC2086  # the flags are words
+      run_once "$run" env "$variant" "$HERE/char_shakespeare.sh" "$run" --seed "$seed" $flags "$@"
     else
       # shellcheck disable=SC2086  # the flags are words
       run_once "$run" "$HERE/char_shakespeare.sh" "$run" --seed "$seed" ${FLAGS[$name]} "$@"

@@ -7,11 +7,29 @@ workers do not fight over cores (tiny models are faster on one thread anyway).
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
 BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test marked peer("ANATOMY_..._PYTHON") needs that peer's environment (`python -m anatomy.bench.peers`
+    builds them): skipped where the variable is unset, a failure where CI_REQUIRE_PEERS=1 (.ci/run), so that no
+    parity test is silently skipped in CI, and always a failure where it names no file."""
+    for mark in item.iter_markers("peer"):
+        variable = mark.args[0]
+        python = os.environ.get(variable)
+        if python and not Path(python).is_file():
+            pytest.fail(f"${variable}={python} is not a file", pytrace=False)
+        if not python:
+            why = f"${variable} names no peer environment (python -m anatomy.bench.peers builds it)"
+            if os.environ.get("CI_REQUIRE_PEERS") == "1":
+                pytest.fail(f"{why}, and CI_REQUIRE_PEERS=1: a parity test may not be skipped", pytrace=False)
+            pytest.skip(why)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -71,3 +89,15 @@ def browser():
         )
         yield context
         context.close()
+
+
+@pytest.fixture(scope="session")
+def prenorm(tmp_path_factory) -> str:
+    """A folder holding the toy refitted as a pre-norm decoder (GPT-2's block): direct logit
+    attribution and circuit discovery need a residual stream that is a sum of components."""
+    from anatomy.checkpoints.toys import build_toy, toy_tokenizer
+
+    folder = tmp_path_factory.mktemp("prenorm-toy")
+    build_toy("toy", norm_position="pre", final_norm=True).save_pretrained(folder)
+    toy_tokenizer("toy").save(folder)
+    return str(folder)

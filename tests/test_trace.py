@@ -10,62 +10,90 @@ from trace_cases import IDS, TARGET, model_of, run
 # Golden, ordered lists of names: renaming or moving a trace point is a visible decision. -----------
 
 BLOCK_POINTS = [
-    "resid_pre", "attn_norm.out", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.pattern", "attn.z",
-    "attn.head_out", "attn.out", "resid_mid", "mlp_norm.out", "mlp.pre", "mlp.post", "mlp.out", "resid_post",
+    "resid_pre", "attn_norm.normalized", "attn_norm.out", "attn.q", "attn.k", "attn.v", "attn.scores",
+    "attn.pattern", "attn.z",
+    "attn.head_out", "attn.out", "resid_mid", "mlp_in", "mlp_norm.normalized", "mlp_norm.out", "mlp.pre", "mlp.post",
+    "mlp.out", "resid_post",
 ]
+
+ON_REQUEST = ("head_out", "normalized", "mlp_in")  # recorded only when named
 
 GOLDEN = {
     # preset("toy"): decoder, 2 layers, sinusoidal positions
     "decoder": [
         "embed", "pos_embed",
-        "blocks.0.resid_pre", "blocks.0.attn_norm.out", "blocks.0.attn.q", "blocks.0.attn.k", "blocks.0.attn.v",
-        "blocks.0.attn.scores", "blocks.0.attn.pattern", "blocks.0.attn.z", "blocks.0.attn.head_out", "blocks.0.attn.out",
-        "blocks.0.resid_mid", "blocks.0.mlp_norm.out", "blocks.0.mlp.pre", "blocks.0.mlp.post", "blocks.0.mlp.out",
+        "blocks.0.resid_pre", "blocks.0.attn_norm.normalized", "blocks.0.attn_norm.out", "blocks.0.attn.q",
+        "blocks.0.attn.k", "blocks.0.attn.v",
+        "blocks.0.attn.scores", "blocks.0.attn.pattern", "blocks.0.attn.z", "blocks.0.attn.head_out",
+        "blocks.0.attn.out",
+        "blocks.0.resid_mid", "blocks.0.mlp_in", "blocks.0.mlp_norm.normalized", "blocks.0.mlp_norm.out",
+        "blocks.0.mlp.pre",
+        "blocks.0.mlp.post", "blocks.0.mlp.out",
         "blocks.0.resid_post",
-        "blocks.1.resid_pre", "blocks.1.attn_norm.out", "blocks.1.attn.q", "blocks.1.attn.k", "blocks.1.attn.v",
-        "blocks.1.attn.scores", "blocks.1.attn.pattern", "blocks.1.attn.z", "blocks.1.attn.head_out", "blocks.1.attn.out",
-        "blocks.1.resid_mid", "blocks.1.mlp_norm.out", "blocks.1.mlp.pre", "blocks.1.mlp.post", "blocks.1.mlp.out",
+        "blocks.1.resid_pre", "blocks.1.attn_norm.normalized", "blocks.1.attn_norm.out", "blocks.1.attn.q",
+        "blocks.1.attn.k", "blocks.1.attn.v",
+        "blocks.1.attn.scores", "blocks.1.attn.pattern", "blocks.1.attn.z", "blocks.1.attn.head_out",
+        "blocks.1.attn.out",
+        "blocks.1.resid_mid", "blocks.1.mlp_in", "blocks.1.mlp_norm.normalized", "blocks.1.mlp_norm.out",
+        "blocks.1.mlp.pre",
+        "blocks.1.mlp.post", "blocks.1.mlp.out",
         "blocks.1.resid_post",
         "logits",
     ],
     # preset("toy", arch="encoder", n_layers=1, ...): BERT's extras, token types, a norm after the
     # embeddings, a pooler
     "encoder": [
-        "embed", "pos_embed", "type_embed", "embed_norm.out",
-        "blocks.0.resid_pre", "blocks.0.attn_norm.out", "blocks.0.attn.q", "blocks.0.attn.k", "blocks.0.attn.v",
-        "blocks.0.attn.scores", "blocks.0.attn.pattern", "blocks.0.attn.z", "blocks.0.attn.head_out", "blocks.0.attn.out",
-        "blocks.0.resid_mid", "blocks.0.mlp_norm.out", "blocks.0.mlp.pre", "blocks.0.mlp.post", "blocks.0.mlp.out",
+        "embed", "pos_embed", "type_embed", "embed_norm.normalized", "embed_norm.out",
+        "blocks.0.resid_pre", "blocks.0.attn_norm.normalized", "blocks.0.attn_norm.out", "blocks.0.attn.q",
+        "blocks.0.attn.k", "blocks.0.attn.v",
+        "blocks.0.attn.scores", "blocks.0.attn.pattern", "blocks.0.attn.z", "blocks.0.attn.head_out",
+        "blocks.0.attn.out",
+        "blocks.0.resid_mid", "blocks.0.mlp_in", "blocks.0.mlp_norm.normalized", "blocks.0.mlp_norm.out",
+        "blocks.0.mlp.pre",
+        "blocks.0.mlp.post", "blocks.0.mlp.out",
         "blocks.0.resid_post",
         "pooled", "logits",
     ],
     # preset("toy", arch="encoder-decoder", n_layers=1)
     "encoder-decoder": [
         "encoder.embed", "encoder.pos_embed",
-        "encoder.blocks.0.resid_pre", "encoder.blocks.0.attn_norm.out", "encoder.blocks.0.attn.q",
+        "encoder.blocks.0.resid_pre", "encoder.blocks.0.attn_norm.normalized",
+        "encoder.blocks.0.attn_norm.out", "encoder.blocks.0.attn.q",
         "encoder.blocks.0.attn.k", "encoder.blocks.0.attn.v", "encoder.blocks.0.attn.scores",
-        "encoder.blocks.0.attn.pattern", "encoder.blocks.0.attn.z", "encoder.blocks.0.attn.head_out", "encoder.blocks.0.attn.out",
-        "encoder.blocks.0.resid_mid", "encoder.blocks.0.mlp_norm.out", "encoder.blocks.0.mlp.pre",
+        "encoder.blocks.0.attn.pattern", "encoder.blocks.0.attn.z", "encoder.blocks.0.attn.head_out",
+        "encoder.blocks.0.attn.out",
+        "encoder.blocks.0.resid_mid", "encoder.blocks.0.mlp_in", "encoder.blocks.0.mlp_norm.normalized",
+        "encoder.blocks.0.mlp_norm.out",
+        "encoder.blocks.0.mlp.pre",
         "encoder.blocks.0.mlp.post", "encoder.blocks.0.mlp.out", "encoder.blocks.0.resid_post",
         "decoder.embed", "decoder.pos_embed",
-        "decoder.blocks.0.resid_pre", "decoder.blocks.0.attn_norm.out", "decoder.blocks.0.attn.q",
+        "decoder.blocks.0.resid_pre", "decoder.blocks.0.attn_norm.normalized",
+        "decoder.blocks.0.attn_norm.out", "decoder.blocks.0.attn.q",
         "decoder.blocks.0.attn.k", "decoder.blocks.0.attn.v", "decoder.blocks.0.attn.scores",
-        "decoder.blocks.0.attn.pattern", "decoder.blocks.0.attn.z", "decoder.blocks.0.attn.head_out", "decoder.blocks.0.attn.out",
+        "decoder.blocks.0.attn.pattern", "decoder.blocks.0.attn.z", "decoder.blocks.0.attn.head_out",
+        "decoder.blocks.0.attn.out",
         "decoder.blocks.0.resid_mid",
-        "decoder.blocks.0.cross_attn_norm.out", "decoder.blocks.0.cross_attn.q", "decoder.blocks.0.cross_attn.k",
+        "decoder.blocks.0.cross_attn_norm.normalized", "decoder.blocks.0.cross_attn_norm.out",
+        "decoder.blocks.0.cross_attn.q", "decoder.blocks.0.cross_attn.k",
         "decoder.blocks.0.cross_attn.v", "decoder.blocks.0.cross_attn.scores", "decoder.blocks.0.cross_attn.pattern",
-        "decoder.blocks.0.cross_attn.z", "decoder.blocks.0.cross_attn.head_out", "decoder.blocks.0.cross_attn.out", "decoder.blocks.0.resid_cross",
-        "decoder.blocks.0.mlp_norm.out", "decoder.blocks.0.mlp.pre", "decoder.blocks.0.mlp.post",
+        "decoder.blocks.0.cross_attn.z", "decoder.blocks.0.cross_attn.head_out",
+        "decoder.blocks.0.cross_attn.out", "decoder.blocks.0.resid_cross",
+        "decoder.blocks.0.mlp_in", "decoder.blocks.0.mlp_norm.normalized", "decoder.blocks.0.mlp_norm.out",
+        "decoder.blocks.0.mlp.pre",
+        "decoder.blocks.0.mlp.post",
         "decoder.blocks.0.mlp.out", "decoder.blocks.0.resid_post",
         "logits",
     ],
     # a Llama-like decoder: rotary positions (no pos_embed; q_rot and k_rot), pre-norm, a final norm
     "decoder-rotary-prenorm": [
         "embed",
-        "blocks.0.resid_pre", "blocks.0.attn_norm.out", "blocks.0.attn.q", "blocks.0.attn.k", "blocks.0.attn.v",
+        "blocks.0.resid_pre", "blocks.0.attn_norm.normalized", "blocks.0.attn_norm.out", "blocks.0.attn.q",
+        "blocks.0.attn.k", "blocks.0.attn.v",
         "blocks.0.attn.q_rot", "blocks.0.attn.k_rot", "blocks.0.attn.scores", "blocks.0.attn.pattern",
-        "blocks.0.attn.z", "blocks.0.attn.head_out", "blocks.0.attn.out", "blocks.0.resid_mid", "blocks.0.mlp_norm.out", "blocks.0.mlp.pre",
+        "blocks.0.attn.z", "blocks.0.attn.head_out", "blocks.0.attn.out", "blocks.0.resid_mid",
+        "blocks.0.mlp_in", "blocks.0.mlp_norm.normalized", "blocks.0.mlp_norm.out", "blocks.0.mlp.pre",
         "blocks.0.mlp.post", "blocks.0.mlp.out", "blocks.0.resid_post",
-        "final_norm.out", "logits",
+        "final_norm.normalized", "final_norm.out", "logits",
     ],
 }
 
@@ -89,8 +117,9 @@ def test_a_full_trace_records_every_point_once(family):
     model = model_of(**CONFIGS[family])
     with torch.no_grad(), anatomy.trace(model) as t:
         run(model)
-    # Per-head outputs are H times the residual: computed only when named.
-    assert sorted(t) == sorted(name for name in GOLDEN[family] if not name.endswith("head_out"))
+    # Per-head outputs are H times the residual, and a norm's stream before its gain is another copy of its
+    # output: computed only when named.
+    assert sorted(t) == sorted(name for name in GOLDEN[family] if not name.endswith(ON_REQUEST))
 
 
 def test_a_trace_iterates_in_the_order_the_pass_reached_the_points():
@@ -98,7 +127,7 @@ def test_a_trace_iterates_in_the_order_the_pass_reached_the_points():
     pre = model_of(**CONFIGS["decoder-rotary-prenorm"])
     with torch.no_grad(), anatomy.trace(pre) as t:
         pre(IDS)
-    assert list(t) == [name for name in GOLDEN["decoder-rotary-prenorm"] if not name.endswith("head_out")]
+    assert list(t) == [name for name in GOLDEN["decoder-rotary-prenorm"] if not name.endswith(ON_REQUEST)]
     # Post-norm (the paper): each norm runs after its sublayer's residual sum.
     post = model_of(n_layers=1)
     with torch.no_grad(), anatomy.trace(post) as t:

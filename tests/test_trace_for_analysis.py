@@ -67,7 +67,7 @@ TRANSFORMER_LENS_NAMES = {
     "hook_embed": "embed",
     "hook_pos_embed": "pos_embed",
     "blocks.1.hook_resid_pre": "blocks.1.resid_pre",
-    "blocks.1.ln1.hook_normalized": "blocks.1.attn_norm.out",
+    "blocks.1.ln1.hook_normalized": "blocks.1.attn_norm.normalized",
     "blocks.1.attn.hook_q": "blocks.1.attn.q",
     "blocks.1.attn.hook_k": "blocks.1.attn.k",
     "blocks.1.attn.hook_v": "blocks.1.attn.v",
@@ -77,12 +77,12 @@ TRANSFORMER_LENS_NAMES = {
     "blocks.1.attn.hook_result": "blocks.1.attn.head_out",
     "blocks.1.hook_attn_out": "blocks.1.attn.out",
     "blocks.1.hook_resid_mid": "blocks.1.resid_mid",
-    "blocks.1.ln2.hook_normalized": "blocks.1.mlp_norm.out",
+    "blocks.1.ln2.hook_normalized": "blocks.1.mlp_norm.normalized",
     "blocks.1.mlp.hook_pre": "blocks.1.mlp.pre",
     "blocks.1.mlp.hook_post": "blocks.1.mlp.post",
     "blocks.1.hook_mlp_out": "blocks.1.mlp.out",
     "blocks.1.hook_resid_post": "blocks.1.resid_post",
-    "ln_final.hook_normalized": "final_norm.out",
+    "ln_final.hook_normalized": "final_norm.normalized",
 }
 
 
@@ -102,6 +102,60 @@ def test_transformer_lens_names_are_aliases_of_anatomy_points():
     with pytest.raises(KeyError, match="hook_resid_pre.*blocks.7.resid_pre"):
         with anatomy.trace(model, "blocks.7.hook_resid_pre"):
             pass
+
+
+@pytest.mark.parametrize("norm, plus_one", [("layernorm", False), ("rmsnorm", False), ("rmsnorm", True)])
+def test_hook_normalized_is_the_stream_before_the_gain_and_the_output_follows_it(norm, plus_one):
+    """TransformerLens's (and circuit-tracer's) ln2.hook_normalized: x / rms, or (x - mean) / std, before the
+    norm's gain and bias; the norm's output applies them to whatever the trace leaves there."""
+    model = model_of(norm_position="pre", final_norm=True, norm=norm, norm_plus_one=plus_one)
+    block = model.blocks[1]
+    with torch.no_grad():
+        for parameter in block.mlp_norm.parameters():  # a gain and bias far from 1 and 0
+            parameter.copy_(torch.randn(parameter.shape) * 0.5 + 0.7)
+        with anatomy.trace(model, ["blocks.1.resid_mid", "blocks.1.ln2.hook_normalized", "blocks.1.mlp_norm.out"]) as t:
+            plain = model(IDS).logits
+        x = t["blocks.1.resid_mid"]
+        centred = x - x.mean(-1, keepdim=True) if norm == "layernorm" else x
+        scale = centred.pow(2).mean(-1, keepdim=True) + block.mlp_norm.eps
+        torch.testing.assert_close(t["blocks.1.ln2.hook_normalized"], centred * scale.rsqrt())
+        gain = 1 + block.mlp_norm.weight if plus_one else block.mlp_norm.weight
+        bias = block.mlp_norm.bias if norm == "layernorm" else 0
+        torch.testing.assert_close(t["blocks.1.mlp_norm.out"], t["blocks.1.ln2.hook_normalized"] * gain + bias)
+        assert torch.equal(model(IDS).logits, plain)  # recording it changes no bit of the pass
+        with anatomy.trace(model, ["blocks.1.mlp_norm.out"],
+                           interventions={"blocks.1.mlp_norm.normalized": lambda z: 2 * z}) as doubled:
+            changed = model(IDS).logits
+    torch.testing.assert_close(doubled["blocks.1.mlp_norm.out"], 2 * t["blocks.1.ln2.hook_normalized"] * gain + bias)
+    assert not torch.allclose(changed, plain)
+
+
+@pytest.mark.parametrize("layout", [dict(norm_position="pre"), dict(norm_position="post_sublayer", norm="rmsnorm"),
+                                    dict(norm_position="sandwich", norm="rmsnorm"), dict(parallel_residual=True),
+                                    dict(parallel_residual=True, parallel_shared_norm=True)])
+def test_mlp_in_is_the_mlps_own_copy_of_the_stream(layout):
+    """TransformerLens's hook_mlp_in: changing it changes what the MLP reads (through its norm, if it has one),
+    and nothing else: the residual stream the block adds the MLP's output to is the block's own."""
+    model = model_of(**{"norm_position": "pre", "final_norm": True, **layout})
+    SHIFT = torch.linspace(-1.0, 2.0, model.config.d_model)  # no norm takes it away (not constant, not a scaling)
+    stream = "resid_pre" if layout.get("parallel_residual") else "resid_mid"
+    names = [f"blocks.1.{stream}", "blocks.1.mlp.out", "blocks.1.attn.out", "blocks.1.resid_post"]
+    with torch.no_grad():
+        with anatomy.trace(model, names + ["blocks.1.hook_mlp_in"]) as plain:
+            model(IDS)
+        assert torch.equal(plain["blocks.1.hook_mlp_in"], plain[f"blocks.1.{stream}"])
+        with anatomy.trace(model, names, interventions={"blocks.1.mlp_in": lambda x: x + SHIFT}) as changed:
+            model(IDS)
+    assert torch.equal(changed[f"blocks.1.{stream}"], plain[f"blocks.1.{stream}"])
+    assert torch.equal(changed["blocks.1.attn.out"], plain["blocks.1.attn.out"])
+    assert not torch.allclose(changed["blocks.1.mlp.out"], plain["blocks.1.mlp.out"])
+    block = model.blocks[1]
+    norm = getattr(block, "mlp_norm", None) or getattr(block, "attn_norm", None)
+    reads = plain[f"blocks.1.{stream}"] + SHIFT
+    if layout.get("norm_position") != "post_sublayer":
+        reads = norm(reads)
+    with torch.no_grad():
+        torch.testing.assert_close(changed["blocks.1.mlp.out"], block.mlp(reads))
 
 
 # Threads: a trace belongs to the thread that opened it ---------------------------------------------

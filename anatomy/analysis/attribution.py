@@ -45,6 +45,19 @@ def gauss_legendre(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(0.5 * (1.0 + nodes)), torch.tensor(0.5 * weights)
 
 
+def riemann(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(alphas [N], weights [N]) on [0, 1]: the right Riemann sum, a_k = k/N and w_k = 1/N for k = 1..N, whose
+    last point is the input itself: Hanna et al.'s rule for EAP-IG (2024), the integrated gradients of
+    circuit discovery (circuits/discovery). Gauss-Legendre (gauss_legendre) is Captum's, for `ig` here."""
+    return torch.arange(1, steps + 1, dtype=torch.float64) / steps, torch.full((steps,), 1.0 / steps, dtype=torch.float64)
+
+
+def on_path(baseline: torch.Tensor, x: torch.Tensor, alpha: float) -> torch.Tensor:
+    """baseline + alpha (x - baseline): a point of the straight path; exactly x at alpha = 1 (the input
+    itself, not a rounding of it)."""
+    return x if alpha == 1 else baseline + alpha * (x - baseline)
+
+
 def _embed_point(model: nn.Module) -> tuple[str, str]:
     """(the embedding point attributions are computed on, which side of the batch it reads)."""
     return ("encoder.embed", "source") if model.config.arch == "encoder-decoder" else ("embed", "target")

@@ -46,8 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--point", help=f"patch: the point in each block (default: {DEFAULTS['point']})")
     parser.add_argument("--by", choices=BY, help=f"patch: one cell per position, head or layer (default: {DEFAULTS['by']})")
     parser.add_argument("--kind", choices=KINDS, help=f"heads: which kind to score (default: {DEFAULTS['kind']})")
-    parser.add_argument("--steps", type=within(positive_int, 1, MAX_STEPS, "steps", " (each is a forward and a backward pass)"), help=f"ig: a fixed number of Gauss-Legendre steps (Captum's rule), "
-                        f"1 to {MAX_STEPS} (default: adaptive, until completeness is within 5%%)")
+    parser.add_argument("--steps", type=within(positive_int, 1, MAX_STEPS, "steps", " (each is a forward and a backward pass)"), help=f"ig: N points on the path from the baseline to the input, each a "
+                        f"forward and a backward pass, at Gauss-Legendre nodes (Captum's rule; circuits discover's "
+                        f"--steps counts the same, as a Riemann sum), 1 to {MAX_STEPS} (default: adaptive, until "
+                        f"completeness is within 5%%)")
     parser.add_argument("--out", type=output_file(".html", ".png", ".svg"),
                         help="write the view: .html (interactive, offline), .png or .svg")
 

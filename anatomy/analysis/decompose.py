@@ -40,6 +40,27 @@ def _check_additive(model: nn.Module) -> None:
         raise ValueError("embed_norm=True normalises the embeddings before the first block: they are no sum of components")
 
 
+def head_writes(block: nn.Module, head_out: torch.Tensor) -> torch.Tensor:
+    """[B, T, H, E]: what each head adds to the stream, from its output head_out [B, T, H, E]: itself, or through
+    the norm on the attention's output (sandwich, post-sublayer) with the norm's scale frozen at this run's,
+    centre(head_out_h) s g, so that the heads' writes and the norm of the output bias sum to the norm's output.
+    One definition of a head's write, for decomposition here and the sources of circuit discovery."""
+    norm = getattr(block, "attn_out_norm", None)
+    if norm is None:
+        return head_out
+    bias = block.attn.o_proj.bias
+    total = head_out.sum(2) + (0 if bias is None else bias)  # (B, T, E): the attention's output
+    parts = norm_parts(norm, total)
+    centred = head_out - head_out.mean(-1, keepdim=True) if parts.centred else head_out
+    return (centred * parts.scale[..., None, None] * parts.gain).to(head_out.dtype)
+
+
+def mlp_write_point(block: nn.Module, prefix: str) -> str:
+    """The point whose value a block adds to the stream for its MLP: its output, or its output norm's (sandwich,
+    post-sublayer); prefix "blocks.L." names the block."""
+    return f"{prefix}mlp_out_norm.out" if hasattr(block, "mlp_out_norm") else f"{prefix}mlp.out"
+
+
 def components(model: nn.Module, inputs, *, tokenizer=None) -> tuple[list[str], torch.Tensor, torch.Tensor, object]:
     """(names, parts [C, B, T, E], final residual [B, T, E], batch); parts sum to the final residual."""
     _check_additive(model)
@@ -47,7 +68,8 @@ def components(model: nn.Module, inputs, *, tokenizer=None) -> tuple[list[str], 
     batch = as_batch(model, inputs, tokenizer)
     stack, prefix = stack_of(model), stack_prefix(model)
     last = f"{prefix}blocks.{len(stack.blocks) - 1}.resid_post"
-    points = [f"{prefix}*embed", f"{prefix}blocks.*.head_out", f"{prefix}blocks.*.mlp.out", last]
+    points = [f"{prefix}*embed", f"{prefix}blocks.*.head_out", last]
+    points += [mlp_write_point(block, f"{prefix}blocks.{index}.") for index, block in enumerate(stack.blocks)]
     with torch.no_grad(), trace(model, points) as t:
         batch.run(model)
     names, parts = [], []
@@ -59,6 +81,8 @@ def components(model: nn.Module, inputs, *, tokenizer=None) -> tuple[list[str], 
         attentions = [("attn", "", " attn")] + ([("cross_attn", " cross ", " cross")] if block.has_cross_attention else [])
         for attention, head_label, bias_label in attentions:
             heads = t[f"{prefix}blocks.{index}.{attention}.head_out"]  # (B, T, H, E)
+            if attention == "attn":
+                heads = head_writes(block, heads)
             for head in range(heads.size(2)):
                 names.append(f"L{index}{head_label}H{head}")
                 parts.append(heads[:, :, head])
@@ -67,7 +91,7 @@ def components(model: nn.Module, inputs, *, tokenizer=None) -> tuple[list[str], 
                 names.append(f"L{index}{bias_label} bias")
                 parts.append(bias.detach().expand_as(heads[:, :, 0]))
         names.append(f"L{index} MLP")
-        parts.append(t[f"{prefix}blocks.{index}.mlp.out"])
+        parts.append(t[mlp_write_point(block, f"{prefix}blocks.{index}.")])
     return names, torch.stack(parts), t[last], batch
 
 

@@ -41,7 +41,7 @@ from torch.func import functional_call
 from ..attention import MultiHeadAttention, attention_scores, attention_weights, repeat_kv
 from ..blocks import Block
 from ..layers import FeedForward
-from ..models import Stack
+from ..stack import Stack
 
 Recipe = Callable[[], "tuple | None"]  # asked when the point is reached: (fn, args) or None
 

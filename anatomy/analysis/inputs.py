@@ -67,25 +67,45 @@ class Batch:
                          tgt_padding_mask=self.target.padding_mask)
         return model(self.target.ids, padding_mask=self.target.padding_mask)
 
-    def last_logits(self, model: nn.Module) -> torch.Tensor:
+    def hidden(self, model: nn.Module, start: tuple | None = None) -> torch.Tensor:
+        """[B, T, E]: the (decoder's) last hidden states, before the LM head. start = (layer, resid [B, T, E]):
+        the stack run from that layer, given the residual stream there (Stack.run_from), the layers before
+        it not computed; for an encoder-decoder, the decoder's stack. start = (layer, resid [B, T - P, E],
+        past): the positions after the P that the KVCache `past` holds, [B, T - P, E] returned."""
+        stack = model.decoder if self.source is not None else model
+        memory = {}
+        if self.source is not None:
+            memory = dict(memory=model.encode(self.source.ids, self.source.padding_mask),
+                          memory_padding_mask=self.source.padding_mask)
+        if start is not None:
+            layer, resid, *past = start
+            return stack.run_from(layer, resid, padding_mask=self.target.padding_mask, past=(past or [None])[0],
+                                  **memory)
+        name = "tgt_ids" if self.source is not None else "input_ids"
+        mask_name = "tgt_padding_mask" if memory else "padding_mask"
+        stack.check_inputs(name, self.target.ids, self.target.padding_mask, mask_name)
+        return stack.run(self.target.ids, padding_mask=self.target.padding_mask, **memory)  # (B, T, E)
+
+    def last_logits(self, model: nn.Module, start: tuple | None = None) -> torch.Tensor:
         """[B, 1, V]: the logits at each row's last real position only, without the LM head's work
-        on every other position (T times less of it)."""
+        on every other position (T times less of it); a sequence classifier's label logits [B, 1, labels]
+        (what a metric of the whole sequence reads). start = (layer, resid): from that layer on (hidden)."""
+        if getattr(model.config, "head", None) == "sequence-classification":
+            if start is None:
+                return self.run(model).logits[:, None]  # (B, 1, labels)
+            return model.outputs(self.hidden(model, start), self.target.padding_mask).logits[:, None]
         if not hasattr(model, "lm_head"):
             raise ValueError("this analysis needs token logits: a model with an LM or masked-LM head")
-        if self.source is not None:
-            memory = model.encode(self.source.ids, self.source.padding_mask)
-            model.decoder.check_inputs("tgt_ids", self.target.ids, self.target.padding_mask, "tgt_padding_mask")
-            hidden = model.decoder.run(self.target.ids, padding_mask=self.target.padding_mask, memory=memory,
-                                       memory_padding_mask=self.source.padding_mask)
-        else:
-            model.check_inputs("input_ids", self.target.ids, self.target.padding_mask, "padding_mask")
-            hidden = model.run(self.target.ids, padding_mask=self.target.padding_mask)  # (B, T, E)
-        last = hidden[torch.arange(self.size), self.target.last]  # (B, E)
+        done = start[2].length if start is not None and len(start) > 2 else 0  # positions the cache holds
+        hidden = self.hidden(model, start)  # (B, T - done, E)
+        last = hidden[torch.arange(self.size), self.target.last - done]  # (B, E)
         return model.lm_head(last[:, None])  # (B, 1, V)
 
-    def logits(self, model: nn.Module) -> torch.Tensor:
-        """[B, T, V]."""
-        logits = self.run(model).logits
+    def logits(self, model: nn.Module, start: tuple | None = None) -> torch.Tensor:
+        """[B, T, V]. start = (layer, resid): from that layer on (hidden)."""
+        if start is not None and hasattr(model, "lm_head"):
+            return model.logits(model.lm_head(self.hidden(model, start)))
+        logits = self.run(model).logits if start is None else None
         if logits is None or logits.dim() != 3:
             raise ValueError("this analysis needs token logits [batch, pos, vocab]: a model with an LM or masked-LM head")
         return logits

@@ -9,10 +9,12 @@ run's activation put back at that one place, and score the output with `metric`:
 
     result[l, i] = metric(model(corrupt | point_l[i] := clean point_l[i]))
 
-Batched: the N patched runs of a chunk are one forward pass of N copies of the corrupted batch,
-each copy patched at its own cell, so a sweep costs a few large passes instead of L x T small
-ones; the result equals the one-run-at-a-time result, and reports the measured difference on
-the cell with the largest effect.
+Batched, and from the cell's layer: a patched run equals the corrupted run before the cell's layer, so
+it starts there from the corrupted run's residual stream (runs.run_patched), and the runs of one layer
+are one forward pass of N copies of the corrupted batch, each copy patched at its own cell: a sweep
+costs a few large passes over half the layers on average instead of L x T small whole ones. The result
+equals the one-whole-run-at-a-time result, and reports the measured difference on the cell with the
+largest effect.
 
 method="attribution" (Nanda 2023, "Attribution patching"): the first-order estimate from one
 clean pass, one corrupted pass and one backward pass,
@@ -32,6 +34,7 @@ from .choices import BY
 from .inputs import Batch, as_batch
 from .lens import stack_of, stack_prefix
 from .result import Result
+from .runs import Edit, Run, first_layer, run_patched
 
 METHODS = ("activation", "attribution")
 # TransformerLens's short activation names -> anatomy's point inside a block
@@ -130,8 +133,7 @@ def patch(
     size = 1 if axis is None else clean_acts[0].size(axis)
     cells = [(layer, index) for layer in range(len(names)) for index in range(size)]
     run = _attribution if method == "attribution" else _activation
-    logits_of = Batch.last_logits if logits_at == "last" else Batch.logits
-    values, check, error = run(model, corrupt_batch, names, clean_acts, axis, cells, metric, logits_of, runs_per_pass,
+    values, check, error = run(model, corrupt_batch, names, clean_acts, axis, cells, metric, logits_at, runs_per_pass,
                                progress or (lambda done, total: None))
     shape = (len(names),) if axis is None else (len(names), size)
     result_axes = ("layer",) if axis is None else ("layer", "head" if by == "head" else "pos")
@@ -158,74 +160,68 @@ def _default_metric(clean: Batch, clean_logits: torch.Tensor) -> Metric:
     return metric
 
 
-def _patcher(cells: list[tuple[int, int]], clean: torch.Tensor, axis: int | None, batch: int):
-    """The intervention for one layer's point in a pass of len(cells)-ish copies: copy c (rows
-    c*B..(c+1)*B) gets the clean value at its cell's index."""
+def _cell_edit(clean: torch.Tensor, axis: int | None, index: int) -> Edit:
+    """A copy's edit that puts the clean value back at one cell: the whole point (axis None), or index
+    `index` along `axis`."""
 
-    def fn(x: torch.Tensor) -> torch.Tensor:
-        x = x.clone()
-        for copy, index in cells:
-            rows = slice(copy * batch, (copy + 1) * batch)
-            if axis is None:
-                x[rows] = clean
-            else:
-                where = (slice(None),) * axis + (index,)  # the cell's index along `axis`
-                x[rows][where] = clean[where]
+    def edit(x: torch.Tensor) -> torch.Tensor:
+        if axis is None:
+            return clean
+        where = (slice(None),) * axis + (index,)  # the cell's index along `axis`
+        x[where] = clean[where]
         return x
 
-    return fn
+    return edit
 
 
-def _run_cells(model, corrupt: Batch, names, clean_acts, axis, cells, metric, logits_of) -> torch.Tensor:
-    """metric of one pass that patches each cell in its own copy of the corrupted batch -> [len(cells)]."""
-    batch = corrupt.size
-    by_layer: dict[int, list[tuple[int, int]]] = {}
-    for copy, (layer, index) in enumerate(cells):
-        by_layer.setdefault(layer, []).append((copy, index))
-    interventions = {names[layer]: _patcher(layer_cells, clean_acts[layer], axis, batch)
-                     for layer, layer_cells in by_layer.items()}
-    with trace(model, [], interventions=interventions):
-        scores = metric(logits_of(corrupt.repeat(len(cells)), model))  # (N*B,)
-    if scores.shape != (len(cells) * batch,):
-        raise ValueError(f"metric must return one value per sequence, shape ({len(cells) * batch},); "
-                         f"got {tuple(scores.shape)}")
-    return scores.view(len(cells), batch).mean(dim=1)  # (N,)
+def _runs_per_pass(model: nn.Module, batch: Batch, logits_at: str, runs_per_pass: int | None) -> int:
+    """At most 4096 tokens and 256 MB of logits per pass."""
+    tokens = batch.target.ids.numel() + (0 if batch.source is None else batch.source.ids.numel())
+    logits = (batch.target.ids.numel() if logits_at == "all" else batch.size) * model.config.vocab_size
+    return runs_per_pass or max(1, min(4096 // tokens, 2**26 // logits))
 
 
-def _activation(model, corrupt, names, clean_acts, axis, cells, metric, logits_of, runs_per_pass, progress):
-    tokens_per_run = corrupt.target.ids.numel() + (0 if corrupt.source is None else corrupt.source.ids.numel())
-    # At most 4096 tokens and 256 MB of logits per pass.
-    logits_per_run = (corrupt.target.ids.numel() if logits_of is Batch.logits else corrupt.size) * model.config.vocab_size
-    chunk = runs_per_pass or max(1, min(4096 // tokens_per_run, 2**26 // logits_per_run))
-    with torch.no_grad():
-        parts = []
-        progress(0, len(cells))  # a caller that cancels before the first pass is heard before it runs
-        for start in range(0, len(cells), chunk):
-            parts.append(_run_cells(model, corrupt, names, clean_acts, axis, cells[start:start + chunk], metric, logits_of))
-            progress(min(start + chunk, len(cells)), len(cells))
-        values = torch.cat(parts)
-        # The identity: a batched cell equals the same cell patched alone.
-        strongest = int((values - values.median()).abs().argmax())
-        alone = _run_cells(model, corrupt, names, clean_acts, axis, [cells[strongest]], metric, logits_of)
+def _activation(model, corrupt, names, clean_acts, axis, cells, metric, logits_at, runs_per_pass, progress):
+    """Each cell's run starts at its layer from the corrupted run's residual stream (runs.run_patched)."""
+    runs = [Run({names[layer]: _cell_edit(clean_acts[layer], axis, index)}, first_layer(model, [names[layer]]))
+            for layer, index in cells]
+    chunk = _runs_per_pass(model, corrupt, logits_at, runs_per_pass)
+    progress(0, len(cells))  # a caller that cancels before the first pass is heard before it runs
+    values = run_patched(model, corrupt, runs, metric, logits_at=logits_at, runs_per_pass=chunk,
+                         progress=progress).mean(dim=1)
+    # The identity: a cell patched in a batch of copies, from its layer, equals the same cell patched alone
+    # in a whole pass.
+    strongest = int((values - values.median()).abs().argmax())
+    alone = run_patched(model, corrupt, [Run(runs[strongest].edits)], metric, logits_at=logits_at).mean()
     error = (alone - values[strongest]).abs().item()
     layer, index = cells[strongest]
-    check = (f"batched = one run at a time: max |diff| {error:.1e} at layer {layer}"
+    check = (f"batched, from the cell's layer = one run at a time through every layer: max |diff| {error:.1e} "
+             f"at layer {layer}"
              + ("" if axis is None else f", index {index}"))
     return values, check, error
 
 
-def _attribution(model, corrupt, names, clean_acts, axis, cells, metric, logits_of, runs_per_pass, progress):
+def first_order(delta: torch.Tensor, grad: torch.Tensor | None, axis: int | None) -> torch.Tensor:
+    """[cells] in float64: sum over the batch and every axis but `axis` of delta * grad, the first-order change
+    of the metric when a point moves by delta ([1] for a whole point, axis None; a gradient None is 0).
+    Attribution patching here (the corrupted run's metric plus the change of putting the clean value back)
+    and node attribution in circuit discovery (the drop when the clean run's node takes the corrupted value,
+    delta = clean - corrupt there too, the gradient at the clean run) are this one sum."""
+    product = (delta * (0 if grad is None else grad)).double()
+    if axis is None:
+        return product.sum()[None]
+    return product.transpose(0, axis).reshape(product.size(axis), -1).sum(1)
+
+
+def _attribution(model, corrupt, names, clean_acts, axis, cells, metric, logits_at, runs_per_pass, progress):
+    logits_of = Batch.last_logits if logits_at == "last" else Batch.logits
     with torch.enable_grad(), trace(model, names, grad=True) as t:
         score = metric(logits_of(corrupt, model))  # (B,)
         grads = torch.autograd.grad(score.mean(), [t[name] for name in names], allow_unused=True)
     base = score.mean().item()
-    values = []
-    for layer, index in cells:
-        grad, corrupt_act = grads[layer], t[names[layer]].detach()
-        delta = (clean_acts[layer] - corrupt_act) * (0 if grad is None else grad)
-        if axis is not None:
-            delta = delta.select(axis, index)
-        values.append(base + delta.sum().item())
+    per_layer = [first_order(clean_acts[layer] - t[names[layer]].detach(), grads[layer], axis)
+                 for layer in range(len(names))]
+    values = [base + per_layer[layer][0 if axis is None else index].item() for layer, index in cells]
     # sum over the batch of the mean-metric gradient = the mean over the batch of each row's estimate
     check = "first-order estimate of activation patching (no identity holds exactly)"
     progress(len(cells), len(cells))
@@ -244,7 +240,8 @@ def patch_cells(
 
         result[i] = mean_batch metric(model(corrupt | point_i[..., index_i along axis_i] := clean's))
 
-    Batched as patch() is: the runs of a chunk are copies of the corrupted batch in one pass.
+    Batched as patch() is: each run starts at its point's layer from the corrupted run's residual stream,
+    the runs of one layer copies of the corrupted batch in one pass (runs.run_patched).
     clean, corrupt: inputs or Batches of the same shape; saes: SAEs spliced in (trace's saes), whose
     points (`<point>.sae.features`) cells may name. Raises ValueError for an axis the point lacks.
     """
@@ -257,27 +254,9 @@ def patch_cells(
     for name, axis, _ in cells:
         if axis is not None and not 0 < axis < clean_acts[name].dim():
             raise ValueError(f"{name} has axes {' '.join(t.axes(name))}; axis {axis} is not one of them (past the batch)")
-    logits_of = Batch.last_logits if logits_at == "last" else Batch.logits
-    tokens_per_run = corrupt_batch.target.ids.numel()
-    chunk = runs_per_pass or max(1, 4096 // tokens_per_run)
-    values = []
-    with torch.no_grad():
-        for start in range(0, len(cells), chunk):
-            part = cells[start:start + chunk]
-            by_point: dict[tuple, list[tuple[int, int]]] = {}
-            for copy, (name, axis, index) in enumerate(part):
-                by_point.setdefault((name, axis), []).append((copy, index))
-            interventions = {}
-            for (name, axis), point_cells in by_point.items():
-                patcher = _patcher(point_cells, clean_acts[name], axis, corrupt_batch.size)
-                previous = interventions.get(name)
-                interventions[name] = patcher if previous is None else (lambda x, p=previous, q=patcher: q(p(x)))
-            with trace(model, [], interventions=interventions, saes=saes):
-                scores = metric(logits_of(corrupt_batch.repeat(len(part)), model))
-            if scores.shape != (len(part) * corrupt_batch.size,):
-                raise ValueError(f"metric must return one value per sequence, shape ({len(part) * corrupt_batch.size},); "
-                                 f"got {tuple(scores.shape)}")
-            values.append(scores.view(len(part), corrupt_batch.size).mean(dim=1))
-            if progress is not None:
-                progress(min(start + chunk, len(cells)), len(cells))
-    return torch.cat(values)
+    runs = [Run({name: _cell_edit(clean_acts[name], axis, index)}, first_layer(model, [name]))
+             for name, axis, index in cells]
+    chunk = _runs_per_pass(model, corrupt_batch, logits_at, runs_per_pass)
+    values = run_patched(model, corrupt_batch, runs, metric, logits_at=logits_at, runs_per_pass=chunk,
+                         saes=saes, progress=progress)
+    return values.mean(dim=1)

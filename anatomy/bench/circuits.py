@@ -7,9 +7,13 @@ features per token and layer, circuit_sets.py, until trained ones exist), a 16-t
 seconds and peak resident memory, each side in a process of its own, one after the other. The two adjacencies
 are compared node by node (features by layer, position and index; errors; tokens; logits): max |diff|.
 
+A second row, anatomy's alone: why that pruned graph's attention attends, the QK_EDGES strongest edges across
+positions split by head and their largest heads' scores split into pairs of nodes (explain_attention), in
+seconds beyond the graph, in the same process (issue 36's goal: 10 s).
+
 circuit-tracer runs from its own environment ($ANATOMY_CIRCUIT_TRACER_PYTHON, else the cached
-~/.cache/anatomy/venv-circuit-tracer, made when absent: torch first, then circuit-tracer 0.5.0, nnsight 0.6.1,
-transformer-lens 3.2.1, transformers 4.57.3), with its nnsight backend (it takes a local folder) at batch 128,
+~/.cache/anatomy/venv-circuit-tracer, made when absent by peers.py: circuit-tracer 0.5.0, nnsight 0.6.1,
+transformer-lens 3.2.1, transformers 4.57.3 over this environment's torch), with its nnsight backend (it takes a local folder) at batch 128,
 its fastest setting here (shared/notes/circuit-tracer-on-a-cpu.md). --quick: the tests' tiny Llama and set.
 """
 
@@ -25,18 +29,13 @@ from pathlib import Path
 
 import torch
 
-from .common import Row, Settings, load_average, peer_python
+from .common import Row, Settings, load_average
+from .peers import peer_python
 
 PROMPT = "The capital of the state containing Dallas is Austin. The capital of Germany is"  # the README's example
 WORKER = Path(__file__).with_name("circuit_tracer_worker.py")
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "circuits" / "fixtures" / "graphs"
-PACKAGES = ["circuit-tracer==0.5.0", "nnsight==0.6.1", "transformer-lens==3.2.1", "transformers==4.57.3"]
-
-
-def circuit_tracer_python(install: bool) -> tuple[str | None, str]:
-    """(the python of an environment with circuit-tracer, or None; what was done or why not)."""
-    return peer_python("circuit-tracer", "ANATOMY_CIRCUIT_TRACER_PYTHON", "venv-circuit-tracer", PACKAGES, install,
-                       "it pins nnsight 0.6.1, transformer-lens 3 and transformers 4.57.3")
+QK_EDGES = 20  # the attention-mediated edges whose heads and scores are explained (issue 36's goal: within 10 s)
 
 
 def prepare(settings: Settings, folder: Path) -> tuple[Path, Path, str]:
@@ -84,9 +83,11 @@ def run(command: list[str], out: Path, threads: int) -> dict:
 def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: str) -> None:
     """The worker anatomy's side runs in (python -m anatomy.bench.circuits ...): load, then time the pruned graph.
     options: prompt or prompt_ids, threads; batch_size, max_feature_nodes, dtype (of the model and the set),
-    memory_goal_gb (--max-memory: the goal less what is loaded), compare (write the adjacency, default true)."""
+    memory_goal_gb (--max-memory: the goal less what is loaded), compare (write the adjacency, default true), qk
+    (explain the pruned graph's attention after the graph and its peak memory are measured, default true)."""
     from ..checkpoints import from_pretrained
     from ..circuits import attribution_graph, prune, pruned, scores
+    from ..circuits.attention_edges import explain_attention
     from ..sae import load_transcoders
     from .circuit_tracer_worker import PHASE, status_gb, watch_memory
     from safetensors.torch import save_file
@@ -115,16 +116,25 @@ def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: s
     replacement, completeness = scores(graph, decision.influence)
     total = time.perf_counter() - start
     cpu = time.process_time() - cpu
+    peak = status_gb("VmHWM")  # the graph's, pruned and scored: before the attention's work
+    qk_seconds = qk_cpu = None
+    if settings.get("qk", True):
+        qk_cpu, qk_start = time.process_time(), time.perf_counter()
+        explain_attention(model, transcoders, small, n=QK_EDGES)  # beyond the graph: why its attention attends
+        qk_seconds, qk_cpu = time.perf_counter() - qk_start, time.process_time() - qk_cpu
+    attention = small.meta.get("attention", {"edges": [], "qk": [], "check": ""})
     if settings.get("compare", True):
         save_file({"adjacency": graph.adjacency}, str(Path(out).with_suffix(".safetensors")),
                   metadata={"ids": json.dumps([node.id for node in graph.nodes])})
     Path(out).write_text(json.dumps({
-        "attribute_seconds": attributed, "seconds": total, "cpu_seconds": cpu, "peak_gb": status_gb("VmHWM"),
+        "attribute_seconds": attributed, "seconds": total, "cpu_seconds": cpu, "peak_gb": peak,
         "loaded_gb": loaded, "max_memory_gb": (max_bytes or 0) / 1e9, "memory": graph.meta["memory"],
         "file_gb": graph.meta["rows_on_file_bytes"] / 1e9,
         "scores": [replacement, completeness], "nodes": len(graph), "active": graph.meta["features_active"],
         "features": sum(node.kind == "feature" for node in graph.nodes), "check": graph.check, "error": graph.error,
         "kept_nodes": len(small), "kept_edges": int(torch.count_nonzero(small.adjacency)),
+        "qk_seconds": qk_seconds, "qk_cpu_seconds": qk_cpu, "qk_edges": len(attention["edges"]),
+        "qk_heads": len(attention["qk"]), "qk_check": attention["check"],
     }))
 
 
@@ -160,7 +170,7 @@ def compare(ours: Path, theirs: Path) -> tuple[float, int]:
 
 def bench_circuits(settings: Settings) -> list[Row]:
     threads = 1 if settings.quick else 2
-    python, how = circuit_tracer_python(install=not settings.quick)
+    python, how = peer_python("circuit-tracer", install=not settings.quick)
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary)
         model_folder, transcoder_folder, prompt = prepare(settings, folder)
@@ -186,7 +196,13 @@ def bench_circuits(settings: Settings) -> list[Row]:
         row.notes.append(f"same adjacency: max |diff| {difference:.2g} over {theirs['features']:,} features; pruned "
                          f"{ours['kept_nodes']} vs {theirs['kept_nodes']} nodes")
     row.notes.append(f"one process a side, one after the other; load {load_average()}")
-    return [row]
+    qk = Row("circuits", f"why attention attends: the {ours['qk_edges']} strongest attention-mediated edges of that "
+                         f"pruned graph split by head, QK for their largest heads, {model}, {threads} threads, beyond "
+                         f"the graph", "s", ours["qk_seconds"], None, False)
+    qk.notes = [f"goal 10 s; {ours['qk_heads']} heads' scores split into pairs of nodes ({ours['qk_cpu_seconds']:.1f} s "
+                f"of CPU); {ours['qk_check']}; no peer computes it (circuit-tracer's head loadings are an open pull "
+                f"request, #114, and it has no QK attribution)"]
+    return [row, qk]
 
 
 if __name__ == "__main__":

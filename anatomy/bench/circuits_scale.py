@@ -27,8 +27,9 @@ from pathlib import Path
 
 import torch
 
-from .circuits import FIXTURES, WORKER, circuit_tracer_python, compare, run
+from .circuits import FIXTURES, WORKER, compare, run
 from .common import Row, Settings, load_average
+from .peers import peer_python
 
 PARAGRAPH = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a lamp of oil and "
              "a notebook in which he wrote the weather, the ships that passed, and the birds that rested on the "
@@ -131,14 +132,14 @@ def row_of(case: str, goal: tuple[float, float] | None, ours: dict, theirs: dict
 
 
 def bench_circuits_scale(settings: Settings) -> list[Row]:
-    python, how = circuit_tracer_python(install=not settings.quick)
+    python, how = peer_python("circuit-tracer", install=not settings.quick)
     rows = []
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary)
         if settings.quick:
             for length in (16, 48):
                 ids = [1] + [3 + (7 * i) % 19 for i in range(length - 1)]
-                options = {"max_feature_nodes": 30, "batch_size": 4, "compare": True}  # two rankings, as circuit-tracer's
+                options = {"max_feature_nodes": 30, "batch_size": 4, "compare": True, "qk": False}  # two rankings, as circuit-tracer's
                 ours, theirs, difference = both_sides(settings, folder, FIXTURES / "llama", FIXTURES / "plt_jumprelu",
                                                       ids, options, python)
                 rows.append(row_of(f"capped graph, tiny Llama, {length} tokens, 30 feature nodes", None, ours, theirs,
@@ -148,14 +149,15 @@ def bench_circuits_scale(settings: Settings) -> list[Row]:
             model_folder, transcoder_folder, ids = prepare_smollm2(folder, length)
             goal = GOALS.get(length)
             options = {"max_feature_nodes": CAP, "batch_size": 128, "memory_goal_gb": goal[1] if goal else None,
-                       "compare": length <= 64}
+                       "compare": length <= 64, "qk": False}
             ours, theirs, difference = both_sides(settings, folder, model_folder, transcoder_folder, ids, options, python)
             rows.append(row_of(f"capped graph, SmolLM2-135M, {length:,} tokens, {CAP:,} feature nodes, 2 threads", goal,
                                ours, theirs, difference, how))
         subprocess.run([sys.executable, "-m", "anatomy.bench.circuits_scale", "prepare", str(folder / "2b")], check=True,
                        timeout=3600)
         ids = json.loads((folder / "2b" / "ids.json").read_text())
-        options = {"max_feature_nodes": CAP, "batch_size": 128, "dtype": "bfloat16", "memory_goal_gb": GOALS["2b"][1]}
+        options = {"max_feature_nodes": CAP, "batch_size": 128, "dtype": "bfloat16", "memory_goal_gb": GOALS["2b"][1],
+                   "qk": False}
         ours, theirs, difference = both_sides(settings, folder, folder / "2b" / "model", folder / "2b" / "transcoders",
                                               ids, options, python)
         rows.append(row_of(f"capped graph, 2B-shaped Llama (bfloat16), 26 x 16,384 transcoders (bfloat16), 64 tokens, "

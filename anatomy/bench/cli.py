@@ -16,7 +16,8 @@ Cases (B batch, T tokens):
 - one training step (forward, backward, AdamW) of a 6 x 384 GPT-2-shaped decoder;
 - the cost of the trace points when nothing is traced;
 - per-pass overhead on models too narrow for arithmetic to matter, and matrix-vector bandwidth by
-  weight layout.
+  weight layout;
+- the graph page's first paint in Chromium and the graph JSON's size (page.py).
 
 Each group is one file here with `bench_<group>(settings) -> list[Row]`; what they share is in
 common.py. A new group is one more line in GROUPS.
@@ -48,7 +49,8 @@ GROUPS = {
     "explore": ["explore:bench_explore", "soak:bench_soak"],  # the page timed, then the soak
     "circuits": ["circuits:bench_circuits", "circuits_scale:bench_circuits_scale"],  # 16 tokens whole, then capped
     "refusals": ["refusals:bench_refusals"],
-    "discovery": ["discovery:bench_discovery"],
+    "discovery": ["discovery:bench_discovery", "discovery_exact:bench_discovery_exact"],
+    "page": ["page:bench_page"],
 }
 
 

@@ -202,36 +202,3 @@ def gpt2_pair(n_layers: int, d_model: int, n_heads: int, vocab_size: int = 50257
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=special, eos_token_id=special,
         attn_implementation="sdpa",
     )))
-
-
-# Peers in environments of their own -----------------------------------------------------------------
-
-
-def peer_python(name: str, variable: str, folder: str, packages: list[str], install: bool, why: str) -> tuple[str | None, str]:
-    """(the python of an environment with a peer that cannot share anatomy's, or None; what was done or why
-    not): $variable if set, else the cache's `folder`, made when absent and `install` (python -m venv; pip
-    install torch==<this torch> first, for the CPU wheel, then `packages`). Never in --quick: CI has
-    neither the time nor the network."""
-    from ..checkpoints.files import cache_root
-
-    given = os.environ.get(variable)
-    if given:
-        return (given, f"{name} from ${variable}={given}") if Path(given).is_file() else (None, f"${variable}={given} is not a file")
-    venv = cache_root() / folder
-    python = venv / "bin" / "python"
-    if not python.is_file() and not install:
-        return None, f"no {name} environment (${variable} unset, {venv} absent; --quick installs none)"
-    if not python.is_file():
-        torch_version = torch.__version__.split("+")[0]
-        print(f"  installing {name} into {venv} (python -m venv; pip install torch=={torch_version} "
-              f"{' '.join(packages)}): {why}, so it gets an environment of its own; a few minutes, once", flush=True)
-        try:
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-            subprocess.run([str(python), "-m", "pip", "install", "-q", f"torch=={torch_version}"], check=True,
-                           capture_output=True, timeout=1800)
-            subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], check=True, capture_output=True,
-                           timeout=1800)
-        except (subprocess.SubprocessError, OSError) as error:
-            detail = getattr(error, "stderr", b"") or b""
-            return None, f"could not install {name} into {venv}: {type(error).__name__} {detail.decode()[-200:]}"
-    return str(python), f"{name} from {venv}"

@@ -7,9 +7,10 @@ Rows:
   masks interpolated together, anatomy's path="edges"), seconds per call, and the largest difference of
   the scores (anatomy's mean times the 6 points against auto-circuit's sum). auto-circuit needs
   TransformerLens 2.x, so it runs in its own environment: $ANATOMY_AUTOCIRCUIT_PYTHON, else one the bench
-  makes under the cache (venv-auto-circuit); without either the row says why.
+  makes under the cache (venv-auto-circuit, peers.py); without either the row says why.
 - **SmolLM2-135M, IOI, 100 pairs** (not in --quick): EAP-IG with 5 steps over every edge (goal: 2 minutes
-  with 2 threads), exact path patching of its top 50 edges (goal: 2 minutes), and AtP*'s Spearman rho
+  with 2 threads), exact path patching of its top 50 edges, each run from its destination's layer (goal:
+  1 minute), and AtP*'s Spearman rho
   against exact activation patching on the top 20 heads (goal: 0.8). One run each: minutes long, timed
   once, with the load average beside them.
 """
@@ -25,16 +26,10 @@ from pathlib import Path
 
 import torch
 
-from .common import Row, Settings, load_average, peer_python
+from .common import Row, Settings, load_average
+from .peers import peer_python
 
 WORKER = Path(__file__).with_name("autocircuit_worker.py")
-PACKAGES = ["auto-circuit==1.0.1", "transformer-lens<3", "pyarrow<16", "datasets<3"]
-
-
-def autocircuit_python(install: bool = True) -> tuple[str | None, str]:
-    """(the python of an environment with auto-circuit, or None; what was done or why not)."""
-    return peer_python("auto-circuit", "ANATOMY_AUTOCIRCUIT_PYTHON", "venv-auto-circuit", PACKAGES, install,
-                       "auto-circuit pins TransformerLens 2.x")
 
 
 def _pairs(vocab: int, n: int, length: int) -> dict[str, torch.Tensor]:
@@ -57,7 +52,7 @@ def side_by_side(settings: Settings) -> Row:
     layers, width, heads, n, length = (2, 32, 4, 4, 8) if settings.quick else (6, 384, 6, 32, 16)
     samples = 5
     case = f"EAP-IG ({samples} samples, edges interpolated), every edge, GPT-2 {layers} x {width}, {n} x {length}"
-    python, how = autocircuit_python(install=not settings.quick)
+    python, how = peer_python("auto-circuit", install=not settings.quick)
     torch.manual_seed(0)
     config = GPT2Config(n_layer=layers, n_head=heads, n_embd=width, vocab_size=1000, n_positions=64)
     with tempfile.TemporaryDirectory() as directory:
@@ -107,8 +102,8 @@ def smollm2(settings: Settings) -> list[Row]:
     started = time.perf_counter()
     checked = verify_edges(model, task, edges, 50)
     seconds = time.perf_counter() - started
-    rows.append(Row("discovery", "SmolLM2 IOI, exact path patching of the top 50 edges", "s", seconds, None, False,
-                    [f"goal 120 s; {checked.check}; load {load_average()}"]))
+    rows.append(Row("discovery", "SmolLM2 IOI, exact path patching of the top 50 edges, each from its layer", "s",
+                    seconds, None, False, [f"goal 60 s; {checked.check}; load {load_average()}"]))
     star = attribute_nodes(model, task, kind="heads", method="atp*")
     exact = verify_nodes(model, task, star, 20)
     rows.append(Row("discovery", "SmolLM2 IOI, AtP* on heads: Spearman rho of the top 20 against exact patching",

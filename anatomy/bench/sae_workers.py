@@ -3,7 +3,7 @@ it measured to a JSON file.
 
 anatomy's side is this module, `python -m anatomy.bench.sae_workers ROWS.safetensors OUT.json OPTIONS`
 (anatomy_worker); SAELens's are saelens_worker.py and saelens_multi_worker.py, run by the python of SAELens's
-own environment (saelens_python); run_worker runs either and reads its JSON, and alternate_workers runs both
+own environment (peers.py); run_worker runs either and reads its JSON, and alternate_workers runs both
 sides in turn on the same rows. smollm2_tokens is the text both SAE benches harvest from.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import peer_python
+from .peers import peer_python
 
 
 def anatomy_worker(rows_path: str, out_path: str, options: str) -> None:
@@ -69,13 +69,6 @@ def anatomy_worker(rows_path: str, out_path: str, options: str) -> None:
         json.dump({"seconds": seconds, "fve": fves if n > 1 else fves[0], "l0": l0s if n > 1 else l0s[0]}, handle)
 
 
-def saelens_python(install: bool = True) -> tuple[str | None, str]:
-    """(the python of an environment with sae-lens, or None; what was done or why not). install: make the
-    cached environment when it is absent (never in --quick: CI has neither the time nor the network)."""
-    return peer_python("SAELens", "ANATOMY_SAELENS_PYTHON", "venv-saelens", ["sae-lens"], install,
-                       "SAELens pins transformer-lens < 4")
-
-
 def run_worker(command: list[str]) -> dict:
     """A worker process's JSON result (its command ends in OUT.json OPTIONS), or RuntimeError with its stderr."""
     out = command[-2]
@@ -90,11 +83,11 @@ def alternate_workers(train: torch.Tensor, held: torch.Tensor, options: dict, pe
                       install: bool) -> tuple[dict[str, list[dict]], str]:
     """Each side's worker on the same rows (train [R, W], held out [H, W]) with the same options, in turn:
     anatomy, SAELens, SAELens, anatomy (anatomy twice when SAELens's environment is absent; install: make
-    it, saelens_python). Returns ({side: each of its runs' JSON}, how SAELens's environment was found or
+    it, peers.py). Returns ({side: each of its runs' JSON}, how SAELens's environment was found or
     why not); the SAELens side is absent without it."""
     from safetensors.torch import save_file
 
-    python, how = saelens_python(install=install)
+    python, how = peer_python("saelens", install=install)
     with tempfile.TemporaryDirectory() as folder:
         rows_path = str(Path(folder) / "rows.safetensors")
         save_file({"train": train, "held_out": held}, rows_path)

@@ -6,6 +6,7 @@ circuits found over datasets.
     save(graph, "graph.html")                        # the page, pruned; .json: Neuronpedia's format; .safetensors: all
     small = pruned(graph)                            # node threshold 0.8, edge threshold 0.98
     replacement, completeness = scores(graph)
+    explain_attention(model, transcoders, small, n=20)  # why its attention attends: small.meta["attention"]
 
     graph.py          Node, Graph: the graph as plain data (a node list, one adjacency; rows = targets)
     graph_file.py     save_graph, load_graph: every number of a graph in one safetensors file
@@ -15,11 +16,14 @@ circuits found over datasets.
     replacement.py    the local replacement model: frozen patterns and norm scales, its transposes
     attribute.py      attribution_graph: the nodes, their edges, the identity checked
     sweep.py          every direct effect in one sweep down the layers (no autograd, every row at once)
-    heads.py          split_by_head: an edge as the sum of the heads its paths first cross
+    heads.py          split_by_head: an edge as the sum of the heads its paths first cross, by (query, key) positions
+    stream.py         NodeStream: the stream as the sum of what the nodes write; any reading of it carried back
+    qk.py             qk_attribution: a head's attention score at (query, key) as pairs of nodes + terms of none
+    attention_edges.py explain_attention: the strongest edges across positions by head, their heads' scores explained
     interventions.py  intervene: ablate, clamp or steer features in the real model, beside the graph's prediction
     neuronpedia.py    Neuronpedia's graph JSON (circuit-tracer's local server opens it)
-    features.py       what a graph's features promote, and their top contexts, for the page
-    page.py           graph_view: the offline page of any graph (assets/graph-draw.js, graph.js)
+    features.py       what a graph's features promote and suppress, their top contexts and a label, for the page
+    page.py           graph_view: the offline page of any graph (assets/: layout, drawing, panel, a circuit's slider)
     cli.py            `anatomy circuits TEXT ...` (and `anatomy circuits discover ...`, handed to discovery/)
 """
 
@@ -29,6 +33,8 @@ __all__ = lazy_names(__name__, {
     "attribution_graph": ".attribute",
     "Graph": ".graph", "Node": ".graph", "load_graph": ".graph_file", "save": ".save",
     "HeadSplit": ".heads", "split_by_head": ".heads",
+    "QKAttribution": ".qk", "qk_attribution": ".qk", "AttentionEdge": ".attention_edges",
+    "explain_attention": ".attention_edges",
     "FeatureChange": ".interventions", "InterventionResult": ".interventions", "intervene": ".interventions",
     "neuronpedia_json": ".neuronpedia",
     "FeatureDetails": ".page", "graph_view": ".page",

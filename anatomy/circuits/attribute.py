@@ -36,7 +36,7 @@ from .footprint import Plan, check_room, lazy_zeros, resident_bytes
 from .graph import Graph, Node
 from .identity import capped_check, unexplained, whole_check
 from .layout import Active, Layout, layout
-from .replacement import INPUT_POINTS, OUTPUT_POINTS, Replacement, unsupported
+from .replacement import Replacement, transcoder_points, unsupported
 from .rows import RowStore
 from .sweep import Rows, Sources, buckets, feature_rows, sweep, width
 from .vectors import errors_of, read_features
@@ -77,12 +77,23 @@ def check_fits(model: nn.Module, transcoders) -> None:
     if why:
         raise ValueError(why)
     transcoders.check_fits(model)
-    for field, point, allowed in (("input point", transcoders.input_point(0), INPUT_POINTS),
-                                  ("output point", transcoders.output_point(0), OUTPUT_POINTS)):
+    reads, writes = transcoder_points(model.config)
+    for field, point, allowed in (("input point", transcoders.input_point(0), reads),
+                                  ("output point", transcoders.output_point(0), writes)):
         inside = point.split(".", 2)[2]
         if inside not in allowed:
-            raise ValueError(f"an attribution graph reads transcoders at blocks.L.{{{', '.join(allowed)}}} -> "
-                             f"blocks.L.{', '.join(OUTPUT_POINTS)}; this set's {field} is {point!r}")
+            raise ValueError(f"an attribution graph of this model reads transcoders at blocks.L.{{{', '.join(reads)}}} "
+                             f"and writes them at blocks.L.{{{', '.join(writes)}}}; this set's {field} is {point!r}")
+
+
+def logit_note(model: nn.Module) -> dict:
+    """{"logits": what the logit rows explain, in words} for a model whose logits are soft-capped, else {}."""
+    cap = model.lm_head.softcap
+    if cap is None:
+        return {}
+    return {"logit_softcap": cap,
+            "logits": f"the logit rows explain the logits before the final soft-cap c tanh(z / c), c = {cap:g} (the cap is "
+                      f"not linear; it keeps their order); the target tokens and their probabilities are the capped logits'"}
 
 
 def logit_targets(logits: torch.Tensor, max_logits: int, probability: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,9 +173,10 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     capped = max_feature_nodes is not None and max_feature_nodes < len(active.layer)
     needs = check_room(where, rep.embed.size(1), max_feature_nodes if capped else None, batch_size, max_bytes, rep.device,
                        spent=resident_bytes() - resident)
-    logit_rows = Rows(torch.full_like(logit_ids, L), torch.full_like(logit_ids, T - 1), rep.logit_vectors(logit_ids))
+    logit_vectors = rep.logit_vectors(logit_ids)  # (k, E'): as the LM head's matrix reads them
+    logit_rows = Rows(torch.full_like(logit_ids, L), torch.full_like(logit_ids, T - 1), rep.logit_transpose(logit_vectors))
     sources = Sources(rep, active, where, vectors, errors_of(rep, active, vectors))
-    feature_rest, logit_rest = unexplained(rep, active, logit_ids, logit_rows.reading)
+    feature_rest, logit_rest = unexplained(rep, active, logit_ids, logit_vectors)
     done, total = 0, len(logit_ids) + (max_feature_nodes if capped else len(active.layer))
 
     def advance(n: int) -> None:
@@ -178,7 +190,7 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     rest = torch.zeros(where.total, device=rep.device)
     nodes = feature_nodes(active, where)
     values[nodes], rest[nodes] = active.pre_activation, feature_rest
-    values[where.logit_start:] = rep.logits[logit_ids.to(rep.device)] - rep.logits.mean()
+    values[where.logit_start:] = rep.explained_logits[logit_ids.to(rep.device)] - rep.explained_logits.mean()
     rest[where.logit_start:] = logit_rest
     if capped:
         store = RowStore(needs.rows_in_memory)
@@ -201,7 +213,8 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
         file_bytes, dropped = 0, {}
     return finish(rep, model, prompt, transcoders, active, where, logit_ids, probs, adjacency, values, rest, check,
                   error, needs, file_bytes, max_logits=max_logits, logit_probability=logit_probability,
-                  features_active=len(nodes), **({"max_feature_nodes": max_feature_nodes} if capped else {}), **dropped)
+                  features_active=len(nodes), **({"max_feature_nodes": max_feature_nodes} if capped else {}), **dropped,
+                  **logit_note(model))
 
 
 def finish(rep: Replacement, model: nn.Module, prompt, transcoders, active: Active, where: Layout, logit_ids: torch.Tensor,

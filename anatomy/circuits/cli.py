@@ -8,7 +8,9 @@
 
 The graph explains the most likely next tokens (until --logit-probability, at most --max-logits) through
 the transcoders' features, on the model the transcoders name (or --model); it is pruned at --node-threshold
-and --edge-threshold for the page and the JSON, and written whole to a .safetensors file. Every argument is
+and --edge-threshold for the page and the JSON, and written whole to a .safetensors file. The --qk strongest
+edges across positions of the pruned graph are split by the heads they cross, and each one's largest heads'
+attention scores split into pairs of nodes (attention_edges.py): every output carries them. Every argument is
 checked before the model loads.
 """
 
@@ -19,7 +21,8 @@ import re
 import textwrap
 from pathlib import Path
 
-from ..arguments import add_compute_arguments, add_model_argument, input_file, output_file, positive_int, probability, text
+from ..arguments import (add_compute_arguments, add_model_argument, input_file, non_negative_int, output_file,
+                         positive_float, positive_int, probability, text)
 from ..progress import Stages
 from ..terminal import printable, summary_block
 from .checks import MAX_CHANGE, number
@@ -88,10 +91,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-memory", type=memory_size, metavar="SIZE",
                         help="what the graph may take in memory beyond the model and the transcoders, e.g. 8G (default: "
                              "what is available); a capped graph keeps the rows past it in a temporary file")
+    parser.add_argument("--qk", type=non_negative_int, default=20, metavar="N",
+                        help="why attention attends: the N strongest edges across positions of the pruned graph split "
+                             "by head, and each one's largest heads' scores split into pairs of nodes (default 20; "
+                             "0: none)")
     parser.add_argument("--contexts", nargs="+", type=input_file, metavar="FILE",
                         help="text files to find each feature's top contexts in, for the page")
     parser.add_argument("--max-context-tokens", type=positive_int, default=20_000, metavar="N",
                         help="read at most this many tokens of --contexts (default 20000)")
+    parser.add_argument("--context-seconds", type=positive_float, default=30.0, metavar="S",
+                        help="stop reading --contexts after about this many seconds (default 30)")
     g = parser.add_argument_group("interventions: test the graph on the model")
     g.add_argument("--ablate", nargs="+", default=[], type=feature_change("ablate"), metavar="L:F[@P]",
                    help="set a feature to 0 (at position P, else everywhere)")
@@ -116,10 +125,12 @@ def run(args) -> int:
     prompt = args.text if args.text is not None else args.prompt  # one of them: the parser says so
     with Stages.of(args) as stages:
         stages.start("loading the transcoders")
-        transcoders = load_transcoders(args.transcoders)
+        transcoders = load_transcoders(args.transcoders, mlp_out_norm=mlp_out_normed(args.model))
         name = args.model or transcoders.metadata.get("model_name")
         if not name:
             raise ValueError(f"{args.transcoders} does not name the model it was trained on: pass --model")
+        if not args.model and mlp_out_normed(name):  # the model the set names normalises its MLP's output
+            transcoders = load_transcoders(args.transcoders, mlp_out_norm=True)
         stages.start("loading the model")
         model = from_pretrained(name).to(args.device).eval()
         if getattr(model, "tokenizer", None) is None:
@@ -135,8 +146,12 @@ def run(args) -> int:
         if changes:
             stages.start("the interventions")
         tested = intervene(model, prompt, transcoders, changes, freeze=args.freeze, graph=graph) if changes else None
+        shown = explained = None
+        if args.qk and model.config.norm_position != "post":  # a post-norm model's edges have no first moves
+            stages.start("the attention")
+            shown, explained = explain(args, graph, model, transcoders)
         stages.start("writing")
-        written, shown, (replacement, completeness) = write_graph(args, graph, model, transcoders, tested)
+        written, shown, (replacement, completeness) = write_graph(args, graph, model, transcoders, tested, shown)
     if not args.quiet:
         counts = {kind: sum(node.kind == kind for node in graph.nodes) for kind in ("feature", "error", "token", "logit")}
         # a token and its probability kept on one line (a no-break space, which the folding never breaks at)
@@ -146,11 +161,19 @@ def run(args) -> int:
                 ("graph", f"{counts['feature']:,} features, {counts['error']} errors, {counts['token']} tokens, "
                           f"{counts['logit']} logits"),
                 ("memory", graph.meta["memory"]),
-                ("check", graph.check),
+                ("check", graph.check), *([("logits", graph.meta["logits"])] if "logits" in graph.meta else []),
                 ("scores", f"replacement {replacement:.3f}, completeness {completeness:.3f}")]
         if shown is not None:
             rows.append(("pruned", f"node threshold {args.node_threshold}, edge threshold {args.edge_threshold}: "
                                    f"{shown.check}"))
+        if args.qk and explained is None:
+            rows.append(("attention", "not split by head: a post-norm model's edges cross a norm after every "
+                                      "sublayer, so no path has a first move (anatomy.circuits.qk_attribution "
+                                      "still explains a head's score)"))
+        if explained is not None:
+            record = graph.meta["attention"]
+            rows.append(("attention", f"{len(record['edges'])} edges across positions split by head, "
+                                      f"{len(record['qk'])} heads' scores split into pairs of nodes; {record['check']}"))
         rows.append(("time", stages.times()))
         rows += [("written", printable(str(path))) for path in written]
         print(summary_block("anatomy circuits", rows))
@@ -159,31 +182,64 @@ def run(args) -> int:
     return 0
 
 
-def write_graph(args, graph, model, transcoders, tested):
-    """Write the graph to every --out (pruned for the page and the JSON, whole to .safetensors); returns
-    (the paths written, the pruned graph or None, (replacement, completeness) scores)."""
-    from .features import context_tokens, promoted_tokens, top_contexts
+def mlp_out_normed(name) -> bool:
+    """Whether the model `name` normalises its MLP's output (read from its config, no tensor): circuit-tracer's
+    hook_mlp_out is then that norm's output."""
+    from ..checkpoints.describe import config_of
+    from .replacement import block_norms
+
+    config = config_of(name) if name else None
+    return config is not None and block_norms(config)["mlp_output"] is not None
+
+
+def explain(args, graph, model, transcoders):
+    """(the pruned graph, its explain_attention edges): the --qk strongest edges across positions of the pruned graph
+    explained, the record in both graphs' meta (the whole one's file keeps it too)."""
+    from .attention_edges import explain_attention
+    from .prune import pruned
+
+    shown = pruned(graph, args.node_threshold, args.edge_threshold)
+    edges = explain_attention(model, transcoders, shown, n=args.qk)
+    graph.meta["attention"] = shown.meta["attention"]
+    return shown, edges
+
+
+def write_graph(args, graph, model, transcoders, tested, shown=None):
+    """Write the graph to every --out (pruned for the page and the JSON, whole to .safetensors; shown: the pruned
+    graph if made already); returns (the paths written, the pruned graph or None, (replacement, completeness))."""
     from .prune import pruned, scores
     from .save import save
 
     replacement, completeness = scores(graph)
     graph.meta.update(replacement=replacement, completeness=completeness)
-    written, shown = [], None
+    if shown is not None:
+        shown.meta.update(replacement=replacement, completeness=completeness)
+    written, details = [], None
     for path in args.out:
         suffix = Path(path).suffix.lower()
         if suffix == ".safetensors":
             written.append(save(graph, path))
             continue
         shown = shown or pruned(graph, args.node_threshold, args.edge_threshold)
+        details = details or feature_details(args, model, transcoders, shown)
         if suffix == ".json":
-            written.append(save(shown, path))
+            written.append(save(shown, path, labels=details.labels))
             continue
-        details = promoted_tokens(model, transcoders, shown)
-        if args.contexts:  # read a piece at a time, up to the cap
-            tokens = context_tokens(args.contexts, model.tokenizer, args.max_context_tokens)
-            details = top_contexts(model, transcoders, shown, tokens, details)
         written.append(save(shown, path, details=details, scores=(replacement, completeness), intervention=tested))
     return written, shown, (replacement, completeness)
+
+
+def feature_details(args, model, transcoders, shown):
+    """What the page and the JSON say of the pruned graph's features: the tokens each promotes and suppresses,
+    and with --contexts its top contexts, read within --context-seconds; a label from them."""
+    from .features import context_tokens, promoted_tokens, top_contexts
+
+    details = promoted_tokens(model, transcoders, shown)
+    if args.contexts:  # read a piece at a time, up to the cap
+        tokens = context_tokens(args.contexts, model.tokenizer, args.max_context_tokens)
+        details = top_contexts(model, transcoders, shown, tokens, details, seconds=args.context_seconds)
+        details.source = ", ".join(Path(name).name for name in args.contexts)
+    return details
 
 
 def intervention_table(result) -> str:

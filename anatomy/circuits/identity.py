@@ -33,33 +33,41 @@ def demeaned(bias: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | flo
 def unexplained(rep: Replacement, active: Active, logit_ids: torch.Tensor,
                 logit_vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """([n] for each active feature, [k] for each logit): what no node carries of its value (module docstring),
-    a layer at a time."""
-    T, device = rep.embed.size(0), rep.device
-    x = rep.trace["pos_embed"][0].float() if "pos_embed" in rep.trace else torch.zeros_like(rep.embed)  # (T, E)
-    features = torch.zeros(len(active.layer), device=device)
+    the replacement's forward pass with every node switched off, a layer at a time."""
+    features = torch.zeros(len(active.layer), device=rep.device)
+
+    def features_read(layer: int):
+        def read(x: torch.Tensor) -> None:  # (T, E) what the transcoder reads: its features' pre-activations there
+            start, stop = active.span(layer)
+            if stop > start:
+                sae = float32_layer(rep.transcoders.layers[layer])
+                pre = sae.pre_activations(x.to(sae.W_enc.device)).float().to(rep.device)  # (T, F)
+                features[start:stop] = pre[active.position[start:stop], active.feature[start:stop]]
+        return read
+
+    x = rep.embed_rest  # (T, E)
     for layer in range(rep.n_layers):
-        x = x + rep.sublayers[layer].forward(x)
-        read = rep.input_forward(layer, x)  # (T, E)
-        start, stop = active.span(layer)
-        if stop > start:
-            sae = float32_layer(rep.transcoders.layers[layer])
-            pre = sae.pre_activations(read.to(sae.W_enc.device)).float().to(device)  # (T, F)
-            features[start:stop] = pre[active.position[start:stop], active.feature[start:stop]]
-            del sae, pre
-        bias = rep.transcoders.output_bias(layer).detach().to(device, torch.float32, copy=True)
+        x = rep.block_forward(layer, x, no_node_mlp(rep, layer, features_read(layer)))
+    return features, logit_vectors @ rep.final_forward(x) + demeaned(rep.unembed_bias, logit_ids)
+
+
+def no_node_mlp(rep: Replacement, layer: int, on_read=None):
+    """Layer's MLP in the replacement with every node switched off, as block_forward takes it: what the transcoder
+    reads [T, E] -> its output: b_dec, a skip's share of what it reads, and the first position's whole output but
+    for the part its skip passes on (a linear path, counted by the skip). on_read(read): shown what it reads."""
+    def replaced(read: torch.Tensor) -> torch.Tensor:
+        if on_read is not None:
+            on_read(read)
+        bias = rep.transcoders.output_bias(layer).detach().to(rep.device, torch.float32, copy=True)
         release(rep.transcoders, layer)
-        out = bias.expand(T, -1).clone()  # (T, E)
+        out = bias.expand(read.size(0), -1).clone()  # (T, E)
         skip = rep.skips[layer]
         if skip is not None:
             out += read @ skip
-        # the first position's whole output, but for the part its skip passes on (a linear path, counted above)
         first = rep.outputs[layer][0] - bias
-        if skip is not None:
-            first = first - rep.inputs[layer][0] @ skip
-        out[0] += first
-        x = x + out
-    h = rep.final_norm.forward(x)[-1]  # (E,)
-    return features, logit_vectors @ h + demeaned(rep.unembed_bias, logit_ids)
+        out[0] += first if skip is None else first - rep.inputs[layer][0] @ skip
+        return out
+    return replaced
 
 
 def identity_gaps(adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tensor,

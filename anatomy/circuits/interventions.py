@@ -36,7 +36,8 @@ from ..checkpoints.files import shorten
 from . import checks
 from .attribute import check_fits, prompt_ids
 from .graph import Graph
-from .replacement import FrozenNorm, Replacement
+from .frozen import norms_frozen
+from .replacement import Replacement
 
 FREEZES = ("none", "attention", "all")
 
@@ -79,7 +80,7 @@ class InterventionResult:
     labels: list[str]
     before: torch.Tensor  # [V] probabilities
     after: torch.Tensor  # [V]
-    change: torch.Tensor  # [k] the model's change of each token's demeaned logit
+    change: torch.Tensor  # [k] the model's change of each token's demeaned logit (before a final soft-cap)
     direct: torch.Tensor | None = None  # [k] the graph's direct prediction
     through: torch.Tensor | None = None  # [k] its prediction through its features
     unseen: list[FeatureChange] = field(default_factory=list)  # changes to features that are no node of the graph
@@ -122,7 +123,7 @@ def intervene(model: nn.Module, prompt, transcoders, changes: list[FeatureChange
         if change.position is not None and not 1 <= change.position < T:
             raise ValueError(f"position {change.position} is not in [1, {T}) (the first position is no feature's)")
     rep = Replacement(model, transcoders, ids)
-    logits = model_with_changes(model, rep, changes, freeze)
+    logits, explained = model_with_changes(model, rep, changes, freeze)
     if not bool(torch.isfinite(logits).all()):
         raise ValueError(f"the model's logits are not finite after {', '.join(map(str, changes))[:200]}: the changes "
                          "are too large for its arithmetic")
@@ -135,7 +136,8 @@ def intervene(model: nn.Module, prompt, transcoders, changes: list[FeatureChange
         tokens = before.topk(10).indices.tolist()
         labels = model.tokenizer.labels(tokens) if getattr(model, "tokenizer", None) else [str(t) for t in tokens]
     demeaned = lambda x: x[tokens] - x.mean()  # noqa: E731 - the graph's logit rows are demeaned
-    result = InterventionResult(list(changes), freeze, tokens, labels, before, after, demeaned(logits) - demeaned(rep.logits))
+    result = InterventionResult(list(changes), freeze, tokens, labels, before, after,
+                                demeaned(explained) - demeaned(rep.explained_logits))
     if graph is not None:
         result.direct, result.through, result.unseen = predictions(graph, rep, changes)
     return result
@@ -156,22 +158,23 @@ def activation_changes(rep: Replacement, changes: list[FeatureChange], current: 
     return deltas
 
 
-def model_with_changes(model: nn.Module, rep: Replacement, changes: list[FeatureChange], freeze: str) -> torch.Tensor:
-    """[V] the last position's logits of the model with the changes made, holding what `freeze` says."""
+def model_with_changes(model: nn.Module, rep: Replacement, changes: list[FeatureChange], freeze: str
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """([V] the last position's logits of the model with the changes made, [V] the same before a final soft-cap,
+    as the graph explains them), holding what `freeze` says: with
+    "all", every norm of the residual stream runs with its scale frozen (frozen.norms_frozen) and each MLP's
+    output point holds the prompt's value, but for the changes and a skip's linear path."""
     transcoders, L = rep.transcoders, rep.n_layers
     clean = rep.trace
-    seen: dict[str, torch.Tensor] = {}
+    seen: dict[int, torch.Tensor] = {}
     deltas: dict[int, torch.Tensor] = {}
     clean_features = {c.layer: transcoders.encode(c.layer, rep.inputs[c.layer]).float() for c in changes}
     if freeze == "all":  # the change is measured against the prompt's own activations, as the graph's edges are
         deltas = activation_changes(rep, changes, clean_features)
 
-    def keep(name):
-        return lambda x: seen.__setitem__(name, x)
-
     def read_input(layer):
         def fn(x):
-            seen[f"in{layer}"] = x
+            seen[layer] = x
             if freeze != "all" and any(c.layer == layer for c in changes):
                 now = {layer: transcoders.encode(layer, x[0]).float()}
                 deltas.update(activation_changes(rep, [c for c in changes if c.layer == layer], now))
@@ -179,9 +182,9 @@ def model_with_changes(model: nn.Module, rep: Replacement, changes: list[Feature
 
     def write_output(layer):
         def fn(y):
-            out = clean[f"blocks.{layer}.mlp.out"].clone() if freeze == "all" else y
+            out = clean[rep.output_points[layer]][0].clone() if freeze == "all" else y[0].float()
             if freeze == "all" and rep.skips[layer] is not None:  # the skip follows its input, linearly
-                out = out + (seen[f"in{layer}"][0] - rep.inputs[layer]) @ rep.skips[layer]
+                out = out + (seen[layer][0].float() - rep.inputs[layer]) @ rep.skips[layer]
             for source in transcoders.writers(layer):
                 if source in deltas:
                     out = out + deltas[source] @ transcoders.decoder_vectors(source)[:, layer - source].detach().float()
@@ -192,30 +195,13 @@ def model_with_changes(model: nn.Module, rep: Replacement, changes: list[Feature
     for layer in range(L):
         if freeze in ("attention", "all"):
             interventions[f"blocks.{layer}.attn.pattern"] = lambda x, layer=layer: clean[f"blocks.{layer}.attn.pattern"]
-        if freeze == "all":
-            block = model.blocks[layer]
-            interventions[f"blocks.{layer}.resid_pre"] = keep(f"pre{layer}")
-            interventions[f"blocks.{layer}.resid_mid"] = keep(f"mid{layer}")
-            attn_norm = FrozenNorm(block.attn_norm, clean[f"blocks.{layer}.resid_pre"][0])
-            interventions[f"blocks.{layer}.attn_norm.out"] = \
-                lambda x, f=attn_norm, layer=layer: f.forward(seen[f"pre{layer}"][0]).to(x.dtype).view_as(x)
-            interventions[f"blocks.{layer}.mlp_norm.out"] = \
-                lambda x, f=rep.mlp_norms[layer], layer=layer: f.forward(seen[f"mid{layer}"][0]).to(x.dtype).view_as(x)
-        interventions[f"blocks.{layer}.mlp.out"] = write_output(layer)
-    if freeze == "all":
-        interventions[f"blocks.{L - 1}.resid_post"] = keep("last")
-        interventions["final_norm.out"] = lambda x: rep.final_norm.forward(seen["last"][0]).to(x.dtype).view_as(x)
-    for layer in range(L):  # the inputs are read after the norms (if frozen) have written them
-        point, earlier = rep.input_points[layer], interventions.get(rep.input_points[layer])
-
-        def chained(x, earlier=earlier, reader=read_input(layer)):
-            replaced = earlier(x) if earlier else None
-            x = x if replaced is None else replaced
-            reader(x)
-            return x
-        interventions[point] = chained
-    with trace(model, [], interventions=interventions):
-        return model(rep.ids[None]).logits[0, -1].float()
+        interventions[rep.input_points[layer]] = read_input(layer)
+        interventions[rep.output_points[layer]] = write_output(layer)
+    with norms_frozen(rep.norms if freeze == "all" else {}), trace(model, [], interventions=interventions):
+        output = model(rep.ids[None])
+    head = model.lm_head
+    explained = head.proj(head.transform(output.last_hidden_state[0, -1])) if head.softcap is not None else output.logits[0, -1]
+    return output.logits[0, -1].float(), explained.float()
 
 
 def predictions(graph: Graph, rep: Replacement, changes: list[FeatureChange]

@@ -3,18 +3,26 @@
 Shape letters: N nodes of the graph shown, M edges.
 
 The page is viz's page shell (a Content-Security-Policy that allows no request, every label set as text)
-with this floor's graph.js. It draws what the library computed and nothing else:
+with this floor's scripts (SCRIPTS). It draws what the library computed and nothing else:
 
     layout    one row per layer (inputs at the bottom, outputs at the top), one column per position (an
-              attribution graph) or per component slot (a circuit); the tokens as text under their columns
-    edges     one curve per edge, blue for a positive effect and red for a negative one, as wide as |weight|
-    a node    on hover, its edges; on click, its numbers: value, influence, its strongest inputs and outputs,
-              and for a feature the tokens its decoder direction promotes and suppresses and, when given,
-              its top contexts
-    subgraph  pinned nodes, drawn apart with the edges between them; pinned nodes grouped into supernodes
+              attribution graph) or per component slot (a circuit), each as wide as the nodes it holds,
+              packed so that the whole graph fits the window as it opens (graph-layout.js); zoom and pan,
+              the layer names and the tokens in bands that stay in view (graph-draw.js, one canvas)
+    edges     the MAX_EDGES strongest, blue for a positive effect and red for a negative one, as wide
+              as |weight|
+    a node    a click selects it: its edges lit, the rest faded, until another click or Escape; the
+              arrows walk to its neighbours. Its panel (graph-panel.js): value, influence, its strongest
+              inputs (a head's by port: a head is one box) and outputs, and for a feature the tokens its
+              decoder direction promotes and suppresses, its top contexts when given, and its label
+    a circuit the smallest circuit reaching the target at open, a slider over the curve's sizes to grow
+              it, the faithfulness curve beside it, the heads' roles as badges (graph-circuit.js)
+    attention a selected node's explained edges (attention_edges.py's record): each edge's heads, a head's
+              QK attribution, the marks on its inputs that have one (graph-qk.js)
+    subgraph  pinned nodes, drawn apart by the same renderer; pinned nodes grouped into supernodes
               (their edges summed)
     export    the graph as JSON (Neuronpedia's format for an attribution graph, with the pinned nodes and
-              supernodes in its qParams) and the drawing as PNG
+              supernodes in its qParams and the labels as clerps) and the drawing as PNG
 
 An attribution graph is drawn pruned (prune.pruned) unless it already is; a circuit as it is given.
 """
@@ -32,38 +40,50 @@ import torch
 from ..checkpoints.token_text import legend_for
 from ..viz.html import View, asset, page, script_json
 from .graph import Graph
+from .neuronpedia import neuronpedia_json, rounded
+from .prune import MAX_EDGES, strongest_edges
 
 ASSETS = resources.files("anatomy.circuits") / "assets"
+SCRIPTS = ("graph-layout.js", "graph-draw.js", "graph-panel.js", "graph-circuit.js", "graph-qk.js", "graph.js")
+STYLES = ("graph.css", "graph-qk.css")
 RELATIVE_TOLERANCE = 1e-4  # the graph's identity holds when its difference is within this share of its terms
-MAX_EDGES = 10_000  # edges a page draws at most, the strongest: a browser draws that many curves in about a second
-
-
-def rounded(x: float | None, digits: int = 6) -> float | None:
-    """x to `digits` significant digits (None for None or a non-finite number)."""
-    if x is None or not math.isfinite(x):
-        return None
-    return float(f"{x:.{digits}g}")
 
 
 @dataclass
 class FeatureDetails:
     """What the page shows for a feature node beyond its numbers, keyed by node id (Node.id):
-    promoted / suppressed: [(token text, logit)] its decoder direction's direct effect on the logits;
-    contexts: [{"tokens": [...], "acts": [...]}] where it fires hardest on a corpus (token texts, and the
-    feature's activation on each)."""
+    promoted / suppressed: [(token, logit)] its decoder direction's direct effect on the logits (centred);
+    contexts: [{"tokens": [...], "acts": [...], "peak": k}] where it fires hardest on a corpus (the tokens,
+    the feature's activation on each, the position of the highest); labels: a short label (the page's
+    and the JSON's clerp); scanned: how many tokens the contexts were found in, source: where, seconds:
+    the time budget they were found within."""
 
     promoted: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     suppressed: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     contexts: dict[str, list[dict]] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    scanned: int | None = None
+    source: str = ""
+    seconds: float | None = None
 
     def payload(self, graph: Graph) -> dict:
         """{node index in `graph`: its details}, for the nodes of `graph` that have any."""
-        keys = (set(self.promoted) | set(self.suppressed) | set(self.contexts)) & {node.id for node in graph.nodes}
+        keys = (set(self.promoted) | set(self.suppressed) | set(self.contexts) | set(self.labels)) & \
+            {node.id for node in graph.nodes}
         return {str(graph.index(key)): {
             "promoted": [[t, rounded(v, 4)] for t, v in self.promoted.get(key, [])],
             "suppressed": [[t, rounded(v, 4)] for t, v in self.suppressed.get(key, [])],
-            "contexts": [{"tokens": c["tokens"], "acts": [rounded(a, 4) for a in c["acts"]]} for c in self.contexts.get(key, [])],
+            "contexts": [{"tokens": c["tokens"], "acts": [rounded(a, 4) for a in c["acts"]], "peak": c["peak"]}
+                         for c in self.contexts.get(key, [])],
+            "label": self.labels.get(key, ""),
         } for key in sorted(keys, key=graph.index)}
+
+    def note(self) -> str | None:
+        """Where the contexts come from, in words (None without contexts)."""
+        if self.scanned is None:
+            return None
+        return (f"Top contexts from {self.scanned:,} tokens" + (f" of {self.source}" if self.source else "")
+                + (f" (a budget of {self.seconds:g} s)" if self.seconds is not None else "") + ".")
 
 
 def shown_graph(graph: Graph, prune: bool | None = None, node_threshold: float = 0.8,
@@ -76,42 +96,56 @@ def shown_graph(graph: Graph, prune: bool | None = None, node_threshold: float =
     return pruned(graph, node_threshold, edge_threshold) if prune else graph
 
 
-def strongest_edges(graph: Graph, limit: int) -> list[tuple[int, int, float]]:
-    """(target, source, weight) of the `limit` edges of largest |weight|, in row order."""
-    targets, sources = graph.adjacency.nonzero(as_tuple=True)
-    weights = graph.adjacency[targets, sources]
-    if len(weights) > limit:
-        kept = weights.abs().topk(limit).indices.sort().values
-        targets, sources, weights = targets[kept], sources[kept], weights[kept]
-    return list(zip(targets.tolist(), sources.tolist(), weights.tolist()))
+def node_payload(graph: Graph) -> list[dict]:
+    """The nodes as the page reads them; a head's roles (graph.meta["roles"], by "L{layer}H{head}") on it."""
+    influence = graph.meta.get("influence") or [None] * len(graph)
+    roles = graph.meta.get("roles") or {}
+    nodes = []
+    for i, node in enumerate(graph.nodes):
+        record = {"id": node.id, "kind": node.kind, "layer": node.layer, "column": node.column, "index": node.index,
+                  "port": node.port, "label": node.label, "name": node.name, "value": rounded(node.value),
+                  "influence": rounded(influence[i])}
+        if node.kind == "head" and roles.get(f"L{node.layer}H{node.index}"):
+            record["roles"] = list(roles[f"L{node.layer}H{node.index}"])
+        nodes.append(record)
+    return nodes
+
+
+def circuit_payload(graph: Graph) -> dict | None:
+    """A discovered circuit's faithfulness curve and the size the page opens on (graph.meta "curve", "size"):
+    the page's slider grows the circuit by the curve's sizes; None for a graph without one."""
+    curve = graph.meta.get("curve")
+    if not curve:
+        return None
+    return {"sizes": list(curve["sizes"]), "values": [rounded(v, 4) for v in curve["values"]],
+            "target": curve["target"], "smallest": curve.get("smallest"), "size": graph.meta.get("size"),
+            "edges": curve.get("edges")}
 
 
 def graph_payload(graph: Graph, details: FeatureDetails | None = None, scores: tuple[float, float] | None = None,
                   intervention=None, max_edges: int = MAX_EDGES) -> dict:
-    """The page's data: nodes, edges [target, source, weight] (indices into nodes; the max_edges strongest),
-    the columns' labels, the identity line and the scores; every number rounded to 6 significant digits."""
-    from .neuronpedia import neuronpedia_json
-
-    influence = graph.meta.get("influence") or [None] * len(graph)
-    nodes = [{"id": node.id, "kind": node.kind, "layer": node.layer, "column": node.column, "index": node.index,
-              "port": node.port, "label": node.label, "name": node.name, "value": rounded(node.value),
-              "influence": rounded(influence[i])} for i, node in enumerate(graph.nodes)]
+    """The page's data: nodes, edges [target, source, weight] (indices into nodes; the max_edges strongest,
+    strongest first), the columns' labels, the identity line and the scores; numbers to 6 significant digits."""
     edges = [[t, s, rounded(w)] for t, s, w in strongest_edges(graph, max_edges)]
     neuronpedia = None
     if graph.kind == "attribution graph":
-        neuronpedia = neuronpedia_json(graph, slug=graph.meta.get("slug", "anatomy-graph"))
+        neuronpedia = neuronpedia_json(graph, slug=graph.meta.get("slug", "anatomy-graph"),
+                                       labels=details.labels if details else None, max_links=0)
         neuronpedia.pop("links")  # the page rebuilds them from its edges, with what the reader pinned
     check_ok = math.isfinite(graph.error) and graph.error <= RELATIVE_TOLERANCE if graph.check else None
     return {
         "view": "graph", "kind": graph.kind, "columns": graph.columns, "nLayers": graph.n_layers,
-        "tokenLegend": legend_for(graph.columns), "nodes": nodes, "edges": edges,
-        "check": graph.check, "checkOk": check_ok,
+        "tokenLegend": legend_for(graph.columns), "nodes": node_payload(graph), "edges": edges,
+        "check": graph.check, "checkOk": check_ok, "logits": graph.meta.get("logits"),
         "scores": None if scores is None else {"replacement": rounded(scores[0], 4), "completeness": rounded(scores[1], 4)},
         "details": details.payload(graph) if details else {},
+        "contextsNote": details.note() if details else None,
         "neuronpedia": neuronpedia,
+        "circuit": circuit_payload(graph),
         "thresholds": {k: graph.meta[k] for k in ("node_threshold", "edge_threshold") if k in graph.meta},
         "counts": {k: graph.meta[k] for k in ("nodes_before", "edges_before") if k in graph.meta},
         "edgesInGraph": int(torch.count_nonzero(graph.adjacency)),
+        "attention": graph.meta.get("attention"),  # attention_edges.explain_attention's record, if made
         "intervention": None if intervention is None else {
             "freeze": intervention.freeze, "changes": [str(c) for c in intervention.changes],
             "unseen": [str(c) for c in intervention.unseen],
@@ -119,14 +153,14 @@ def graph_payload(graph: Graph, details: FeatureDetails | None = None, scores: t
     }
 
 
-
 def render(payload: dict, title: str, subtitle: str) -> str:
     """The whole HTML document for a graph payload."""
+    logits = payload.get("logits")
     body = Template((ASSETS / "graph.html").read_text(encoding="utf-8")).substitute(
-        title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload))
-    script = "\n".join([asset("common.js")] + [(ASSETS / name).read_text(encoding="utf-8")
-                                                 for name in ("graph-draw.js", "graph.js")])
-    style = asset("view.css") + "\n" + (ASSETS / "graph.css").read_text(encoding="utf-8")
+        title=html.escape(title), subtitle=html.escape(subtitle), data=script_json(payload),
+        logits="" if not logits else f'<p class="note" id="logits-line">{html.escape(logits[0].upper() + logits[1:])}.</p>')
+    script = "\n".join([asset("common.js")] + [(ASSETS / name).read_text(encoding="utf-8") for name in SCRIPTS])
+    style = "\n".join([asset("view.css")] + [(ASSETS / name).read_text(encoding="utf-8") for name in STYLES])
     return page(title, body, style=style, script=script, body_class="view-graph")
 
 
@@ -142,7 +176,9 @@ def graph_view(graph: Graph, *, prune: bool | None = None, node_threshold: float
     title = title or ("Attribution graph" if graph.kind == "attribution graph" else "Circuit")
     in_graph = payload["edgesInGraph"]
     counts = f"{len(shown)} nodes, {in_graph:,} edges" + (
-        f" (the {len(payload['edges']):,} strongest drawn)" if len(payload["edges"]) < in_graph else "")
+        f" (the {len(payload['edges']):,} strongest on the page)" if len(payload["edges"]) < in_graph else "")
+    if payload["circuit"]:
+        counts = f"the page holds its top {len(payload['edges']):,} edges, between {len(shown)} nodes"
     if "nodes_before" in shown.meta:
         counts += f" (pruned from {shown.meta['nodes_before']:,} nodes and {shown.meta['edges_before']:,} edges)"
     subtitle = f"{graph.about}: {counts}" if graph.about else counts

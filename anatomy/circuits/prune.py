@@ -38,6 +38,7 @@ from .graph import INPUT_KINDS, OUTPUT_KINDS, SOURCE_KINDS, Graph
 from .identity import identity_gaps
 
 BLOCK = 1024  # rows of the adjacency read at a time: no [N, N] temporary is ever made
+MAX_EDGES = 50_000  # the strongest edges a page draws and a JSON file holds (anatomy bench: page)
 
 
 def normalized(rows: torch.Tensor) -> torch.Tensor:
@@ -200,6 +201,15 @@ def pruned(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.
                   f"what no node carries: max |diff| {float(differences.max()) if len(differences) else 0.0:.2g}")
     small.check, small.error = check, error
     return small
+
+
+def strongest_edges(graph: Graph, limit: int) -> list[tuple[int, int, float]]:
+    """(target, source, weight) of the `limit` edges of largest |weight| (every edge when there are fewer),
+    strongest first: what a page draws and a JSON file holds of a graph too large to show whole."""
+    targets, sources = graph.adjacency.nonzero(as_tuple=True)
+    weights = graph.adjacency[targets, sources]
+    order = weights.abs().argsort(descending=True, stable=True)[:limit]
+    return list(zip(targets[order].tolist(), sources[order].tolist(), weights[order].tolist()))
 
 
 def count_edges(adjacency: torch.Tensor) -> int:

@@ -9,11 +9,16 @@ layers together, each row joining at its own layer and carrying the positions 1 
 zeros beyond p, and they stay zero: the mask is causal):
 
     for layer L = n-1 ... 0:
+        (post-norm: back through the norm after the MLP's residual sum)
         project the rows' gradients at L's MLP output on the vectors written there        -> A[rows, sources at L]
         back through the transcoder's skip (if it has one)
         the rows of the features of layer L join, their encoder vectors at the MLP's input
+        (post-norm: back through the norm after the attention's residual sum)
         back through L's attention, patterns and norm scales frozen
     project on the token embeddings                                                     -> A[rows, tokens]
+
+In a parallel block the MLP reads the stream the attention reads (resid_pre): the skip's part and the
+features of layer L join after L's attention, not before.
 
 Position 0 is not carried: only the first token's node writes there, so what attention sends back to it at
 layer l meets that token's image at resid_pre(l) (its embedding carried up the first position), and the
@@ -42,7 +47,8 @@ KEEP_SOURCES_BYTES = 256 * 2**20  # every layer's padded sources kept between bu
 @dataclass
 class Rows:
     """Targets: layer [r] (n_layers for a logit), position [r], reading [r, E] (a feature's encoder vector at its
-    transcoder's input, or a logit's demeaned unembedding at the final norm's output)."""
+    transcoder's input; a logit's demeaned unembedding carried back to the last block's output,
+    Replacement.logit_transpose, so that every row is d_model wide whatever the LM head reads)."""
 
     layer: torch.Tensor
     position: torch.Tensor
@@ -82,7 +88,9 @@ class Sources:
     their node columns [Q, J], their positions [Q] or None for 1 .. P), for positions up to P: per layer whose
     features write there (a CLT's earlier layers too) a block of every position, a_i W_dec[i] in each slot, with
     the position's error in slot 0 of the layer's own; and a block of the positions where more features fire
-    than that one's width (its width is the usual count, not the largest: padding costs what it holds).
+    than that one's width (its width is the usual count, not the largest: padding costs what it holds). Each
+    vector is what the block adds to the stream (through a frozen norm on the MLP's output, where one follows
+    the output point).
     first_images: what the first token's embedding has become at each layer's input
     (replacement.first_position_images).
 
@@ -149,11 +157,13 @@ class Sources:
         Q = upto(slots.positions, P)
         padded = self.vectors.writing[source][:, layer - source][slots.row[:Q]].mul_(slots.scale[:Q, :, None])  # (Q, J, E)
         column = slots.column[:Q]
+        positions = torch.arange(1, P + 1, device=column.device) if slots.positions is None else slots.positions[:Q]
         if source == layer and slots.positions is None:
             padded[:, 0] = self.errors[layer, 1:P + 1]
             column = column.clone()
-            column[:, 0] = self.where.error_start[layer] + torch.arange(1, P + 1, device=column.device)
-        return padded, column, None if slots.positions is None else slots.positions[:Q]
+            column[:, 0] = self.where.error_start[layer] + positions
+        padded = self.rep.output_images(layer, padded, positions)  # a padding slot's zero stays zero
+        return padded, column, None if slots.positions is None else positions
 
 
 def upto(positions: torch.Tensor | None, P: int) -> int:
@@ -201,22 +211,25 @@ def sweep(rep: Replacement, sources: Sources, rows: Rows, out: torch.Tensor) -> 
     device = rep.device
     grads = torch.zeros(r, P, E, device=device)  # each row's gradient at positions 1 .. P
     joined = int((rows.layer == L).sum())  # the rows carried so far: the logits, then each layer's features
-    logits = torch.arange(joined, device=device)
-    grads[logits, rows.position[:joined] - 1] = rep.final_norm.transpose_at(rows.reading[:joined], rows.position[:joined])
+    if joined:
+        grads[torch.arange(joined, device=device), rows.position[:joined] - 1] = rows.reading[:joined]
     to_first_token = torch.zeros(r, device=device)
     chunk = max(1, min(ROW_CHUNK, GRADIENT_BYTES // (P * E * 4)))
     for layer in reversed(range(L if joined else int(rows.layer.max()) + 1)):
+        skipped = None
         if joined:
-            for vectors, columns, positions in sources.at(layer, P):
-                carried = grads[:joined] if positions is None else grads[:joined, positions - 1]  # (joined, Q, E)
-                edges = torch.bmm(carried.transpose(0, 1), vectors.transpose(1, 2))  # (Q, joined, J)
-                out[:joined].index_add_(1, columns.flatten(), edges.transpose(0, 1).reshape(joined, -1))
-            rep.add_skip_transpose(layer, grads[:joined])
+            carried = grads[:joined]
+            rep.sum_transpose(layer, "mlp", carried)
+            project(sources, layer, carried, out[:joined])
+            through = rep.skip_transpose(layer, carried)
+            if through is not None and rep.parallel:  # the MLP reads resid_pre: added after the attention's part
+                skipped = through
+            elif through is not None:
+                carried += through
         before = joined  # the rows that have crossed an attention already; the others join now
-        joined += int((rows.layer[joined:] == layer).sum())
-        if joined > before:  # the features of this layer join, read at the MLP's input
-            new = torch.arange(before, joined, device=device)
-            grads[new, rows.position[new] - 1] = rep.input_transpose_at(layer, rows.reading[new], rows.position[new])
+        if not rep.parallel:
+            joined = join(rep, rows, grads, layer, joined)
+        rep.sum_transpose(layer, "attn", grads[:joined])
         sublayer, image = rep.sublayers[layer], sources.first_images[layer]
         for start in range(0, joined, chunk):
             stop = min(joined, start + chunk)
@@ -225,5 +238,29 @@ def sweep(rep: Replacement, sources: Sources, rows: Rows, out: torch.Tensor) -> 
                 to_first_token[start:split] += sublayer.add_transpose(grads[start:split], image)
             if stop > split:
                 to_first_token[split:stop] += sublayer.add_transpose_at(grads[split:stop], image, rows.position[split:stop])
+        if skipped is not None:
+            grads[:before] += skipped
+        if rep.parallel:
+            joined = join(rep, rows, grads, layer, joined)
     out[:, 1:P + 1] += torch.einsum("rpe,pe->rp", grads, rep.embed[1:P + 1])  # the tokens at positions 1 .. P
     out[:, 0] += to_first_token
+
+
+def project(sources: Sources, layer: int, grads: torch.Tensor, out: torch.Tensor) -> None:
+    """out [r, W] += each row's gradient where layer's MLP output is added, grads [r, P, E] (positions 1 .. P),
+    dotted with every vector written there (sources.at), at the vectors' node columns."""
+    r, P = grads.shape[:2]
+    for vectors, columns, positions in sources.at(layer, P):
+        carried = grads if positions is None else grads[:, positions - 1]  # (r, Q, E)
+        edges = torch.bmm(carried.transpose(0, 1), vectors.transpose(1, 2))  # (Q, r, J)
+        out.index_add_(1, columns.flatten(), edges.transpose(0, 1).reshape(r, -1))
+
+
+def join(rep: Replacement, rows: Rows, grads: torch.Tensor, layer: int, joined: int) -> int:
+    """The rows of layer's features (next after the first `joined`) join, each reading vector carried from the
+    transcoder's input to the stream the MLP reads, at its own position; returns how many rows are carried now."""
+    stop = joined + int((rows.layer[joined:] == layer).sum())
+    if stop > joined:
+        new = torch.arange(joined, stop, device=grads.device)
+        grads[new, rows.position[new] - 1] = rep.input_transpose_at(layer, rows.reading[new], rows.position[new])
+    return stop

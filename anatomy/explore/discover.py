@@ -3,8 +3,8 @@
 POST /api/jobs {"kind": "discover", "model", "task": ioi | greater-than | capital-country | sva | custom,
 "pairs": N, "method": eap | eap-ig, "steps": M, "custom": [{clean, corrupt, answer, wrong}, ...]} starts
 it; the job scores every edge (circuits.discovery.attribute_edges), runs the faithfulness curve
-(faithfulness), and draws the smallest circuit that reaches 80% with the circuits floor's one page
-(served at /api/jobs/ID/page). Every number in the reply is the library's, rounded. Settings are checked
+(faithfulness), and draws the circuit with the circuits floor's one page (served at /api/jobs/ID/page):
+the smallest circuit that reaches 80% at open, a slider to grow it beside the curve, the heads' roles. Every number in the reply is the library's, rounded. Settings are checked
 here, before the job starts; a model whose residual stream is no sum of components is refused then.
 """
 
@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..circuits.discovery import (ResidualGraph, attribute_edges, build_task, circuit_graph, faithfulness, kept_masks,
-                                  make_task, top_edges)
+from ..circuits.discovery import (ResidualGraph, attribute_edges, build_task, circuit_for_page, faithfulness, make_task,
+                                  top_edges)
 from ..circuits.discovery.edges import METHODS
 from ..circuits.discovery.generators import TASKS
 from ..circuits.page import graph_view
 from .models import ModelSlot
 from .values import ExploreError, rounded
 
+PAIRS = 100  # generated pairs by default, as `anatomy circuits discover --pairs` has it
 MAX_PAIRS = 200  # generated pairs: a job of minutes on SmolLM2, not hours
 MAX_CUSTOM = 64  # pairs typed into the page
 MAX_TEXT = 400  # characters of one typed prompt
@@ -54,7 +55,7 @@ def discover_work(slot: ModelSlot, settings: dict) -> Callable[[Callable[[int, i
     method = settings.get("method", "eap-ig")
     if method not in METHODS:
         raise ExploreError(f"'method' must be one of {', '.join(METHODS)}, got {str(method)[:40]!r}")
-    n = _integer(settings, "pairs", 50, MAX_PAIRS)
+    n = _integer(settings, "pairs", PAIRS, MAX_PAIRS)
     steps = _integer(settings, "steps", 5, MAX_STEPS)
     custom = _custom_pairs(settings) if task_name == "custom" else None
     model = slot.get()
@@ -71,7 +72,7 @@ def discover_work(slot: ModelSlot, settings: dict) -> Callable[[Callable[[int, i
         reached = curve.values[curve.extra["sizes"].index(size)].item()
         about = (f"{slot.name}, {task.name}: {len(task)} pairs, {method}; the top {size} of {graph.edge_count:,} edges "
                  f"recover {reached:.2f} of the gap")
-        circuit = circuit_graph(edges, kept_masks(graph, edges, [size])[0], about=about)
+        circuit = circuit_for_page(model, task, edges, curve, size=size, about=about)
         return {
             "kind": edges.kind, "check": edges.check, "task": task.name, "pairs": len(task), "dropped": task.dropped,
             "clean": rounded(edges.values.new_tensor(curve.extra["clean"]), 5),

@@ -23,7 +23,8 @@
     train.py       SAETrainer on the training floor (run folder, checkpoints, resume, torchrun); several at once
     member.py      one SAE in training: its scales, its dead-feature counts, the scales folded out at the end
     evaluate.py    L0, variance explained, CE loss recovered, dead and dense features; of a transcoder set
-    features.py    the feature page (top contexts, density, histogram, logits)
+    contexts.py    where features fire hardest: each feature's top contexts, kept as a corpus streams by
+    features.py    the feature page (top contexts, density, histogram, logits centred over the vocabulary)
     plots.py       training curves; variance explained against L0
     cli.py         `anatomy sae train | eval | features`
     cli_common.py  what the sae commands share: option groups, the model loaded and checked, a run's folder

@@ -57,7 +57,7 @@ def _written_point(model: nn.Module, sae: SAE) -> str:
 
 def feature_lens(model: nn.Module, sae: SAE, features: Sequence[int] | None = None, *, top: int = 10) -> Result:
     """[feature, vocab]: the logits W_U (gamma * W_dec[i]) per unit of each feature (the final norm's scale left
-    out: it depends on the whole residual). `features` (default all: then [feature, rank], the top `top`
+    out: it depends on the whole residual), centred over the vocabulary (features.direct_logits). `features` (default all: then [feature, rank], the top `top`
     logits only, not the [F, V] matrix). extra: promoted / suppressed ids, logits and tokens, `top` each."""
     from .features import direct_logits, output_directions
 
@@ -75,7 +75,8 @@ def feature_lens(model: nn.Module, sae: SAE, features: Sequence[int] | None = No
         values, axes = promoted_logits, ("feature", "rank")
     else:
         with torch.no_grad():
-            values, axes = chosen @ model.lm_head.proj.weight.detach().T, ("feature", "vocab")  # (F', V)
+            values = chosen.float() @ model.lm_head.proj.weight.detach().float().T  # (F', V)
+            values, axes = values - values.mean(dim=1, keepdim=True), ("feature", "vocab")
     return Result("feature lens", values, axes, labels={"feature": [f"F{i}" for i in ids]},
                   check="no identity: each feature's direct effect per unit of activation", extra=extra)
 

@@ -10,7 +10,8 @@ For every feature, from one streaming pass over a corpus (passes that stop at th
     density         the share of tokens on which it fires (> 0)
     histogram       how its non-zero activations are distributed (log-spaced bins)
     logits          the tokens its decoder direction promotes and suppresses through the unembedding:
-                    W_U (gamma * W_dec[i]), gamma the final norm's gain (the norm's scale left out)
+                    W_U (gamma * W_dec[i]), gamma the final norm's gain (the norm's scale left out), centred
+                    over the vocabulary (direct_logits)
 
 and for the whole SAE the histogram of log10 feature density (Bricken et al. 2023's density plot).
 The page (viz's page shell: inline script and style, a Content-Security-Policy that allows no request)
@@ -27,11 +28,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..layers import norm_parts
 from ..viz.html import View, asset, pack, view_document
+from .contexts import BEFORE, TopContexts, context_batches
 from .modules import SAE
 from .store import harvest
 
-BEFORE, AFTER = 14, 5  # tokens shown before and after a context's highest token (W = 20)
 HISTOGRAM_EDGES = np.logspace(-3, 4, 57)  # activation bins, 8 per decade from 0.001 to 10,000 (H = 56)
 ASSETS = resources.files("anatomy.sae") / "assets"
 
@@ -60,52 +62,25 @@ def feature_data(model: nn.Module, sae: SAE, tokens: np.ndarray, *, context: int
     point and keep, per feature, its `top` strongest contexts, its density and its histogram; then its
     promoted and suppressed tokens; progress(done, total) after each batch, in contexts. Raises ValueError
     when the text makes no context."""
-    n_contexts = len(tokens) // context
-    if n_contexts == 0:
-        raise ValueError(f"{len(tokens)} tokens make no context of {context}: give more text")
-    F_, W = sae.d_sae, BEFORE + 1 + AFTER
-    values = torch.zeros(F_, 0)
-    windows = torch.zeros(F_, 0, W, dtype=torch.long)
-    window_acts = torch.zeros(F_, 0, W)
-    fired = torch.zeros(F_, dtype=torch.float64)
-    histogram = torch.zeros(F_, len(HISTOGRAM_EDGES) - 1, dtype=torch.long)
+    found = TopContexts(sae.d_sae, top)
+    fired = torch.zeros(sae.d_sae, dtype=torch.float64)
+    histogram = torch.zeros(sae.d_sae, len(HISTOGRAM_EDGES) - 1, dtype=torch.long)
     edges = torch.from_numpy(HISTOGRAM_EDGES).float()
     scanned = 0
-    offsets = torch.arange(-BEFORE, AFTER + 1)  # (W,)
-    for start in range(0, n_contexts, batch):
-        ids = torch.from_numpy(np.asarray(tokens[start * context:min(n_contexts, start + batch) * context],
-                                          dtype=np.int64).reshape(-1, context))  # (n, T)
+    for done, total, ids in context_batches(tokens, context, batch):
         acts = sae.encode(harvest(model, ids, [sae.point])[0])  # (n, T, F)
         acts[:, :skip] = 0  # the first positions are no text's features (see store.py)
-        n = ids.size(0)
         on = acts > 0
         fired += on.sum((0, 1)).double()
-        scanned += n * (context - skip)
+        scanned += ids.size(0) * (context - skip)
         nonzero = acts[on]  # the activations, and their features below
         bins = torch.bucketize(nonzero.clamp(edges[0], edges[-1] * 0.999), edges, right=True) - 1
         features_on = on.nonzero()[:, 2]
         histogram.view(-1).index_add_(0, features_on * histogram.size(1) + bins, torch.ones_like(bins))
-        best, where = acts.max(dim=1)  # (n, F): each context's highest activation per feature, and its position
-        k = min(top, n)
-        cand_values, cand_context = best.T.topk(k, dim=1)  # (F, k)
-        cand_pos = where.T.gather(1, cand_context)  # (F, k)
-        positions = cand_pos[..., None] + offsets  # (F, k, W)
-        inside = (positions >= 0) & (positions < context)
-        positions = positions.clamp(0, context - 1)
-        contexts = cand_context[..., None].expand_as(positions)
-        cand_windows = torch.where(inside, ids[contexts, positions], -1)
-        feature = torch.arange(F_)[:, None, None].expand_as(positions)
-        cand_acts = torch.where(inside, acts[contexts, positions, feature], 0.0)
-        values = torch.cat([values, cand_values], dim=1)
-        windows = torch.cat([windows, cand_windows], dim=1)
-        window_acts = torch.cat([window_acts, cand_acts], dim=1)
-        keep = values.topk(min(top, values.size(1)), dim=1).indices  # (F, N)
-        values = values.gather(1, keep)
-        windows = windows.gather(1, keep[..., None].expand(-1, -1, W))
-        window_acts = window_acts.gather(1, keep[..., None].expand(-1, -1, W))
+        found.add(ids, acts)
         if progress is not None:
-            progress(min(n_contexts, start + batch), n_contexts)
-    data = FeatureData(values, windows, window_acts, (fired / scanned).float(), histogram, scanned)
+            progress(done, total)
+    data = FeatureData(found.values, found.windows, found.window_acts, (fired / scanned).float(), histogram, scanned)
     directions = output_directions(model, sae)
     if directions is not None:
         data.promoted, data.promoted_logits, data.suppressed, data.suppressed_logits = \
@@ -113,28 +88,39 @@ def feature_data(model: nn.Module, sae: SAE, tokens: np.ndarray, *, context: int
     return data
 
 
+def final_norm_gain(model: nn.Module) -> torch.Tensor | float:
+    """gamma [d_model]: the final norm's gain (layers.norm_parts: 1 + w for a plus-one RMSNorm), what a
+    residual-stream direction is multiplied by on its way to the logits, the norm's scale left out; 1.0 for
+    a model without one."""
+    norm = getattr(model.decoder if model.config.arch == "encoder-decoder" else model, "final_norm", None)
+    return 1.0 if norm is None else norm_parts(norm).gain.float()
+
+
 def output_directions(model: nn.Module, sae: SAE) -> torch.Tensor | None:
     """[F, d_model]: each decoder row as the final norm's gain scales it, or None when the SAE writes
     no residual-stream vector (an SAE on attention heads) or the model has no unembedding."""
     if not hasattr(model, "lm_head") or sae.flatten_heads or sae.d_out != model.config.d_model:
         return None
-    norm = getattr(model.decoder if model.config.arch == "encoder-decoder" else model, "final_norm", None)
-    directions = sae.W_dec.detach()
-    if norm is not None and hasattr(norm, "weight"):
-        gain = 1.0 + norm.weight if getattr(norm, "plus_one", False) else norm.weight
-        directions = directions * gain.detach()
-    return directions
+    return sae.W_dec.detach().float() * final_norm_gain(model)
 
 
 @torch.no_grad()
 def direct_logits(model: nn.Module, directions: torch.Tensor, k: int = 8, chunk: int = 256):
     """(promoted ids [F, k], their logits, suppressed ids [F, k], their logits) of directions [F, d_model]
-    through the LM head's matrix: the feature's direct effect on each token's logit, per unit of activation."""
-    weight = model.lm_head.proj.weight.detach()  # (V, d_model)
+    through the LM head's matrix: the feature's direct effect on each token's logit per unit of activation,
+    centred over the vocabulary,
+
+        l = W_U d - mean_v (W_U d)_v
+
+    Softmax ignores a shift every logit shares, so only the centred logits say what a direction promotes
+    (>= 0) and suppresses (<= 0): a direction along the mean unembedding raises every raw logit, and its
+    "most suppressed" tokens would otherwise show positive numbers."""
+    weight = model.lm_head.proj.weight.detach().float()  # (V, d_model)
     k = min(k, weight.size(0))  # a vocabulary smaller than k (the toys'): all of it
     top, top_values, bottom, bottom_values = [], [], [], []
     for start in range(0, directions.size(0), chunk):
-        logits = directions[start:start + chunk] @ weight.T  # (chunk, V)
+        logits = directions[start:start + chunk].float() @ weight.T  # (chunk, V)
+        logits -= logits.mean(dim=1, keepdim=True)
         high, low = logits.topk(k, dim=1), logits.topk(k, dim=1, largest=False)
         top.append(high.indices), top_values.append(high.values)
         bottom.append(low.indices), bottom_values.append(low.values)

@@ -36,7 +36,7 @@ GEMMA_SCOPE = "params.npz"
 # Gemma Scope: which point a repository's SAEs read, from its name (google/gemma-scope-2b-pt-res, -mlp, -att,
 # -transcoders) and the layer in the folder's path; `flatten`: attention SAEs read hook_z, heads flattened.
 GEMMA_SCOPE_POINTS = [
-    ("transcoders", "blocks.{L}.mlp_norm.out", "blocks.{L}.mlp.out", False),
+    ("transcoders", "blocks.{L}.mlp_norm.normalized", "blocks.{L}.mlp_out_norm.out", False),  # ln2.hook_normalized -> hook_mlp_out
     ("-res", "blocks.{L}.resid_post", None, False),
     ("-mlp", "blocks.{L}.mlp.out", None, False),
     ("-att", "blocks.{L}.attn.z", None, True),

@@ -191,6 +191,11 @@ class SAETrainer:
         self.members.train()
         start, tokens_since, t_since = time.time(), 0, time.time()
         progress = ProgressBar(c.max_steps, self.step, enabled=c.progress and not c.quiet and self.dist.is_main)
+        tokens_per_step = c.batch_size * self.dist.world_size
+        if c.max_steps * tokens_per_step <= c.dead_tokens:  # a feature is dead after dead_tokens silent ones
+            self._say(f"this run trains {c.max_steps * tokens_per_step:,} tokens, no more than the dead-feature window "
+                      f"of {c.dead_tokens:,}: no feature can count as dead while it trains (the evaluation counts "
+                      f"the features silent on the held-out text)")
         with progress:
             while self.step < c.max_steps:
                 record = self.train_step()
@@ -206,8 +211,10 @@ class SAETrainer:
                     self.log_record(record)
                     progress.update(self.step, record["loss"], record["tokens_per_s"])
                     if not progress.enabled:
+                        # before the window has passed, no feature can be dead yet: "dead –", not "dead 0.0%"
+                        dead = f"{record['dead']:.1%}" if self.step * tokens_per_step > c.dead_tokens else "–"
                         self._say(f"step {self.step:>6}/{c.max_steps}  fve {record['fve']:.3f}  l0 {record['l0']:.1f}  "
-                                  f"dead {record['dead']:.1%}  {record['tokens_per_s']:,.0f} tok/s")
+                                  f"dead {dead}  {record['tokens_per_s']:,.0f} tok/s")
                 if (c.eval_every and self.step % c.eval_every == 0) or last:
                     held = self.held_out()
                     if held and self.dist.is_main:

@@ -162,8 +162,8 @@ class TranscoderSet(nn.Module):
 
             y^_l = sum over l' in writers(l) of f_l' decoder_vectors(l')[:, l - l'] + output_bias(l) (+ x_l skip(l))
 
-        features[l'] [N, F]: the activations of layer l' (only those of writers(l) are read); inputs[l]
-        [N, E]: layer l's input, needed by a skip transcoder alone. Raises ValueError for a missing one."""
+        features[l']: [N, F], the activations of layer l' (only those of writers(l) are read); inputs[l]:
+        [N, E], layer l's input, needed by a skip transcoder alone. Raises ValueError for a missing one."""
         layer = self._layer(layer)
         total = self.output_bias(layer)
         for source in self.writers(layer):

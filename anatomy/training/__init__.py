@@ -17,4 +17,10 @@
 
 from ..lazy import lazy_names
 
-__all__ = lazy_names(__name__, {name: ".tokenizers" for name in ("Tokenizer", "load_tokenizer", "train_tokenizer")})
+__all__ = lazy_names(__name__, {
+    **{name: ".tokenizers" for name in ("Tokenizer", "load_tokenizer", "train_tokenizer")},
+    "LMBatches": ".data",
+    **{name: ".tasks" for name in ("ClassifyTask", "LMTask", "Seq2SeqTask")},
+    "TrainConfig": ".trainer", "Trainer": ".trainer",
+    "load_trained": ".checkpoint", "save_trained": ".checkpoint",
+})

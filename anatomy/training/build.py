@@ -123,7 +123,8 @@ def seq2seq(args, run_dir: Path, info):
     model = _build_model(args, run_dir, model_config(args, **task_fields(args), vocab_size=tok.vocab_size,
                                                      pad_token_id=tok.pad_id))
     task = Seq2SeqTask(src, tgt, tok, args.batch_size, args.max_len, args.seed, info.rank, info.world_size,
-                       val=val, bleu_set=bleu_set, bleu_max=args.bleu_samples)
+                       val=val, bleu_set=bleu_set, bleu_max=args.bleu_samples, beams=args.beams,
+                       length_penalty=args.length_penalty)
     return model, task, tok
 
 

@@ -1,8 +1,9 @@
-"""The tokenizers a run can train, named once for the library and for `anatomy train`.
+"""The choices `anatomy train` offers, named once for the library and for the command line.
 
 This module imports nothing heavy, so that the command line's help and checks come before torch loads.
 """
 
-KINDS = ("char", "word", "bpe", "wordpiece")
+KINDS = ("char", "word", "bpe", "wordpiece")  # tokenizers a run can train
+OPTIMIZERS = ("adamw", "muon")  # optimizers.py
 
-__all__ = ["KINDS"]
+__all__ = ["KINDS", "OPTIMIZERS"]

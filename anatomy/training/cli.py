@@ -17,12 +17,13 @@ import json
 import random
 from pathlib import Path
 
-from ..arguments import (add_compute_arguments, add_model_argument, input_file, non_negative_float, non_negative_int,
-                         output_folder, positive_float, positive_int, probability, seed, text)
+from ..arguments import (add_compute_arguments, add_model_argument, finite_float, input_file, non_negative_float,
+                         non_negative_int, output_folder, positive_float, positive_int, probability, seed, text)
 from ..parser import closest
 from ..terminal import one_line, printable, summary_block
 from ..config import ACTIVATIONS, ATTN_IMPLS, NORM_POSITIONS, NORMS, POS_ENCODINGS, QK_NORMS
-from .choices import KINDS
+from ..generation.choices import MAX_LENGTH_PENALTY
+from .choices import KINDS, OPTIMIZERS
 from .schedules import SCHEDULES
 
 # The data, the model, the trainer and torch are imported by the functions that use them, once the
@@ -94,11 +95,22 @@ def tokenizer_choice(value: str) -> str:
     return value
 
 
+MAX_BEAMS = 64  # BLEU's beam search decodes 128 / beams sentences at a time: more beams is one sentence a batch
+
+
 def fraction(text: str) -> float:
     """A number strictly between 0 and 1 (a validation share, an Adam beta)."""
     value = probability(text)
     if value in (0.0, 1.0):
         raise argparse.ArgumentTypeError(f"{text} must be strictly between 0 and 1")
+    return value
+
+
+def fraction_or_one(text: str) -> float:
+    """A number above 0 and at most 1 (a share of the steps, a per-layer LR factor)."""
+    value = probability(text)
+    if value == 0.0:
+        raise argparse.ArgumentTypeError(f"{text} must be above 0 (and at most 1)")
     return value
 
 
@@ -123,6 +135,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s2s.add_argument("--max-len", type=positive_int, default=64, help="tokens kept per sentence (and decoded at most)")
     s2s.add_argument("--bleu-samples", type=non_negative_int, default=0,
                      help="also compute BLEU on the first N test sentences at every evaluation")
+    s2s.add_argument("--beams", type=positive_int, default=1,
+                     help=f"BLEU's decoding: 1 greedy, more: beam search with this many beams (at most {MAX_BEAMS})")
+    s2s.add_argument("--length-penalty", type=finite_float, default=1.0,
+                     help="beam search ranks finished translations by log p / length^this "
+                          f"(-{MAX_LENGTH_PENALTY} to {MAX_LENGTH_PENALTY})")
 
     cls = tasks.add_parser("classify", help="sequence classification (encoder) on a TSV of text<TAB>label")
     cls.add_argument("--train", required=True, type=input_file, help="TSV: text<TAB>label (a header line is detected)")
@@ -181,10 +198,16 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
     g.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
     g.add_argument("--lr", type=positive_float, default=train_defaults["lr"],
                    help="peak learning rate (inverse-sqrt: multiplier of the paper's formula)")
-    g.add_argument("--min-lr-ratio", type=probability, default=0.1, help="cosine ends at lr x this")
+    g.add_argument("--min-lr-ratio", type=probability, default=0.1, help="cosine, linear and wsd end at lr x this")
     g.add_argument("--schedule", choices=SCHEDULES, default=train_defaults["schedule"], help="learning-rate schedule")
     g.add_argument("--warmup", type=non_negative_int, default=train_defaults["warmup"],
                    help="steps of linear warm-up")
+    g.add_argument("--decay-fraction", type=fraction_or_one, default=0.2,
+                   help="wsd: the share of --max-steps at the end spent decaying to --min-lr-ratio")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
+                   help="adamw, or muon for the blocks' weight matrices (AdamW for the rest)")
+    g.add_argument("--layer-decay", type=fraction_or_one, default=1.0,
+                   help="layer-wise LR decay: each block learns at this x the rate of the one above it (1: none)")
     g.add_argument("--weight-decay", type=non_negative_float, default=0.1, help="AdamW's decoupled weight decay")
     betas = train_defaults.get("betas", (0.9, 0.99))
     g.add_argument("--beta1", type=fraction, default=betas[0], help="AdamW's first-moment decay")
@@ -198,6 +221,8 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
     g.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
     g.add_argument("--save-every", type=non_negative_int, default=500, help="steps (0: only at the end)")
     g.add_argument("--keep", type=positive_int, default=2, help="checkpoints kept on disk")
+    g.add_argument("--average-last", type=positive_int, default=1,
+                   help="the final model: the mean of the last N checkpoints' weights (needs --keep N or more)")
 
 
 def train_config(args):
@@ -207,8 +232,9 @@ def train_config(args):
     return TrainConfig(
         max_steps=args.max_steps, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
         min_lr_ratio=args.min_lr_ratio, schedule=args.schedule, warmup=args.warmup,
-        weight_decay=args.weight_decay, betas=(args.beta1, args.beta2), label_smoothing=args.label_smoothing,
-        clip=args.clip, eval_every=args.eval_every, log_every=args.log_every, save_every=args.save_every,
+        decay_fraction=args.decay_fraction, optimizer=args.optimizer, layer_decay=args.layer_decay,
+        weight_decay=args.weight_decay, average_last=args.average_last, betas=(args.beta1, args.beta2),
+        label_smoothing=args.label_smoothing, clip=args.clip, eval_every=args.eval_every, log_every=args.log_every, save_every=args.save_every,
         keep=args.keep, seed=args.seed, precision=args.precision, progress=not args.no_progress,
         quiet=args.quiet)
 
@@ -270,7 +296,15 @@ def check_arguments(args) -> None:
     from .budget import check_training_memory
     from .build import planned_config
 
+    if args.average_last > 1 and (args.keep < args.average_last or not args.save_every):
+        raise ValueError(f"--average-last {args.average_last} averages the last {args.average_last} checkpoints: "
+                         f"give --keep {args.average_last} or more (now {args.keep}) and --save-every above 0")
     if args.task == "seq2seq":
+        if args.beams > MAX_BEAMS:
+            raise ValueError(f"--beams {args.beams} is more than {MAX_BEAMS}")
+        if not -MAX_LENGTH_PENALTY <= args.length_penalty <= MAX_LENGTH_PENALTY:
+            raise ValueError(f"--length-penalty {args.length_penalty} is outside -{MAX_LENGTH_PENALTY} to "
+                             f"{MAX_LENGTH_PENALTY}")
         for first, second in (("val_src", "val_tgt"), ("test_src", "test_tgt")):
             if (getattr(args, first) is None) != (getattr(args, second) is None):
                 raise ValueError(f"--{first.replace('_', '-')} and --{second.replace('_', '-')} go together: "

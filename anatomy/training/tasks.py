@@ -62,17 +62,20 @@ class LMTask:
 
 
 class Seq2SeqTask:
-    """Translation with teacher forcing (encoder-decoder); greedy-decoded BLEU when a test set is given."""
+    """Translation with teacher forcing (encoder-decoder); BLEU when a test set is given, decoded
+    greedily (beams 1) or by beam search ranked with `length_penalty` (evaluate.py)."""
 
     name = "seq2seq"
 
     def __init__(self, src: TokenSequences, tgt: TokenSequences, tokenizer, batch_size: int, max_len: int,
                  seed: int, rank: int = 0, world_size: int = 1, val: tuple | None = None,
-                 bleu_set: tuple | None = None, bleu_max: int | None = None):
+                 bleu_set: tuple | None = None, bleu_max: int | None = None, beams: int = 1,
+                 length_penalty: float = 1.0):
         self.src, self.tgt, self.tok, self.max_len = src, tgt, tokenizer, max_len
         lengths = np.maximum(src.lengths(), tgt.lengths())
         self.sampler = EpochBatches(lengths, batch_size, seed, rank, world_size, bucket=50)
         self.batch_size, self.val, self.bleu_set, self.bleu_max = batch_size, val, bleu_set, bleu_max
+        self.beams, self.length_penalty = beams, length_penalty
 
     def _collate(self, src, tgt, idx) -> dict:
         t = self.tok
@@ -109,7 +112,8 @@ class Seq2SeqTask:
             src, refs = self.bleu_set
             n = len(src) if final or not self.bleu_max else min(self.bleu_max, len(src))
             metrics["bleu" if n == len(src) else f"bleu_first{n}"] = bleu(
-                model, self.tok, [src[i] for i in range(n)], refs[:n], self.max_len, device)
+                model, self.tok, [src[i] for i in range(n)], refs[:n], self.max_len, device, beams=self.beams,
+                length_penalty=self.length_penalty)
         return metrics
 
 

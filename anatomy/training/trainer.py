@@ -5,7 +5,10 @@ One optimizer update ("step") is:
     1. draw the step's micro-batches: a pure function of (seed, step), see data.py
     2. for each micro-batch: loss = sum of per-token losses / tokens in the whole global batch,
        backward (DDP averages gradients over ranks; gradients accumulate over micro-batches)
-    3. clip the global gradient norm, AdamW update, next learning rate
+    3. clip the global gradient norm, optimizer update (optimizers.py), next learning rate (schedules.py)
+
+At the end, `average_last` > 1 replaces the weights by the mean of the last checkpoints'
+(averaging.py) and evaluates that model too.
 
 Dividing by the token count of the *global* batch (all micro-batches, all ranks) makes the
 gradient the same whether a batch of 64 runs as 1 x 64, 4 x 16 accumulated, or 2 ranks x 32.
@@ -24,8 +27,10 @@ from torch import nn
 
 from ..terminal import printable
 from . import distributed
+from .averaging import average_checkpoints, last_checkpoints
 from .checkpoint import load_newest, save_checkpoint
 from .metrics import ProgressBar, append_metrics, plot_metrics, read_metrics, rewrite_metrics
+from .optimizers import make_optimizer, param_groups
 from .schedules import make_scheduler
 from .tasks import ClassifyTask, LMTask, Seq2SeqTask, count_targets, to_device
 
@@ -41,9 +46,12 @@ class TrainConfig:
     batch_size: int = 32  # per rank, per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
     lr: float = 1e-3  # peak learning rate (inverse-sqrt: a multiplier of the paper's formula)
-    min_lr_ratio: float = 0.1  # cosine ends at lr * min_lr_ratio
-    schedule: str = "cosine"  # "cosine" | "inverse-sqrt" | "constant"
+    min_lr_ratio: float = 0.1  # cosine, linear and wsd end at lr * min_lr_ratio
+    schedule: str = "cosine"  # one of schedules.SCHEDULES
     warmup: int = 100
+    decay_fraction: float = 0.2  # wsd: the last share of max_steps, decaying
+    optimizer: str = "adamw"  # one of optimizers.OPTIMIZERS
+    layer_decay: float = 1.0  # layer-wise LR decay (optimizers.py); 1 = every layer at lr
     weight_decay: float = 0.1  # on matrices only; never on norms, biases, embeddings
     betas: tuple[float, float] = (0.9, 0.99)
     eps: float = 1e-8
@@ -53,38 +61,11 @@ class TrainConfig:
     log_every: int = 10
     save_every: int = 0  # steps; 0 = only at the end
     keep: int = 2  # checkpoints kept on disk
+    average_last: int = 1  # the final model: the mean of the last N checkpoints' weights (1: the last's)
     seed: int = 1337
     precision: str = "auto"  # "auto" (bf16/fp16 autocast on GPU, fp32 on CPU) | "fp32" | "bf16" | "fp16"
     progress: bool = True  # rich progress bar (rank 0, on a terminal)
     quiet: bool = False  # no printing at all (tests)
-
-
-# ---- the optimizer ------------------------------------------------------------------------------
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups: decay for weight matrices; none for norms, biases (1-D) and embeddings.
-
-    Decay pulls weights toward 0; a norm's gain pulled toward 0 (or an embedding row that is rarely
-    seen, decayed every step) only hurts, so they are left out (as in GPT-2, BERT, nanoGPT)."""
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay, seen = [], [], set()
-    for p in model.parameters():  # parameters() yields a tied weight once
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        (no_decay if p.dim() < 2 or id(p) in embeddings else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW (Loshchilov & Hutter) over param_groups, as `anatomy train` and `anatomy bench` run it.
-
-        m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2,   p -= lr (m_hat / (sqrt(v_hat) + eps) + wd p)
-
-    The fused kernel updates every parameter in one pass per tensor instead of a dozen element-wise
-    ops each; torch has it for CPU and CUDA (measured in BENCHMARKS.md: the optimizer step of the
-    char-LM recipe shapes takes a fraction of the per-op loop's time)."""
-    return torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr, betas=config.betas,
-                             eps=config.eps, fused=device.type in ("cpu", "cuda") or None)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -135,7 +116,8 @@ class Trainer:
         self.model.to(self.device)
         self.optimizer = make_optimizer(self.model, c, self.device)
         self.scheduler = make_scheduler(self.optimizer, c.schedule, warmup=c.warmup, max_steps=c.max_steps,
-                                        min_ratio=c.min_lr_ratio, d_model=self.d_model)
+                                        min_ratio=c.min_lr_ratio, d_model=self.d_model,
+                                        decay_fraction=c.decay_fraction)
         self.amp_dtype = autocast_dtype(c.precision, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         self.step = 0
@@ -240,7 +222,8 @@ class Trainer:
                 last = self.step == c.max_steps
                 if self.step % c.log_every == 0 or last:
                     now = time.time()
-                    record = {"step": self.step, "loss": loss, "lr": self.scheduler.get_last_lr()[0],
+                    # the peak rate: with layer-wise decay, the head's (every other group's is lower)
+                    record = {"step": self.step, "loss": loss, "lr": max(self.scheduler.get_last_lr()),
                               "tokens_per_s": tokens_since / max(now - t_since, 1e-9),
                               "elapsed_s": now - start_time, "cpu_s": time.process_time() - start_cpu}
                     tokens_since, t_since = 0, now
@@ -260,7 +243,23 @@ class Trainer:
                     paused = True
                 if paused:
                     t_since = time.time()
+        if c.average_last > 1 and self.step >= c.max_steps:
+            self._average_and_evaluate(start_time, start_cpu)
         return self.history
+
+    def _average_and_evaluate(self, start_time: float, start_cpu: float) -> None:
+        """The weights become the mean of the last `average_last` checkpoints' (every rank loads
+        them); rank 0 evaluates that model as finally as the last step's and logs it with
+        `averaged_checkpoints`, after the last step's own record."""
+        paths = last_checkpoints(self.run_dir, self.config.average_last)
+        average_checkpoints(self.model, paths)
+        self._say(f"averaged the weights of {', '.join(p.name for p in paths)}")
+        if self.dist.is_main:
+            metrics = self.evaluate(final=True)
+            self.log({"step": self.step, "averaged_checkpoints": len(paths), **metrics,
+                      "elapsed_s": time.time() - start_time, "cpu_s": time.process_time() - start_cpu})
+            self._say("averaged: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        distributed.barrier()
 
     def _evaluate_and_log(self, progress: ProgressBar, final: bool, start_time: float, start_cpu: float) -> None:
         metrics = self.evaluate(final=final)

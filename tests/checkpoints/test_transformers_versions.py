@@ -10,9 +10,9 @@ and configs built by anatomy from scratch), and for SmolLM2 and MiniLM from thei
   30-layer SmolLM2);
 - the folder transformers 4 writes back (its own save_pretrained) is read by anatomy into the same model.
 
-transformers 4.57.3 needs its own virtual environment (it pins huggingface-hub < 1): the 4.x tests are
-skipped unless ANATOMY_TRANSFORMERS4_PYTHON names its python (.ci/run makes one:
-tests/checkpoints/transformers4_env.sh).
+transformers 4.57.3 needs its own virtual environment (it pins huggingface-hub < 1): the 4.x tests need
+ANATOMY_TRANSFORMERS4_PYTHON to name its python (`python -m anatomy.bench.peers transformers4` makes one;
+.ci/run makes every peer's).
 """
 
 from __future__ import annotations
@@ -42,9 +42,7 @@ pytestmark = pytest.mark.filterwarnings("error::anatomy.checkpoints.UnknownConfi
 TOL = 1e-5
 WORKER = Path(__file__).with_name("transformers_worker.py")
 TRANSFORMERS4_PYTHON = os.environ.get("ANATOMY_TRANSFORMERS4_PYTHON")
-needs_transformers4 = pytest.mark.skipif(
-    not TRANSFORMERS4_PYTHON, reason="set ANATOMY_TRANSFORMERS4_PYTHON to a python with transformers==4.57.3 "
-    "(tests/checkpoints/transformers4_env.sh makes one; it pins huggingface-hub < 1, so it gets its own environment)")
+needs_transformers4 = pytest.mark.peer("ANATOMY_TRANSFORMERS4_PYTHON")
 
 # case -> (group, transformers class): every tiny model of the parity tests, made by transformers 5
 GROUPS = {"parity": PARITY_CASES, "rotary": test_families_rotary.CASES, "learned": test_families_learned.CASES}

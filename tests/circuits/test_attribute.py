@@ -1,11 +1,7 @@
 """The attribution graph's edges are the direct effects of the local replacement model: checked against the
-model itself, frozen by interventions, one source at a time; and bad input is refused before computing.
-
-The reference runs anatomy's own model in float64 with every attention pattern, every norm's scale and every
-MLP's output held at the prompt's values (trace interventions), so that it is exactly affine in what the
-nodes write. Adding one source's vector where it writes and subtracting the unchanged pass gives that
-source's column of direct effects on every feature's pre-activation and every demeaned target logit:
-no transpose, no autograd, nothing shared with the sweep under test.
+model itself, frozen, one source at a time (frozen_reference.py: float64, every attention pattern, norm scale
+and MLP output held at the prompt's values, no code of the sweep under test); and bad input is refused before
+computing. test_families.py does the same for every decoder family.
 """
 
 from __future__ import annotations
@@ -16,7 +12,8 @@ import torch
 import anatomy
 from anatomy.circuits.attribute import attribution_graph
 from anatomy.circuits.graph import Node
-from anatomy.sae import SAE, TranscoderSet
+from family_models import family_transcoders
+from frozen_reference import frozen_reference
 
 PROMPT = [3, 17, 5, 29, 11, 8, 40]
 
@@ -33,147 +30,9 @@ def tiny(*, norm="rmsnorm", pos="rotary", bias=False, kind="jumprelu", skip=Fals
         for name, parameter in model.named_parameters():  # larger than the init's 0.02: patterns that vary
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * (0.3 if parameter.dim() > 1 else 0.2)
                             + (1.0 if name.endswith("norm.weight") and not plus_one else 0.0))
-    layers = []
-    for layer in range(n_layers):
-        d_out = (n_layers - layer) * d_model if cross_layer else d_model
-        sae = SAE(d_model, features, kind=kind, d_out=d_out, transcoder=True, skip=skip, seed=None)
-        with torch.no_grad():
-            for name, parameter in sae.named_parameters():
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-            if kind == "jumprelu":
-                sae.threshold.copy_(torch.rand(features, generator=generator) * 0.3)
-            if cross_layer:  # a CLT's bias and skip write its own layer only
-                sae.b_dec[d_model:] = 0
-                if skip:
-                    sae.W_skip[d_model:] = 0
-        layers.append(sae)
-    return model, TranscoderSet(layers, cross_layer=cross_layer, input_point=input_point).eval()
-
-
-@torch.no_grad()
-def frozen_reference(model, transcoders, graph) -> torch.Tensor:
-    """[N, N] direct effects by perturbation of the frozen model, in float64 (module docstring)."""
-    model = model.double()
-    transcoders = transcoders.double()
-    ids = torch.tensor([graph.meta["prompt_ids"]])
-    L, T = model.config.n_layers, ids.size(1)
-    names = (["embed"] + [f"blocks.{l}.{p}" for l in range(L) for p in ("resid_pre", "resid_mid", "attn.pattern", "mlp.out")]
-             + [f"blocks.{L - 1}.resid_post"])
-    with torch.no_grad(), anatomy.trace(model, names) as clean:
-        model(ids)
-
-    def frozen_norm(norm, recorded):
-        def scale(x):
-            x = x.double()
-            if hasattr(norm, "bias"):
-                return torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)
-            return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
-        s = scale(recorded)
-
-        def apply(x):
-            gain = (1 + norm.weight) if getattr(norm, "plus_one", False) else norm.weight
-            centred = x - x.mean(-1, keepdim=True) if hasattr(norm, "bias") else x
-            return centred * s * gain + (norm.bias if hasattr(norm, "bias") else 0)
-        return apply
-
-    def run(extra_out: dict, extra_embed: torch.Tensor | None):
-        """Targets' values with extra[(layer)] [T, E] added to MLP outputs and extra_embed to the embeddings."""
-        seen = {}
-        interventions = {}
-        if extra_embed is not None:
-            interventions["embed"] = lambda x: x + extra_embed
-        for l in range(L):
-            block = model.blocks[l]
-            interventions[f"blocks.{l}.attn.pattern"] = lambda x, l=l: clean[f"blocks.{l}.attn.pattern"]
-
-            def keep(name):
-                def fn(x):
-                    seen[name] = x
-                return fn
-            interventions[f"blocks.{l}.resid_pre"] = keep(f"pre{l}")
-            interventions[f"blocks.{l}.resid_mid"] = keep(f"mid{l}")
-            attn_norm = frozen_norm(block.attn_norm, clean[f"blocks.{l}.resid_pre"])
-            mlp_norm = frozen_norm(block.mlp_norm, clean[f"blocks.{l}.resid_mid"])
-            interventions[f"blocks.{l}.attn_norm.out"] = lambda x, l=l, f=attn_norm: f(seen[f"pre{l}"])
-            interventions[f"blocks.{l}.mlp_norm.out"] = lambda x, l=l, f=mlp_norm: f(seen[f"mid{l}"])
-
-            def mlp_out(x, l=l, f=mlp_norm):
-                out = clean[f"blocks.{l}.mlp.out"].clone()
-                skip = transcoders.skip(l)
-                if skip is not None:  # the skip path stays linear: it follows its input
-                    reads = transcoders.input_point(l).endswith("mlp_norm.out")
-                    now = f(seen[f"mid{l}"]) if reads else seen[f"mid{l}"]
-                    was = f(clean[f"blocks.{l}.resid_mid"]) if reads else clean[f"blocks.{l}.resid_mid"]
-                    out = out + (now - was) @ skip
-                return out + extra_out.get(l, 0)
-            interventions[f"blocks.{l}.mlp.out"] = mlp_out
-        final = frozen_norm(model.final_norm, clean[f"blocks.{L - 1}.resid_post"])
-        interventions[f"blocks.{L - 1}.resid_post"] = keep("last")
-        interventions["final_norm.out"] = lambda x: final(seen["last"])
-        inputs = {}
-
-        def read_input(x, l, old):
-            replaced = old(x) if old else None
-            inputs[l] = x if replaced is None else replaced
-            return inputs[l]
-        for l in range(L):
-            point = transcoders.input_point(l)
-            interventions[point] = lambda x, l=l, old=interventions.get(point): read_input(x, l, old)
-        with torch.no_grad(), anatomy.trace(model, [], interventions=interventions):
-            logits = model(ids).logits[0, -1]
-        values = torch.zeros(len(graph))
-        for i, node in enumerate(graph.nodes):
-            if node.kind == "feature":
-                values[i] = transcoders.pre_activations(node.layer, inputs[node.layer][0, node.column])[node.index]
-            elif node.kind == "logit":
-                values[i] = logits[node.index] - logits.mean()
-        return values
-
-    base = run({}, None)
-    reference = torch.zeros(len(graph), len(graph), dtype=torch.float64)
-    E = model.config.d_model
-    for s, node in enumerate(graph.nodes):
-        if node.kind == "token":
-            extra = torch.zeros(1, T, E, dtype=torch.float64)
-            extra[0, node.column] = clean["embed"][0, node.column]
-            column = run({}, extra) - base
-        elif node.kind == "feature":
-            vectors = transcoders.decoder_vectors(node.layer)[node.index]  # (O, E)
-            extra = {}
-            for j in range(vectors.size(0)):
-                add = torch.zeros(1, T, E, dtype=torch.float64)
-                add[0, node.column] = node.value * vectors[j]
-                extra[node.layer + j] = add
-            column = run(extra, None) - base
-        elif node.kind == "error":
-            if node.column == 0:
-                continue
-            # the error: the MLP's output minus the set's reconstruction (recomputed here, in float64)
-            error = error_vector(model, transcoders, clean, graph, node)
-            add = torch.zeros(1, T, E, dtype=torch.float64)
-            add[0, node.column] = error
-            column = run({node.layer: add}, None) - base
-        else:
-            continue
-        reference[:, s] = column
-    model.float(), transcoders.float()
-    return reference
-
-
-def error_vector(model, transcoders, clean, graph, node) -> torch.Tensor:
-    T = len(graph.meta["prompt_ids"])
-    features = []
-    for layer in range(model.config.n_layers):
-        f = torch.zeros(T, transcoders.d_transcoder, dtype=torch.float64)
-        for other in graph.nodes:
-            if other.kind == "feature" and other.layer == layer:
-                f[other.column, other.index] = other.value
-        features.append(f)
-    with torch.no_grad(), anatomy.trace(model, [transcoders.input_point(l) for l in range(model.config.n_layers)]) as t:
-        model(torch.tensor([graph.meta["prompt_ids"]]))
-    inputs = [t[transcoders.input_point(l)][0] for l in range(model.config.n_layers)]
-    recon = transcoders.reconstruct(node.layer, features, inputs)
-    return clean[f"blocks.{node.layer}.mlp.out"][0, node.column] - recon[node.column]
+    reads = input_point.split(".", 2)[2]
+    return model, family_transcoders(model, reads, "mlp.out", features=features, kind=kind, skip=skip,
+                                     cross_layer=cross_layer, generator=generator)
 
 
 CASES = {
@@ -265,16 +124,16 @@ def test_a_set_that_does_not_fit_is_refused_before_anything_runs():
         attribution_graph(model, torch.tensor(PROMPT), narrow)
 
 
-@pytest.mark.parametrize("change, words", [(dict(norm_position="post"), "norm_position='post'"),
-                                           (dict(parallel_residual=True), "parallel_residual"),
-                                           (dict(final_logit_softcap=30.0), "final_logit_softcap")])
-def test_models_the_replacement_cannot_freeze_are_refused(change, words):
+def test_a_model_whose_logits_are_not_linear_in_the_last_hidden_state_is_refused_in_words():
+    """Only what stays non-linear once patterns and norm scales are frozen is refused: here an LM head's own
+    transform (dense, activation, norm). Every decoder family's layout has its graph (test_families.py)."""
     config = anatomy.ModelConfig(arch="decoder", vocab_size=61, d_model=24, n_heads=4, n_layers=3, d_ff=48,
-                                 max_seq_len=32, **change)
+                                 max_seq_len=32, lm_head_transform=True, activation="gelu")
     model = anatomy.build_model(config, seed=0).eval()
     _, transcoders = tiny()
-    with pytest.raises(ValueError, match=words):
+    with pytest.raises(ValueError, match="applies a gelu first \\(lm_head_transform=True\\)") as error:
         attribution_graph(model, torch.tensor(PROMPT), transcoders)
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("option, value", [("max_logits", 0), ("logit_probability", 1.5), ("max_feature_nodes", -3)])

@@ -1,4 +1,5 @@
-"""EAP equals auto-circuit 1.0.1's on the same weights and pairs (a random GPT-2-shaped model).
+"""EAP equals auto-circuit 1.0.1's on the same weights and pairs (a random GPT-2-shaped model), EAP-IG with
+the edges interpolated equals its integrated_grad_samples, and ACDC keeps the edges its ACDC keeps.
 
 The fixtures were written by auto-circuit itself, in its own virtual environment
 (fixtures/make_autocircuit_fixtures.py): its mask_gradient_prune_scores with grad_function="logit",
@@ -6,15 +7,13 @@ answer_function="avg_diff" and mask_val=0, which its documentation states is EAP
 2023), scored on every edge of TransformerLens's split q/k/v inputs. anatomy must match every edge
 within 1e-4, and score the same set of edges.
 
-Set ANATOMY_AUTOCIRCUIT_PYTHON to the python of that environment to rewrite the fixtures from
-auto-circuit before comparing (the test then proves the fixtures are still auto-circuit's).
+With auto-circuit's environment at hand (.ci/run), tests/test_peer_fixtures.py runs that script again and
+finds the committed files.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,14 +27,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    python = os.environ.get("ANATOMY_AUTOCIRCUIT_PYTHON")
-    if not python:
-        return FIXTURES / "autocircuit"
-    out = tmp_path_factory.mktemp("autocircuit")
-    subprocess.run([python, str(FIXTURES / "make_autocircuit_fixtures.py"), str(out)], check=True,
-                   capture_output=True, timeout=900)
-    return out
+def folder() -> Path:
+    return FIXTURES / "autocircuit"
 
 
 def anatomy_scores(folder: Path, method: str, steps: int = 1, path: str = "inputs") -> dict[str, float]:
@@ -69,3 +62,29 @@ def test_eap_ig_with_edges_interpolated_equals_auto_circuit(folder):
     assert worst < 1e-4, worst
     inputs = anatomy_scores(folder, "eap-ig", steps=samples)
     assert max(abs(inputs[name] * (samples + 1) - value) for name, value in expected.items()) > 1e-2
+
+
+def test_acdc_keeps_the_edges_auto_circuit_keeps(folder):
+    """auto-circuit's acdc_prune_scores (KL, the corrupted outputs patched in), with its edges in anatomy's
+    order, keeps the same edges as anatomy's acdc at each tau; the order is anatomy's acdc_order, and no
+    decision is within float32's reach of tau (each tested edge moved the KL at least 1e-5 from it)."""
+    from anatomy.circuits.discovery.acdc import acdc, acdc_order
+
+    data = json.loads((folder / "expected.json").read_text(encoding="utf-8"))["acdc"]
+    model = anatomy.from_pretrained(folder).eval()
+    pairs = load_file(str(folder / "pairs.safetensors"))
+    n, length = pairs["clean"].shape
+    task = Task("fixture", pairs["clean"], pairs["corrupt"], torch.full((n,), length), pairs["answers"], pairs["wrongs"])
+    sizes = []
+    for tau, expected in data["kl"].items():
+        base, exponent = tau.split("e")
+        threshold = int(base) * 10.0 ** int(exponent)
+        result = acdc(model, task, threshold=threshold, metric="kl")
+        graph = result.extra["graph"]
+        assert [graph.edge_name(u, v) for u, v in acdc_order(graph)] == data["order"]
+        kept = sorted(graph.edge_name(u, v) for u, v in result.extra["kept"].nonzero().tolist())
+        assert kept == expected, tau
+        margin = (result.values[graph.allowed] - threshold).abs().min().item()
+        assert margin > 1e-5, (tau, margin)
+        sizes.append(len(kept))
+    assert len(set(sizes)) == len(sizes) and 1 <= min(sizes) and max(sizes) < len(data["order"])  # taus that differ

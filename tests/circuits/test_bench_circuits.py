@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 
 import pytest
@@ -30,8 +29,7 @@ def test_without_circuit_tracer_the_row_says_so_and_installs_nothing(monkeypatch
     assert not (tmp_path / "venv-circuit-tracer").exists()
 
 
-@pytest.mark.skipif(not os.environ.get("ANATOMY_CIRCUIT_TRACER_PYTHON"),
-                    reason="$ANATOMY_CIRCUIT_TRACER_PYTHON names no circuit-tracer environment")
+@pytest.mark.peer("ANATOMY_CIRCUIT_TRACER_PYTHON")
 def test_beside_circuit_tracer_the_adjacency_is_the_same():
     table = quick_table()
     differences = re.findall(r"same adjacency: max \|diff\| ([0-9.e+-]+)", table)

@@ -61,7 +61,13 @@ def test_the_graph_equals_circuit_tracers(model, name):
     order = aligned(graph, expected)
     ours = graph.adjacency[order][:, order]
     assert (ours - expected["adjacency"]).abs().max() < 1e-4
-    assert (expected["adjacency"] != 0).sum() > 0.2 * expected["adjacency"].numel() / 2  # a graph with edges to compare
+    assert_the_rest_equal(graph, expected, order)
+
+
+def assert_the_rest_equal(graph, expected: dict, order: torch.Tensor) -> None:
+    """Beyond the adjacency: a graph with edges to compare, the same activations and target probabilities, and
+    anatomy's own check."""
+    assert (expected["adjacency"] != 0).sum() > 0.2 * expected["adjacency"].numel() / 2
     n_features = len(expected["selected_features"])
     values = torch.tensor([graph.nodes[i].value for i in order[:n_features].tolist()])
     assert (values - expected["activation_values"]).abs().max() < 1e-4
@@ -74,6 +80,12 @@ def test_the_graph_equals_circuit_tracers(model, name):
 def test_pruning_and_scores_equal_circuit_tracers(model, name):
     expected = load_file(str(FIXTURES / f"{name}.graph.safetensors"))
     graph = attribution_graph(model, SETTINGS["prompt"], load_transcoders(FIXTURES / name))
+    assert_pruning_and_scores_equal(graph, expected)
+
+
+def assert_pruning_and_scores_equal(graph, expected: dict) -> None:
+    """prune(graph, 0.8, 0.98) keeps the nodes and edges circuit-tracer's prune_graph kept, with its cumulative
+    influence; scores(graph) are its compute_graph_scores, within 1e-4."""
     order = aligned(graph, expected)
     decision = prune(graph, 0.8, 0.98)
     assert torch.equal(decision.node_mask[order], expected["node_mask"].bool())

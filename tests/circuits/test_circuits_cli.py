@@ -55,6 +55,16 @@ def test_interventions_print_the_model_beside_the_graph(tmp_path, capsys):
     assert all(len(line) <= 80 for line in printed.splitlines())
 
 
+def test_a_soft_capped_models_summary_says_what_the_rows_explain(tmp_path, capsys):
+    """Gemma 2's graph, its circuit-tracer set read at hook_mlp_out (the MLP's own norm's output in this model)."""
+    assert main(["circuits", PROMPT, "--model", str(FIXTURES / "gemma2"), "--transcoders", str(FIXTURES / "gemma2_plt"),
+                 "--threads", "1", "--out", str(tmp_path / "g.safetensors")]) == 0
+    printed = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in printed.splitlines())
+    assert "logits      the logit rows explain the logits before the final soft-cap" in printed
+    assert load_graph(tmp_path / "g.safetensors").meta["logit_softcap"] == 5.0
+
+
 @pytest.mark.parametrize("arguments, words", [
     (["circuits", "", "--transcoders", "x", "--out", "g.html"], "empty"),
     (BASE + ["--out", "g.png"], "--out"),
@@ -80,10 +90,10 @@ def test_a_set_that_does_not_fit_the_model_is_one_line(tmp_path, capsys):
 
 
 def test_a_model_the_replacement_cannot_freeze_is_one_line(tmp_path, capsys):
-    assert status(["circuits", "Hello World", "--model", "toy", "--transcoders", str(FIXTURES / "plt_jumprelu"),
+    assert status(["circuits", "Hello World", "--model", "toy-encoder", "--transcoders", str(FIXTURES / "plt_jumprelu"),
                    "--out", str(tmp_path / "g.html")]) == 2
     error = capsys.readouterr().err
-    assert "norm_position='post'" in error and len(error.strip().splitlines()) == 1
+    assert "need a decoder-only language model" in error and len(error.strip().splitlines()) == 1
 
 
 def test_a_missing_transcoder_folder_is_one_line(tmp_path, capsys):
@@ -150,5 +160,5 @@ def test_the_stages_are_said_as_they_start_when_redirected(tmp_path, capsys):
     assert main(BASE + ["--out", str(tmp_path / "g.json")]) == 0
     out = capsys.readouterr().out
     stages = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[")]
-    assert stages == ["loading the transcoders …", "loading the model …", "the graph …", "writing …"]
+    assert stages == ["loading the transcoders …", "loading the model …", "the graph …", "the attention …", "writing …"]
     assert out.index("writing …") < out.index("anatomy circuits\n")

@@ -8,7 +8,6 @@ import re
 
 import pytest
 
-from anatomy.checkpoints.toys import build_toy, toy_tokenizer
 from anatomy.circuits import load_graph
 from anatomy.cli import main
 from cli_status import status
@@ -16,14 +15,6 @@ from cli_status import status
 PAIRS = [{"clean": "Hello World, this is", "corrupt": "Hello World, is this", "answer": " Alejandro!", "wrong": " is"},
          {"clean": "Hello World, this", "corrupt": "Hello World, is", "answer": " is", "wrong": " this"}]
 
-
-
-@pytest.fixture(scope="module")
-def prenorm(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("prenorm-toy")
-    build_toy("toy", norm_position="pre", final_norm=True).save_pretrained(folder)
-    toy_tokenizer("toy").save(folder)
-    return str(folder)
 
 
 @pytest.fixture
@@ -57,8 +48,12 @@ def test_discover_writes_the_circuit(prenorm, pairs_file, tmp_path, capsys):
     (["--task", "poetry"], "'poetry' is not a task (allowed values: ioi"),
     (["--task", "ioi", "--steps", "0"], "0 is not a positive integer"),
     (["--task", "ioi", "--pairs", "1000000"], "1000000 pairs is more than 100000"),
-    (["--task", "ioi", "--method", "acdc"], "invalid choice: 'acdc'"),
-    (["--task", "ioi", "--model", "toy"], "circuit discovery needs a pre-norm decoder"),
+    (["--task", "ioi", "--method", "acdc"], "--method acdc needs --threshold TAU"),
+    (["--task", "ioi", "--method", "acdc", "--threshold", "0.1", "--verify", "5"], "acdc tests every edge exactly"),
+    (["--task", "ioi", "--method", "acdc", "--threshold", "-1"], "-1 is negative"),
+    (["--task", "ioi", "--method", "eap", "--threshold", "0.1"], "--threshold is for --method acdc, not eap"),
+    (["--task", "ioi", "--method", "eap", "--outside", "3"], "--outside N samples edges outside the top K"),
+    (["--task", "ioi", "--model", "toy"], "a post-norm block (norm_position='post') renormalises it"),
 ])
 def test_mistakes_are_one_line(arguments, words, capsys):
     assert status(["circuits", "discover", *arguments]) == 2
@@ -80,9 +75,10 @@ def test_k_larger_than_the_edges_is_one_line(prenorm, pairs_file, capsys):
 
 
 def test_the_methods_offered_are_the_librarys():
-    from anatomy.circuits.discovery import choices, edges, generators, nodes
+    from anatomy.circuits.discovery import acdc, choices, edges, generators, nodes
 
     assert (edges.METHODS, nodes.METHODS) == (choices.EDGE_METHODS, choices.NODE_METHODS)
+    assert choices.CIRCUIT_METHODS == ("acdc",) and callable(acdc.acdc)
     assert set(nodes.KINDS) == set(choices.NODE_KINDS) and set(generators.TASKS) == set(choices.TASKS)
 
 
@@ -122,3 +118,18 @@ def test_an_option_of_another_method_is_refused_not_ignored(arguments, words, ca
     assert status(["circuits", "discover", "--task", "ioi", *arguments]) == 2
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1, err
+
+
+def test_acdc_from_the_command_line(prenorm, pairs_file, tmp_path, capsys):
+    """ACDC prunes every edge and writes the circuit it keeps; its faithfulness is measured; the verified
+    edges of EAP-IG include a sample outside the top K."""
+    out = tmp_path / "acdc.safetensors"
+    assert main(["circuits", "discover", "--task", pairs_file, "--model", prenorm, "--method", "acdc", "--threshold",
+                 "0.001", "--distance", "task", "--out", str(out)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())  # the summary's wrapped lines, joined
+    kept = int(re.search(r"(\d+) edges recover", printed).group(1))
+    assert "reverse topological order" in printed and f"{kept} of 46 edges kept" in printed
+    assert sum(1 for _ in load_graph(out).edges()) == kept
+    assert main(["circuits", "discover", "--task", pairs_file, "--model", prenorm, "--method", "eap", "--verify", "3",
+                 "--outside", "4"]) == 0
+    assert "outside the top 3, 4 sampled edges" in " ".join(capsys.readouterr().out.split())

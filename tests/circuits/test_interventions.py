@@ -8,6 +8,7 @@ import torch
 
 from anatomy.circuits.attribute import attribution_graph
 from anatomy.circuits.interventions import FeatureChange, intervene
+from family_models import family_model, family_transcoders
 from test_attribute import PROMPT, tiny
 
 
@@ -39,6 +40,25 @@ def test_frozen_the_model_moves_as_the_graph_predicts(setup, how):
     assert result.change.abs().max() > 1e-2  # the change does something
     assert torch.allclose(result.change, result.direct, atol=1e-4 * max(1.0, float(result.change.abs().max())))
     assert not result.unseen
+
+
+@pytest.mark.parametrize("family, reads, writes, options", [
+    ("gemma2", "mlp_norm.normalized", "mlp.out", {}),  # sandwich norms, the logits before the final soft-cap
+    ("gpt_neox", "mlp_norm.out", "mlp.out", dict(kind="relu", skip=True)),  # parallel, a skip
+    ("opt-post", "resid_mid", "mlp.out", dict(kind="relu", skip=True)),  # post-norm: norms after the sums
+    ("olmo2", "resid_mid", "mlp_out_norm.out", {}),
+])
+def test_frozen_every_familys_model_moves_as_the_graph_predicts(family, reads, writes, options):
+    model = family_model(family)
+    transcoders = family_transcoders(model, reads, writes, **options)
+    graph = attribution_graph(model, torch.tensor(PROMPT), transcoders)
+    changes = [FeatureChange(n.layer, n.index, n.column, value=0.0) for n in strongest_features(graph)]
+    result = intervene(model, torch.tensor(PROMPT), transcoders, changes, freeze="all", graph=graph)
+    assert result.change.abs().max() > 1e-2
+    assert torch.allclose(result.change, result.direct, atol=1e-4 * max(1.0, float(result.change.abs().max())))
+    kept = intervene(model, torch.tensor(PROMPT), transcoders, [FeatureChange(n.layer, n.index, n.column, value=n.value)
+                                                                for n in strongest_features(graph)], freeze="all")
+    assert (kept.after - kept.before).abs().max() < 1e-5  # frozen, the model is its own pass
 
 
 def test_setting_features_to_their_own_values_changes_nothing(setup):
@@ -83,3 +103,24 @@ def test_a_change_is_a_value_or_an_addition():
         FeatureChange(0, 1)
     with pytest.raises(ValueError, match="freeze"):
         intervene(None, "x", None, [], freeze="some")
+
+
+def test_the_graphs_predictions_on_a_chain_of_known_edges():
+    """direct and through, numerically, on a graph small enough to add up by hand: f1 (activation 1) feeds
+    f2 (activation 4) by 2 and the logit by 1, f2 feeds the logit by 3. Steering f1 by +0.5 (r1 = 0.5 per
+    unit) moves the logit directly by 1 x 0.5 = 0.5; through f2, which moves by 2 x 0.5 = 1 (r2 = 1/4), by
+    0.5 + 3 x 0.25 = 1.25. Clamping f2 to 0 as well fixes it: through is then 0.5 + 3 x (0 - 4)/4 = -2.5."""
+    from types import SimpleNamespace
+
+    from anatomy.circuits.graph import Graph, Node
+    from anatomy.circuits.interventions import predictions
+
+    nodes = [Node("feature", 0, 1, 0, value=1.0), Node("feature", 1, 1, 0, value=4.0), Node("logit", 2, 1, 7)]
+    adjacency = torch.zeros(3, 3)
+    adjacency[1, 0], adjacency[2, 0], adjacency[2, 1] = 2.0, 1.0, 3.0
+    graph = Graph(nodes, adjacency, ["<s>", "x"], 2)
+    rep = SimpleNamespace(ids=[0, 1])  # two positions: a change at every position touches position 1
+    direct, through, unseen = predictions(graph, rep, [FeatureChange(0, 0, add=0.5)])
+    assert direct.tolist() == [0.5] and through.tolist() == [1.25] and unseen == []
+    direct, through, _ = predictions(graph, rep, [FeatureChange(0, 0, 1, add=0.5), FeatureChange(1, 0, 1, value=0.0)])
+    assert direct.tolist() == [0.5 - 3.0] and through.tolist() == [-2.5]

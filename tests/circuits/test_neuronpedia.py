@@ -1,9 +1,11 @@
 """The graph JSON: Neuronpedia's schema holds it, and it says what circuit-tracer's `create_graph_files` says.
 
 circuit-tracer's JSON of the same graph (fixtures/graphs/json, written by circuit-tracer 0.5.0) has the same
-nodes, links, weights and influences; only its error ids differ, on purpose: its "0_{layer}_{position}" is the
-id of layer 0's feature number `layer` at that position, and anatomy writes "{layer}_-1_{position}" (the id
-circuit-tracer's upstream has since moved to).
+nodes, with the same fields in the same order and the same defaults, links, weights and influences; only its
+error ids differ, on purpose: its "0_{layer}_{position}" is the id of layer 0's feature number `layer` at that
+position, and anatomy writes "{layer}_-1_{position}" (the id circuit-tracer's upstream has since moved to), and
+its jsNodeId "{layer}_{position}-0" is that of the layer's feature number `position`: anatomy's is
+"{layer}_-1-{position}".
 """
 
 from __future__ import annotations
@@ -84,6 +86,50 @@ def test_the_json_equals_circuit_tracers(model, name):
     assert data["metadata"]["prompt_tokens"] == theirs["metadata"]["prompt_tokens"]
 
 
+@pytest.mark.parametrize("name", SETS)
+def test_every_node_carries_every_field_circuit_tracer_writes_and_a_diff_shows_only_numbers(model, name):
+    """Node by node, the same fields in the same order with the same defaults (is_target_logit false, run_idx 0,
+    token_prob 0.0, activation null off the features, influence null on the logits), and the metadata circuit-tracer
+    writes in its order: every value that is not a number is equal, but for the error ids (module docstring) and
+    the prompt, which anatomy writes as it was given."""
+    data = ours(model, name)
+    theirs = json.loads((FIXTURES / "graphs" / "json" / f"{name}.json").read_text())
+    assert list(data["metadata"])[:len(theirs["metadata"])] == list(theirs["metadata"])
+    mine = ("slug", "scan", "prompt")  # named by the caller; the prompt as given (circuit-tracer's: its ids decoded)
+    assert {k: data["metadata"][k] for k in theirs["metadata"] if k not in mine} == \
+        {k: v for k, v in theirs["metadata"].items() if k not in mine}
+    their_nodes = {circuit_tracer_error_id(node["node_id"], node["feature_type"]): node for node in theirs["nodes"]}
+    for node in data["nodes"]:
+        theirs_ = their_nodes[node["node_id"]]
+        assert list(node) == list(theirs_), node["node_id"]
+        for key, value in node.items():
+            other = theirs_[key]
+            if key in ("node_id", "jsNodeId") and node["feature_type"] == "mlp reconstruction error":
+                continue
+            if isinstance(value, float) or isinstance(other, float):
+                assert value == pytest.approx(other, abs=1e-4), (node["node_id"], key)
+            else:
+                assert value == other, (node["node_id"], key)
+
+
+def test_the_json_holds_the_strongest_edges_at_the_precision_they_carry(model):
+    from anatomy.circuits import pruned
+
+    graph = pruned(attribution_graph(model, PROMPT, load_transcoders(FIXTURES / "graphs" / "plt_jumprelu")))
+    data = neuronpedia_json(graph, max_links=25, labels={graph.nodes[-1].id: "not a feature"})
+    jsonschema.validate(data, SCHEMA)
+    weights = sorted((w for *_, w in graph.edges()), key=abs, reverse=True)
+    assert [link["weight"] for link in data["links"]] == [float(f"{w:.6g}") for w in weights[:25]]
+    assert data["metadata"]["links"] == {"max": 25, "in_graph": len(weights)} and len(weights) > 25
+    features = {node.id: i for i, node in enumerate(graph.nodes) if node.kind == "feature"}
+    first = next(iter(features))
+    labelled = neuronpedia_json(graph, labels={first: "a <label>"})
+    assert labelled["nodes"][features[first]]["clerp"] == "a <label>"
+    numbers = [node[key] for node in labelled["nodes"] for key in ("activation", "influence", "token_prob")
+               if node.get(key) is not None]
+    assert numbers and all(x == float(f"{x:.6g}") for x in numbers)  # 6 significant digits at most
+
+
 def test_circuit_tracer_05s_own_error_ids_collide_and_ours_do_not(model):
     # in this fixture circuit-tracer named its error at (layer 0, position 2) "0_0_2", layer 0's feature #0
     # at position 2 too: its JSON holds two nodes with one id, and a link to "0_0_2" means either
@@ -141,8 +187,7 @@ finally:
 """
 
 
-@pytest.mark.skipif(not __import__("os").environ.get("ANATOMY_CIRCUIT_TRACER_PYTHON"),
-                    reason="$ANATOMY_CIRCUIT_TRACER_PYTHON names no circuit-tracer environment")
+@pytest.mark.peer("ANATOMY_CIRCUIT_TRACER_PYTHON")
 def test_circuit_tracers_local_server_serves_and_saves_the_graph(model, tmp_path):
     import os
     import socket

@@ -8,6 +8,7 @@ import torch
 
 from anatomy.circuits.attribute import attribution_graph
 from anatomy.circuits.heads import split_by_head
+from family_models import family_model, family_transcoders
 from test_attribute import CASES, PROMPT, tiny
 
 
@@ -29,6 +30,30 @@ def test_the_parts_add_up_to_the_edge(case):
     for t, s in pairs:
         split = split_by_head(model, transcoders, graph, graph.nodes[t], graph.nodes[s])
         assert split.error < 1e-5, (graph.nodes[s].name, graph.nodes[t].name, split.check)
+
+
+@pytest.mark.parametrize("family, reads, writes, options", [
+    ("gemma2", "mlp_norm.normalized", "mlp.out", dict(kind="relu", skip=True)),  # sandwich: through the out norms
+    ("gpt_neox", "mlp_norm.out", "mlp.out", dict(kind="relu", skip=True)),  # parallel: the skip reads resid_pre
+    ("gptj", "attn_norm.out", "mlp.out", dict(cross_layer=True)),
+    ("olmo2", "resid_mid", "mlp.out", dict(kind="relu", skip=True)),  # no norm before, one on each output
+])
+def test_the_parts_add_up_to_the_edge_in_every_family(family, reads, writes, options):
+    model = family_model(family)
+    transcoders = family_transcoders(model, reads, writes, **options)
+    graph = attribution_graph(model, torch.tensor(PROMPT), transcoders)
+    logit = graph.index(next(n for n in graph.nodes if n.kind == "logit"))
+    for t, s in strongest_edges(graph, 10) + [(logit, 0), (logit, 2)]:
+        split = split_by_head(model, transcoders, graph, graph.nodes[t], graph.nodes[s])
+        assert split.error < 1e-5, (family, graph.nodes[s].name, graph.nodes[t].name, split.check)
+
+
+def test_a_post_norm_model_is_refused_in_words():
+    model = family_model("opt-post")
+    transcoders = family_transcoders(model, "resid_mid", "mlp.out")
+    graph = attribution_graph(model, torch.tensor(PROMPT), transcoders)
+    with pytest.raises(ValueError, match="post-norm model does not split by heads"):
+        split_by_head(model, transcoders, graph, graph.nodes[-1], graph.nodes[1])
 
 
 def test_an_edge_across_positions_has_no_residual_part_and_every_head_is_named():

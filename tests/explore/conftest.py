@@ -16,18 +16,6 @@ from anatomy.explore import create_app  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def prenorm(tmp_path_factory) -> str:
-    """A folder holding the toy refitted as a pre-norm decoder (GPT-2's block): direct logit
-    attribution needs a residual stream that is a sum of components."""
-    from anatomy.checkpoints.toys import build_toy, toy_tokenizer
-
-    folder = tmp_path_factory.mktemp("prenorm-toy")
-    build_toy("toy", norm_position="pre", final_norm=True).save_pretrained(folder)
-    toy_tokenizer("toy").save(folder)
-    return str(folder)
-
-
-@pytest.fixture(scope="session")
 def sae_folder(tmp_path_factory) -> str:
     """A small TopK SAE on the pre-norm toy's last residual stream, saved in SAELens's format."""
     from anatomy.sae import SAE

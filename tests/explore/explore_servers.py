@@ -55,3 +55,13 @@ def refused(response, *words: str) -> str:
     for word in words:
         assert word in message, message
     return message
+
+
+def drawn_job_page(page, tries: int = 300):
+    """The frame of a job's page (/api/jobs/ID/page) once it has drawn (body[data-paints]), or None."""
+    for _ in range(tries):
+        frame = next((f for f in page.frames if "/api/jobs/" in f.url and f.query_selector("body[data-paints]")), None)
+        if frame is not None:
+            return frame
+        page.wait_for_timeout(100)
+    return None

@@ -9,11 +9,11 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from explore_servers import TOKEN, Served
+from explore_servers import TOKEN, Served, drawn_job_page
 from starlette.testclient import TestClient
 
 import anatomy
-from anatomy.circuits import attribution_graph, prune, pruned, scores
+from anatomy.circuits import attribution_graph, explain_attention, prune, pruned, scores
 from anatomy.explore import create_app
 from anatomy.sae import load_transcoders
 
@@ -55,6 +55,24 @@ def test_the_panels_graph_is_the_librarys(client):
     assert page.status_code == 200 and "view-graph" in page.text
 
 
+def test_the_panels_attention_is_the_librarys(client):
+    job = client.post("/api/jobs", json={"model": LLAMA, "text": TEXT, "kind": "circuit", "qk": 3})
+    kind, last = finished(client, job.json()["id"])
+    assert kind == "result", last
+    model = anatomy.from_pretrained(LLAMA).eval()
+    transcoders = load_transcoders(SET)
+    small = pruned(attribution_graph(model, TEXT, transcoders))
+    explain_attention(model, transcoders, small, n=3)
+    record = small.meta["attention"]
+    assert last["result"]["attention"] == {"edges": 3, "heads": len(record["qk"]), "check": record["check"],
+                                           "error": record["error"]}
+    page = client.get(f"/api/jobs/{job.json()['id']}/page").text
+    data = json.loads(page.split('<script type="application/json" id="anatomy-data">')[1].split("</script>")[0])
+    assert [e["target"] for e in data["attention"]["edges"]] == [e["target"] for e in record["edges"]]
+    job = client.post("/api/jobs", json={"model": LLAMA, "text": TEXT, "kind": "circuit", "qk": 0})
+    assert finished(client, job.json()["id"])[1]["result"]["attention"] is None
+
+
 def test_the_model_lists_its_transcoders(client):
     models = {m["name"]: m for m in client.get("/api/models").json()["models"]}
     client.post("/api/run", json={"model": LLAMA, "text": TEXT})  # loads it
@@ -66,6 +84,7 @@ def test_the_model_lists_its_transcoders(client):
     ({"model": "toy", "text": "Hello World", "kind": "circuit"}, "no transcoders are attached to toy"),
     ({"model": LLAMA, "text": TEXT, "kind": "circuit", "node_threshold": 2}, "'node_threshold' must be a number in [0.0, 1.0]"),
     ({"model": LLAMA, "text": TEXT, "kind": "circuit", "max_logits": 0}, "'max_logits' must be an integer in [1, 10]"),
+    ({"model": LLAMA, "text": TEXT, "kind": "circuit", "qk": 51}, "'qk' must be an integer in [0, 50]"),
 ])
 def test_what_cannot_be_built_is_refused_in_words(client, body, words):
     response = client.post("/api/jobs", json=body)
@@ -84,24 +103,49 @@ def served():
     server.stop()
 
 
-def test_the_panel_builds_the_graph_and_draws_it(browser, served):
+FRESH = "section[data-panel='circuit'] h2 .fresh"
+
+
+def test_the_panel_builds_the_graph_and_draws_it_in_view(browser, served):
     page = browser.new_page()
     requests = []
     page.on("request", lambda request: requests.append(request.url))
     page.goto(served.url + f"#model={quote(LLAMA)}&text={quote(TEXT)}&panel=circuit")
     page.wait_for_selector("body[data-updated]", timeout=60000)
     page.click("#panel-tabs button:text-is('Circuit')")
+    page.wait_for_function(f"() => document.querySelector(\"{FRESH}\")?.textContent === 'not run yet'")
     page.click("#circuit-body button.run")
     page.wait_for_function("() => document.querySelector('#circuit-body iframe[src*=\"/api/jobs/\"]')", timeout=60000)
-    frame = None
-    for _ in range(300):
-        frame = next((f for f in page.frames if "/api/jobs/" in f.url and f.query_selector("#graph-scroll svg g.node")), None)
-        if frame is not None:
-            break
-        page.wait_for_timeout(100)
+    frame = drawn_job_page(page)
     assert frame is not None, "the graph page did not draw"
     model = anatomy.from_pretrained(LLAMA).eval()
     graph = attribution_graph(model, TEXT, load_transcoders(SET))
     assert frame.inner_text("#check-line") == f"Check: {pruned(graph).check}"  # the drawn (pruned) graph's own
+    outside = frame.evaluate("""() => { const height = innerHeight, width = innerWidth;
+        return window.anatomyGraph.nodes.map((_, i) => window.anatomyGraph.clientBox(i))
+          .filter((b) => b.x < 0 || b.x > width || b.y < 0 || b.y > height).length; }""")
+    assert outside == 0  # the whole graph in the frame's view at open
+    page.wait_for_function(f"() => document.querySelector(\"{FRESH}\")?.textContent === 'up to date'")
+    # why attention attends: the strongest explained edge's target clicked in the frame shows its heads' QK
+    small = pruned(graph)
+    explain_attention(model, load_transcoders(SET), small, n=20)
+    strongest = max(small.meta["attention"]["edges"], key=lambda e: abs(e["edge"]))
+    inside = page.locator("#circuit-body iframe").bounding_box()
+    box = frame.evaluate("(i) => window.anatomyGraph.clientBox(i)", small.index(strongest["target"]))
+    page.mouse.click(inside["x"] + box["x"], inside["y"] + box["y"])
+    frame.wait_for_selector("#qk-section .qk-check")
+    qk = small.meta["attention"]["qk"][strongest["heads"][0]["qk"]]
+    assert frame.inner_text("#qk-section .qk-check") == qk["check"]
     assert all(url.startswith(f"http://127.0.0.1:{served.port}/") for url in requests if url.startswith("http"))
+    page.close()
+
+
+def test_without_transcoders_the_panel_says_so_and_nothing_else(browser, served):
+    page = browser.new_page()
+    page.goto(served.url + f"#model=toy&text={quote(TEXT)}&panel=circuit")
+    page.wait_for_selector("body[data-updated]", timeout=60000)
+    page.click("#panel-tabs button:text-is('Circuit')")
+    page.wait_for_function("() => document.querySelector('#circuit-body').textContent.includes('No transcoders')")
+    assert page.query_selector_all("#circuit-controls input") == []  # no thresholds for a graph it cannot build
+    assert page.text_content(FRESH) == ""  # and no "up to date"
     page.close()

@@ -53,7 +53,7 @@ def test_bad_settings_are_refused_before_a_job(client, prenorm):
         response = client.post("/api/jobs", json={"model": prenorm, "kind": "discover", **settings})
         assert response.status_code == 400 and words in response.json()["error"], response.text
     post_norm = client.post("/api/jobs", json={"model": "toy", "kind": "discover", "task": "ioi"})
-    assert post_norm.status_code == 400 and "pre-norm" in post_norm.json()["error"]
+    assert post_norm.status_code == 400 and "post-norm block" in post_norm.json()["error"]
 
 
 def test_a_pair_of_unequal_length_ends_the_job_with_its_reason(client, prenorm):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import anatomy
-from explore_servers import HAS_SMOLLM2, TOKEN, Served
+from explore_servers import HAS_SMOLLM2, TOKEN, Served, drawn_job_page
 from page_geometry import grids, misplaced_cells
 
 pytestmark = pytest.mark.browser
@@ -245,15 +245,21 @@ def test_the_discover_panel_runs_a_circuit_and_shows_the_librarys_edges(page, se
     pairs = [{"clean": "Hello World, this is", "corrupt": "Hello World, is this", "answer": " Alejandro!", "wrong": " is"},
              {"clean": "Hello World, this", "corrupt": "Hello World, is", "answer": " is", "wrong": " this"}]
     open_page(page, served, f"#model={quote(prenorm)}&panel=discover")
+    fresh = "section[data-panel='discover'] h2 .fresh"
+    page.wait_for_function(f"() => document.querySelector(\"{fresh}\")?.textContent === 'not run yet'")
+    assert page.input_value("input[aria-label='pairs']") == "100"  # as `anatomy circuits discover`
     page.select_option("select[aria-label='task']", "custom")
     page.fill("textarea.discover-custom", "\n".join(__import__("json").dumps(pair) for pair in pairs))
     page.click("#discover-controls button:text-is('Discover')")
-    page.wait_for_selector("table.discover-top tbody tr", timeout=60000)
+    page.wait_for_selector("table.discover-top tbody tr", state="attached", timeout=60000)  # in a closed <details>
     model = anatomy.from_pretrained(prenorm)
     edges = attribute_edges(model, make_task(model, "custom", pairs), method="eap-ig", steps=5)
     graph = edges.extra["graph"]
     shown = [row.query_selector("td").text_content() for row in page.query_selector_all("table.discover-top tbody tr")]
     assert shown == [graph.edge_name(u, v) for u, v, _ in top_edges(edges, len(shown))]
     page.wait_for_function("() => [...document.querySelectorAll('iframe')].some(f => f.src.includes('/api/jobs/'))")
-    assert page.query_selector(".discover-curve circle.chosen") is not None
+    frame = drawn_job_page(page)
+    assert frame is not None, "the circuit's page did not draw"
+    assert frame.query_selector(".curve line.marker") is not None  # its curve, beside the circuit's slider
+    assert page.text_content(fresh) == "up to date"
     page.screenshot(path=str(tmp_path / "discover.png"), full_page=True)

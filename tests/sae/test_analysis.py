@@ -92,13 +92,15 @@ def test_integrated_gradients_over_features_and_error_are_complete():
     assert torch.allclose(result.extra["f_baseline"], baseline, atol=1e-5)
 
 
-def test_the_feature_lens_is_the_decoder_row_through_the_unembedding():
+def test_the_feature_lens_is_the_decoder_row_through_the_unembedding_centred():
     model = tiny(**FAMILIES["decoder-llama"])
     sae = _sae("blocks.1.resid_post")
     result = feature_lens(model, sae, [4, 9], top=5)
     gain = model.final_norm.weight.detach()
     expected = (sae.W_dec[[4, 9]].detach() * gain) @ model.lm_head.proj.weight.detach().T
+    expected -= expected.mean(dim=1, keepdim=True)  # centred: softmax ignores a shift every logit shares
     assert torch.allclose(result.values, expected, atol=1e-6)
+    assert (result.extra["promoted_logits"] >= 0).all() and (result.extra["suppressed_logits"] <= 0).all()
     assert torch.equal(result.extra["promoted"], expected.topk(5, dim=1).indices)
     assert torch.equal(result.extra["suppressed"], expected.topk(5, dim=1, largest=False).indices)
 

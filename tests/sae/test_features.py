@@ -14,7 +14,8 @@ import anatomy
 from analysis_models import FAMILIES, tiny
 from anatomy.checkpoints.tokenizer import Tokenizer
 from anatomy.sae import SAE
-from anatomy.sae.features import AFTER, BEFORE, HISTOGRAM_EDGES, feature_data, render
+from anatomy.sae.contexts import AFTER, BEFORE
+from anatomy.sae.features import HISTOGRAM_EDGES, feature_data, render
 
 TOKENS = np.random.default_rng(2).integers(0, 99, 16 * 13)  # 13 contexts of 16: streamed in 4 batches of 4
 TOKENS[::5] = 0  # the hostile token of _hostile_tokenizer, often

@@ -81,3 +81,15 @@ def test_mistakes_end_in_one_line(text, tmp_path, capsys, arguments, message):
     assert ".html" in capsys.readouterr().err
     assert status(["sae", "eval", str(tmp_path / "nothing"), "--data", str(tmp_path / "missing.txt")]) == 2
     assert "missing.txt" in capsys.readouterr().err
+
+
+def test_the_log_says_no_feature_can_be_dead_before_the_window_has_passed(text, tmp_path, capsys):
+    """6 steps of 32 tokens = 192 tokens: with a window of 100 tokens the last steps may count dead features,
+    the first three (96 tokens) may not; with the default 500,000 none may, and the run says so once."""
+    args = [a for a in TRAIN if a != "--quiet"] + ["--no-progress", "--data", str(text)]
+    assert main(args + ["--out", str(tmp_path / "short"), "--dead-tokens", "100"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("step") and "/6" in line]
+    assert [("dead –" in line) for line in lines] == [True, True, True, False, False, False], lines
+    assert main(args + ["--out", str(tmp_path / "default")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("no feature can count as dead while it trains") == 1 and "dead 0.0%" not in out

@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import anatomy
 from anatomy.sae import SAE, load_sae
@@ -27,8 +26,8 @@ CASES = {  # fixture -> (kind, transcoder, the trace point it reads, the point a
     "topk": ("topk", False, "blocks.1.resid_post", None),
     "topk_rescaled": ("topk", False, "blocks.0.mlp.out", None),
     "jumprelu": ("jumprelu", False, "blocks.1.resid_mid", None),
-    "transcoder": ("relu", True, "blocks.1.mlp_norm.out", "blocks.1.mlp.out"),
-    "jumprelu_transcoder": ("jumprelu", True, "blocks.0.mlp_norm.out", "blocks.0.mlp.out"),
+    "transcoder": ("relu", True, "blocks.1.mlp_norm.normalized", "blocks.1.mlp.out"),  # ln2.hook_normalized: before the gain
+    "jumprelu_transcoder": ("jumprelu", True, "blocks.0.mlp_norm.normalized", "blocks.0.mlp.out"),
 }
 
 
@@ -52,7 +51,7 @@ def test_gemma_scope_point_from_the_repository_and_folder_names(tmp_path):
     import shutil
 
     expected = {"gemma-scope-2b-pt-res": ("blocks.7.resid_post", None), "gemma-scope-2b-pt-mlp": ("blocks.7.mlp.out", None),
-                "gemma-scope-2b-pt-transcoders": ("blocks.7.mlp_norm.out", "blocks.7.mlp.out")}
+                "gemma-scope-2b-pt-transcoders": ("blocks.7.mlp_norm.normalized", "blocks.7.mlp_out_norm.out")}
     for repository, (point, point_out) in expected.items():
         folder = tmp_path / repository / "layer_7" / "width_16k" / "average_l0_5"
         folder.mkdir(parents=True)
@@ -93,48 +92,59 @@ def test_save_writes_what_saelens_wrote(tmp_path, name):
         assert torch.equal(again(x), sae(x))
 
 
-SAELENS_PYTHON = os.environ.get("ANATOMY_SAELENS_PYTHON")
 READ_BACK = """
-import json, sys, torch
+import sys, torch
 from safetensors.torch import load_file, save_file
 from sae_lens import SAE
-folder = sys.argv[1]
-sae = SAE.load_from_disk(folder)
-x = load_file(folder + "/x.safetensors")["x"]
-with torch.no_grad():
-    features = sae.encode(x)
-    save_file({"features": features.contiguous(), "recon": sae.decode(features).contiguous()}, folder + "/theirs.safetensors")
-print(type(sae).__name__)
+for folder in sys.argv[1:]:
+    sae = SAE.load_from_disk(folder)
+    x = load_file(folder + "/x.safetensors")["x"]
+    with torch.no_grad():
+        features = sae.encode(x)
+        save_file({"features": features.contiguous(), "recon": sae.decode(features).contiguous()},
+                  folder + "/theirs.safetensors")
 """
+WRITTEN = [("relu", False), ("topk", False), ("jumprelu", False), ("batchtopk", False), ("relu", True),
+           ("jumprelu", True)]
+
+
+@pytest.fixture(scope="module")
+def read_by_saelens(tmp_path_factory) -> dict[tuple[str, bool], tuple[SAE, torch.Tensor, Path]]:
+    """(kind, transcoder) -> (the SAE anatomy saved, the inputs, its folder, where SAELens wrote what it computed):
+    every folder read by one SAELens process (importing SAELens takes seconds)."""
+    root = tmp_path_factory.mktemp("saelens")
+    written = {}
+    for kind, transcoder in WRITTEN:
+        torch.manual_seed(0)
+        k = {"topk": 6, "batchtopk": 6.0}.get(kind)
+        sae = SAE(16, 40, kind=kind, k=k, d_out=24 if transcoder else None, seed=3,
+                  point="blocks.2.mlp_norm.out" if transcoder else "blocks.2.resid_post",
+                  point_out="blocks.2.mlp.out" if transcoder else None).eval()
+        with torch.no_grad():
+            for parameter in sae.parameters():
+                parameter.add_(0.2 * torch.randn_like(parameter))
+            if kind in ("jumprelu", "batchtopk"):
+                sae.threshold.copy_(torch.rand(40) * 0.5 if kind == "jumprelu" else torch.full((40,), 0.3))
+        folder = root / f"{kind}-{'transcoder' if transcoder else 'sae'}"
+        sae.save(folder)
+        x = torch.randn(7, 16)
+        save_file({"x": x}, str(folder / "x.safetensors"))
+        written[kind, transcoder] = sae, x, folder
+    folders = [str(folder) for *_, folder in written.values()]
+    run = subprocess.run([os.environ["ANATOMY_SAELENS_PYTHON"], "-c", READ_BACK, *folders],
+                         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return written
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SAELENS_PYTHON, reason="set ANATOMY_SAELENS_PYTHON to a python with sae-lens installed "
-                    "(SAELens pins transformer-lens < 4, so it needs its own virtual environment)")
-@pytest.mark.parametrize("kind, transcoder", [("relu", False), ("topk", False), ("jumprelu", False), ("batchtopk", False),
-                                              ("relu", True), ("jumprelu", True)])
-def test_saelens_loads_anatomy_files_back(tmp_path, kind, transcoder):
+@pytest.mark.peer("ANATOMY_SAELENS_PYTHON")  # SAELens pins transformer-lens < 4: an environment of its own
+@pytest.mark.parametrize("kind, transcoder", WRITTEN)
+def test_saelens_loads_anatomy_files_back(read_by_saelens, kind, transcoder):
     """SAELens's SAE.load_from_disk reads what `sae.save` wrote, and computes the same features and
     reconstruction within 1e-5 (a BatchTopK SAE is written, as SAELens writes one, as a JumpReLU)."""
-    torch.manual_seed(0)
-    k = {"topk": 6, "batchtopk": 6.0}.get(kind)
-    sae = SAE(16, 40, kind=kind, k=k, d_out=24 if transcoder else None, seed=3,
-              point="blocks.2.mlp_norm.out" if transcoder else "blocks.2.resid_post",
-              point_out="blocks.2.mlp.out" if transcoder else None).eval()
-    with torch.no_grad():
-        for parameter in sae.parameters():
-            parameter.add_(0.2 * torch.randn_like(parameter))
-        if kind in ("jumprelu", "batchtopk"):
-            sae.threshold.copy_(torch.rand(40) * 0.5 if kind == "jumprelu" else torch.full((40,), 0.3))
-    sae.save(tmp_path)
-    x = torch.randn(7, 16)
-    from safetensors.torch import save_file
-
-    save_file({"x": x}, str(tmp_path / "x.safetensors"))
-    run = subprocess.run([SAELENS_PYTHON, "-c", READ_BACK, str(tmp_path)], capture_output=True, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=240)
-    assert run.returncode == 0, run.stderr[-2000:]
-    theirs = load_file(str(tmp_path / "theirs.safetensors"))
+    sae, x, folder = read_by_saelens[kind, transcoder]
+    theirs = load_file(str(folder / "theirs.safetensors"))
     with torch.no_grad():
         features = sae.encode(x)
         recon = sae.decode(features)

@@ -195,60 +195,72 @@ def test_a_set_larger_than_memory_is_refused_before_reading(tmp_path, monkeypatc
 
 
 # ---- circuit-tracer reads anatomy's files back -----------------------------------------------------------
-CIRCUIT_TRACER_PYTHON = os.environ.get("ANATOMY_CIRCUIT_TRACER_PYTHON")
 READ_BACK = """
 import sys, torch
 from safetensors.torch import load_file, save_file
 from circuit_tracer.utils.caching import load_transcoders_from_cache
-folder, x_path, out = sys.argv[1:4]
-parent, name = folder.rsplit("/", 1)
-transcoders, config = load_transcoders_from_cache(name, cache_dir=parent, device=torch.device("cpu"), dtype=torch.float32,
-                                                  lazy_decoder=False)
-x = load_file(x_path)["x"]
-with torch.no_grad():
-    if config["model_kind"] == "cross_layer_transcoder":
-        features = transcoders.encode(x)
-        recon = transcoders.decode(features.to_sparse())
-    else:
-        features = torch.stack([t.encode(x[i]) for i, t in enumerate(transcoders)])
-        recon = torch.stack([t.decode(features[i], x[i]) for i, t in enumerate(transcoders)])
-save_file({"features": features.contiguous(), "recon": recon.contiguous()}, out)
-print(type(transcoders).__name__, config["feature_input_hook"], config["feature_output_hook"])
+for folder in sys.argv[1:]:
+    parent, name = folder.rsplit("/", 1)
+    transcoders, config = load_transcoders_from_cache(name, cache_dir=parent, device=torch.device("cpu"),
+                                                      dtype=torch.float32, lazy_decoder=False)
+    x = load_file(parent + "/x.safetensors")["x"]
+    with torch.no_grad():
+        if config["model_kind"] == "cross_layer_transcoder":
+            features = transcoders.encode(x)
+            recon = transcoders.decode(features.to_sparse())
+        else:
+            features = torch.stack([t.encode(x[i]) for i, t in enumerate(transcoders)])
+            recon = torch.stack([t.decode(features[i], x[i]) for i, t in enumerate(transcoders)])
+    save_file({"features": features.contiguous(), "recon": recon.contiguous()}, parent + "/theirs.safetensors")
+    print(type(transcoders).__name__, config["feature_input_hook"], config["feature_output_hook"])
 """
+WRITTEN = [(False, "jumprelu", False), (False, "relu", True), (False, "batchtopk", False), (True, "jumprelu", False),
+           (True, "relu", False)]
+
+
+@pytest.fixture(scope="module")
+def read_by_circuit_tracer(tmp_path_factory) -> dict[tuple, tuple[TranscoderSet, torch.Tensor, Path, list[str]]]:
+    """(cross_layer, kind, skip) -> (the set anatomy saved, the inputs, its folder, what circuit-tracer printed
+    of it): every set read by one circuit-tracer process (importing it takes seconds)."""
+    n_layers, d_model, d_tc = 3, 12, 30
+    torch.manual_seed(0)
+    written = {}
+    for cross_layer, kind, skip in WRITTEN:
+        layers = []
+        for layer in range(n_layers):
+            d_out = (n_layers - layer) * d_model if cross_layer else d_model
+            sae = SAE(d_model, d_tc, kind=kind, k=4.0 if kind == "batchtopk" else None, d_out=d_out, transcoder=True,
+                      skip=skip, seed=layer)
+            with torch.no_grad():
+                for name, parameter in sae.named_parameters():
+                    parameter.add_(0.2 * torch.randn_like(parameter))
+                sae.b_dec[d_model:] = 0
+                if kind != "relu":
+                    sae.threshold.copy_(torch.rand(d_tc) * 0.3)
+            layers.append(sae.eval())
+        transcoders = TranscoderSet(layers, cross_layer=cross_layer, input_point="blocks.L.resid_mid")
+        folder = tmp_path_factory.mktemp(f"{'clt' if cross_layer else 'plt'}-{kind}-{skip}")
+        save_transcoders(transcoders, folder / "set")
+        x = torch.randn(n_layers, 7, d_model)
+        save_file({"x": x}, str(folder / "x.safetensors"))
+        written[cross_layer, kind, skip] = transcoders, x, folder
+    run = subprocess.run([os.environ["ANATOMY_CIRCUIT_TRACER_PYTHON"], "-c", READ_BACK,
+                          *(str(folder / "set") for *_, folder in written.values())],
+                         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    printed = run.stdout.strip().splitlines()[-len(written):]
+    return {key: (*made, line.split()) for (key, made), line in zip(written.items(), printed)}
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not CIRCUIT_TRACER_PYTHON, reason="set ANATOMY_CIRCUIT_TRACER_PYTHON to a python with circuit-tracer "
-                    "0.5.0 installed (it pins its own stack, so it needs its own virtual environment)")
-@pytest.mark.parametrize("cross_layer, kind, skip", [(False, "jumprelu", False), (False, "relu", True),
-                                                     (False, "batchtopk", False), (True, "jumprelu", False),
-                                                     (True, "relu", False)])
-def test_circuit_tracer_loads_anatomy_files_back(tmp_path, cross_layer, kind, skip):
+@pytest.mark.peer("ANATOMY_CIRCUIT_TRACER_PYTHON")  # circuit-tracer 0.5.0 pins its own stack
+@pytest.mark.parametrize("cross_layer, kind, skip", WRITTEN)
+def test_circuit_tracer_loads_anatomy_files_back(read_by_circuit_tracer, cross_layer, kind, skip):
     """circuit-tracer's own cache loader reads what save_transcoders wrote, and computes the same features
     and reconstructions within 1e-5 (a BatchTopK set is written, and read, as the JumpReLU it is in use)."""
-    n_layers, d_model, d_tc = 3, 12, 30
-    layers = []
-    for layer in range(n_layers):
-        d_out = (n_layers - layer) * d_model if cross_layer else d_model
-        sae = SAE(d_model, d_tc, kind=kind, k=4.0 if kind == "batchtopk" else None, d_out=d_out, transcoder=True,
-                  skip=skip, seed=layer)
-        with torch.no_grad():
-            for name, parameter in sae.named_parameters():
-                parameter.add_(0.2 * torch.randn_like(parameter))
-            sae.b_dec[d_model:] = 0
-            if kind != "relu":
-                sae.threshold.copy_(torch.rand(d_tc) * 0.3)
-        layers.append(sae.eval())
-    transcoders = TranscoderSet(layers, cross_layer=cross_layer, input_point="blocks.L.resid_mid")
-    save_transcoders(transcoders, tmp_path / "set")
-    x = torch.randn(n_layers, 7, d_model)
-    save_file({"x": x}, str(tmp_path / "x.safetensors"))
-    run = subprocess.run([CIRCUIT_TRACER_PYTHON, "-c", READ_BACK, str(tmp_path / "set"), str(tmp_path / "x.safetensors"),
-                          str(tmp_path / "theirs.safetensors")], capture_output=True, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=240)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.split()[1:] == ["hook_resid_mid", "mlp.hook_out"]
-    theirs = load_file(str(tmp_path / "theirs.safetensors"))
+    transcoders, x, folder, printed = read_by_circuit_tracer[cross_layer, kind, skip]
+    assert printed[1:] == ["hook_resid_mid", "mlp.hook_out"]
+    theirs = load_file(str(folder / "theirs.safetensors"))
     features, recon = outputs(transcoders, x)
     assert (features - theirs["features"]).abs().max() < 1e-5
     assert (recon - theirs["recon"]).abs().max() < 1e-5

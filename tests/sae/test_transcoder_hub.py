@@ -55,7 +55,8 @@ def test_gemma_is_circuit_tracers_preset_read_from_the_cache(offline_cache, skip
     layers = gemma_cache(offline_cache, skip)
     transcoders = load_transcoders("gemma")
     assert transcoders.metadata["model_name"] == "google/gemma-2-2b"
-    assert (transcoders.input_point(1), transcoders.output_point(1)) == ("blocks.1.mlp_norm.out", "blocks.1.mlp_out_norm.out")
+    # ln2.hook_normalized: the stream before the norm's gain, as Gemma Scope's transcoders read it
+    assert (transcoders.input_point(1), transcoders.output_point(1)) == ("blocks.1.mlp_norm.normalized", "blocks.1.mlp_out_norm.out")
     assert (transcoders.kind, transcoders.n_layers, transcoders.d_model, transcoders.has_skip) == ("jumprelu", 2, D_MODEL, skip)
     check_computes(transcoders, layers)
 

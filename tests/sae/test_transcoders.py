@@ -46,7 +46,7 @@ def test_the_contract_of_a_per_layer_set():
 
 def test_tl_names_are_read_as_anatomy_points():
     transcoders = TranscoderSet(plt().layers, input_point="blocks.L.ln2.hook_normalized", output_point="blocks.L.hook_mlp_out")
-    assert (transcoders.input_point(0), transcoders.output_point(1)) == ("blocks.0.mlp_norm.out", "blocks.1.mlp.out")
+    assert (transcoders.input_point(0), transcoders.output_point(1)) == ("blocks.0.mlp_norm.normalized", "blocks.1.mlp.out")
 
 
 def test_layers_that_disagree_are_refused():
@@ -78,7 +78,7 @@ def test_a_per_layer_set_spliced_into_a_model_changes_nothing_until_told():
 @pytest.mark.parametrize("transcoders, message", [
     (lambda: plt(n_layers=3), r"n_layers=3 does not fit this model; allowed: 2"),
     (lambda: plt(d_model=16), r"d_model=16 does not fit the input point 'blocks.L.mlp_norm.out' of this model, of width 32; allowed: 32"),
-    (lambda: TranscoderSet(plt().layers, input_point="blocks.L.mlp_in"), r"input point 'blocks.L.mlp_in' is not in block 0 of this model; allowed: blocks.L.\{attn"),
+    (lambda: TranscoderSet(plt().layers, input_point="blocks.L.mlp_input"), r"input point 'blocks.L.mlp_input' is not in block 0 of this model; allowed: blocks.L.\{attn"),
     (lambda: TranscoderSet(plt().layers, output_point="blocks.L.mlp_out_norm.out"), r"output point 'blocks.L.mlp_out_norm.out' is not in block 0"),
 ])
 def test_a_set_that_does_not_fit_is_refused_in_one_line(transcoders, message):

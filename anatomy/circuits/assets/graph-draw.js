@@ -1,259 +1,372 @@
 "use strict";
-// anatomy graph page, its drawing: any graph (an attribution graph, a discovered circuit) laid out by layer
-// and column and drawn as SVG from the numbers the library computed. Shape letters: N nodes, M edges.
-// graph.js (loaded after this file) adds the node panel, pinning, supernodes and the exports.
+// anatomy graph page, its drawing: any graph (an attribution graph, a discovered circuit) laid out by
+// graph-layout.js and drawn on one canvas from the numbers the library computed. Shape letters: N nodes,
+// M edges. graph-panel.js, graph-circuit.js and graph.js (loaded after this file) add the node panel, a
+// circuit's slider and the page around it.
 //
-// DATA.nodes [N]: {id, kind, layer, column, index, port, label, name, value, influence};
-// DATA.edges [M]: [target, source, weight] (indices into nodes). Rows are layers (inputs at the bottom),
-// columns are positions or component slots. Labels reach the page only as text (textContent).
+// DATA.nodes [N]: {id, kind, layer, column, index, port, label, name, value, influence, roles?};
+// DATA.edges [M]: [target, source, weight] (indices into nodes), strongest first. Labels reach the page
+// only as text (canvas fillText, textContent).
+//
+// A view opens with the whole graph in sight (the layout's fit) and zooms (wheel, +, −) and pans (drag);
+// the layer names (left) and the column labels (bottom) are drawn in bands of their own that stay in view.
+// A selection (state.selected, a box) lights its edges in and out and fades the rest until another click
+// or Escape; without one, hovering a box does the same until the pointer leaves it.
 
-const SVG_NS = "http://www.w3.org/2000/svg";
-const FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, Arial, sans-serif";
 const POSITIVE = "#2563eb", NEGATIVE = "#dc2626";
-const KIND_STYLE = {  // fill, stroke: set as attributes, so that the PNG (an image of the SVG) keeps them
-  token: ["#f1f3f7", "#9aa3b2"], embedding: ["#f1f3f7", "#9aa3b2"], feature: ["#7c8fb0", "#ffffff"],
-  error: ["#b9bec8", "#ffffff"], logit: ["#fff4e0", "#d9a441"], logits: ["#fff4e0", "#d9a441"],
-  head: ["#dde6fb", "#8ea6e6"], mlp: ["#e4f2e4", "#8fc08f"], supernode: ["#ede4fb", "#9b7fd1"],
+const KIND_STYLE = {  // fill, stroke
+  token: ["#e6e9ef", "#8a93a3"], embedding: ["#eef0f4", "#9aa3b2"], feature: ["#6d83a8", "#ffffff"],
+  error: ["#aab1bd", "#ffffff"], logit: ["#fff1d6", "#d9a441"], logits: ["#fff1d6", "#d9a441"],
+  head: ["#dde6fb", "#7f9ae0"], mlp: ["#e0f0e0", "#86b986"], supernode: ["#ede4fb", "#9b7fd1"],
 };
+const ROLE_MARK = { "name mover": "NM", "negative name mover": "N−", induction: "In", "previous token": "PT",
+                    "duplicate token": "DT" };
 const PORT_OFFSET = { q: -0.3, k: 0, v: 0.3, "": 0 };
-const ROW_HEIGHT = 46, LEFT = 64, TOP = 14, LABEL_HEIGHT = 34;
+const PORTS = ["", "q", "k", "v"];
+const LEFT = 50, BOTTOM = 26, PAD = 10, MIN_RADIUS = 1.6, FADED = 0.07, SHADES = 12;
 
 const nodes = DATA.nodes;
-const edges = DATA.edges;
-const incoming = nodes.map(() => []);
-const outgoing = nodes.map(() => []);
-for (const [t, s, w] of edges) { incoming[t].push([s, w]); outgoing[s].push([t, w]); }
+// edgeLimit: the strongest edges drawn while nothing is selected (a selected node's own are drawn all)
+const state = { selected: null, hovered: null, pinned: new Set(), supernodes: [], checked: new Set(), edgeLimit: Infinity,
+                cursor: -1, labels: new Map() };
+let edges = DATA.edges;  // the edges drawn: all of them, or a circuit's top n (graph-circuit.js)
+let incoming = [], outgoing = [];
 
-const state = { selected: null, pinned: new Set(), supernodes: [], checked: new Set(), minShare: 0 };
-window.anatomyGraph = { state, nodes, edges };
+function setEdges(list) {
+  edges = list;
+  incoming = nodes.map(() => []);
+  outgoing = nodes.map(() => []);
+  for (const [t, s, w] of edges) { incoming[t].push([s, w]); outgoing[s].push([t, w]); }
+}
+setEdges(edges);
 
 const fmt = (x) => (x === null || x === undefined ? "–" : Math.abs(x) >= 100 ? x.toFixed(1) : Math.abs(x) >= 1 ? x.toFixed(3) : x.toPrecision(3));
-const svg = (tag, attrs = {}) => {
-  const node = document.createElementNS(SVG_NS, tag);
-  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
-  return node;
-};
-const textWidth = (() => {
-  const ctx = document.createElement("canvas").getContext("2d");
-  ctx.font = `11px ${FONT}`;
-  return (text) => ctx.measureText(text).width;
-})();
-const shownText = (text) => text.replace(/\n/g, "↵").replace(/\t/g, "→").replace(/\r/g, "␍");
 const layerName = (layer) => (layer < 0 ? "input" : layer >= DATA.nLayers ? "output" : `L${layer}`);
+const valueName = (node) => (node.kind === "logit" ? "probability" : node.kind === "feature" ? "activation" : "value");
 
-// ---- layout: boxes (one per component; a component's inputs are its ports) in rows and columns ----
-
-function boxKey(node) { return `${node.kind}|${node.layer}|${node.column}|${node.index}`; }
-
-function boxLabel(node) {
-  if (node.kind === "head") return `H${node.index}`;
-  if (node.kind === "mlp") return "MLP";
-  return node.label || node.name;
-}
-
-function boxSize(box) {
-  const kind = box.kind;
-  if (kind === "feature") return [12, 12];
-  if (kind === "error") return [11, 11];
-  if (kind === "token" || kind === "embedding") return [14, 10];
-  const label = box.label;
-  return [Math.max(30, Math.min(120, textWidth(label) + 12)), 20];
-}
-
-// groups: [{name, members}] drawn as one box each (supernodes). Returns boxes with x, y, width, height.
-function layout(indices, groups = []) {
-  const boxes = new Map();
-  const grouped = new Map();
-  groups.forEach((group, g) => group.members.forEach((i) => grouped.set(i, g)));
-  for (const i of indices) {
-    const node = nodes[i];
-    const g = grouped.get(i);
-    const key = g === undefined ? boxKey(node) : `super|${g}`;
-    if (!boxes.has(key)) {
-      const members = g === undefined ? [] : groups[g].members;
-      const layer = g === undefined ? node.layer : Math.round(members.reduce((a, m) => a + nodes[m].layer, 0) / members.length);
-      const column = g === undefined ? node.column : Math.round(members.reduce((a, m) => a + nodes[m].column, 0) / members.length);
-      boxes.set(key, { key, members: [], layer, column, kind: g === undefined ? node.kind : "supernode",
-                       label: g === undefined ? boxLabel(node) : groups[g].name,
-                       influence: 0 });
-    }
-    const box = boxes.get(key);
-    box.members.push(i);
-    box.influence = Math.max(box.influence, nodes[i].influence ?? 0);
-  }
-  const list = [...boxes.values()];
-  const layers = [...new Set(list.map((b) => b.layer))].sort((a, b) => a - b);
-  const rowOf = new Map(layers.map((layer, r) => [layer, r]));
-  const nColumns = Math.max(DATA.columns.length, ...list.map((b) => b.column + 1));
-  const cells = new Map();
-  for (const box of list) {
-    const cell = `${box.layer}|${box.column}`;
-    if (!cells.has(cell)) cells.set(cell, []);
-    cells.get(cell).push(box);
-  }
-  const order = { supernode: 0, head: 1, mlp: 2, feature: 3, error: 4 };
-  const widths = Array.from({ length: nColumns }, (_, c) => Math.max(44, textWidth(shownText(DATA.columns[c] ?? "")) + 12));
-  for (const cellBoxes of cells.values()) {
-    cellBoxes.sort((a, b) => (order[a.kind] ?? 5) - (order[b.kind] ?? 5) || (b.influence - a.influence));
-    const width = cellBoxes.reduce((sum, box) => sum + boxSize(box)[0] + 5, 5);
-    const c = cellBoxes[0].column;
-    widths[c] = Math.max(widths[c], width);
-  }
-  const starts = [];
-  let x = LEFT;
-  for (const w of widths) { starts.push(x); x += w + 10; }
-  const height = TOP + layers.length * ROW_HEIGHT + LABEL_HEIGHT;
-  for (const cellBoxes of cells.values()) {
-    const c = cellBoxes[0].column;
-    const total = cellBoxes.reduce((sum, box) => sum + boxSize(box)[0] + 5, -5);
-    let bx = starts[c] + (widths[c] - total) / 2;
-    const row = layers.length - 1 - rowOf.get(cellBoxes[0].layer);
-    for (const box of cellBoxes) {
-      [box.width, box.height] = boxSize(box);
-      box.x = bx + box.width / 2;
-      box.y = TOP + row * ROW_HEIGHT + ROW_HEIGHT / 2;
-      bx += box.width + 5;
-    }
-  }
-  const boxOf = new Map();
-  for (const box of list) for (const i of box.members) boxOf.set(i, box);
-  return { boxes: list, boxOf, layers, starts, widths, width: x + 10, height };
-}
-
-// ---- drawing ----
-
-function edgeList(indices, boxOf) {
-  // [{source box, target box, weight, port}], edges summed per pair of boxes (a supernode's members' together)
-  const inside = new Set(indices);
+// [{source box, target box, weight, port, pairs}]: edges between boxes, summed per pair (a supernode's
+// together), weakest first. Keyed by number, not by string: a page holds 50,000 edges.
+function edgeList(indices, plan) {
+  const inside = new Uint8Array(nodes.length);
+  for (const i of indices) inside[i] = 1;
+  const count = plan.boxes.length;
   const sums = new Map();
   for (const [t, s, w] of edges) {
-    if (!inside.has(t) || !inside.has(s)) continue;
-    const a = boxOf.get(s), b = boxOf.get(t);
+    if (!inside[t] || !inside[s]) continue;
+    const a = plan.boxOf.get(s), b = plan.boxOf.get(t);
     if (a === b) continue;
-    const key = `${a.key}>${b.key}>${nodes[t].port}`;
-    if (!sums.has(key)) sums.set(key, { source: a, target: b, weight: 0, port: b.kind === "supernode" ? "" : nodes[t].port, pairs: [] });
-    const entry = sums.get(key);
+    const port = b.kind === "supernode" ? "" : nodes[t].port;
+    const key = (a.id * count + b.id) * 4 + PORTS.indexOf(port);
+    let entry = sums.get(key);
+    if (entry === undefined) {
+      entry = { source: a, target: b, weight: 0, port, pairs: [] };
+      sums.set(key, entry);
+    }
     entry.weight += w;
     entry.pairs.push([t, s]);
   }
-  return [...sums.values()];
+  return [...sums.values()].filter((e) => Number.isFinite(e.weight) && e.weight !== 0)
+    .sort((a, b) => Math.abs(a.weight) - Math.abs(b.weight));
 }
 
-function draw(container, indices, groups, { main }) {
-  container.textContent = "";
-  const plan = layout(indices, groups);
-  const root = svg("svg", { width: plan.width, height: plan.height, viewBox: `0 0 ${plan.width} ${plan.height}`,
-                            "font-family": FONT, role: "img" });
-  root.append(svg("rect", { x: 0, y: 0, width: plan.width, height: plan.height, fill: "#ffffff" }));
-  const axis = svg("g", { class: "axis" });
-  plan.layers.forEach((layer, r) => {
-    const y = TOP + (plan.layers.length - 1 - r) * ROW_HEIGHT + ROW_HEIGHT / 2;
-    axis.append(svg("line", { x1: LEFT - 4, x2: plan.width - 6, y1: y, y2: y, stroke: "#eef0f3" }));
-    const label = svg("text", { x: LEFT - 10, y: y + 4, "text-anchor": "end", fill: "#6b7280", "font-size": 11 });
-    label.textContent = layerName(layer);
-    axis.append(label);
-  });
-  const baseline = TOP + plan.layers.length * ROW_HEIGHT + 16;
-  plan.widths.forEach((w, c) => {
-    if (c > 0) {  // a faint line between columns: which position (or slot) a node belongs to
-      const x = plan.starts[c] - 5;
-      axis.append(svg("line", { x1: x, x2: x, y1: TOP, y2: baseline + 6, stroke: "#f0f1f4" }));
+class GraphView {
+  // container: where the view goes; indices: the nodes it shows; groups: supernodes; maxHeight: its
+  // tallest (CSS pixels; the view is as tall as the fitted graph, up to this).
+  // maxHeight: a number, or a function of the canvas (its room, measured once it is in the page).
+  constructor(container, { indices, groups = [], maxHeight = 640, main = false }) {
+    this.container = container;
+    this.main = main;
+    this.maxHeight = maxHeight;
+    container.textContent = "";
+    this.canvas = el("canvas", "graph-canvas");
+    this.canvas.tabIndex = 0;
+    this.canvas.setAttribute("role", "img");
+    this.canvas.setAttribute("aria-label", "the graph: click a node for its numbers; arrows move between neighbours");
+    const tools = el("div", "view-tools");
+    for (const [text, title, action] of [["+", "zoom in", () => this.zoomBy(1.5)], ["−", "zoom out", () => this.zoomBy(1 / 1.5)],
+                                         ["fit", "the whole graph", () => { this.fit(); this.draw(); }]]) {
+      const button = el("button", "small-button", text);
+      button.type = "button";
+      button.title = title;
+      button.addEventListener("click", action);
+      tools.append(button);
     }
-    const label = svg("text", { x: plan.starts[c] + w / 2, y: baseline, "text-anchor": "middle", class: "column-label",
-                                fill: "#1f2430", "font-size": 12, "data-column": c });
-    label.textContent = shownText(DATA.columns[c] ?? "");
-    axis.append(label);
-  });
-  root.append(axis);
-
-  const links = edgeList(indices, plan.boxOf).filter((e) => Number.isFinite(e.weight) && e.weight !== 0);
-  const largest = links.reduce((m, e) => Math.max(m, Math.abs(e.weight)), 0) || 1;
-  links.sort((a, b) => Math.abs(a.weight) - Math.abs(b.weight));
-  const edgeGroup = svg("g");
-  const drawn = [];
-  for (const link of links) {
-    const share = Math.abs(link.weight) / largest;
-    if (share < state.minShare) continue;
-    const { source: a, target: b } = link;
-    const sx = a.x, sy = a.y - a.height / 2;
-    const tx = b.x + (PORT_OFFSET[link.port] || 0) * b.width, ty = b.y + b.height / 2;
-    const my = (sy + ty) / 2;
-    const path = svg("path", {
-      class: "edge", d: `M${sx},${sy} C${sx},${my} ${tx},${my} ${tx},${ty}`,
-      stroke: link.weight > 0 ? POSITIVE : NEGATIVE, "stroke-width": (0.5 + 3.5 * share).toFixed(2),
-      "stroke-opacity": (0.2 + 0.6 * Math.sqrt(share)).toFixed(3), fill: "none",
-    });
-    path.dataset.source = a.key;
-    path.dataset.target = b.key;
-    path.dataset.weight = String(link.weight);
-    const title = svg("title");
-    title.textContent = `${a.label ?? ""} → ${b.label ?? ""}${link.port ? ` (${link.port})` : ""}: ${fmt(link.weight)}`;
-    path.append(title);
-    edgeGroup.append(path);
-    drawn.push(path);
+    tools.append(el("span", "note", "drag to pan · wheel to zoom"));
+    container.append(tools, this.canvas);
+    this.listen();
+    this.show(indices, groups);
   }
-  root.append(edgeGroup);
 
-  const nodeGroup = svg("g");
-  for (const box of plan.boxes) {
-    const [fill, stroke] = KIND_STYLE[box.kind] || KIND_STYLE.feature;
-    const g = svg("g", { class: `node ${box.kind}`, "data-key": box.key, "data-index": box.members[0] });
-    const shape = box.kind === "feature"
-      ? svg("circle", { class: "shape", cx: box.x, cy: box.y, r: box.width / 2, fill, stroke })
-      : svg("rect", { class: "shape", x: box.x - box.width / 2, y: box.y - box.height / 2, width: box.width, height: box.height,
-                      rx: box.kind === "error" ? 1 : 4, fill, stroke });
-    g.append(shape);
-    if (box.width >= 30) {
-      const label = svg("text", { x: box.x, y: box.y + 4, "text-anchor": "middle", "font-size": 11, fill: "#1f2430" });
-      label.textContent = shownText(box.label);
-      g.append(label);
+  show(indices, groups = []) {
+    this.width = Math.max(200, this.container.clientWidth || 800);
+    const room = typeof this.maxHeight === "function" ? this.maxHeight(this.canvas) : this.maxHeight;
+    this.plan = packLayout(makeBoxes(indices, groups), DATA.columns.map(shownText),
+                           { width: this.width - LEFT - 2 * PAD, height: room - BOTTOM - 2 * PAD });
+    this.height = Math.min(room, Math.ceil(this.plan.height * this.plan.fit + BOTTOM + 2 * PAD));
+    this.width = Math.min(this.width, Math.ceil(this.plan.width * this.plan.fit + LEFT + 2 * PAD));  // the box fits its content
+    this.links = edgeList(indices, this.plan);
+    this.ctx = sizeCanvas(this.canvas, this.width, this.height);
+    this.fit();
+    this.draw();
+  }
+
+  fit() {
+    const k = this.plan.fit;
+    this.k = k;
+    this.tx = LEFT + (this.width - LEFT - this.plan.width * k) / 2;
+    this.ty = PAD + (this.height - BOTTOM - 2 * PAD - this.plan.height * k) / 2;
+  }
+
+  zoomBy(factor, x = (LEFT + this.width) / 2, y = (this.height - BOTTOM) / 2) {
+    const k = Math.min(4, Math.max(this.plan.fit / 2, this.k * factor));
+    this.tx = x - (x - this.tx) * (k / this.k);
+    this.ty = y - (y - this.ty) * (k / this.k);
+    this.k = k;
+    this.draw();
+  }
+
+  // Where box `box` is drawn, in the canvas's CSS pixels: {x, y, w, h} (x, y its centre).
+  screen(box) {
+    return { x: this.tx + box.x * this.k, y: this.ty + box.y * this.k, w: box.w * this.k, h: box.h * this.k };
+  }
+
+  boxAt(x, y) {
+    let best = null, distance = Infinity;
+    for (const box of this.plan.boxes) {
+      const s = this.screen(box);
+      const dx = Math.max(0, Math.abs(x - s.x) - Math.max(s.w / 2, 3)), dy = Math.max(0, Math.abs(y - s.y) - Math.max(s.h / 2, 3));
+      const d = dx + dy;
+      if (d === 0 && Math.hypot(x - s.x, y - s.y) < distance) { best = box; distance = Math.hypot(x - s.x, y - s.y); }
     }
-    if (box.members.some((i) => state.pinned.has(i)) && main) g.classList.add("pinned");
-    if (box.members.includes(state.selected)) g.classList.add("selected");
-    g.addEventListener("mouseenter", (event) => hover(root, box, plan, event));
-    g.addEventListener("mousemove", moveTooltip);
-    g.addEventListener("mouseleave", () => unhover(root));
-    g.addEventListener("click", (event) => {
-      const i = box.kind === "supernode" ? box.members[0] : box.members[0];
-      if (event.shiftKey) togglePin(box.kind === "supernode" ? null : i);
-      else select(i);
+    return best;
+  }
+
+  // The box whose neighbourhood is lit: the selection, else the hovered box (main view only).
+  focusBox() {
+    const i = state.selected ?? state.hovered;
+    return i === null ? null : this.plan.boxOf.get(i) || null;
+  }
+
+  draw(ctx = this.ctx, width = this.width, height = this.height) {
+    const k = this.k, focus = this.focusBox();
+    ctx.save();
+    ctx.fillStyle = "#ffffff";
+    ctx.fillRect(0, 0, width, height);
+    ctx.beginPath();
+    ctx.rect(LEFT, 0, width - LEFT, height - BOTTOM);
+    ctx.clip();
+    ctx.strokeStyle = "#eef0f3";
+    ctx.lineWidth = 1;
+    for (const row of this.plan.rows) {
+      const y = this.ty + (row.top + row.height / 2) * k;
+      ctx.beginPath(); ctx.moveTo(LEFT, y); ctx.lineTo(width, y); ctx.stroke();
+    }
+    const near = new Set();
+    if (focus) {
+      near.add(focus);
+      for (const link of this.links) {
+        if (link.source === focus) near.add(link.target);
+        if (link.target === focus) near.add(link.source);
+      }
+    }
+    this.drawEdges(ctx, focus);
+    this.drawBoxes(ctx, focus, near);
+    ctx.restore();
+    this.drawBands(ctx, width, height, focus);
+    if (this.main) painted();
+  }
+
+  drawEdges(ctx, focus) {
+    const k = this.k;
+    const largest = this.links.reduce((m, e) => Math.max(m, Math.abs(e.weight)), 0) || 1;
+    const widthScale = Math.min(1.5, Math.max(0.45, Math.sqrt(k)));
+    // one stroke per (lit, shade, sign), drawn faint to strong and the lit edges last, on top
+    const strokes = new Map();
+    const first = Math.max(0, this.links.length - state.edgeLimit);  // links are weakest first
+    this.lit = [];
+    this.links.forEach((link, j) => {
+      const lit = focus !== null && (link.source === focus || link.target === focus);
+      if (!lit && j < first) return;
+      if (lit) this.lit.push(link);
+      const shade = Math.min(SHADES - 1, Math.floor(Math.sqrt(Math.abs(link.weight) / largest) * SHADES));
+      const key = (lit ? 2 * SHADES : 0) + 2 * shade + (link.weight > 0 ? 1 : 0);
+      if (!strokes.has(key)) strokes.set(key, []);
+      strokes.get(key).push(link);
     });
-    nodeGroup.append(g);
+    for (const key of [...strokes.keys()].sort((a, b) => a - b)) {
+      const lit = key >= 2 * SHADES, strength = (Math.floor((key % (2 * SHADES)) / 2) + 0.5) / SHADES;
+      ctx.strokeStyle = key % 2 ? POSITIVE : NEGATIVE;
+      ctx.globalAlpha = focus === null ? 0.12 + 0.55 * strength : lit ? 0.35 + 0.65 * strength : FADED * strength;
+      ctx.lineWidth = (0.4 + (lit ? 3.2 : 2.6) * strength * strength) * widthScale;
+      ctx.beginPath();
+      for (const link of strokes.get(key)) {
+        const a = link.source, b = link.target;
+        const sx = this.tx + a.x * k, sy = this.ty + (a.y - a.h / 2) * k;
+        const tx = this.tx + (b.x + (PORT_OFFSET[link.port] || 0) * b.w) * k, ty = this.ty + (b.y + b.h / 2) * k;
+        const my = (sy + ty) / 2;
+        ctx.moveTo(sx, sy);
+        ctx.bezierCurveTo(sx, my, tx, my, tx, ty);
+      }
+      ctx.stroke();
+    }
+    ctx.globalAlpha = 1;
   }
-  root.append(nodeGroup);
-  container.append(root);
-  return { root, plan, drawn };
-}
 
-// ---- hover (the tooltip is common.js's) ----
-
-function moveTooltip(event) {
-  tooltip.style.left = `${event.clientX + 14}px`;
-  tooltip.style.top = `${event.clientY + 12}px`;
-}
-
-function hover(root, box, plan, event) {
-  const keys = new Set([box.key]);
-  for (const path of root.querySelectorAll("path.edge")) {
-    const touches = path.dataset.source === box.key || path.dataset.target === box.key;
-    path.classList.toggle("dim", !touches);
-    if (touches) { keys.add(path.dataset.source); keys.add(path.dataset.target); }
+  drawBoxes(ctx, focus, near) {
+    const k = this.k;
+    ctx.font = `${Math.max(8, Math.min(13, 11 * k))}px ${FONT}`;
+    ctx.textAlign = "center";
+    ctx.textBaseline = "middle";
+    for (const box of this.plan.boxes) {
+      const { x, y, w, h } = this.screen(box);
+      if (x + w < LEFT - 20 || x - w > this.width + 20 || y + h < -20 || y - h > this.height + 20) continue;
+      const [fill, stroke] = KIND_STYLE[box.kind] || KIND_STYLE.feature;
+      ctx.globalAlpha = focus === null || near.has(box) ? 1 : 0.18;
+      ctx.fillStyle = fill;
+      ctx.strokeStyle = stroke;
+      ctx.lineWidth = 1;
+      ctx.beginPath();
+      if (box.kind === "feature") ctx.arc(x, y, Math.max(MIN_RADIUS, w / 2), 0, 2 * Math.PI);
+      else ctx.rect(x - Math.max(MIN_RADIUS, w / 2), y - Math.max(MIN_RADIUS, h / 2), Math.max(2 * MIN_RADIUS, w), Math.max(2 * MIN_RADIUS, h));
+      ctx.fill();
+      if (w > 6) ctx.stroke();
+      const pinned = this.main && box.members.some((i) => state.pinned.has(i));
+      const selected = state.selected !== null && box.members.includes(state.selected);
+      const cursor = state.cursor >= 0 && box.members.includes(state.cursor);
+      if (pinned || selected || cursor) {
+        ctx.globalAlpha = 1;
+        ctx.strokeStyle = selected ? "#1d4ed8" : cursor ? "#e67700" : "#1f2430";
+        ctx.lineWidth = selected ? 3 : 2;
+        ctx.setLineDash(cursor && !selected ? [3, 2] : []);
+        ctx.beginPath();
+        const r = Math.max(w, h) / 2 + 3;
+        if (box.kind === "feature") ctx.arc(x, y, Math.max(r, 5), 0, 2 * Math.PI);
+        else ctx.rect(x - w / 2 - 3, y - h / 2 - 3, w + 6, h + 6);
+        ctx.stroke();
+        ctx.setLineDash([]);
+      }
+      if (h >= 12 && w >= 20) {
+        ctx.fillStyle = "#1f2430";
+        ctx.fillText(clipText(ctx, shownText(box.label), w - 4), x, y + 0.5);
+      }
+      if (box.roles.length && h >= 10) {
+        const mark = box.roles.map((role) => ROLE_MARK[role] || role.slice(0, 2)).join(" ");
+        ctx.fillStyle = "#7c3aed";
+        ctx.font = `600 ${Math.max(7, Math.min(11, 9 * k))}px ${FONT}`;
+        ctx.textAlign = "left";
+        ctx.fillText(mark, x + w / 2 + 2, y - h / 2 + 1);  // beside the box's top right corner, clear of its edges
+        ctx.textAlign = "center";
+        ctx.font = `${Math.max(8, Math.min(13, 11 * k))}px ${FONT}`;
+      }
+    }
+    ctx.globalAlpha = 1;
   }
-  for (const g of root.querySelectorAll("g.node")) g.classList.toggle("dim", !keys.has(g.dataset.key));
-  const node = nodes[box.members[0]];
-  const lines = box.kind === "supernode"
-    ? [`${box.label}: ${box.members.length} nodes`]
-    : [node.name, ...(node.value !== null ? [`${valueName(node)} ${fmt(node.value)}`] : []),
-       ...(node.influence !== null ? [`influence ${fmt(node.influence)}`] : [])];
-  showTooltip(lines.join("\n"), event);
+
+  // The bands that stay in view: layer names on the left, column labels at the bottom.
+  drawBands(ctx, width, height, focus) {
+    const k = this.k;
+    ctx.save();
+    ctx.fillStyle = "#ffffff";
+    ctx.fillRect(0, 0, LEFT, height);
+    ctx.fillRect(0, height - BOTTOM, width, BOTTOM);
+    ctx.strokeStyle = "#d8dce3";
+    ctx.beginPath(); ctx.moveTo(LEFT - 0.5, 0); ctx.lineTo(LEFT - 0.5, height - BOTTOM + 0.5); ctx.lineTo(width, height - BOTTOM + 0.5); ctx.stroke();
+    ctx.font = `11px ${FONT}`;
+    ctx.textAlign = "right";
+    ctx.textBaseline = "middle";
+    this.bandLabels = [];  // what the bands show, where (CSS pixels of the canvas): the tests read it
+    let lastY = Infinity;
+    for (const row of this.plan.rows) {  // top to bottom; a label too close to the last one drawn is left out
+      const y = this.ty + (row.top + row.height / 2) * k;
+      if (y < 6 || y > height - BOTTOM - 4 || (Number.isFinite(lastY) && y - lastY < 12 && row !== this.plan.rows[this.plan.rows.length - 1])) continue;
+      ctx.fillStyle = focus && focus.layer === row.layer ? "#1d4ed8" : "#6b7280";
+      ctx.fillText(layerName(row.layer), LEFT - 6, y);
+      this.bandLabels.push({ band: "layers", text: layerName(row.layer), x: LEFT - 6, y });
+      lastY = y;
+    }
+    ctx.textAlign = "center";
+    ctx.beginPath();
+    ctx.rect(LEFT, height - BOTTOM, width - LEFT, BOTTOM);
+    ctx.clip();
+    let lastRight = -Infinity;
+    this.plan.columns.forEach((column, c) => {
+      const left = this.tx + column.left * k, w = column.width * k, centre = left + w / 2;
+      const label = shownText(DATA.columns[c] ?? "");
+      if (!label || centre < LEFT || centre > width) return;
+      ctx.font = `${focus && focus.column === c ? "600 " : ""}12px ${FONT}`;
+      // the label clipped to its column when that leaves a few letters; else whole (at most 80 px), if it
+      // does not run into the last label drawn
+      const text = clipText(ctx, label, w + 6 >= 26 ? w + 6 : 80);
+      const half = ctx.measureText(text).width / 2;
+      if (centre - half < lastRight + 3) return;  // no room beside the last label drawn
+      ctx.fillStyle = focus && focus.column === c ? "#1d4ed8" : "#1f2430";
+      ctx.fillText(text, centre, height - BOTTOM / 2);
+      this.bandLabels.push({ band: "columns", text, column: c, x: centre, y: height - BOTTOM / 2 });
+      lastRight = centre + half;
+    });
+    ctx.restore();
+  }
+
+  listen() {
+    let drag = null;
+    const canvas = this.canvas;
+    const local = (event) => { const r = canvas.getBoundingClientRect(); return [event.clientX - r.left, event.clientY - r.top]; };
+    canvas.addEventListener("pointerdown", (event) => {
+      const [x, y] = local(event);
+      drag = { x, y, tx: this.tx, ty: this.ty, moved: false };
+      canvas.setPointerCapture(event.pointerId);
+    });
+    canvas.addEventListener("pointermove", (event) => {
+      const [x, y] = local(event);
+      if (drag) {
+        if (Math.hypot(x - drag.x, y - drag.y) > 3) drag.moved = true;
+        if (drag.moved) { this.tx = drag.tx + x - drag.x; this.ty = drag.ty + y - drag.y; this.draw(); }
+        return;
+      }
+      this.hover(this.boxAt(x, y), event);
+    });
+    canvas.addEventListener("pointerup", (event) => {
+      const [x, y] = local(event);
+      const clicked = drag && !drag.moved;
+      drag = null;
+      if (!clicked) return;
+      canvas.focus({ preventScroll: true });
+      const box = this.boxAt(x, y);
+      if (box && event.shiftKey) togglePin(box.kind === "supernode" ? null : box.members[0]);
+      else select(box ? box.members[0] : null);
+    });
+    canvas.addEventListener("pointerleave", () => this.hover(null));
+    canvas.addEventListener("wheel", (event) => {
+      event.preventDefault();
+      const [x, y] = local(event);
+      this.zoomBy(Math.exp(-event.deltaY * 0.0015), x, y);
+    }, { passive: false });
+  }
+
+  hover(box, event) {
+    if (box === null) {
+      hideTooltip();
+      if (state.hovered !== null) { state.hovered = null; if (this.main) this.draw(); }
+      return;
+    }
+    const node = nodes[box.members[0]];
+    const label = state.labels.get(box.members[0]) ?? DATA.details[String(box.members[0])]?.label;
+    const lines = box.kind === "supernode" ? [`${box.label}: ${box.members.length} nodes`]
+      : [box.members.length > 1 && box.kind === "head" ? `L${node.layer} H${node.index}` : node.name,
+         ...(label ? [label] : []), ...(box.roles.length ? [box.roles.join(", ")] : []),
+         ...(node.value !== null ? [`${valueName(node)} ${fmt(node.value)}`] : []),
+         ...(node.influence !== null ? [`influence ${fmt(node.influence)}`] : [])];
+    showTooltip(lines.join("\n"), event);
+    if (this.main && state.selected === null && state.hovered !== box.members[0]) {
+      state.hovered = box.members[0];
+      this.draw();
+    }
+  }
 }
 
-function unhover(root) {
-  for (const item of root.querySelectorAll(".dim")) item.classList.remove("dim");
-  hideTooltip();
+function clipText(ctx, text, width) {
+  if (ctx.measureText(text).width <= width) return text;
+  let shown = text;
+  while (shown.length > 1 && ctx.measureText(`${shown}…`).width > width) shown = shown.slice(0, -1);
+  return `${shown}…`;
 }
-
-function valueName(node) {
-  return node.kind === "logit" ? "probability" : node.kind === "feature" ? "activation" : "value";
-}
-

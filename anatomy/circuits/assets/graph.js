@@ -1,114 +1,10 @@
 "use strict";
-// anatomy graph page, what a reader does with it: a node's numbers (its value, its strongest inputs and outputs,
-// what it promotes, where it fires), pinning nodes into a subgraph, supernodes, the exports (Neuronpedia's
-// JSON, PNG). The drawing is graph-draw.js's (loaded before this file).
+// anatomy graph page, what a reader does with it: the main view (graph-draw.js), the node panel
+// (graph-panel.js), a circuit's slider (graph-circuit.js), pinning nodes into a subgraph drawn by the same
+// renderer, supernodes, the exports (Neuronpedia's JSON with the labels, PNG), and the hooks the browser
+// tests read (window.anatomyGraph).
 
-// ---- the node panel ----
-
-const detail = document.getElementById("detail");
-
-function select(i) {
-  state.selected = i;
-  drawAll();
-  showDetail(i);
-}
-
-function row(cells) {
-  const tr = el("tr");
-  for (const [text, className, onClick] of cells) {
-    const td = el("td", className || "", text);
-    if (onClick) td.addEventListener("click", onClick);
-    tr.append(td);
-  }
-  return tr;
-}
-
-function edgeTable(title, list, field) {
-  const wrap = el("div");
-  wrap.append(el("h3", "", title));
-  if (!list.length) { wrap.append(el("p", "note", "none")); return wrap; }
-  const table = el("table");
-  table.dataset.field = field;
-  const sorted = [...list].sort((a, b) => Math.abs(b[1]) - Math.abs(a[1])).slice(0, 12);
-  for (const [j, w] of sorted) {
-    const tr = row([[nodes[j].name + (field === "inputs" && nodes[state.selected].port ? ` (${nodes[state.selected].port})` : ""), "who", () => select(j)],
-                    [fmt(w), `num ${w > 0 ? "pos" : "neg"}`]]);
-    tr.dataset.node = String(j);
-    tr.dataset.weight = String(w);
-    table.append(tr);
-  }
-  wrap.append(table);
-  if (list.length > 12) wrap.append(el("p", "note", `and ${list.length - 12} more`));
-  return wrap;
-}
-
-function showDetail(i) {
-  detail.textContent = "";
-  if (i === null) { detail.append(el("p", "note", "Hover a node for its edges; click one for its numbers.")); return; }
-  const node = nodes[i];
-  detail.append(el("h2", "", node.name));
-  const facts = el("table", "facts");
-  facts.append(row([["kind"], [node.kind + (node.port ? ` (${node.port} input)` : "")]]));
-  facts.append(row([["layer"], [layerName(node.layer)]]));
-  if (DATA.columns[node.column] !== undefined) {
-    facts.append(row([[DATA.kind === "attribution graph" ? "position" : "column"], [`${node.column}: ${shownText(DATA.columns[node.column])}`]]));
-  }
-  if (node.kind === "feature") facts.append(row([["feature"], [`#${node.index}`]]));
-  if (node.value !== null) {
-    const tr = row([[valueName(node)], [fmt(node.value), "num"]]);
-    tr.dataset.field = "value";
-    tr.dataset.raw = String(node.value);
-    facts.append(tr);
-  }
-  if (node.influence !== null) {
-    const tr = row([["influence"], [fmt(node.influence), "num"]]);
-    tr.title = "the share of the total influence on the output held by the nodes at least as influential as this one";
-    facts.append(tr);
-  }
-  const inputSum = incoming[i].reduce((a, [, w]) => a + w, 0);
-  if (incoming[i].length) {
-    const tr = row([["inputs shown"], [`${fmt(inputSum)} over ${incoming[i].length} edges`, "num"]]);
-    tr.dataset.field = "input-sum";
-    tr.dataset.raw = String(inputSum);
-    facts.append(tr);
-  }
-  detail.append(facts);
-  const buttons = el("div", "buttons");
-  const pin = el("button", "small-button", state.pinned.has(i) ? "Unpin" : "Pin");
-  pin.type = "button";
-  pin.id = "pin-button";
-  pin.addEventListener("click", () => togglePin(i));
-  buttons.append(pin);
-  detail.append(buttons);
-  detail.append(edgeTable("Strongest inputs", incoming[i], "inputs"));
-  detail.append(edgeTable("Strongest outputs", outgoing[i], "outputs"));
-  const extra = DATA.details[String(i)];
-  if (extra) {
-    for (const [title, field, cls] of [["Promotes", "promoted", "pos"], ["Suppresses", "suppressed", "neg"]]) {
-      if (!extra[field].length) continue;
-      detail.append(el("h3", "", `${title} (direct effect on the logits)`));
-      const table = el("table");
-      table.dataset.field = field;
-      for (const [text, logit] of extra[field]) table.append(row([[shownText(text), "who"], [fmt(logit), `num ${cls}`]]));
-      detail.append(table);
-    }
-    if (extra.contexts.length) {
-      detail.append(el("h3", "", "Top contexts"));
-      for (const context of extra.contexts) {
-        const line = el("div", "context");
-        const peak = Math.max(...context.acts, 1e-9);
-        context.tokens.forEach((token, k) => {
-          const span = el("span", "", shownText(token));
-          const a = context.acts[k];
-          if (a > 0) span.style.background = `rgba(37, 99, 235, ${(0.12 + 0.6 * a / peak).toFixed(2)})`;
-          span.title = `${fmt(a)}`;
-          line.append(span);
-        });
-        detail.append(line);
-      }
-    }
-  }
-}
+const views = { main: null, sub: null };
 
 // ---- pinning, supernodes ----
 
@@ -121,7 +17,8 @@ function togglePin(i) {
   } else {
     state.pinned.add(i);
   }
-  drawAll();
+  drawSubgraph();
+  views.main.draw();
   if (state.selected !== null) showDetail(state.selected);
 }
 
@@ -155,16 +52,24 @@ function drawSubgraphTools() {
       if (members.length < 2) return;
       state.supernodes.push({ name: name.value.trim() || `group ${state.supernodes.length + 1}`, members });
       state.checked.clear();
-      drawAll();
+      drawSubgraph();
     });
     tools.append(name, group);
   }
   state.supernodes.forEach((s, g) => {
     const ungroup = el("button", "small-button", `Ungroup “${s.name}”`);
     ungroup.type = "button";
-    ungroup.addEventListener("click", () => { state.supernodes.splice(g, 1); drawAll(); });
+    ungroup.addEventListener("click", () => { state.supernodes.splice(g, 1); drawSubgraph(); });
     tools.append(ungroup);
   });
+}
+
+function drawSubgraph() {
+  drawSubgraphTools();
+  const sub = document.getElementById("subgraph-view");
+  if (!state.pinned.size) { sub.hidden = true; sub.textContent = ""; views.sub = null; return; }
+  sub.hidden = false;
+  views.sub = new GraphView(sub, { indices: [...state.pinned], groups: state.supernodes, maxHeight: 320 });
 }
 
 // ---- export ----
@@ -189,54 +94,62 @@ function exportJson() {
       metadata: np.metadata,
       qParams: { pinnedIds: [...state.pinned].map((i) => ids[i]), supernodes: state.supernodes.map((s) => [s.name, ...s.members.map((i) => ids[i])]),
                  linkType: "both", clickedId: state.selected === null ? "" : ids[state.selected], sg_pos: "" },
-      nodes: np.nodes,
-      links: edges.map(([t, s, w]) => ({ source: ids[s], target: ids[t], weight: w })),
+      nodes: np.nodes.map((record, i) => (state.labels.has(i) ? { ...record, clerp: state.labels.get(i) } : record)),
+      links: DATA.edges.map(([t, s, w]) => ({ source: ids[s], target: ids[t], weight: w })),
     };
   } else {
-    out = { kind: DATA.kind, columns: DATA.columns, nLayers: DATA.nLayers, nodes, edges,
-            pinned: [...state.pinned], supernodes: state.supernodes };
+    out = { kind: DATA.kind, columns: DATA.columns, nLayers: DATA.nLayers, nodes, edges: DATA.edges,
+            shown: edges.length, pinned: [...state.pinned], supernodes: state.supernodes };
   }
   download("graph.json", new Blob([JSON.stringify(out)], { type: "application/json" }));
 }
 
 function exportPng() {
-  const source = document.querySelector("#graph-scroll svg");
-  const text = new XMLSerializer().serializeToString(source);
-  const url = URL.createObjectURL(new Blob([text], { type: "image/svg+xml" }));
-  const image = new Image();
-  image.onload = () => {
-    const scale = 2;
-    const canvas = document.createElement("canvas");
-    canvas.width = source.width.baseVal.value * scale;
-    canvas.height = source.height.baseVal.value * scale;
-    const ctx = canvas.getContext("2d");
-    ctx.scale(scale, scale);
-    ctx.drawImage(image, 0, 0);
-    URL.revokeObjectURL(url);
-    canvas.toBlob((blob) => download("graph.png", blob), "image/png");
-  };
-  image.src = url;
+  const view = views.main;
+  const scale = 2;
+  const canvas = document.createElement("canvas");
+  canvas.width = view.width * scale;
+  canvas.height = view.height * scale;
+  const ctx = canvas.getContext("2d");
+  ctx.scale(scale, scale);
+  view.draw(ctx, view.width, view.height);
+  canvas.toBlob((blob) => download("graph.png", blob), "image/png");
 }
 
 // ---- the page ----
 
-function drawControls() {
-  const bar = document.getElementById("controls");
+const EDGE_STEPS = [100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000];
+const DEFAULT_EDGES = 2000;  // drawn at open when there are more: the strongest flows, not a hairball
+
+// The edges drawn while nothing is selected: the strongest N (a selected node's own are always drawn).
+function edgeControl() {
+  const total = DATA.edges.length;
+  const steps = [...EDGE_STEPS.filter((n) => n < total), total];
   const range = el("input");
   range.type = "range";
   range.min = "0";
-  range.max = "0.5";
-  range.step = "0.01";
-  range.value = String(state.minShare);
-  range.name = "min-share";
-  const out = el("span", "muted", "all");
-  range.addEventListener("input", () => {
-    state.minShare = Number(range.value);
-    out.textContent = state.minShare ? `≥ ${Math.round(state.minShare * 100)}% of the largest` : "all";
-    drawAll();
-  });
-  const edgesControl = control("Edges", range);
-  edgesControl.append(out);
+  range.max = String(steps.length - 1);
+  range.step = "1";
+  range.name = "edge-limit";
+  const opening = DATA.circuit ? steps.length - 1 : steps.findIndex((n) => n >= Math.min(total, DEFAULT_EDGES));
+  range.value = String(opening);
+  const out = el("span", "muted");
+  out.id = "edge-limit";
+  const update = () => {
+    const n = steps[Number(range.value)];
+    state.edgeLimit = n >= total ? Infinity : n;
+    out.textContent = n >= total ? `all ${total.toLocaleString()}` : `the strongest ${n.toLocaleString()} of ${total.toLocaleString()}`;
+  };
+  update();
+  range.addEventListener("input", () => { update(); redraw(); });
+  const wrap = control("Edges", range);
+  wrap.append(out);
+  return wrap;
+}
+
+function drawControls() {
+  const bar = document.getElementById("controls");
+  const edgesControl = DATA.circuit ? el("span") : edgeControl();  // a circuit's edges: its own slider's
   const json = el("button", "small-button", "Export JSON");
   json.type = "button";
   json.id = "export-json";
@@ -287,21 +200,54 @@ function drawIntervention() {
   box.append(table);
 }
 
-function drawAll() {
-  draw(document.getElementById("graph-scroll"), nodes.map((_, i) => i), [], { main: true });
-  drawSubgraphTools();
-  const sub = document.getElementById("subgraph-scroll");
-  if (state.pinned.size) {
-    sub.hidden = false;
-    draw(sub, [...state.pinned], state.supernodes, { main: false });
-  } else {
-    sub.hidden = true;
-    sub.textContent = "";
-  }
-  painted();
+function mainIndices() {
+  return DATA.circuit && state.circuitSize ? circuitNodes(state.circuitSize) : nodes.map((_, i) => i);
 }
+
+// The main view's room: down to the window's bottom, as the page opens.
+function mainHeight(canvas) {
+  const top = canvas.getBoundingClientRect().top + window.scrollY;
+  return Math.max(360, Math.min(1400, window.innerHeight - top - 12));
+}
+
+// Lay the main view out again (the shown nodes changed), and the subgraph.
+function drawAll() {
+  const holder = document.getElementById("graph-view");
+  if (views.main === null) views.main = new GraphView(holder, { indices: mainIndices(), maxHeight: mainHeight, main: true });
+  else views.main.show(mainIndices());
+  drawSubgraph();
+}
+
+// Draw again what is laid out (the selection, the pins or the edge filter changed).
+function redraw() {
+  views.main.draw();
+  if (views.sub) views.sub.draw();
+}
+
+// What the browser tests read: where each node is drawn (client pixels), and what the views light.
+window.anatomyGraph = {
+  state, nodes, views,
+  edges: () => edges,
+  clientBox(i, view = "main") {
+    const shown = views[view];
+    const box = shown && shown.plan.boxOf.get(i);
+    if (!box) return null;
+    const s = shown.screen(box), r = shown.canvas.getBoundingClientRect();
+    return { x: r.left + s.x, y: r.top + s.y, w: s.w, h: s.h };
+  },
+  lit: (view = "main") => views[view].lit.map((link) => ({ source: link.source.key, target: link.target.key, weight: link.weight,
+                                                            pairs: link.pairs })),
+};
 
 drawCheck();
 drawControls();
 drawIntervention();
-drawAll();
+const growCircuit = drawCircuitControls();
+if (growCircuit) growCircuit(); else drawAll();
+showDetail(null);
+let lastWidth = window.innerWidth;
+window.addEventListener("resize", () => {
+  if (window.innerWidth === lastWidth) return;
+  lastWidth = window.innerWidth;
+  drawAll();
+});

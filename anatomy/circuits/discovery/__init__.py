@@ -5,14 +5,15 @@
     edges = attribute_edges(model, task, method="eap-ig", steps=5)      # [source, destination]
     verify_edges(model, task, edges, k=50)                  # exact path patching: Spearman, worst miss
     curve = faithfulness(model, task, edges)                # the share of the gap the top-n circuits recover
-    circuit_graph(edges, kept_masks(edges.extra["graph"], edges, [n])[0]).view().save("circuit.html")
+    save(circuit_for_page(model, task, edges, curve), "circuit.html")   # the page: the smallest circuit, a slider
+    save(circuit_graph(edges, kept_masks(edges.extra["graph"], edges, [n])[0]), "circuit.safetensors")
 """
 
 from ...lazy import lazy_names
 
 # Imported on first use, so that `anatomy circuits discover` checks its arguments before torch loads.
 __all__ = lazy_names(__name__, {
-    "circuit_graph": ".circuit",
+    "circuit_for_page": ".circuit", "circuit_graph": ".circuit",
     "attribute_edges": ".edges", "top_edges": ".edges",
     "faithfulness": ".faithfulness", "kept_masks": ".faithfulness",
     "attribute_nodes": ".nodes",

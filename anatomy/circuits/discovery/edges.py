@@ -9,7 +9,7 @@ the clean one, everything else clean. To first order (EAP):
     score(u -> v) = mean_pairs  sum_t (out_u(clean) - out_u(corrupt)) . d m / d in_v |clean
 
 and EAP-IG averages the gradient along the straight path from the corrupted input embeddings to the
-clean ones, at m points (the right Riemann sum; m = 1 is EAP):
+clean ones, at m points (the right Riemann sum, analysis.attribution.riemann; m = 1 is EAP):
 
     score(u -> v) = mean_pairs  sum_t (out_u(clean) - out_u(corrupt)) . 1/m sum_{k=1..m} d m / d in_v |e_k,
     e_k = e(corrupt) + k/m (e(clean) - e(corrupt))
@@ -29,9 +29,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ...analysis.attribution import on_path, riemann
 from ...analysis.result import Result
 from .choices import EDGE_METHODS as METHODS, MAX_STEPS, PATHS
-from .nodes import along
 from .residual import ResidualGraph
 from .tasks import Task
 
@@ -72,31 +72,33 @@ def attribute_edges(
     chunks = task.batches(chunk_size(graph, task, max_bytes))
     scores = torch.zeros(len(graph.sources), len(graph.destinations), dtype=torch.float64)  # (U, V)
     clean_total = corrupt_total = embed_total = 0.0
-    points = range(1, steps + 1) if path == "inputs" else range(0, steps + 1)
-    done, total = 0, len(chunks) * len(points)
+    # inputs: the right Riemann sum (analysis.attribution.riemann); edges: auto-circuit's k/m, k = 0..m, averaged
+    alphas, weights = riemann(steps) if path == "inputs" else (torch.arange(steps + 1) / steps,
+                                                                 torch.full((steps + 1,), 1 / (steps + 1)))
+    done, total = 0, len(chunks) * len(alphas)
     for rows in chunks:
         clean, corrupt = task.inputs(rows)
         (clean_out, clean_logits), (corrupt_out, corrupt_logits) = graph.source_run(model, clean), graph.source_run(model, corrupt)
         delta = clean_out - corrupt_out  # (U, B, T, E)
-        gradient = torch.zeros(len(graph.destinations), *delta.shape[1:], dtype=delta.dtype)  # (V, B, T, E): the sum over the path
-        for k in points:
+        gradient = torch.zeros(len(graph.destinations), *delta.shape[1:], dtype=delta.dtype)  # (V, B, T, E): the path's mean
+        for alpha, weight in zip(alphas.tolist(), weights.tolist()):
             metric = lambda logits: task.score(logits, rows)  # noqa: E731
             if path == "inputs":
-                embed = along(corrupt_out[0], clean_out[0], k, steps)  # the input embeddings, k/m of the way to clean
+                embed = on_path(corrupt_out[0], clean_out[0], alpha)  # the input embeddings, alpha of the way to clean
                 values, g, _ = graph.reader_gradients(model, clean, metric, embed)
-                gradient += g
+                gradient += weight * g
             else:
-                values, g, current = graph.reader_gradients(model, clean, metric, mix=(corrupt_out, k / steps))
-                _accumulate(graph, scores, current - corrupt_out, g / len(points))
-                gradient += g  # for the completeness line
+                values, g, current = graph.reader_gradients(model, clean, metric, mix=(corrupt_out, alpha))
+                _accumulate(graph, scores, current - corrupt_out, weight * g)
+                gradient += weight * g  # for the completeness line
             done += 1
             if progress is not None:
                 progress(done, total)
         if path == "inputs":
-            _accumulate(graph, scores, delta, gradient / steps)
+            _accumulate(graph, scores, delta, gradient)
         corrupt_total += float(task.score(corrupt_logits, rows).sum())
         clean_total += float(task.score(clean_logits, rows).sum())
-        embed_total += float(scores_row_of_embed(delta, gradient / len(points)))
+        embed_total += float(scores_row_of_embed(delta, gradient))
     n = len(task)
     scores /= n
     gap = (clean_total - corrupt_total) / n

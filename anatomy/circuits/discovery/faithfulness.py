@@ -67,30 +67,8 @@ def faithfulness(
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= count:
             raise ValueError(f"a circuit of {n!r} edges: choose 1 to {count}, the edges of this model's graph")
     masks = kept_masks(graph, result, sizes)
-    pairs_per_chunk, copies = plan_passes(graph, task, len(graph.sources), max_tokens, max_bytes)
-    chunks = task.batches(pairs_per_chunk)
-    means = _means(model, graph, task, chunks) if ablation == "mean" else None
-    circuit = torch.zeros(len(sizes), dtype=torch.float64)
-    clean_sum = corrupt_sum = 0.0
-    done, total = 0, len(chunks) * ((len(sizes) + copies - 1) // copies)
-    for rows in chunks:
-        clean, corrupt = task.inputs(rows)
-        corrupt_out, corrupt_logits = graph.source_run(model, corrupt)
-        ablated_out = corrupt_out if means is None else means[:, :, :clean.target.ids.size(1)]
-        with torch.no_grad():
-            clean_sum += float(task.score(clean.last_logits(model)[:, 0], rows).sum())
-        corrupt_sum += float(task.score(corrupt_logits, rows).sum())
-        for start in range(0, len(sizes), copies):
-            kept = masks[start:start + copies]  # (C, U, V)
-            logits = run_ablated(model, graph, clean, ablated_out, ~kept)
-            circuit[start:start + len(kept)] += task.score(logits, rows).double().view(len(kept), len(rows)).sum(1)
-            done += 1
-            if progress is not None:
-                progress(done, total)
-    n = len(task)
-    clean_mean, corrupt_mean, circuit = clean_sum / n, corrupt_sum / n, circuit / n
-    if ablation == "mean":  # the baseline: every edge ablated
-        corrupt_mean = _every_edge_ablated(model, graph, task, chunks, means)
+    circuit, clean_mean, corrupt_mean = _recovered(model, graph, task, masks, ablation, max_tokens, max_bytes,
+                                                   progress)
     gap = clean_mean - corrupt_mean
     values = (circuit - corrupt_mean) / gap if gap != 0 else torch.full_like(circuit, float("nan"))
     reached = [n for n, value in zip(sizes, values.tolist()) if value >= target]
@@ -108,6 +86,47 @@ def faithfulness(
                "caption": "Each cell: the circuit of the top n edges, every other edge ablated."},
         about=result.about,
     )
+
+
+def circuit_faithfulness(model: nn.Module, task: Task, graph: ResidualGraph, kept: torch.Tensor, *,
+                         ablation: str = "corrupt", max_tokens: int = 4096, max_bytes: int = 2**29) -> torch.Tensor:
+    """[C]: the faithfulness F of each circuit kept [C, U, V] (its edges kept, every other ablated), as
+    faithfulness() measures it: for circuits found otherwise than by ranking edges (acdc)."""
+    if ablation not in ABLATIONS:
+        raise ValueError(f"ablation={ablation!r} is not supported; allowed values: {', '.join(ABLATIONS)}")
+    circuit, clean_mean, corrupt_mean = _recovered(model, graph, task, kept, ablation, max_tokens, max_bytes, None)
+    gap = clean_mean - corrupt_mean
+    return (circuit - corrupt_mean) / gap if gap != 0 else torch.full_like(circuit, float("nan"))
+
+
+def _recovered(model, graph: ResidualGraph, task: Task, masks: torch.Tensor, ablation: str, max_tokens: int,
+               max_bytes: int, progress) -> tuple[torch.Tensor, float, float]:
+    """(mean metric of each circuit masks [C, U, V] kept [C], of the clean runs, of every edge ablated)."""
+    pairs_per_chunk, copies = plan_passes(graph, task, len(graph.sources), max_tokens, max_bytes)
+    chunks = task.batches(pairs_per_chunk)
+    means = _means(model, graph, task, chunks) if ablation == "mean" else None
+    circuit = torch.zeros(len(masks), dtype=torch.float64)
+    clean_sum = corrupt_sum = 0.0
+    done, total = 0, len(chunks) * ((len(masks) + copies - 1) // copies)
+    for rows in chunks:
+        clean, corrupt = task.inputs(rows)
+        corrupt_out, corrupt_logits = graph.source_run(model, corrupt)
+        ablated_out = corrupt_out if means is None else means[:, :, :clean.target.ids.size(1)]
+        with torch.no_grad():
+            clean_sum += float(task.score(clean.last_logits(model)[:, 0], rows).sum())
+        corrupt_sum += float(task.score(corrupt_logits, rows).sum())
+        for start in range(0, len(masks), copies):
+            kept = masks[start:start + copies]  # (C, U, V)
+            logits = run_ablated(model, graph, clean, ablated_out, ~kept)
+            circuit[start:start + len(kept)] += task.score(logits, rows).double().view(len(kept), len(rows)).sum(1)
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    n = len(task)
+    corrupt_mean = corrupt_sum / n
+    if ablation == "mean":  # the baseline: every edge ablated
+        corrupt_mean = _every_edge_ablated(model, graph, task, chunks, means)
+    return circuit / n, clean_sum / n, corrupt_mean
 
 
 def _means(model, graph: ResidualGraph, task: Task, chunks) -> torch.Tensor:

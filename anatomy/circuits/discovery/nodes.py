@@ -33,12 +33,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ...analysis.attribution import on_path, riemann
 from ...analysis.inputs import Batch
+from ...analysis.patching import first_order
 from ...analysis.result import Result
 from ...attention import attention_scores, attention_weights, repeat_kv
 from ... import masks
 from ...trace import trace
-from .choices import MAX_STEPS, NODE_METHODS as METHODS
+from .choices import MAX_STEPS, NODE_METHODS as METHODS, node_refusal
 from .tasks import Task
 
 KINDS = {  # kind -> (point inside block L, the axis that indexes the node, the result's axis name)
@@ -74,11 +76,13 @@ def attribute_nodes(
     sae=None, batch_size: int = 16, progress: Progress | None = None,
 ) -> Result:
     """[layer, head] (heads, q; k, v: [layer, kv_head]), [layer] (mlp), [layer, neuron] or [feature]:
-    the attribution of every node of `kind` over the task's pairs (mean over pairs).
+    the attribution of every node of `kind` over the task's pairs (mean over pairs), for a decoder's next
+    token or an encoder classifier's label logits (the task's metric reads them). A mixture of experts
+    is one MLP node (the router's choice is part of it).
 
     method "atp", "atp*" (q and k get the QK fix; every kind GradDrop; unsigned) or "ig" (`steps`
     points). sae: an anatomy.SAE (kind="features"), spliced at its own point. Raises ValueError for an
-    unknown kind or method, or steps outside 1..MAX_STEPS.
+    unknown kind or method, steps outside 1..MAX_STEPS, another kind of model, or the neurons of experts.
     """
     if kind not in (*KINDS, "features"):
         raise ValueError(f"kind={kind!r} is not supported; allowed values: {', '.join([*KINDS, 'features'])}")
@@ -88,9 +92,14 @@ def attribute_nodes(
         raise ValueError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
     if (kind == "features") != (sae is not None):
         raise ValueError("kind='features' needs sae=an anatomy.SAE, and sae is only for kind='features'")
-    if model.config.arch != "decoder" or not hasattr(model, "lm_head"):
-        raise ValueError(f"node attribution scores the next token: it needs a decoder with an LM head; this model is "
-                         f"arch={model.config.arch!r}")
+    config = model.config
+    why = node_refusal(config)
+    if why:
+        raise ValueError(why)
+    if kind == "neurons" and config.n_experts:
+        raise ValueError(f"kind='neurons' reads one MLP's hidden units; this model's MLPs are mixtures of {config.n_experts} "
+                         f"experts, each token routed to {config.n_experts_per_token}: an expert layer is one node, "
+                         f"kind='mlp'")
     model.eval()
     saes = {sae.point_out or sae.point: sae} if sae is not None else None
     points = node_points(model, kind, sae.point if sae is not None else None)
@@ -134,8 +143,8 @@ def _chunk(model, task, rows, points, kind, method, steps, saes, tick) -> torch.
     layers = model.config.n_layers
     gates = list(range(layers)) if method == "atp*" else []
     totals = None
-    for k in range(1, steps + 1):
-        embed = along(corrupt_values["blocks.0.resid_pre"], clean_values["blocks.0.resid_pre"], k, steps)
+    for alpha, weight in zip(*riemann(steps)):  # the right Riemann sum, k/m for k = 1..m
+        embed = on_path(corrupt_values["blocks.0.resid_pre"], clean_values["blocks.0.resid_pre"], float(alpha))
         grads = _gradients(model, task, rows, clean, names + [n for n in extra if n.endswith("pattern")],
                            embed, saes, gates, tick)
         estimates = []
@@ -143,26 +152,11 @@ def _chunk(model, task, rows, points, kind, method, steps, saes, tick) -> torch.
             if qk:
                 estimates.append(_qk_fixed(model, clean, kind, clean_values, corrupt_values, grad))
             else:
-                estimates.append(torch.stack([_linear(clean_values[n] - corrupt_values[n], grad[n], axis)
+                estimates.append(torch.stack([first_order(clean_values[n] - corrupt_values[n], grad[n], axis)
                                               for n, axis in points]))  # (layers, nodes)
-        step = torch.stack(estimates)  # (1 + gates, layers, nodes)
+        step = torch.stack(estimates) * float(weight)  # (1 + gates, layers, nodes)
         totals = step if totals is None else totals + step
-    return totals / steps
-
-
-def along(start: torch.Tensor, end: torch.Tensor, k: int, steps: int) -> torch.Tensor:
-    """start + k/steps (end - start); exactly `end` at the last step (the clean input itself, not a rounding of it)."""
-    return end if k == steps else start + k / steps * (end - start)
-
-
-def _linear(delta: torch.Tensor, grad: torch.Tensor | None, axis: int | None) -> torch.Tensor:
-    """sum over the pairs and every axis but the node's of delta * grad: [nodes] ([1] for a whole point)."""
-    if grad is None:
-        grad = torch.zeros_like(delta)
-    product = (delta * grad).double()
-    if axis is None:
-        return product.sum()[None]
-    return product.transpose(0, axis).reshape(product.size(axis), -1).sum(1)
+    return totals
 
 
 def _gradients(model, task, rows, batch: Batch, names, embed, saes, gates, tick) -> list[dict]:
@@ -205,7 +199,8 @@ def _qk_fixed(model, batch: Batch, kind: str, clean: dict, corrupt: dict, grad: 
         attn, prefix = block.attn, f"blocks.{layer}.attn."
         q, k = clean[prefix + "q" + suffix], repeat_kv(clean[prefix + "k" + suffix], attn.n_heads)  # (B, H, T, D), (B, H, S, D)
         window = config.sliding_window if config.layer_types[layer] == "sliding" else None
-        mask, _ = masks.self_attention_mask(batch.target.padding_mask, width, causal=True, window=window)
+        mask, _ = masks.self_attention_mask(batch.target.padding_mask, width, causal=config.arch == "decoder",
+                                            window=window)
         bias = clean[prefix + "scores"] - attention_scores(q, k, scale=attn.scale, softcap=attn.softcap)  # ALiBi etc.
         if kind == "q":
             scores = attention_scores(corrupt[prefix + "q" + suffix], k, scale=attn.scale, softcap=attn.softcap)

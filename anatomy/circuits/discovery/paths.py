@@ -10,7 +10,9 @@ or the mean over the task) in place of the value u has in this run, cur_u:
 
 Everything downstream of v sees v's changed output; every other reader of the same residual sees it
 unchanged. A head's q, k or v with an input of its own is recomputed from it (attention.project), an
-MLP's input goes through its own norm again, the logits read the final residual directly.
+MLP reads its own copy of the stream (blocks.L.mlp_in, before its norm), the logits read the final
+residual directly. A source's output is what it adds to the stream (residual.head_writes: through a
+frozen output norm in a sandwich block).
 
 When most edges into v are ablated (a circuit), the sum runs over the kept ones instead:
 
@@ -26,31 +28,37 @@ import torch
 from torch import nn
 
 from ...analysis.inputs import Batch
+from ...analysis.runs import Run, run_patched
 from ...trace import trace
-from .residual import ResidualGraph
+from .residual import ResidualGraph, attention_norm, head_writes
 
 
 def run_ablated(
     model: nn.Module, graph: ResidualGraph, batch: Batch, ablation: torch.Tensor, ablated: torch.Tensor,
+    start: tuple[int, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Last-position logits [C*B, vocab] of C copies of `batch` [B, T], copy c with the edges ablated[c]
     ablated. ablation [U, B, T, E] (or [U, 1, T, E]): each source's ablated output; ablated [C, U, V] bool
-    (only allowed edges count). Row r of the output is copy r // B, pair r % B."""
+    (only allowed edges count). Row r of the output is copy r // B, pair r % B.
+
+    start = (layer, resid [B, T, E], outputs [U, B, T, E]): no edge into a destination before `layer` is
+    ablated, so the copies equal the unablated run before it: they start at `layer` from that run's
+    residual stream (Stack.run_from), every source before it taken from that run's `outputs`."""
     copies, batch_size = ablated.size(0), batch.size
     ablated = ablated & graph.allowed
     a = ablation.expand(-1, batch_size, -1, -1) if ablation.size(1) == 1 else ablation  # (U, B, T, E)
     plans = {key: _plan(graph, columns, ablated) for key, columns in _groups(graph).items()}
     needed = {u for plan in plans.values() for _, sources, _ in plan for u in sources.tolist()}  # the outputs kept
-    state: dict = {"sources": {}, "running": None, "inside": False, "a": a, "copies": copies, "needed": needed}
+    state: dict = {"sources": {}, "running": None, "a": a, "copies": copies, "needed": needed}
     interventions = {}
     for layer in range(graph.n_layers):
         interventions[f"blocks.{layer}.resid_pre"] = _keep(state, "resid_pre")
         if not graph.parallel:
             interventions[f"blocks.{layer}.resid_mid"] = _keep(state, "resid_mid")
         interventions[f"blocks.{layer}.attn.head_out"] = _sources(state, graph, layer, "head")
-        interventions[f"blocks.{layer}.mlp.out"] = _sources(state, graph, layer, "mlp")
+        interventions[graph.mlp_write_point(layer)] = _sources(state, graph, layer, "mlp")
         for which in ("q", "k", "v", "mlp"):
-            point = f"blocks.{layer}.attn.{which}" if which != "mlp" else f"blocks.{layer}.mlp_norm.out"
+            point = f"blocks.{layer}.attn.{which}" if which != "mlp" else f"blocks.{layer}.mlp_in"
             interventions[point] = _reader(state, graph, layer, which, plans[(layer, which)])
     final = graph.reader_input_point(graph.n_layers, "logits")
     previous = interventions.get(final)
@@ -62,8 +70,24 @@ def run_ablated(
         _record(state, 0, x)
 
     interventions["blocks.0.resid_pre"] = embed
+    resumed = None
+    if start is not None:
+        layer, resid, outputs = start
+        _resume(state, graph, layer, outputs, ablated)
+        resumed = (layer, resid.repeat(copies, 1, 1))  # (C*B, T, E)
     with torch.no_grad(), trace(model, [], interventions=interventions):
-        return batch.repeat(copies).last_logits(model)[:, 0]  # (C*B, vocab)
+        return batch.repeat(copies).last_logits(model, resumed)[:, 0]  # (C*B, vocab)
+
+
+def _resume(state: dict, graph: ResidualGraph, layer: int, outputs: torch.Tensor, ablated: torch.Tensor) -> None:
+    """The state of a run started at `layer`: the sources before it recorded as the base run wrote them (from
+    layer 0 the run records the embeddings itself, at blocks.0.resid_pre)."""
+    before = [u for u, node in enumerate(graph.sources) if node.layer < layer and layer > 0]
+    earlier = [v for v, node in enumerate(graph.destinations) if node.layer < layer]
+    if bool(ablated[:, :, earlier].any()):
+        raise ValueError(f"a run started at layer {layer} cannot ablate an edge into an earlier destination")
+    for u in before:
+        _record(state, u, outputs[u].repeat(state["copies"], 1, 1))  # (C*B, T, E)
 
 
 def plan_passes(graph: ResidualGraph, task, stored: int, max_tokens: int, max_bytes: int) -> tuple[int, int]:
@@ -131,11 +155,13 @@ def _record(state: dict, u: int, value: torch.Tensor) -> None:
 
 
 def _sources(state: dict, graph: ResidualGraph, layer: int, kind: str):
-    """Record this layer's heads (head_out [CB, T, H, E]) or MLP (mlp.out [CB, T, E]) as current sources."""
+    """Record this layer's heads (what each adds to the stream, from head_out [CB, T, H, E]) or MLP (its write
+    [CB, T, E]) as current sources."""
     first = next(i for i, node in enumerate(graph.sources) if node.layer == layer and node.kind == kind)
+    block = graph.model.blocks[layer]
 
     def fn(x: torch.Tensor) -> None:
-        for offset, value in enumerate(x.unbind(2) if kind == "head" else (x,)):
+        for offset, value in enumerate(head_writes(block, x).unbind(2) if kind == "head" else (x,)):
             _record(state, first + offset, value)
 
     return fn
@@ -171,21 +197,17 @@ def _input_changes(state: dict, plan: Plan) -> torch.Tensor:
 
 def _reader(state: dict, graph: ResidualGraph, layer: int, kind: str, plan):
     """The intervention on a reader's point: q, k, v [CB, heads, T, D] recomputed per head from inputs of
-    their own; the MLP's normed input [CB, T, E] recomputed from its own input."""
+    their own; the MLP's own copy of the stream [CB, T, E] (mlp_in) changed."""
     live = _live(plan)  # (v,)
     block = graph.model.blocks[layer]
 
     def fn(x: torch.Tensor) -> torch.Tensor | None:
-        if state["inside"] or not bool(live.any()):
-            return None  # our own call of the norm below, or nothing to change here
+        if not bool(live.any()):
+            return None  # nothing to change here
         changes = _input_changes(state, plan)  # (v, CB, T, E)
         resid = state["resid_pre" if kind != "mlp" or graph.parallel else "resid_mid"]
         if kind == "mlp":
-            state["inside"] = True
-            try:
-                return block.mlp_norm(resid + changes[0])
-            finally:
-                state["inside"] = False
+            return resid + changes[0]
         x = x.clone()
         for slot in live.nonzero()[:, 0].tolist():  # one head (or key/value head) at a time
             x[:, slot] = one_head(block, kind, resid + changes[slot], slot)
@@ -198,13 +220,13 @@ def one_head(block: nn.Module, kind: str, x: torch.Tensor, slot: int) -> torch.T
     """Head `slot`'s q, k or v [B, T, D] (before rotary positions) from an input x [B, T, E] of its own.
     Without q/k norms, its rows of the projection alone: norm(x) W_h^T + b_h; with them, the module's
     whole projection, of which the head's part is taken."""
-    attn = block.attn
+    attn, norm = block.attn, attention_norm(block)
     if attn.qk_norm != "none":
-        return attn.project(block.attn_norm(x), kind)[:, slot]
+        return attn.project(norm(x), kind)[:, slot]
     proj = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj}[kind]
     rows = slice(slot * attn.d_head, (slot + 1) * attn.d_head)  # head h's rows of W: h*D .. (h+1)*D
     bias = None if proj.bias is None else proj.bias[rows]
-    return torch.nn.functional.linear(block.attn_norm(x), proj.weight[rows], bias)  # (B, T, D)
+    return torch.nn.functional.linear(norm(x), proj.weight[rows], bias)  # (B, T, D)
 
 
 def _final(state: dict, plan: Plan, previous):
@@ -216,3 +238,60 @@ def _final(state: dict, plan: Plan, previous):
         return x + _input_changes(state, plan)[0] if live else None
 
     return fn
+
+
+# ---- single edges, from the destination's layer -----------------------------------------------------
+
+
+def edge_effects(
+    model: nn.Module, graph: ResidualGraph, batch: Batch, ablation: torch.Tensor, edges: list[tuple[int, int]],
+    metric, *, max_tokens: int = 4096, progress=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(patched [k, B], clean [B]): the metric of the clean run with one edge u -> v ablated, for each of
+    `edges`, and of the clean run itself, every row scored: path patching of single edges. ablation
+    [U, B, T, E] (or [U, 1, T, E]): each source's ablated output; metric(last logits [C*B, vocab]) -> [C*B].
+
+    With one edge ablated, the run is the clean run up to v's layer, and there v's input alone changes by
+    a constant, in_v = resid_v + (a_u - clean_u): the run starts at v's layer from the clean residual
+    stream (analysis.runs.run_patched, Stack.run_from), v's q, k or v recomputed from its changed input (or
+    the MLP's own copy of the stream changed), the runs of one layer sharing a pass as copies of the batch.
+    And it is the clean run before the first position P where any a_u differs from clean_u (IOI's corrupted
+    name, late in the prompt): the model being causal, only positions P.. are computed, the clean run's
+    keys and values before them read from a cache."""
+    a = ablation.expand(-1, batch.size, -1, -1) if ablation.size(1) == 1 else ablation  # (U, B, T, E)
+    final = graph.reader_input_point(graph.n_layers, "logits")
+    names = [f"blocks.{layer}.{point}" for layer in range(graph.n_layers)
+             for point in ("resid_pre",) + (() if graph.parallel else ("resid_mid",))]
+    rotary = "k_rot" if model.config.pos_encoding == "rotary" else "k"
+    kv = [f"blocks.{layer}.attn.{which}" for layer in range(graph.n_layers) for which in (rotary, "v")]
+    clean, logits, t = graph.recorded_run(model, batch, names + [final] + kv)  # sources (U, B, T, E), the stream
+    stream = [t[f"blocks.{layer}.resid_pre"] for layer in range(graph.n_layers)] + [t[final]]
+    differs = (a != clean).any(dim=(0, 1, 3))  # (T,): the positions where some edge would carry a change
+    held = int(differs.nonzero().min()) if bool(differs.any()) else 0
+    prefix = None if held == 0 else (
+        held, [t[f"blocks.{layer}.attn.{rotary}"][:, :, :held] for layer in range(graph.n_layers)],
+        [t[f"blocks.{layer}.attn.v"][:, :, :held] for layer in range(graph.n_layers)])
+
+    def changed_input(resid: torch.Tensor, u: int) -> torch.Tensor:  # (B, T - P, E)
+        return (resid + (a[u] - clean[u]))[:, held:]
+
+    runs = []
+    for u, v in edges:  # each edit computes its input when its pass runs: no k copies of the stream held
+        node = graph.destinations[v]
+        if node.kind == "logits":  # the final residual, read at the last block's output
+            runs.append(Run({final: lambda x, u=u: changed_input(t[final], u)}, graph.n_layers - 1))
+            continue
+        block, resid = graph.model.blocks[node.layer], t[graph.reader_input_point(node.layer, node.kind)]
+        if node.kind == "mlp":  # the MLP's own copy of the stream, before its norm
+            runs.append(Run({f"blocks.{node.layer}.mlp_in": lambda x, resid=resid, u=u: changed_input(resid, u)},
+                            node.layer))
+            continue
+
+        def edit(x, block=block, kind=node.kind, slot=node.index, resid=resid, u=u):
+            x[:, slot] = one_head(block, kind, changed_input(resid, u), slot)
+            return x
+
+        runs.append(Run({f"blocks.{node.layer}.attn.{node.kind}": edit}, node.layer))
+    patched = run_patched(model, batch, runs, metric, stream=stream, max_tokens=max_tokens, prefix=prefix,
+                          progress=progress)
+    return patched, metric(logits[:, None])

@@ -13,7 +13,20 @@ was written before (Elhage et al. 2021, "A Mathematical Framework for Transforme
     in_v = sum_{u before v} out_u + b_v                 (b_v: the output biases, constant)
 
 so an edge u -> v is the term out_u inside in_v: it can be scored by the gradient at in_v, and
-patched by changing in_v alone (TransformerLens's split q/k/v inputs; auto-circuit; Hanna et al.).
+patched by changing in_v alone (TransformerLens's split q/k/v inputs and hook_mlp_in; auto-circuit;
+Hanna et al.).
+
+The other layouts anatomy opens keep the stream a sum once a sublayer's output norm is frozen:
+
+    sandwich, post-sublayer (Gemma 2/3, OLMo 2)   x + Norm'(Attn(...)): head h writes Norm'(head_out_h) with
+                                                  the norm's scale frozen at the run's own (the heads' writes
+                                                  and the norm of the output bias sum to the sublayer's);
+                                                  the MLP writes its norm's output
+    parallel (GPT-NeoX, GPT-J's shared norm)       both sublayers read resid_pre; the MLP reads its own copy
+    mixture of experts (Mixtral)                   the experts and the router are one MLP: one node
+
+A post-norm block renormalises the whole stream after every sublayer: no reader's input is a sum of
+the components' outputs, and edges are refused (nodes are not: nodes.py, verify_nodes).
 A head's query input differs from its neighbour's only in a patched run: in the model's own pass
 every reader of a layer sees the same residual, so a gradient at a head's own input is the
 gradient through that head's projection, computed here by one vector-Jacobian product per head.
@@ -27,8 +40,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...analysis.decompose import head_writes, mlp_write_point
 from ...analysis.inputs import Batch
 from ...trace import trace
+from .choices import edge_refusal
 
 SOURCE_KINDS = ("embed", "head", "mlp")
 DESTINATION_KINDS = ("q", "k", "v", "mlp", "logits")
@@ -46,24 +61,18 @@ class Node:
 
 
 class ResidualGraph:
-    """The sources, destinations and possible edges of a pre-norm decoder.
+    """The sources, destinations and possible edges of a decoder whose residual stream is a sum (module docstring).
 
     allowed [U, V] bool: source u is upstream of destination v (an earlier layer, or, in a sequential
-    block, a head of the same layer feeding that layer's MLP). Raises ValueError for a model whose
-    residual stream is no sum of its components' outputs (post-norm, sandwich norms, shared-norm
-    parallel blocks, an encoder-decoder).
+    block, a head of the same layer feeding that layer's MLP). Raises ValueError (edge_refusal) for a
+    post-norm model or one that is no decoder with an LM head.
     """
 
     def __init__(self, model: nn.Module):
         config = model.config
-        if config.arch != "decoder" or not hasattr(model, "lm_head"):
-            raise ValueError(f"edge attribution needs a decoder with an LM head; this model is arch={config.arch!r}")
-        if config.norm_position != "pre" or config.parallel_shared_norm or config.n_experts:
-            raise ValueError(f"edge attribution needs pre-norm blocks, where the residual stream is a sum of the "
-                             f"components' outputs and each sublayer has a norm of its own; this model has "
-                             f"norm_position={config.norm_position!r}"
-                             + (", one norm shared by attention and MLP" if config.parallel_shared_norm else "")
-                             + (", a mixture of experts" if config.n_experts else ""))
+        why = edge_refusal(config)
+        if why:
+            raise ValueError(why)
         self.model = model
         self.n_layers, self.n_heads, self.n_kv = config.n_layers, config.n_heads, config.n_kv_heads
         self.parallel = config.parallel_residual
@@ -107,20 +116,33 @@ class ResidualGraph:
             return f"blocks.{layer}.resid_mid"
         return f"blocks.{layer}.resid_pre"
 
+    def mlp_write_point(self, layer: int) -> str:
+        """The point whose value the block adds to the stream for its MLP (analysis.decompose.mlp_write_point)."""
+        return mlp_write_point(self.model.blocks[layer], f"blocks.{layer}.")
+
     def source_values(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """[U, B, T, E]: every source's output in one pass (no gradient)."""
         return self.source_run(model, batch)[0]
 
     def source_run(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(every source's output [U, B, T, E], the last position's logits [B, vocab]) of one pass, no gradient."""
-        names = ["blocks.0.resid_pre"] + [f"blocks.{l}.{p}" for l in range(self.n_layers) for p in ("attn.head_out", "mlp.out")]
-        with torch.no_grad(), trace(model, names) as t:
+        outputs, logits, _ = self.recorded_run(model, batch, [])
+        return outputs, logits
+
+    def recorded_run(self, model: nn.Module, batch: Batch, points: list[str]
+                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """source_run's (outputs [U, B, T, E], logits [B, vocab]) and {point: value} of `points`, from the same
+        pass."""
+        names = ["blocks.0.resid_pre"] + [name for l in range(self.n_layers)
+                                          for name in (f"blocks.{l}.attn.head_out", self.mlp_write_point(l))]
+        with torch.no_grad(), trace(model, sorted(set(names + points))) as t:
             logits = batch.last_logits(model)[:, 0]  # (B, vocab)
         outputs = [t["blocks.0.resid_pre"][None]]
-        for layer in range(self.n_layers):
-            outputs.append(t[f"blocks.{layer}.attn.head_out"].permute(2, 0, 1, 3))  # (B, T, H, E) -> (H, B, T, E)
-            outputs.append(t[f"blocks.{layer}.mlp.out"][None])
-        return torch.cat(outputs), logits  # (U, B, T, E), (B, vocab)
+        for layer, block in enumerate(self.model.blocks):
+            writes = head_writes(block, t[f"blocks.{layer}.attn.head_out"])  # (B, T, H, E)
+            outputs.append(writes.permute(2, 0, 1, 3))  # (B, T, H, E) -> (H, B, T, E)
+            outputs.append(t[self.mlp_write_point(layer)][None])
+        return torch.cat(outputs), logits, {point: t[point] for point in points}  # (U, B, T, E), (B, vocab)
 
     # ---- gradients at every destination's own input -----------------------------------------------
 
@@ -140,7 +162,7 @@ class ResidualGraph:
         blocks = self.model.blocks
         names = []
         for layer in range(self.n_layers):
-            names += [f"blocks.{layer}.{p}" for p in ("resid_pre", "attn.q", "attn.k", "attn.v", "mlp_norm.out")]
+            names += [f"blocks.{layer}.{p}" for p in ("resid_pre", "attn.q", "attn.k", "attn.v", "mlp_in")]
             if not self.parallel:
                 names.append(f"blocks.{layer}.resid_mid")
         final = self.reader_input_point(self.n_layers, "logits")
@@ -151,11 +173,13 @@ class ResidualGraph:
             return value.detach().requires_grad_(True)  # gradients exist even if the weights are frozen
 
         interventions, state = {"blocks.0.resid_pre": input_with_grad}, {}
+        for layer in range(self.n_layers):  # the MLP's own copy of the stream: a gradient of the MLP's path alone
+            interventions[f"blocks.{layer}.mlp_in"] = lambda x: x.view_as(x)
         if mix is not None:
             interventions = _mixing(self, mix, interventions, state)
         with torch.enable_grad(), trace(model, sorted(set(names)), interventions, grad=True) as t:
             values = score(batch.last_logits(model)[:, 0])  # (B,)
-            wanted = [t[f"blocks.{l}.{p}"] for l in range(self.n_layers) for p in ("attn.q", "attn.k", "attn.v", "mlp_norm.out")]
+            wanted = [t[f"blocks.{l}.{p}"] for l in range(self.n_layers) for p in ("attn.q", "attn.k", "attn.v", "mlp_in")]
             grads = torch.autograd.grad(values.sum(), wanted + [t[final]], allow_unused=True)
             inputs = {name: t[name].detach() for name in names}
         inputs.update({name: value.detach() for name, value in state.items() if name.startswith("in ")})
@@ -164,9 +188,8 @@ class ResidualGraph:
         for layer in range(self.n_layers):
             block, (g_q, g_k, g_v, g_mlp) = blocks[layer], grads[4 * layer:4 * layer + 4]
             x_attn = inputs.get(f"in attn {layer}", inputs[f"blocks.{layer}.resid_pre"])
-            x_mlp = inputs.get(f"in mlp {layer}", inputs[self.reader_input_point(layer, "mlp")])
             per_layer += [_reader_gradient(block, which, x_attn, g) for which, g in (("q", g_q), ("k", g_k), ("v", g_v))]
-            per_layer.append(torch.func.vjp(block.mlp_norm, x_mlp)[1](g_mlp)[0][None])  # (1, B, T, E)
+            per_layer.append(g_mlp[None])  # (1, B, T, E): at the MLP's own input, before its norm
         per_layer.append(grads[-1][None])
         sources = None if mix is None else torch.stack([state["sources"][u].detach() for u in range(len(self.sources))])
         return values.detach(), torch.cat(per_layer).detach(), sources  # G in the order of self.destinations
@@ -176,7 +199,7 @@ def _mixing(graph: ResidualGraph, mix: tuple[torch.Tensor, float], interventions
     """The interventions of a run where every reader's input is resid + alpha * sum_{u before it} (a_u - cur_u),
     kept in the autograd graph; state gets the sources' outputs and each reader's input ("in attn L")."""
     ablation, alpha = mix
-    state.update(sources={}, running=None, inside=False)
+    state.update(sources={}, running=None)
     first = interventions["blocks.0.resid_pre"]
 
     def embed(x: torch.Tensor) -> torch.Tensor:
@@ -187,9 +210,10 @@ def _mixing(graph: ResidualGraph, mix: tuple[torch.Tensor, float], interventions
 
     def sources(layer: int, kind: str):
         start = next(i for i, node in enumerate(graph.sources) if node.layer == layer and node.kind == kind)
+        block = graph.model.blocks[layer]
 
         def fn(x: torch.Tensor) -> None:
-            for offset, value in enumerate(x.unbind(2) if kind == "head" else (x,)):
+            for offset, value in enumerate(head_writes(block, x).unbind(2) if kind == "head" else (x,)):
                 state["sources"][start + offset] = value
                 state["running"] = state["running"] + (ablation[start + offset] - value)
 
@@ -198,49 +222,60 @@ def _mixing(graph: ResidualGraph, mix: tuple[torch.Tensor, float], interventions
     def keep(x: torch.Tensor) -> None:
         state["resid"] = x
 
-    def reader(layer: int, kind: str, norm: nn.Module):
-        def fn(x: torch.Tensor) -> torch.Tensor | None:
-            if state["inside"]:
-                return None  # our own call of the norm below
-            mixed = state["resid"] + alpha * state["running"]
-            state[f"in {kind} {layer}"] = mixed
-            state["inside"] = True
-            try:
-                return norm(mixed)
-            finally:
-                state["inside"] = False
+    def mixed() -> torch.Tensor:
+        return state["resid"] + alpha * state["running"]
+
+    def attention_reader(layer: int, which: str):
+        block = graph.model.blocks[layer]
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            state[f"in attn {layer}"] = inputs = mixed()
+            return block.attn.project(attention_norm(block)(inputs), which)
+
+        return fn
+
+    def mlp_reader(layer: int):
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            state[f"in mlp {layer}"] = inputs = mixed()
+            return inputs
 
         return fn
 
     interventions = {"blocks.0.resid_pre": embed}
-    for layer, block in enumerate(graph.model.blocks):
+    for layer in range(graph.n_layers):
         if layer:
             interventions[f"blocks.{layer}.resid_pre"] = keep
         if not graph.parallel:
             interventions[f"blocks.{layer}.resid_mid"] = keep
         interventions[f"blocks.{layer}.attn.head_out"] = sources(layer, "head")
-        interventions[f"blocks.{layer}.mlp.out"] = sources(layer, "mlp")
-        interventions[f"blocks.{layer}.attn_norm.out"] = reader(layer, "attn", block.attn_norm)
-        interventions[f"blocks.{layer}.mlp_norm.out"] = reader(layer, "mlp", block.mlp_norm)
+        interventions[graph.mlp_write_point(layer)] = sources(layer, "mlp")
+        for which in ("q", "k", "v"):
+            interventions[f"blocks.{layer}.attn.{which}"] = attention_reader(layer, which)
+        interventions[f"blocks.{layer}.mlp_in"] = mlp_reader(layer)
     interventions[graph.reader_input_point(graph.n_layers, "logits")] = lambda x: x + alpha * state["running"]
     return interventions
 
 
+def attention_norm(block: nn.Module):
+    """The norm the block's attention reads the stream through (the identity where it has none: OLMo 2)."""
+    return getattr(block, "attn_norm", None) or (lambda x: x)
+
+
 def _reader_gradient(block: nn.Module, which: str, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """[heads, B, T, E]: the gradient at each head's own q (k, v) input x [B, T, E], given the gradient at
-    the point attn.q (k, v) [B, heads, T, D].
+    """[heads, B, T, E]: the gradient at each head's own q (k, v) input x [B, T, E] (before the attention's norm,
+    if it has one), given the gradient at the point attn.q (k, v) [B, heads, T, D].
 
     Without q/k norms a head's projection is linear, y_h = norm(x) W_h^T + b_h, so the gradient through
     head h alone is J_norm(x)^T (g_h W_h): one product per head as cheap as the projection itself, then
     the norm's vector-Jacobian product, batched over the heads. With q/k norms, through the module."""
-    attn = block.attn
+    attn, norm = block.attn, attention_norm(block)
     if attn.qk_norm != "none":
-        return _per_head(lambda inputs: attn.project(block.attn_norm(inputs), which), x, grad)
+        return _per_head(lambda inputs: attn.project(norm(inputs), which), x, grad)
     proj = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj}[which]
     heads = grad.size(1)
     weight = proj.weight.view(heads, -1, proj.weight.size(1))  # (heads, D, E): W_h, the rows of head h
     through_head = torch.einsum("bhtd,hde->hbte", grad, weight.to(grad.dtype))  # (heads, B, T, E) at norm(x)
-    _, pullback = torch.func.vjp(block.attn_norm, x)
+    _, pullback = torch.func.vjp(norm, x)
     return torch.func.vmap(pullback)(through_head)[0]  # (heads, B, T, E)
 
 

@@ -29,14 +29,18 @@ ROLE_THRESHOLD = 0.3
 DETECTOR_ROLES = {"duplicate": "duplicate token", "induction": "induction", "previous_token": "previous token"}
 
 
-def name_mover_scores(model: nn.Module, task: Task, batch_size: int = 16) -> Result:
+def name_mover_scores(model: nn.Module, task: Task, batch_size: int = 16, pairs: int | None = None) -> Result:
     """[layer, head] the direct effect of each head on the logit difference at the last position (mean over
-    pairs); extra["attention"] [layer, head]: its attention from the last position to the first position
-    holding the answer's token (the indirect object's name in IOI)."""
+    the first `pairs` pairs, default all); extra["attention"] [layer, head]: its attention from the last
+    position to the first position holding the answer's token (the indirect object's name in IOI)."""
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
     direct = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     attention = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    count = len(task) if pairs is None else min(pairs, len(task))
     for rows in task.batches(batch_size):
+        if rows.start >= count:
+            break
+        rows = range(rows.start, min(rows.stop, count))
         clean, _ = task.inputs(rows)
         last = clean.target.last  # (B,)
         index = torch.arange(len(rows))
@@ -50,23 +54,28 @@ def name_mover_scores(model: nn.Module, task: Task, batch_size: int = 16) -> Res
                 direct[layer, head] += (right.values[c, index, last] - wrong.values[c, index, last]).double().sum()
         ids = clean.target.ids
         where = (ids == answers[:, None]).double().argmax(dim=1)  # (B,) the answer's first position in the prompt
+        # a pair whose prompt does not hold its answer (greater-than's years) counts 0: argmax would point at
+        # position 0, the attention sink, and make every head a "name mover"
+        present = (ids == answers[:, None]).any(dim=1).double()  # (B,)
         with torch.no_grad(), trace(model, "blocks.*.attn.pattern") as t:
             clean.last_logits(model)
         for layer in range(n_layers):
             pattern = t[f"blocks.{layer}.attn.pattern"]  # (B, H, T, T)
-            attention[layer] += pattern[index, :, last, where].double().sum(0)  # (H,)
-    direct, attention = direct / len(task), attention / len(task)
+            attention[layer] += (pattern[index, :, last, where].double() * present[:, None]).sum(0)  # (H,)
+    direct, attention = direct / count, attention / count
     labels = {"layer": [str(i) for i in range(n_layers)], "head": [str(h) for h in range(n_heads)]}
     return Result("name-mover heads (direct effect on the logit difference)", direct, ("layer", "head"), labels=labels,
                   check="direct logit attribution: each head's share of the logit difference, the norm's scale frozen",
-                  extra={"attention": attention}, about=f"{task.name}, {len(task)} pairs")
+                  extra={"attention": attention}, about=f"{task.name}, {count} pairs")
 
 
-def head_roles(model: nn.Module, task: Task, heads: list[tuple[int, int]], *, batch_size: int = 16) -> dict:
+def head_roles(model: nn.Module, task: Task, heads: list[tuple[int, int]], *, batch_size: int = 16,
+               pairs: int | None = None) -> dict:
     """{(layer, head): [role, ...]} for the given heads, and the scores behind them:
-    {"roles": ..., "scores": {kind: [layer, head] tensor}, "attention": ..., "direct": ...}."""
+    {"roles": ..., "scores": {kind: [layer, head] tensor}, "attention": ..., "direct": ...}; the name movers'
+    over the first `pairs` pairs (default all)."""
     scores = {kind: detect_heads(model, kind).values for kind in KINDS}
-    movers = name_mover_scores(model, task, batch_size)
+    movers = name_mover_scores(model, task, batch_size, pairs)
     roles = {}
     for layer, head in heads:
         found = []

@@ -100,6 +100,14 @@ class Task:
     def __len__(self) -> int:
         return self.clean.size(0)
 
+    def __repr__(self) -> str:
+        """Task('ioi', 100 pairs of 14–19 tokens, metric logit_difference, 3 dropped): what it holds, no tensors."""
+        low, high = int(self.lengths.min()), int(self.lengths.max())
+        tokens = f"{low}" if low == high else f"{low}–{high}"
+        metric = getattr(self.metric, "__name__", type(self.metric).__name__)
+        return (f"Task({self.name!r}, {len(self)} pairs of {tokens} tokens, metric {metric}"
+                + (f", {self.dropped} dropped" if self.dropped else "") + ")")
+
     def batches(self, size: int) -> list[range]:
         """The rows in consecutive chunks of at most `size` pairs."""
         return [range(start, min(start + size, len(self))) for start in range(0, len(self), size)]
@@ -162,7 +170,10 @@ def make_task(
 ) -> Task:
     """A Task from pairs {"clean": text, "corrupt": text, "answer": text | [texts], "wrong": text | [texts]}.
 
-    Each text is encoded as a prompt by the model's tokenizer; each answer must be one token.
+    Each text is encoded as a prompt by the model's tokenizer; each answer must be one token. For a sequence
+    classifier (an encoder with head="sequence-classification"), each text is encoded whole ([CLS] ... [SEP])
+    and the answers are labels (label_index): the metric reads the label logits, e.g. logit[positive] -
+    logit[negative] of a sentiment classifier on "a great film" / "a dull film".
     Raises ValueError, naming the pair, for a text that is empty or not a string, prompts of unequal length
     or past the model's context, a clean prompt equal to its corrupted one (patching would change nothing),
     an answer of several tokens, or an answer that is also a wrong answer (the metric would be 0 or NaN).
@@ -182,6 +193,7 @@ def make_task(
     if len(pairs) > MAX_PAIRS:
         raise ValueError(f"task {shorten(repr(name), 80)} has {len(pairs)} pairs; at most {MAX_PAIRS}")
     limit = model.config.max_seq_len if model.config.pos_encoding in ("learned", "sinusoidal", "rotary") else None
+    classifier = model.config.head == "sequence-classification"
     clean_rows, corrupt_rows, answers, wrongs, texts = [], [], [], [], []
     for index, pair in enumerate(pairs):
         if not isinstance(pair, dict):
@@ -190,7 +202,8 @@ def make_task(
         if missing:
             raise ValueError(f"pair {index}: missing {', '.join(missing)}; each pair has clean, corrupt, answer, wrong")
         clean_text, corrupt_text = (check_text(pair[key], f"pair {index}: {key}") for key in ("clean", "corrupt"))
-        clean, corrupt = tokenizer.encode_prompt(clean_text), tokenizer.encode_prompt(corrupt_text)
+        encode = tokenizer.encode if classifier else tokenizer.encode_prompt
+        clean, corrupt = encode(clean_text), encode(corrupt_text)
         if len(clean) != len(corrupt):
             raise ValueError(f"pair {index}: the clean prompt has {len(clean)} tokens, the corrupted {len(corrupt)}; "
                              f"patching needs both prompts of a pair to have as many tokens")
@@ -199,18 +212,42 @@ def make_task(
         if clean == corrupt:
             raise ValueError(f"pair {index}: the clean and corrupted prompts are the same tokens; patching one into the "
                              "other would change nothing")
-        answer = [one_token(tokenizer, text, f"pair {index}: answer") for text in answer_texts(pair["answer"], index, "answer")]
-        wrong = [one_token(tokenizer, text, f"pair {index}: wrong answer") for text in answer_texts(pair["wrong"], index, "wrong")]
+        if classifier:
+            answer, wrong = (labels(model, pair[key], index, key) for key in ("answer", "wrong"))
+        else:
+            answer = [one_token(tokenizer, text, f"pair {index}: answer") for text in answer_texts(pair["answer"], index, "answer")]
+            wrong = [one_token(tokenizer, text, f"pair {index}: wrong answer") for text in answer_texts(pair["wrong"], index, "wrong")]
         both = sorted(set(answer) & set(wrong))
         if both:
-            raise ValueError(f"pair {index}: {shorten(repr(tokenizer.token_texts(both[:1])[0]), 40)} is both an answer "
-                             "and a wrong answer; the metric compares the two")
+            shown = f"label {both[0]}" if classifier else shorten(repr(tokenizer.token_texts(both[:1])[0]), 40)
+            raise ValueError(f"pair {index}: {shown} is both an answer and a wrong answer; the metric compares the two")
         answers.append(answer)
         wrongs.append(wrong)
         clean_rows.append(clean)
         corrupt_rows.append(corrupt)
         texts.append((clean_text, corrupt_text))
     return _assemble(name, clean_rows, corrupt_rows, answers, wrongs, metric, texts, tokenizer, about)
+
+
+def label_index(model: nn.Module, label, what: str) -> int:
+    """A sequence classifier's label: its index (an int, or its digits), or its Hugging Face name "LABEL_i";
+    ValueError naming the allowed labels otherwise."""
+    count = model.config.num_labels
+    text = str(label)
+    digits = text[len("LABEL_"):] if text.startswith("LABEL_") else text
+    if isinstance(label, bool) or not isinstance(label, (int, str)) or not digits.isdigit() or not 0 <= int(digits) < count:
+        raise ValueError(f"{what} {shorten(repr(label), 80)} is not a label of this classifier; allowed: 0 to {count - 1} "
+                         f"(or LABEL_0 to LABEL_{count - 1})")
+    return int(digits)
+
+
+def labels(model: nn.Module, value, index: int, key: str) -> list[int]:
+    """A classifier's answer (or wrong answer): a label or a list of 1 .. MAX_ANSWERS labels, as indices."""
+    values = value if isinstance(value, list) else [value]
+    if not 1 <= len(values) <= MAX_ANSWERS:
+        raise ValueError(f"pair {index}: {key} must be a label or a list of 1 to {MAX_ANSWERS} labels; got "
+                         f"{shorten(repr(value), 80)}")
+    return [label_index(model, v, f"pair {index}: {key}") for v in values]
 
 
 def answer_texts(value, index: int, key: str) -> list[str]:
@@ -295,8 +332,10 @@ def _pair(raw: bytes, where: str) -> dict | None:
         raise ValueError(f"{where}: not JSON ({error.msg})") from None
     except RecursionError:
         raise ValueError(f"{where}: nested too deeply to be a pair") from None
-    if not isinstance(pair, dict) or not all(isinstance(pair.get(k), (str, list)) for k in ("clean", "corrupt", "answer", "wrong")):
-        raise ValueError(f"{where}: each line is an object with the texts clean, corrupt, answer and wrong")
+    if not isinstance(pair, dict) or not all(isinstance(pair.get(k), (str, list)) for k in ("clean", "corrupt")) \
+            or not all(isinstance(pair.get(k), (str, int, list)) for k in ("answer", "wrong")):
+        raise ValueError(f"{where}: each line is an object with the texts clean, corrupt, answer and wrong (a "
+                         f"classifier's answers may be label numbers)")
     return pair
 
 

@@ -23,7 +23,7 @@ from ...analysis.patching import patch_cells
 from ...analysis.result import Result
 from .edges import top_edges
 from .nodes import KINDS, node_points
-from .paths import plan_passes, run_ablated
+from .paths import edge_effects
 from .residual import ResidualGraph
 from .tasks import Task
 
@@ -108,33 +108,90 @@ def _node_name(kind: str, layer: int, index: int) -> str:
             "neurons": f"L{layer}N{index}"}[kind] if kind in KINDS else f"F{index}"
 
 
-def verify_edges(model: nn.Module, task: Task, result: Result, k: int = 50, *, max_tokens: int = 4096,
-                 max_bytes: int = 2**29, progress: Progress | None = None) -> Result:
+def verify_edges(model: nn.Module, task: Task, result: Result, k: int = 50, *, sample: int = 0, seed: int = 0,
+                 max_tokens: int = 4096, max_bytes: int = 2**29, progress: Progress | None = None) -> Result:
     """Path-patch the k edges of an edge attribution with the largest |score| exactly, one at a time,
-    over the task's pairs: C edges per forward pass (C copies of a chunk of pairs). Raises ValueError
-    when k is not in 1..the edge count."""
+    over the task's pairs, each run started at its edge's destination layer (paths.edge_effects); and
+    `sample` edges outside the top k, drawn at random from bands of rank (outside_sample), to see what
+    the estimate missed: extra["outside"] names the largest exact effect found outside the top k, and
+    extra["recall"] is the share of the exact top k among all verified edges that the estimate's top k
+    holds. Raises ValueError when k is not in 1..the edge count or sample is negative."""
     edges = top_edges(result, k)
     graph: ResidualGraph = result.extra["graph"]
-    pairs_per_chunk, copies = plan_passes(graph, task, len({u for u, _, _ in edges}), max_tokens, max_bytes)
-    chunks = task.batches(pairs_per_chunk)
-    exact = torch.zeros(k, dtype=torch.float64)
-    done, total = 0, len(chunks) * ((k + copies - 1) // copies)
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
+        raise ValueError(f"sample={sample!r}: the number of edges outside the top k to verify, 0 or more")
+    outside = outside_sample(result, k, sample, seed)
+    checked = [(u, v) for u, v, _ in edges] + [(u, v) for _, u, v, _ in outside]
+    per_pair = 2 * len(graph.sources) * int(task.lengths.max()) * graph.model.config.d_model * 4  # ablated, clean
+    chunks = task.batches(max(1, min(len(task), max_bytes // per_pair)))
+    exact = torch.zeros(len(checked), dtype=torch.float64)
+    done = [0]
+
+    def tick(runs: int, total: int) -> None:
+        if progress is not None:
+            progress(done[0] + runs, len(chunks) * len(checked))
+
     for rows in chunks:
         clean, corrupt = task.inputs(rows)
         ablation = graph.source_values(model, corrupt)
-        with torch.no_grad():
-            base = task.score(clean.last_logits(model)[:, 0], rows).double()
-        for start in range(0, k, copies):
-            part = edges[start:start + copies]
-            ablated = torch.zeros(len(part), *graph.allowed.shape, dtype=torch.bool)  # (C, U, V)
-            for copy, (u, v, _) in enumerate(part):
-                ablated[copy, u, v] = True
-            logits = run_ablated(model, graph, clean, ablation, ablated)  # (C*B, vocab)
-            patched = task.score(logits, rows).double().view(len(part), len(rows))
-            exact[start:start + len(part)] += (base[None] - patched).sum(1)
-            done += 1
-            if progress is not None:
-                progress(done, total)
+        metric = lambda logits: task.score(logits[:, 0], rows)  # noqa: E731
+        patched, base = edge_effects(model, graph, clean, ablation, checked, metric, max_tokens=max_tokens,
+                                     progress=tick)
+        exact += (base.double()[None] - patched.double()).sum(1)
+        done[0] += len(checked)
     exact /= len(task)
-    names = [graph.edge_name(u, v) for u, v, _ in edges]
-    return _verification("edges", names, torch.tensor([s for _, _, s in edges]), exact, result.about)
+    names = [graph.edge_name(u, v) for u, v in checked]
+    estimates = torch.tensor([s for _, _, s in edges] + [s for _, _, _, s in outside], dtype=torch.float64)
+    verified = _verification("edges", names[:k], estimates[:k], exact[:k], result.about)
+    if outside:
+        _outside(verified, names, estimates, exact, k, [rank for rank, _, _, _ in outside])
+    return verified
+
+
+def outside_sample(result: Result, k: int, sample: int, seed: int = 0) -> list[tuple[int, int, int, float]]:
+    """`sample` edges outside the top k by |score|, (rank, source, destination, score), rank 1 the largest:
+    the edges ranked k+1 .. all cut into bands of doubling width (ranks k+1..2k, 2k+1..4k, ...; the last
+    band the rest), an equal share of the sample drawn uniformly from each (the remainder from the bands
+    nearest the top k; a band too narrow for its share gives the rest to the edges not yet drawn),
+    without replacement, by a generator seeded with `seed`. The bands put more of the sample near the
+    cut, where a miss is likeliest, and still reach the tail."""
+    count = int(result.extra["allowed"].sum())
+    if sample == 0 or k >= count:
+        return []
+    ranked = top_edges(result, count)  # every edge, largest |score| first
+    bands, start, width = [], k, k
+    while start < count:
+        bands.append(range(start, min(count, start + width)))
+        start, width = start + width, width * 2
+    sample = min(sample, count - k)
+    generator = torch.Generator().manual_seed(seed)
+    shares = [sample // len(bands) + (1 if i < sample % len(bands) else 0) for i in range(len(bands))]
+    chosen = []
+    for band, share in zip(bands, shares):
+        take = min(share, len(band))
+        chosen += [band[int(i)] for i in torch.randperm(len(band), generator=generator)[:take]]
+    short = sample - len(chosen)  # bands narrower than their share: the rest from the edges not yet drawn
+    if short:
+        left = sorted(set(range(k, count)) - set(chosen))
+        chosen += [left[int(i)] for i in torch.randperm(len(left), generator=generator)[:short]]
+    return [(rank + 1, *ranked[rank]) for rank in sorted(chosen)]
+
+
+def _outside(verified: Result, names: list[str], estimates: torch.Tensor, exact: torch.Tensor, k: int,
+             ranks: list[int]) -> None:
+    """Add what the sample outside the top k shows to a verification: the largest exact effect outside,
+    and the recall of the exact top k among the verified edges by the estimate's top k."""
+    outside = exact[k:].abs()
+    largest = int(outside.argmax())
+    truth = set(exact.abs().argsort(descending=True)[:k].tolist())  # the exact top k of every edge verified
+    recall = len(truth & set(range(k))) / k
+    verified.extra.update(
+        outside={"edge": names[k + largest], "exact": float(exact[k + largest]), "estimated": float(estimates[k + largest]),
+                 "rank": ranks[largest], "sampled": len(outside)},
+        recall=recall, sample=[{"edge": name, "rank": rank, "estimated": float(e), "exact": float(x)}
+                               for name, rank, e, x in zip(names[k:], ranks, estimates[k:], exact[k:])])
+    kth = float(exact[:k].abs().min())
+    verified.check += (f"; outside the top {k}, {len(outside)} sampled edges: the largest exact effect "
+                       f"{names[k + largest]} {float(exact[k + largest]):.4g} (rank {ranks[largest]}, estimated "
+                       f"{float(estimates[k + largest]):.4g}; the top {k}'s smallest |exact| {kth:.4g}); recall of "
+                       f"the exact top {k} among the verified: {recall:.2f}")

@@ -78,10 +78,12 @@ export function abortAll() {
 
 const FRESHNESS = {
   current: "up to date", updating: "updating…", stale: "shows an earlier text", error: "error", empty: "",
+  idle: "not run yet",
 };
 
-// Mark panel `name` (its data-panel section) as showing the current text, updating, stale, an error
-// or nothing (no text); the badge in its title says which, and CSS dims what is not current.
+// Mark panel `name` (its data-panel section) as showing the current text, updating, stale, an error,
+// nothing (no text, or nothing it can show) or idle (a panel run on request, not run yet); the badge in
+// its title says which, and CSS dims what is not current.
 export function markFresh(name, kind) {
   const section = document.querySelector(`[data-panel="${name}"]`);
   if (!section) return;
@@ -176,7 +178,8 @@ export function errorBox(error) {
 
 // ---- panels -------------------------------------------------------------------------------------
 
-// Each panel registers update(): called when the text, the model or a shared setting changes,
+// Each panel registers update(): called when the text, the model or a shared setting changes (it may
+// return its freshness, markFresh's kind, when that is not "current"),
 // only while the panel is shown; it fetches what it draws.
 export const panels = new Map();
 export function register(name, panel) {

@@ -244,12 +244,13 @@ async function updatePanel() {
   const call = ++panelCall;
   const generation = state.generation;
   markFresh(name, "updating");
+  let fresh = "current";
   try {
-    await panel.update();
+    fresh = (await panel.update()) || "current";
   } catch (error) {
     if (!isAbort(error)) console.error(error);
   }
-  if (call === panelCall && generation === state.generation) markFresh(name, "current");
+  if (call === panelCall && generation === state.generation) markFresh(name, fresh);
 }
 
 // The exports: every panel's page (as `anatomy viz` / `anatomy analyze` write it), PNG and JSON.
