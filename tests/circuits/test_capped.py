@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import anatomy
+from anatomy.circuits.attention_edges import explain_attention
 from anatomy.circuits.attribute import attribution_graph
 from anatomy.circuits.cli import memory_size
 from anatomy.circuits.features import promoted_tokens, top_contexts
@@ -202,7 +203,7 @@ def test_nothing_is_made_off_the_models_device():
         whole = attribution_graph(model, prompt, transcoders)
         capped = attribution_graph(model, prompt, transcoders, max_feature_nodes=20, batch_size=4)
     assert whole.adjacency.device.type == "cpu" and capped.adjacency.device.type == "cpu"
-    small = pruned(whole)
+    small, shown = pruned(whole), pruned(capped)
     feature = next(node for node in small.nodes if node.kind == "feature")
     logit = next(node for node in small.nodes if node.kind == "logit")
     tokens = np.asarray(model.tokenizer.encode(prompt * 40, add_special_tokens=False), dtype=np.int64)
@@ -211,5 +212,7 @@ def test_nothing_is_made_off_the_models_device():
                            freeze="all", graph=whole)
         split = split_by_head(model, transcoders, whole, logit, feature)
         details = top_contexts(model, transcoders, small, tokens, promoted_tokens(model, transcoders, small), context=16)
+        explained = explain_attention(model, transcoders, shown, n=4)  # why a capped graph's attention attends
     assert abs(result.rows()[0]["direct"] - result.rows()[0]["change"]) < 1e-4 and split.error < 1e-5
+    assert explained and all(edge.split.error < 1e-5 for edge in explained) and shown.meta["attention"]["qk"]
     assert details.promoted and details.contexts
