@@ -52,59 +52,85 @@ def prepare(settings: Settings, folder: Path) -> tuple[Path, Path, str]:
     ids = prompt_ids(model, PROMPT)  # 16 tokens: the BOS circuit-tracer puts in front, and 15 of the text
     prompt = PROMPT
     model_folder = folder / "smollm2"
-    model.save_pretrained(model_folder)
-    config_path = model_folder / "config.json"
-    config = json.loads(config_path.read_text())
-    theta = (config.get("rope_parameters") or {}).get("rope_theta")
-    if theta is not None and "rope_theta" not in config:  # transformers 4.57 reads a top-level rope_theta only
-        config["rope_theta"] = theta
-        config_path.write_text(json.dumps(config))
+    write_model(model, model_folder)
     transcoders = calibrated_random_transcoders(model, ids[None])
     save_transcoders(transcoders, folder / "transcoders", scan="anatomy-bench/random-calibrated")
     return model_folder, folder / "transcoders", prompt
 
 
+def write_model(model, folder: Path) -> None:
+    """The model as a Hugging Face folder that transformers 4.57 (circuit-tracer's) reads as anatomy does."""
+    model.save_pretrained(folder, max_shard_size="1GB")  # a 2B model's shards written one at a time
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    theta = (config.get("rope_parameters") or {}).get("rope_theta")
+    if theta is not None and "rope_theta" not in config:  # transformers 4.57 reads a top-level rope_theta only
+        config["rope_theta"] = theta
+        config_path.write_text(json.dumps(config))
+
+
 def run(command: list[str], out: Path, threads: int) -> dict:
     """The JSON a worker wrote to `out` (its command names it), or RuntimeError with its stderr's end."""
-    done = subprocess.run(command, capture_output=True, text=True, timeout=3600,
+    done = subprocess.run(command, capture_output=True, text=True, timeout=4 * 3600,
                           env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if done.returncode == 3 and out.is_file():  # stopped by its memory watchdog: the JSON says where
+        return json.loads(out.read_text())
     if done.returncode != 0:
         raise RuntimeError(f"{Path(command[1]).name} failed: {done.stderr[-800:]}")
     return json.loads(out.read_text())
 
 
 def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: str) -> None:
-    """The worker anatomy's side runs in (python -m anatomy.bench.circuits ...): load, then time the pruned graph."""
+    """The worker anatomy's side runs in (python -m anatomy.bench.circuits ...): load, then time the pruned graph.
+    options: prompt or prompt_ids, threads; batch_size, max_feature_nodes, dtype (of the model and the set),
+    memory_goal_gb (--max-memory: the goal less what is loaded), compare (write the adjacency, default true), qk
+    (explain the pruned graph's attention after the graph and its peak memory are measured, default true)."""
     from ..checkpoints import from_pretrained
     from ..circuits import attribution_graph, prune, pruned, scores
     from ..circuits.attention_edges import explain_attention
     from ..sae import load_transcoders
+    from .circuit_tracer_worker import PHASE, status_gb, watch_memory
     from safetensors.torch import save_file
 
     settings = json.loads(options)
     torch.set_num_threads(settings["threads"])
-    model = from_pretrained(model_folder).eval()
-    transcoders = load_transcoders(transcoder_folder)
+    watch_memory(Path(out))
+    dtype = getattr(torch, settings.get("dtype", "float32"))
+    model = from_pretrained(model_folder, dtype=dtype).eval()
+    transcoders = load_transcoders(transcoder_folder, dtype=dtype)
     for layer in range(transcoders.n_layers):  # the set reads its layers when first used: read before the clock
         transcoders.layers[layer]
+    loaded = status_gb("VmRSS")
+    goal = settings.get("memory_goal_gb")
+    max_bytes = None if goal is None else int((0.95 * goal - loaded) * 1e9)  # the goal less what is loaded
+    prompt = torch.tensor(settings["prompt_ids"]) if "prompt_ids" in settings else settings["prompt"]
+    PHASE["now"] = "attribution_graph"
     cpu = time.process_time()
     start = time.perf_counter()
-    graph = attribution_graph(model, settings["prompt"], transcoders)
+    graph = attribution_graph(model, prompt, transcoders, max_feature_nodes=settings.get("max_feature_nodes"),
+                              batch_size=settings.get("batch_size", 512), max_bytes=max_bytes)
     attributed = time.perf_counter() - start
+    PHASE["now"] = "pruning"
     decision = prune(graph, 0.8, 0.98)
     small = pruned(graph, decision=decision)
     replacement, completeness = scores(graph, decision.influence)
     total = time.perf_counter() - start
     cpu = time.process_time() - cpu
-    qk_cpu, qk_start = time.process_time(), time.perf_counter()
-    explain_attention(model, transcoders, small, n=QK_EDGES)  # beyond the graph: why its attention attends
-    qk_seconds, qk_cpu = time.perf_counter() - qk_start, time.process_time() - qk_cpu
-    attention = small.meta["attention"]
-    peak = next(int(line.split()[1]) / 1e6 for line in open("/proc/self/status") if line.startswith("VmHWM"))
-    save_file({"adjacency": graph.adjacency}, str(Path(out).with_suffix(".safetensors")),
-              metadata={"ids": json.dumps([node.id for node in graph.nodes])})
+    peak = status_gb("VmHWM")  # the graph's, pruned and scored: before the attention's work
+    qk_seconds = qk_cpu = None
+    if settings.get("qk", True):
+        qk_cpu, qk_start = time.process_time(), time.perf_counter()
+        explain_attention(model, transcoders, small, n=QK_EDGES)  # beyond the graph: why its attention attends
+        qk_seconds, qk_cpu = time.perf_counter() - qk_start, time.process_time() - qk_cpu
+    attention = small.meta.get("attention", {"edges": [], "qk": [], "check": ""})
+    if settings.get("compare", True):
+        save_file({"adjacency": graph.adjacency}, str(Path(out).with_suffix(".safetensors")),
+                  metadata={"ids": json.dumps([node.id for node in graph.nodes])})
     Path(out).write_text(json.dumps({
-        "attribute_seconds": attributed, "seconds": total, "cpu_seconds": cpu, "peak_gb": peak, "scores": [replacement, completeness],
+        "attribute_seconds": attributed, "seconds": total, "cpu_seconds": cpu, "peak_gb": peak,
+        "loaded_gb": loaded, "max_memory_gb": (max_bytes or 0) / 1e9, "memory": graph.meta["memory"],
+        "file_gb": graph.meta["rows_on_file_bytes"] / 1e9,
+        "scores": [replacement, completeness], "nodes": len(graph), "active": graph.meta["features_active"],
         "features": sum(node.kind == "feature" for node in graph.nodes), "check": graph.check, "error": graph.error,
         "kept_nodes": len(small), "kept_edges": int(torch.count_nonzero(small.adjacency)),
         "qk_seconds": qk_seconds, "qk_cpu_seconds": qk_cpu, "qk_edges": len(attention["edges"]),
@@ -112,9 +138,10 @@ def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: s
     }))
 
 
-def compare(ours: Path, theirs: Path) -> float:
-    """max |diff| between the two adjacencies, nodes matched by what they are (circuit-tracer's order:
-    features, errors layer by layer, tokens, logits)."""
+def compare(ours: Path, theirs: Path) -> tuple[float, int]:
+    """(max |diff| between the two adjacencies on the nodes both have, how many of theirs ours lacks), nodes
+    matched by what they are (circuit-tracer's order: features, errors layer by layer, tokens, logits). A
+    capped graph of a long prompt may choose a few features otherwise where two rank within float rounding."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -131,12 +158,14 @@ def compare(ours: Path, theirs: Path) -> float:
     order += [Node("error", l, p).id for l in range(n_layers) for p in range(T)]
     order += [Node("token", -1, p, t).id for p, t in enumerate(tokens)]
     order += [Node("logit", n_layers, T - 1, t).id for t in their["logit_ids"].tolist()]
-    mapped = torch.tensor([index[node_id] for node_id in order])
+    both = torch.tensor([node_id in index for node_id in order])
+    mapped = torch.tensor([index[node_id] for node_id in order if node_id in index])
+    shared = both.nonzero().flatten()
     worst = 0.0
-    for start in range(0, len(order), 1024):
+    for start in range(0, len(shared), 1024):
         rows = adjacency[mapped[start:start + 1024]][:, mapped]
-        worst = max(worst, float((rows - their["adjacency"][start:start + 1024]).abs().max()))
-    return worst
+        worst = max(worst, float((rows - their["adjacency"][shared[start:start + 1024]][:, shared]).abs().max()))
+    return worst, int((~both).sum())
 
 
 def bench_circuits(settings: Settings) -> list[Row]:
@@ -152,7 +181,7 @@ def bench_circuits(settings: Settings) -> list[Row]:
         if python:
             theirs = run([python, str(WORKER), str(model_folder), str(transcoder_folder), str(folder / "circuit-tracer.json"),
                           options], folder / "circuit-tracer.json", threads)
-            difference = compare(folder / "anatomy.safetensors", folder / "circuit-tracer.safetensors")
+            difference, _ = compare(folder / "anatomy.safetensors", folder / "circuit-tracer.safetensors")
     model = "tiny Llama (the tests')" if settings.quick else "SmolLM2-135M"
     case = f"pruned attribution graph, {model}, {ours['features']:,} features, {threads} threads"
     row = Row("circuits", case, "s", ours["seconds"], theirs["seconds"] if theirs else None, False)

@@ -47,7 +47,7 @@ GROUPS = {
     "analysis": ["analysis:bench_analysis"],
     "sae": ["sae:bench_sae"],
     "explore": ["explore:bench_explore", "soak:bench_soak"],  # the page timed, then the soak
-    "circuits": ["circuits:bench_circuits"],
+    "circuits": ["circuits:bench_circuits", "circuits_scale:bench_circuits_scale"],  # 16 tokens whole, then capped
     "refusals": ["refusals:bench_refusals"],
     "discovery": ["discovery:bench_discovery", "discovery_exact:bench_discovery_exact"],
     "page": ["page:bench_page"],

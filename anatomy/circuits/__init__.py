@@ -13,9 +13,16 @@ circuits found over datasets.
     save.py           save(graph, path): the writer for the file's suffix (.html, .json, .safetensors)
     prune.py          influence (the Neumann series), find_threshold, prune, pruned, scores, the feature cap
     layout.py         Active, Layout: the active features and where each node sits in the graph's order
-    replacement.py    the local replacement model: frozen patterns and norm scales, its transposes
+    frozen.py         a norm and an attention sublayer with the prompt's scales and patterns frozen, as linear maps
+    replacement.py    the local replacement model of every block layout, its transposes
+    checks.py         the floor's Python arguments, refused in words before any work
+    vectors.py        the features that fire and their vectors, the transcoders read a layer at a time
     attribute.py      attribution_graph: the nodes, their edges, the identity checked
-    sweep.py          every direct effect in one sweep down the layers (no autograd, every row at once)
+    sweep.py          the direct effects of a bucket of rows, carried down the layers together (no autograd)
+    capped.py         max_feature_nodes: the rows of the features circuit-tracer's ranking chooses, batch by batch
+    rows.py           RowStore: a capped graph's rows, in memory up to a budget and in a temporary file past it
+    footprint.py      the memory a graph will take, said (and refused past the budget) before computing it
+    identity.py       what no node carries, and each graph's check (whole, capped)
     heads.py          split_by_head: an edge as the sum of the heads its paths first cross, by (query, key) positions
     stream.py         NodeStream: the stream as the sum of what the nodes write; any reading of it carried back
     qk.py             qk_attribution: a head's attention score at (query, key) as pairs of nodes + terms of none

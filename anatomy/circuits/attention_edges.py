@@ -43,11 +43,12 @@ def attention_mediated(graph: Graph, n: int, nodes: list[int] | None = None) -> 
     """(target, source) of the n strongest edges (by |weight|) whose source sits at an earlier position than its
     target: edges only attention can carry (into or out of one of `nodes`, their indices, if given)."""
     targets, sources = graph.adjacency.nonzero(as_tuple=True)
-    columns = torch.tensor([node.column for node in graph.nodes])
+    device = graph.adjacency.device  # the graph's data: the CPU's, wherever the model ran
+    columns = torch.tensor([node.column for node in graph.nodes], device=device)
     across = columns[sources] < columns[targets]
     if nodes is not None:
-        chosen = torch.zeros(len(graph), dtype=torch.bool)
-        chosen[torch.tensor(nodes, dtype=torch.long)] = True
+        chosen = torch.zeros(len(graph), dtype=torch.bool, device=device)
+        chosen[torch.tensor(nodes, dtype=torch.long, device=device)] = True
         across &= chosen[targets] | chosen[sources]
     targets, sources = targets[across], sources[across]
     weights = graph.adjacency[targets, sources].abs()

@@ -12,13 +12,17 @@ transcoder's skip), is
                                               w_s: s's output vector (a decoder row; an error; an embedding)
     t's reading = enc_t . x_in  (a feature's pre-activation), or (u_tok - mean_v u_v) . h (a logit, demeaned)
 
-The rows are computed in one sweep down the layers (sweep.py).
+The rows are computed by sweeps down the layers (sweep.py): every row for the whole graph, or, with
+max_feature_nodes, the logits' and the features' that circuit-tracer's ranking chooses (capped.py), so that a
+cap bounds the work and the memory (footprint.py says how much, before anything large is allocated).
 
 The first position is left out as circuit-tracer leaves it out (its features and errors are not nodes):
 what it writes, with the biases and the positional embeddings, is what no node carries, computed by the
 replacement's forward pass with every node switched off. The result checks itself:
 
     every feature's pre-activation and every target logit = sum of its row + what no node carries
+
+and a capped graph's rows add the edges of the features it dropped (identity.py).
 """
 
 from __future__ import annotations
@@ -27,10 +31,15 @@ import torch
 from torch import nn
 
 from . import checks
+from .capped import assemble, capped_rows, feature_nodes, kept_layout, partial_influence
+from .footprint import Plan, check_room, lazy_zeros, resident_bytes
 from .graph import Graph, Node
+from .identity import capped_check, unexplained, whole_check
 from .layout import Active, Layout, layout
 from .replacement import Replacement, transcoder_points, unsupported
-from .sweep import Sources, errors_of, sweep
+from .rows import RowStore
+from .sweep import Rows, Sources, buckets, feature_rows, sweep, width
+from .vectors import errors_of, read_features
 
 
 def prompt_ids(model: nn.Module, prompt) -> torch.Tensor:
@@ -58,7 +67,7 @@ def prompt_ids(model: nn.Module, prompt) -> torch.Tensor:
         raise ValueError(f"the prompt has {len(ids)} tokens; this model reads at most {limit} (max_seq_len)")
     if any(not 0 <= i < model.config.vocab_size for i in ids):
         raise ValueError(f"token ids must be in [0, {model.config.vocab_size})")
-    return torch.tensor(ids)
+    return torch.tensor(ids, device="cpu")
 
 
 def check_fits(model: nn.Module, transcoders) -> None:
@@ -77,84 +86,6 @@ def check_fits(model: nn.Module, transcoders) -> None:
                              f"and writes them at blocks.L.{{{', '.join(writes)}}}; this set's {field} is {point!r}")
 
 
-def active_features(rep: Replacement) -> Active:
-    """Encode every layer's input; the features that fire, position 0 zeroed as circuit-tracer zeroes it."""
-    layers, positions, features, values, pres = [], [], [], [], []
-    for layer in range(rep.n_layers):
-        pre = rep.transcoders.pre_activations(layer, rep.inputs[layer]).float()  # (T, F)
-        acts = rep.transcoders.activate(layer, pre)
-        acts[0] = 0
-        position, feature = acts.nonzero(as_tuple=True)
-        layers.append(torch.full_like(position, layer))
-        positions.append(position), features.append(feature), values.append(acts[position, feature]), pres.append(pre)
-    return Active(torch.cat(layers), torch.cat(positions), torch.cat(features), torch.cat(values), pres)
-
-
-def logit_targets(logits: torch.Tensor, max_logits: int, probability: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, probabilities) of the most likely next tokens until their cumulative probability reaches
-    `probability`, at most max_logits of them (circuit-tracer's salient logits)."""
-    probs = torch.softmax(logits, dim=-1)
-    top, ids = probs.topk(min(max_logits, probs.numel()))
-    cutoff = int(torch.searchsorted(top.cumsum(0), torch.tensor(probability))) + 1
-    return ids[:cutoff], top[:cutoff]
-
-
-def build_nodes(rep: Replacement, active: Active, where: Layout, logit_ids: torch.Tensor, probs: torch.Tensor,
-                labels: list[str], logit_labels: list[str]) -> list[Node]:
-    """Nodes in graph order (Layout): every one named by what it is."""
-    nodes = [Node("token", -1, q, int(rep.ids[q]), label=labels[q]) for q in range(where.n_tokens)]
-    positions, features, values = active.position.tolist(), active.feature.tolist(), active.activation.tolist()
-    for layer in range(rep.n_layers):
-        chosen = range(where.active_start[layer], where.active_start[layer] + int(where.feature_offsets[layer][-1]))
-        nodes += [Node("feature", layer, positions[i], features[i], value=values[i]) for i in chosen]
-        nodes += [Node("error", layer, q) for q in range(where.n_tokens)]
-    last = where.n_tokens - 1
-    nodes += [Node("logit", rep.n_layers, last, int(i), label=text, value=float(p))
-              for i, text, p in zip(logit_ids.tolist(), logit_labels, probs.tolist())]
-    return nodes
-
-
-def unexplained(rep: Replacement, active: Active, where: Layout, logit_ids: torch.Tensor,
-                logit_vectors: torch.Tensor) -> torch.Tensor:
-    """[N]: what no node carries of each target, the replacement's forward pass with every node switched off:
-    positional embeddings, biases (attention's, the norms', b_dec, the encoders' b_enc), a skip's share of
-    them, and everything the first position writes."""
-    result = torch.zeros(where.total)
-
-    def features_read(layer: int):
-        def read(x: torch.Tensor) -> None:  # (T, E) what the transcoder reads: its features' pre-activations there
-            chosen = (active.layer == layer).nonzero().flatten()
-            if len(chosen):
-                pre = rep.transcoders.pre_activations(layer, x).float()  # (T, F)
-                start = where.feature_start[layer]
-                result[start:start + len(chosen)] = pre[active.position[chosen], active.feature[chosen]]
-        return read
-
-    x = rep.embed_rest  # (T, E)
-    for layer in range(rep.n_layers):
-        x = rep.block_forward(layer, x, no_node_mlp(rep, layer, features_read(layer)))
-    result[where.logit_start:] = logit_vectors @ rep.final_forward(x) + demeaned(rep.unembed_bias, logit_ids)
-    return result
-
-
-def no_node_mlp(rep: Replacement, layer: int, on_read=None):
-    """Layer's MLP in the replacement with every node switched off, as block_forward takes it: what the transcoder
-    reads [T, E] -> its output: b_dec, a skip's share of what it reads, and the first position's whole output but
-    for the part its skip passes on (a linear path, counted by the skip). on_read(read): shown what it reads."""
-    def replaced(read: torch.Tensor) -> torch.Tensor:
-        if on_read is not None:
-            on_read(read)
-        bias = rep.transcoders.output_bias(layer).detach().float()
-        out = bias.expand(read.size(0), -1).clone()  # (T, E)
-        skip = rep.skips[layer]
-        if skip is not None:
-            out += read @ skip
-        first = rep.outputs[layer][0] - bias
-        out[0] += first if skip is None else first - rep.inputs[layer][0] @ skip
-        return out
-    return replaced
-
-
 def logit_note(model: nn.Module) -> dict:
     """{"logits": what the logit rows explain, in words} for a model whose logits are soft-capped, else {}."""
     cap = model.lm_head.softcap
@@ -165,43 +96,46 @@ def logit_note(model: nn.Module) -> dict:
                       f"not linear; it keeps their order); the target tokens and their probabilities are the capped logits'"}
 
 
-def identity_gaps(adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tensor,
-                  block: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-    """(|value - row sum - rest|, sum of the |terms| added up) for every target (values not NaN), a block of
-    rows at a time (torch's float32 sums are cascaded: about 1e-7 of the terms, far below the check's 1e-4)."""
-    differences, terms = [], []
-    for start in range(0, adjacency.size(0), block):
-        rows = adjacency[start:start + block]  # (b, N)
-        value, other = values[start:start + block].double(), rest[start:start + block].double()
-        differences.append((value - rows.sum(1).double() - other).abs())
-        terms.append(rows.abs().sum(1).double() + other.abs())
-    targets = ~values.isnan()
-    return torch.cat(differences)[targets], torch.cat(terms)[targets]
+def logit_targets(logits: torch.Tensor, max_logits: int, probability: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, probabilities) of the most likely next tokens until their cumulative probability reaches
+    `probability`, at most max_logits of them (circuit-tracer's salient logits)."""
+    probs = torch.softmax(logits, dim=-1)
+    top, ids = probs.topk(min(max_logits, probs.numel()))
+    cutoff = int(torch.searchsorted(top.cumsum(0), torch.tensor(probability, device=top.device))) + 1
+    return ids[:cutoff], top[:cutoff]
 
 
-def demeaned(bias: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | float:
-    """b[ids] - mean(b): the LM head's bias as a demeaned logit sees it (0 without a bias)."""
-    return 0.0 if bias is None else bias[ids] - bias.mean()
+def build_nodes(rep: Replacement, active: Active, where: Layout, logit_ids: torch.Tensor, probs: torch.Tensor,
+                labels: list[str], logit_labels: list[str]) -> list[Node]:
+    """Nodes in graph order (Layout): every one named by what it is."""
+    nodes = [Node("token", -1, q, int(rep.ids[q]), label=labels[q]) for q in range(where.n_tokens)]
+    positions, features, values = active.position.tolist(), active.feature.tolist(), active.activation.tolist()
+    for layer in range(rep.n_layers):
+        start, stop = active.span(layer)
+        nodes += [Node("feature", layer, positions[i], features[i], value=values[i]) for i in range(start, stop)]
+        nodes += [Node("error", layer, q) for q in range(where.n_tokens)]
+    last = where.n_tokens - 1
+    nodes += [Node("logit", rep.n_layers, last, int(i), label=text, value=float(p))
+              for i, text, p in zip(logit_ids.tolist(), logit_labels, probs.tolist())]
+    return nodes
 
 
-def graph_bytes(where: Layout, d_model: int) -> int:
-    """What a graph of this layout holds at its peak: the adjacency [N, N] and the rows' gradients."""
-    rows_at = [int(where.feature_offsets[layer].diff().sum()) for layer in range(len(where.feature_offsets))]
-    gradients = sum(rows_at) * where.n_tokens * d_model * 4 // 2 + (where.total - where.logit_start) * where.n_tokens * d_model * 4
-    return where.total * where.total * 4 + gradients
-
-
-def check_room(where: Layout, d_model: int, max_bytes: int | None) -> None:
-    """ValueError, in words, when the graph would not fit in the memory available (or in max_bytes)."""
-    from ..checkpoints.memory import available_memory
-
-    needed = graph_bytes(where, d_model)
-    room = available_memory() if max_bytes is None else min(max_bytes, available_memory())
-    if needed > room:
-        raise ValueError(f"this prompt makes a graph of {where.total:,} nodes ({where.total - where.n_tokens:,} features "
-                         f"and errors on {where.n_tokens} positions): it needs {needed / 2**30:.1f} GiB, and "
-                         f"{room / 2**30:.1f} GiB {'are' if max_bytes is None else 'is the budget'} available; a "
-                         f"shorter prompt has fewer (the nodes grow with the positions, the memory with their square)")
+def whole_adjacency(rep: Replacement, sources: Sources, active: Active, where: Layout, logit_rows: Rows,
+                    progress=None) -> torch.Tensor:
+    """[N, N]: every row of the graph (the logits' and every feature's), each position's rows swept together."""
+    rows = feature_rows(active, sources.vectors, torch.arange(len(active.layer), device=rep.device))
+    rows = Rows(torch.cat([logit_rows.layer, rows.layer]), torch.cat([logit_rows.position, rows.position]),
+                torch.cat([logit_rows.reading, rows.reading]))
+    nodes = torch.cat([torch.arange(where.logit_start, where.total, device=rep.device), feature_nodes(active, where)])
+    adjacency = lazy_zeros(where.total, where.total, rep.device)
+    for bucket in buckets(rows.position, rows.layer, rep.embed.size(1), row_bytes=4 * where.total):
+        part = rows[bucket]
+        out = lazy_zeros(len(part), width(where, part, rep.n_layers), rep.device)
+        sweep(rep, sources, part, out)
+        adjacency[nodes[bucket], :out.size(1)] = out
+        if progress is not None:
+            progress(len(part))
+    return adjacency
 
 
 @torch.no_grad()
@@ -211,17 +145,18 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     """The attribution graph of `prompt` (a text, or ids) through `model` with `transcoders` (a TranscoderSet).
 
     Targets: the most likely next tokens until their probability reaches logit_probability (at most
-    max_logits), and every active feature. max_feature_nodes keeps only that many features, chosen as
+    max_logits), and every active feature; or, with max_feature_nodes, only that many features, chosen as
     circuit-tracer chooses them (by partial influence, in batches of batch_size, re-ranked every
-    update_interval batches; prune.capped_features). progress(done, total) after each layer. The graph
-    checks its identity (graph.check, graph.error). Raises ValueError, before any computation, for an
-    empty prompt, one past the context, ids that are not integers, an argument out of its range (a count
+    update_interval batches; capped.py), and only their rows computed. progress(done, total): rows. The graph
+    checks its identity (graph.check, graph.error; a capped graph's names what its dropped features carry).
+    max_bytes: what the graph itself may take in memory (beyond what the process held when called: the model
+    and the transcoders; its frozen forward pass counted in), said in graph.meta["memory"]; a capped graph
+    keeps the rows past it in a temporary file (footprint.py). Raises ValueError, before any computation, for
+    an empty prompt, one past the context, ids that are not integers, an argument out of its range (a count
     that is not a positive integer, a probability outside (0, 1]), a model the replacement cannot be built
     for, or a transcoder set that does not fit the model (CheckpointError, a ValueError, for a weight of it
-    that is not finite, when its layer is first read); and, after one forward pass and before anything large is allocated, for a
-    graph that needs more memory than is available (or than max_bytes)."""
-    from .prune import capped_features
-
+    that is not finite, when its layer is first read); and, after one forward pass and before anything large
+    is allocated, for a graph that needs more memory than is available (or than max_bytes)."""
     for name, value in (("max_logits", max_logits), ("batch_size", batch_size), ("update_interval", update_interval)):
         checks.count(name, value)
     checks.count("max_feature_nodes", max_feature_nodes, none=True), checks.count("max_bytes", max_bytes, none=True)
@@ -229,50 +164,80 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     checks.function("progress", progress)
     check_fits(model, transcoders)
     ids = prompt_ids(model, prompt)
+    resident = resident_bytes()
     rep = Replacement(model, transcoders, ids)
-    active = active_features(rep)
-    T = len(ids)
+    active, vectors = read_features(rep)
+    T, L = len(ids), rep.n_layers
     logit_ids, probs = logit_targets(rep.logits, max_logits, logit_probability)
-    logit_vectors = rep.unembed[logit_ids] - rep.unembed.mean(dim=0)  # (k, E): demeaned, as circuit-tracer's
-    where = layout(active, rep.n_layers, T, len(logit_ids))
-    check_room(where, rep.embed.size(1), max_bytes)
+    where = layout(active, L, T, len(logit_ids))
+    capped = max_feature_nodes is not None and max_feature_nodes < len(active.layer)
+    needs = check_room(where, rep.embed.size(1), max_feature_nodes if capped else None, batch_size, max_bytes, rep.device,
+                       spent=resident_bytes() - resident)
+    logit_vectors = rep.logit_vectors(logit_ids)  # (k, E'): as the LM head's matrix reads them
+    logit_rows = Rows(torch.full_like(logit_ids, L), torch.full_like(logit_ids, T - 1), rep.logit_transpose(logit_vectors))
+    sources = Sources(rep, active, where, vectors, errors_of(rep, active, vectors))
+    feature_rest, logit_rest = unexplained(rep, active, logit_ids, logit_vectors)
+    done, total = 0, len(logit_ids) + (max_feature_nodes if capped else len(active.layer))
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total)
+
+    # every target's value and what no node carries of it, by node of the whole graph
+    values = torch.full((where.total,), float("nan"), device=rep.device)
+    rest = torch.zeros(where.total, device=rep.device)
+    nodes = feature_nodes(active, where)
+    values[nodes], rest[nodes] = active.pre_activation, feature_rest
+    values[where.logit_start:] = rep.explained_logits[logit_ids.to(rep.device)] - rep.explained_logits.mean()
+    rest[where.logit_start:] = logit_rest
+    if capped:
+        store = RowStore(needs.rows_in_memory)
+        try:
+            rows = capped_rows(rep, sources, active, where, logit_rows, probs, max_feature_nodes, batch_size,
+                               update_interval, store, advance)
+            influence = partial_influence(store, rows.row_nodes, rows.weights, where.total)
+            active_kept, where_kept = kept_layout(active, rows.chosen, L, T, len(logit_ids))
+            adjacency, targets = assemble(rows, active, where, where_kept)
+            check, error, values, rest, dropped = capped_check(adjacency, targets, values[rows.row_nodes], rest[rows.row_nodes],
+                                                      store.total(), store.absolute_total(), influence[nodes],
+                                                      rows.chosen, influence)
+            file_bytes = store.file_bytes
+        finally:
+            store.close()
+        active, where = active_kept, where_kept
+    else:
+        adjacency = whole_adjacency(rep, sources, active, where, logit_rows, advance)
+        check, error = whole_check(adjacency, values, rest)
+        file_bytes, dropped = 0, {}
+    return finish(rep, model, prompt, transcoders, active, where, logit_ids, probs, adjacency, values, rest, check,
+                  error, needs, file_bytes, max_logits=max_logits, logit_probability=logit_probability,
+                  features_active=len(nodes), **({"max_feature_nodes": max_feature_nodes} if capped else {}), **dropped,
+                  **logit_note(model))
+
+
+def finish(rep: Replacement, model: nn.Module, prompt, transcoders, active: Active, where: Layout, logit_ids: torch.Tensor,
+           probs: torch.Tensor, adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tensor, check: str,
+           error: float, needs: Plan, file_bytes: int, **meta) -> Graph:
+    """The Graph, on the CPU (a graph is data; it was computed where the model is): its nodes named, its labels,
+    what it explains, and what it took."""
+    ids = rep.ids.cpu()
     tokenizer = getattr(model, "tokenizer", None)
     labels = tokenizer.labels(ids.tolist()) if tokenizer else [str(i) for i in ids.tolist()]
     logit_labels = tokenizer.labels(logit_ids.tolist()) if tokenizer else [str(i) for i in logit_ids.tolist()]
     nodes = build_nodes(rep, active, where, logit_ids, probs, labels, logit_labels)
-
-    adjacency = torch.zeros(where.total, where.total)
-    sources = Sources(rep, active, where, errors_of(rep, active, T))
-    sweep(rep, active, where, sources, logit_vectors, adjacency, progress)
-
-    values = torch.full((where.total,), float("nan"))
-    for layer in range(rep.n_layers):
-        chosen = (active.layer == layer).nonzero().flatten()
-        start = where.feature_start[layer]
-        values[start:start + len(chosen)] = active.pre[layer][active.position[chosen], active.feature[chosen]]
-    values[where.logit_start:] = rep.explained_logits[logit_ids] - rep.explained_logits.mean()
-    rest = unexplained(rep, active, where, logit_ids, logit_vectors)
-    rest[values.isnan()] = 0.0
-    differences, terms = identity_gaps(adjacency, values, rest)
-    error = float((differences / terms.clamp(min=1e-30)).max())
-    weights = torch.zeros(where.total)
-    weights[where.logit_start:] = probs
+    cpu = torch.device("cpu")
+    adjacency, values, rest = adjacency.to(cpu), values.to(cpu), rest.to(cpu)
+    weights = torch.zeros(where.total, device=cpu)
+    weights[where.logit_start:] = probs.to(cpu)
     text = prompt if isinstance(prompt, str) else (tokenizer.decode(ids.tolist()) if tokenizer else "")
-    graph = Graph(
+    return Graph(
         nodes, adjacency, labels, rep.n_layers, output_weights=weights, kind="attribution graph",
         about=f"the next token after {text!r}",
         meta={"prompt": text, "prompt_ids": ids.tolist(), "model": "",
-              "prompt_texts": tokenizer.token_texts(ids.tolist()) if tokenizer else labels, "transcoders": dict(getattr(transcoders, "metadata", {})),
-              "cross_layer": bool(transcoders.cross_layer), "max_logits": max_logits,
-              "logit_probability": logit_probability, "features_active": len(active.layer),
-              **logit_note(model)},
-        check=(f"every feature's pre-activation and every target logit = its edges + what no node carries: "
-               f"max |diff| {float(differences.max()):.2g}, at most {error:.2g} of the terms it sums"),
-        error=error, values=values, unexplained=rest,
+              "prompt_texts": tokenizer.token_texts(ids.tolist()) if tokenizer else labels,
+              "transcoders": dict(getattr(transcoders, "metadata", {})), "cross_layer": bool(transcoders.cross_layer),
+              "memory": needs.describe(), "rows_on_file_bytes": file_bytes, **meta},
+        check=check, error=error, values=values, unexplained=rest,
     )
-    if progress is not None:
-        progress(rep.n_layers + 1, rep.n_layers + 1)
-    if max_feature_nodes is not None and max_feature_nodes < len(active.layer):
-        keep = capped_features(graph, max_feature_nodes, batch_size, update_interval)
-        graph = graph.subgraph(keep, meta=dict(graph.meta, max_feature_nodes=max_feature_nodes))
-    return graph

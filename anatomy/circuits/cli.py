@@ -29,6 +29,16 @@ from .checks import MAX_CHANGE, number
 
 HANDED_ON = {"discover": "anatomy.circuits.discovery.cli"}  # `anatomy circuits discover ...`, before parsing
 CHANGE = re.compile(r"^(\d+):(\d+)(?:@(\d+))?(?:=(-?[0-9.]+(?:e-?\d+)?))?$")
+POWERS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # memory's sizes, in powers of 1024
+SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?$", re.IGNORECASE)
+
+
+def memory_size(text: str) -> int:
+    """An argparse type: bytes, as 8G, 512M, 1.5GiB or a number of bytes (K, M, G, T: powers of 1024)."""
+    match = SIZE.match(text.strip())
+    if not match or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size (e.g. 8G, 512M, 1.5GiB)")
+    return int(float(match.group(1)) * POWERS[match.group(2).upper()])
 
 
 def feature_change(kind: str):
@@ -76,7 +86,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--edge-threshold", type=probability, default=0.98, metavar="P",
                         help="pruning: keep the edges holding this share of the edge influence (default 0.98)")
     parser.add_argument("--max-feature-nodes", type=positive_int, metavar="N",
-                        help="keep only this many features, chosen by partial influence as circuit-tracer does")
+                        help="compute only this many features' rows, chosen by partial influence as circuit-tracer "
+                             "does (bounds the time and the memory)")
+    parser.add_argument("--max-memory", type=memory_size, metavar="SIZE",
+                        help="what the graph may take in memory beyond the model and the transcoders, e.g. 8G (default: "
+                             "what is available); a capped graph keeps the rows past it in a temporary file")
     parser.add_argument("--qk", type=non_negative_int, default=20, metavar="N",
                         help="why attention attends: the N strongest edges across positions of the pruned graph split "
                              "by head, and each one's largest heads' scores split into pairs of nodes (default 20; "
@@ -125,7 +139,7 @@ def run(args) -> int:
         transcoders = transcoders.to(args.device)  # on the model's device, as every tensor of the graph
         graph = attribution_graph(model, prompt, transcoders, max_logits=args.max_logits,
                                   logit_probability=args.logit_probability, max_feature_nodes=args.max_feature_nodes,
-                                  progress=stages.start("the graph", "layers"))
+                                  max_bytes=args.max_memory, progress=stages.start("the graph", "rows"))
         graph.about = f"{name} on {prompt!r}"
         graph.meta["model"] = str(name)
         changes = [make(FeatureChange) for make in args.ablate + args.clamp + args.steer]
@@ -146,11 +160,12 @@ def run(args) -> int:
                 ("outputs", logits),
                 ("graph", f"{counts['feature']:,} features, {counts['error']} errors, {counts['token']} tokens, "
                           f"{counts['logit']} logits"),
+                ("memory", graph.meta["memory"]),
                 ("check", graph.check), *([("logits", graph.meta["logits"])] if "logits" in graph.meta else []),
                 ("scores", f"replacement {replacement:.3f}, completeness {completeness:.3f}")]
         if shown is not None:
-            rows.append(("pruned", f"{len(shown)} nodes, {sum(1 for _ in shown.edges()):,} edges (node threshold "
-                                   f"{args.node_threshold}, edge threshold {args.edge_threshold})"))
+            rows.append(("pruned", f"node threshold {args.node_threshold}, edge threshold {args.edge_threshold}: "
+                                   f"{shown.check}"))
         if args.qk and explained is None:
             rows.append(("attention", "not split by head: a post-norm model's edges cross a norm after every "
                                       "sublayer, so no path has a first move (anatomy.circuits.qk_attribution "

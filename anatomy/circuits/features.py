@@ -46,8 +46,9 @@ def promoted_tokens(model: nn.Module, transcoders, graph: Graph, k: int = 6) -> 
     chosen = feature_nodes(graph)
     if not chosen:
         return details
+    device = model.lm_head.proj.weight.device
     directions = torch.stack([transcoders.decoder_vectors(graph.nodes[i].layer)[graph.nodes[i].index].detach().float().sum(0)
-                              for i in chosen]) * final_norm_gain(model)  # (F, E)
+                              for i in chosen]).to(device) * final_norm_gain(model)  # (F, E)
     up, up_logits, down, down_logits = direct_logits(model, directions, k)
     labels = model.tokenizer.labels
     for row, i in enumerate(chosen):
@@ -75,13 +76,15 @@ def top_contexts(model: nn.Module, transcoders, graph: Graph, tokens: np.ndarray
     points = [transcoders.input_point(layer) for layer in layers]
     # the chosen features' columns, layer by layer, in the order of `chosen`
     by_layer = {layer: [row for row, i in enumerate(chosen) if graph.nodes[i].layer == layer] for layer in layers}
-    order = torch.tensor([row for layer in layers for row in by_layer[layer]]).argsort()  # (F,)
+    order = torch.tensor([row for layer in layers for row in by_layer[layer]], device="cpu").argsort()  # (F,)
     found = TopContexts(len(chosen), top)
     started, scanned = time.perf_counter(), 0
+    device = next(model.parameters()).device  # the model runs there; the tables stay on the CPU
     for done, total, ids in batches:
-        values = harvest(model, ids, points)  # each layer's input: (n, T, E)
+        values = harvest(model, ids.to(device), points)  # each layer's input: (n, T, E)
         acts = torch.cat([transcoders.encode(layer, x)[..., [graph.nodes[chosen[row]].index for row in by_layer[layer]]]
-                          for layer, x in zip(layers, values)], dim=-1)[..., order]  # (n, T, F)
+                          for layer, x in zip(layers, values)], dim=-1)[..., order.to(device)]  # (n, T, F)
+        acts = acts.to("cpu", torch.float32)
         acts[:, :skip] = 0
         found.add(ids, acts)
         scanned += ids.numel()

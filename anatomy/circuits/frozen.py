@@ -39,10 +39,11 @@ class FrozenNorm:
         self.centred, self.scale = parts.centred, parts.scale  # scale (T,)
 
     @classmethod
-    def identity(cls, d_model: int, length: int) -> "FrozenNorm":
+    def identity(cls, d_model: int, length: int, device: torch.device | str = "cpu") -> "FrozenNorm":
         """The map x -> x, where a block has no norm (OLMo 2's attention reads the stream itself)."""
         norm = cls.__new__(cls)
-        norm.gain, norm.bias, norm.centred, norm.scale = torch.ones(d_model), None, False, torch.ones(length)
+        norm.gain, norm.bias, norm.centred = torch.ones(d_model, device=device), None, False
+        norm.scale = torch.ones(length, device=device)
         return norm
 
     def before_gain(self) -> "FrozenNorm":
@@ -63,15 +64,17 @@ class FrozenNorm:
         return y + self.bias if constant and self.bias is not None else y
 
     def at(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """[n, E] vectors, each at its own position [n] -> their images, the linear part."""
+        """[n, ..., E] vectors, each row at its own position [n] -> their images, the linear part."""
         if self.centred:
             x = x - x.mean(dim=-1, keepdim=True)
-        return x * (self.scale[positions, None] * self.gain)
+        scale = self.scale[positions].view(-1, *[1] * (x.dim() - 1))  # (n, 1, ..., 1)
+        return x * (scale * self.gain)
 
-    def transpose_at(self, g: torch.Tensor, position: int) -> torch.Tensor:
-        """[k, E] reading vectors at one position -> their gradients there, centre(g gain) s[q] (the centring is
-        its own transpose)."""
-        g = g * (self.scale[position] * self.gain)
+    def transpose_at(self, g: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+        """[k, E] reading vectors at one position (or each at its own, position [k]) -> their gradients there,
+        centre(g gain) s[q] (the centring is its own transpose)."""
+        scale = self.scale[position]
+        g = g * ((scale[:, None] if scale.dim() else scale) * self.gain)
         return g - g.mean(dim=-1, keepdim=True) if self.centred else g
 
     def transpose(self, g: torch.Tensor, first: int = 1) -> None:
@@ -180,7 +183,6 @@ class FrozenSublayer:
         self.w_out_back = a.w_o if out_norm is None else out_norm.fold_rows(a.w_o)  # (E, H*D)
         T = a.pattern.size(1)
         self.pattern_back = a.pattern if out_norm is None else a.pattern * out_norm.scale[None, :T, None]  # (H, T, T)
-        self._mixing: dict[int, torch.Tensor] = {}
 
     def forward(self, x: torch.Tensor, constant: bool = True) -> torch.Tensor:
         """[T, E] (positions 0 ..) -> [T, E]: out_norm(attn(norm(x))); constant=False leaves every bias out."""
@@ -201,21 +203,21 @@ class FrozenSublayer:
 
     def mixing(self, P: int) -> torch.Tensor:
         """[K, keys, group P]: s'[p] A_h[p, q] for key q, laid out so that one product sums a group's heads and
-        queries 1 .. P (kept per P: the prompt's positions are few)."""
-        if P not in self._mixing:
-            a = self.attention
-            pattern = self.pattern_back[:, 1:P + 1, :P + 1].transpose(1, 2)  # (H, keys, P)
-            self._mixing[P] = pattern.reshape(a.n_kv, a.group, P + 1, P).permute(0, 2, 1, 3).reshape(a.n_kv, P + 1, a.group * P)
-        return self._mixing[P]
+        queries 1 .. P (made for each call, not kept: a long prompt has many P, each P^2 H floats)."""
+        a = self.attention
+        pattern = self.pattern_back[:, 1:P + 1, :P + 1].transpose(1, 2)  # (H, keys, P)
+        return pattern.reshape(a.n_kv, a.group, P + 1, P).permute(0, 2, 1, 3).reshape(a.n_kv, P + 1, a.group * P)
 
-    def add_transpose_at(self, g: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-        """add_transpose for rows whose gradient is still at their own position P alone (they joined at
-        this layer): W_o is applied there only."""
+    def add_transpose_at(self, g: torch.Tensor, image: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """add_transpose for rows whose gradient is still at their own position alone (they joined at this
+        layer): P for every row, or positions [r] (1 .. P) one each; W_o is applied there only."""
         a = self.attention
         r, P, E = g.shape
         H, K, D, keys = a.n_heads, a.n_kv, a.d_head, P + 1
-        u = (g[:, P - 1] @ self.w_out_back).view(r, H, D)  # (r, H, D)
-        mixed = torch.einsum("hq,rhd->hqrd", self.pattern_back[:, P, :keys], u)  # (H, keys, r, D)
+        if positions is None:
+            positions = torch.full((r,), P, device=g.device)
+        u = (g[torch.arange(r, device=g.device), positions - 1] @ self.w_out_back).view(r, H, D)  # (r, H, D)
+        mixed = torch.einsum("hrq,rhd->hqrd", self.pattern_back[:, positions, :keys], u)  # (H, keys, r, D)
         mixed = mixed.reshape(K, a.group, keys, r, D).sum(dim=1)  # (K, keys, r, D)
         return self.add_keys(g, mixed, image)
 
@@ -224,7 +226,7 @@ class FrozenSublayer:
         r, P, E = g.shape
         K, _, _, D = mixed.shape
         scale = self.norm.scale
-        dv = torch.empty(r, P, K, D)
+        dv = torch.empty(r, P, K, D, device=g.device)
         torch.mul(mixed[:, 1:].permute(2, 1, 0, 3), scale[1:P + 1].view(1, P, 1, 1), out=dv)  # (r, P, K, D)
         g.view(r * P, E).addmm_(dv.view(r * P, K * D), self.w_back)
         first = mixed[:, 0].permute(1, 0, 2).reshape(r, K * D) * scale[0]  # (r, K*D)

@@ -156,7 +156,7 @@ class Graph:
 
     def mask(self, *kinds: str) -> torch.Tensor:
         """[N] bool: the nodes of these kinds."""
-        return torch.tensor([node.kind in kinds for node in self.nodes], dtype=torch.bool)
+        return torch.tensor([node.kind in kinds for node in self.nodes], dtype=torch.bool, device=self.adjacency.device)
 
     def edges(self) -> list[tuple[int, int, float]]:
         """Every non-zero edge as (target, source, weight), in row order."""
@@ -167,7 +167,7 @@ class Graph:
         """The graph of the nodes where keep [N] is True (their order kept), with only the edges where
         edge_mask [n, n] (over the kept nodes) is True, if given."""
         kept = keep.nonzero().flatten()
-        adjacency = self.adjacency[kept][:, kept]  # (n, n)
+        adjacency = self.adjacency[kept[:, None], kept[None, :]]  # (n, n), with no [n, N] on the way
         if edge_mask is not None:
             adjacency = adjacency * edge_mask
         vectors = {name: None if getattr(self, name) is None else getattr(self, name)[kept]

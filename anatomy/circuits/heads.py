@@ -111,7 +111,7 @@ def split_edge(stream: NodeStream, target: Node, source: Node, edge: float) -> H
                 carried[(p, q)] = carried.get((p, q), 0.0) + float(moves[head, p])
         for k in range(layer + 1, min(read_layer, L)):
             if rep.skips[k] is not None:
-                where = torch.tensor([q])
+                where = torch.tensor([q], device=rep.device)
                 moved = rep.output_images(k, rep.input_images(k, w[None], where) @ rep.skips[k], where)[0]
                 parts[(k, "skip")] = parts.get((k, "skip"), 0.0) + float(at_post[k][q] @ moved)
     total = sum(parts.values())
@@ -126,12 +126,12 @@ def target_gradients(rep: Replacement, target: Node) -> tuple[int, int, torch.Te
     where each MLP's output is added ([T, E]): per layer, None above the target). A feature of a parallel block
     reads the stream its own layer's attention reads: its paths cross the attentions below it only."""
     T, L, E = len(rep.ids), rep.n_layers, rep.embed.size(1)
-    g = torch.zeros(T, E)
+    g = torch.zeros(T, E, device=rep.device)
     if target.kind == "logit":
-        g[T - 1] = rep.logit_transpose((rep.unembed[target.index] - rep.unembed.mean(dim=0))[None])[0]
+        g[T - 1] = rep.logit_transpose(rep.logit_vectors(torch.tensor([target.index], device=rep.device)))[0]
         read_layer, top = L, L - 1
     else:
-        encoder = rep.transcoders.layers[target.layer].W_enc.detach().float()[:, target.index]
+        encoder = rep.transcoders.layers[target.layer].W_enc.detach()[:, target.index].float().to(rep.device)
         g[target.column] = rep.input_transpose_at(target.layer, encoder[None], target.column)[0]
         read_layer, top = target.layer, target.layer - 1 if rep.parallel else target.layer
     start = g.clone()
@@ -168,7 +168,7 @@ def head_moves(rep: Replacement, layer: int, u: torch.Tensor, w: torch.Tensor, q
     sublayer = rep.sublayers[layer]
     a = sublayer.attention
     K, D = a.n_kv, a.d_head
-    normed = sublayer.norm.at(w[None], torch.tensor([q]))[0]
+    normed = sublayer.norm.at(w[None], torch.tensor([q], device=w.device))[0]
     v = (normed @ a.w_v.T).view(K, D).repeat_interleave(a.group, dim=0)  # (H, D): its values
     T = u.size(0)
     return sublayer.pattern_back[:, :T, q] * torch.einsum("phd,hd->hp", u, v)  # (H, T): s'[p] A_h[p, q] u_h[p] . v_h
@@ -178,14 +178,14 @@ def source_writes(stream: NodeStream, source: Node) -> list[tuple[int, torch.Ten
     """[(layer it writes after (-1: the embeddings), what it adds to the stream [E], its position)] for a token,
     feature or error."""
     rep = stream.rep
-    where = torch.tensor([source.column])
+    where = torch.tensor([source.column], device=rep.device)
     if source.kind == "token":
         return [(-1, rep.embed[source.column], source.column)]
     if source.kind == "error":
         error = stream.errors[source.layer, source.column]
         return [(source.layer, rep.output_images(source.layer, error[None], where)[0], source.column)]
     if source.kind == "feature":
-        rows = rep.transcoders.decoder_vectors(source.layer)[source.index].detach().float() * source.value  # (O, E)
+        rows = rep.transcoders.decoder_vectors(source.layer)[source.index].detach().float().to(rep.device) * source.value  # (O, E)
         return [(source.layer + j, rep.output_images(source.layer + j, rows[j][None], where)[0], source.column)
                 for j in range(rows.size(0))]
     raise ValueError(f"an edge's source is a token, a feature or an error, not a {source.kind}")

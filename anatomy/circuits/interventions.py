@@ -150,7 +150,7 @@ def activation_changes(rep: Replacement, changes: list[FeatureChange], current: 
     T = len(rep.ids)
     deltas: dict[int, torch.Tensor] = {}
     for change in changes:
-        delta = deltas.setdefault(change.layer, torch.zeros(T, rep.transcoders.d_transcoder))
+        delta = deltas.setdefault(change.layer, torch.zeros(T, rep.transcoders.d_transcoder, device=rep.device))
         positions = list(range(1, T)) if change.position is None else [change.position]
         for p in positions:
             now = current[change.layer][p, change.feature]
@@ -212,8 +212,9 @@ def predictions(graph: Graph, rep: Replacement, changes: list[FeatureChange]
     through the graph, each feature that was not changed moves by its own A[i] . r first, in node order (its
     inputs all come earlier), and passes that on."""
     features = {(node.layer, node.column, node.index): i for i, node in enumerate(graph.nodes) if node.kind == "feature"}
-    activations = torch.tensor([node.value if node.kind == "feature" else 0.0 for node in graph.nodes])
-    delta = torch.zeros(len(graph))
+    device = graph.adjacency.device  # the graph's data, wherever the model ran
+    activations = torch.tensor([node.value if node.kind == "feature" else 0.0 for node in graph.nodes], device=device)
+    delta = torch.zeros(len(graph), device=device)
     unseen = []
     for change in changes:
         positions = list(range(1, len(rep.ids))) if change.position is None else [change.position]

@@ -23,7 +23,12 @@ class Active:
     position: torch.Tensor  # [n] long
     feature: torch.Tensor  # [n] long
     activation: torch.Tensor  # [n]
-    pre: list[torch.Tensor]  # per layer [T, F]: every pre-activation (the targets' values)
+    pre_activation: torch.Tensor  # [n]: each one's pre-activation (a target's value)
+
+    def span(self, layer: int) -> tuple[int, int]:
+        """(start, stop): where layer's features sit in these arrays."""
+        start, stop = torch.searchsorted(self.layer, torch.tensor([layer, layer + 1], device=self.layer.device)).tolist()
+        return start, stop
 
 
 @dataclass
@@ -51,10 +56,10 @@ def layout(active: Active, n_layers: int, T: int, n_logits: int) -> Layout:
     feature_start, error_start, active_start, offsets = [], [], [], []
     index, count = T, 0
     for layer in range(n_layers):
-        counts = torch.bincount(active.position[active.layer == layer], minlength=T)
+        counts = torch.bincount(active.position[active.layer == layer].cpu(), minlength=T)  # bookkeeping: on the CPU
         feature_start.append(index)
         active_start.append(count)
-        offsets.append(torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]))
+        offsets.append(torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), counts.cumsum(0)]))
         index += int(counts.sum())
         count += int(counts.sum())
         error_start.append(index)

@@ -35,6 +35,7 @@ import torch
 
 from . import checks
 from .graph import INPUT_KINDS, OUTPUT_KINDS, SOURCE_KINDS, Graph
+from .identity import identity_gaps
 
 BLOCK = 1024  # rows of the adjacency read at a time: no [N, N] temporary is ever made
 MAX_EDGES = 50_000  # the strongest edges a page draws and a JSON file holds (anatomy bench: page)
@@ -118,6 +119,8 @@ class Pruning:
     cumulative: torch.Tensor
     node_threshold: float
     edge_threshold: float
+    node_share: float = float("nan")  # the share of the total influence the kept nodes hold
+    edge_share: float = float("nan")  # the share of the edge influence (among the nodes kept) the kept edges hold
 
 
 def check_threshold(name: str, value: float) -> float:
@@ -136,7 +139,7 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
     node_mask |= graph.mask(*INPUT_KINDS, *OUTPUT_KINDS)
 
     kept = node_mask.nonzero().flatten()
-    sub = graph.adjacency[kept][:, kept].float()  # (n, n): the edges between kept nodes
+    sub = graph.adjacency[kept[:, None], kept[None, :]].float()  # (n, n): the edges between kept nodes
     shares = normalized(sub)
     sub_influence = neumann_influence(sub, weights[kept]) if len(kept) <= BLOCK else influence(sub, weights[kept])
     edge_scores = shares * (sub_influence + weights[kept])[:, None]  # (n, n)
@@ -154,23 +157,50 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
             break
         alive = now
     node_mask[kept[~alive]] = False
+    edge_share = float(edge_scores[edge_mask].sum() / edge_scores.sum().clamp(min=1e-30))  # edge_mask: alive nodes' only
     edge_mask = edge_mask[alive][:, alive]
+    node_share = float(node_influence[node_mask].sum() / node_influence.sum().clamp(min=1e-30))
 
     ordered, order = node_influence.sort(descending=True)
     cumulative = torch.zeros_like(node_influence)
     cumulative[order] = ordered.cumsum(0) / ordered.sum().clamp(min=1e-30)
-    return Pruning(node_mask, edge_mask, node_influence, cumulative, node_threshold, edge_threshold)
+    return Pruning(node_mask, edge_mask, node_influence, cumulative, node_threshold, edge_threshold, node_share, edge_share)
 
 
 def pruned(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98,
            decision: Pruning | None = None) -> Graph:
     """The pruned graph itself: the kept nodes and edges, with meta["influence"] (each kept node's
-    cumulative influence share, in node order) and the thresholds. decision: prune(graph, ...) if already made."""
+    cumulative influence share, in node order) and the thresholds. decision: prune(graph, ...) if already made.
+
+    Its check is its own: the share of the influence its nodes and edges hold and, for a graph whose targets
+    have values, the identity on what it keeps (every kept target = its kept edges + what the pruning dropped +
+    what no node carries; the dropped edges join its unexplained part, so that values = adjacency.sum(1) +
+    unexplained holds on it as on the graph it came from)."""
     decision = decision or prune(graph, node_threshold, edge_threshold)
+    n_edges = int(count_edges(graph.adjacency))
     meta = dict(graph.meta, node_threshold=node_threshold, edge_threshold=edge_threshold, pruned=True,
                 influence=[round(float(x), 6) for x in decision.cumulative[decision.node_mask]],
-                nodes_before=len(graph), edges_before=int(count_edges(graph.adjacency)))
-    return graph.subgraph(decision.node_mask, decision.edge_mask, meta=meta)
+                nodes_before=len(graph), edges_before=n_edges)
+    small = graph.subgraph(decision.node_mask, decision.edge_mask, meta=meta)
+    check = (f"pruned to {len(small):,} of {len(graph):,} nodes and {count_edges(small.adjacency):,} of {n_edges:,} "
+             f"edges, holding {decision.node_share:.1%} of the influence on the outputs and {decision.edge_share:.1%} "
+             f"of the edge influence")
+    error = float("nan")
+    if graph.values is not None and graph.unexplained is not None:
+        kept = decision.node_mask.nonzero().flatten()
+        total, absolute = torch.zeros(len(kept)), torch.zeros(len(kept))  # every edge into each kept node
+        for start in range(0, len(kept), BLOCK):
+            rows = graph.adjacency[kept[start:start + BLOCK]]  # (B, N)
+            total[start:start + BLOCK], absolute[start:start + BLOCK] = rows.sum(1), rows.abs().sum(1)
+        small.unexplained = small.unexplained + total - small.adjacency.sum(1)
+        differences, terms = identity_gaps(small.adjacency, small.values, small.unexplained)
+        targets = ~small.values.isnan()
+        share = float((absolute - small.adjacency.abs().sum(1))[targets].sum() / absolute[targets].sum().clamp(min=1e-30))
+        error = float((differences / terms.clamp(min=1e-30)).max()) if len(differences) else 0.0
+        check += (f"; every target kept = its kept edges + what the pruning dropped ({share:.1%} of their input) + "
+                  f"what no node carries: max |diff| {float(differences.max()) if len(differences) else 0.0:.2g}")
+    small.check, small.error = check, error
+    return small
 
 
 def strongest_edges(graph: Graph, limit: int) -> list[tuple[int, int, float]]:
@@ -202,46 +232,3 @@ def scores(graph: Graph, node_influence: torch.Tensor | None = None) -> tuple[fl
     output_influence = node_influence + weights
     completeness = float(((1 - error_share(graph.adjacency, is_error)) * output_influence).sum() / output_influence.sum())
     return replacement, completeness
-
-
-def capped_features(graph: Graph, max_features: int, batch_size: int = 512, update_interval: int = 4) -> torch.Tensor:
-    """[N] bool: the nodes of the graph with only max_features of its features, chosen as circuit-tracer 0.5's
-    `attribute(max_feature_nodes=...)` chooses them. It computes rows in batches of batch_size, the logits'
-    first; every update_interval batches it ranks the features not yet taken by their partial influence,
-
-        influence over the rows computed so far: p <- p[rows] Â_rows, summed while p is non-zero
-
-    (Â_rows: those rows, row-normalised, starting from the logits' probabilities), and takes the next ones
-    in that order. Here every row is already known, so the choice is replayed on them. Raises ValueError for
-    a count that is not a positive integer (a step of 0 would never end)."""
-    for name, value in (("max_features", max_features), ("batch_size", batch_size), ("update_interval", update_interval)):
-        checks.count(name, value)
-    features = graph.mask("feature").nonzero().flatten()
-    logits = graph.mask(*OUTPUT_KINDS).nonzero().flatten()
-    chosen: list[torch.Tensor] = []
-    taken = torch.zeros(len(features), dtype=torch.bool)
-    n_taken = 0
-    while n_taken < max_features:
-        rows = torch.cat([logits] + [features[c] for c in chosen])
-        shares = graph.adjacency[rows].abs()
-        shares /= shares.sum(dim=1, keepdim=True).clamp(min=1e-8)  # circuit-tracer's clamp here
-        partial = torch.zeros(len(graph))
-        flow = torch.zeros(len(graph))
-        flow[logits] = graph.output_weights[logits].float()
-        for _ in range(128):
-            flow = flow[rows] @ shares
-            if not flow.any():
-                break
-            partial += flow
-        else:
-            raise RuntimeError("the partial influence did not converge in 128 steps")
-        rank = torch.argsort(partial[features], descending=True, stable=True)
-        pending = rank[~taken[rank]][:min(update_interval * batch_size, max_features - n_taken)]
-        for start in range(0, len(pending), batch_size):
-            batch = pending[start:start + batch_size]
-            chosen.append(batch)
-            taken[batch] = True
-            n_taken += len(batch)
-    keep = ~graph.mask("feature")
-    keep[features[taken]] = True
-    return keep

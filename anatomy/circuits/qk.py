@@ -119,11 +119,11 @@ class HeadScores:
         projection = attn.q_proj if which == "q" else attn.k_proj
         rows = slice(head * D, (head + 1) * D)
         W = projection.weight.detach().float()[rows]  # (D, E)
-        b = torch.zeros(D) if projection.bias is None else projection.bias.detach().float()[rows]
+        b = torch.zeros(D, device=W.device) if projection.bias is None else projection.bias.detach().float()[rows]
         M = W * (norm.scale[position] * norm.gain)  # (D, E): W diag(s gamma)
         if norm.centred:
             M = M - M.mean(dim=1, keepdim=True)  # ... C, the centring (symmetric)
-        beta = torch.zeros(W.size(1)) if norm.bias is None else norm.bias
+        beta = torch.zeros(W.size(1), device=W.device) if norm.bias is None else norm.bias
         no_node = self.stream.no_node_stream(layer)[position]  # (E,)
         centred = no_node - no_node.mean() if norm.centred else no_node
         pre = W @ (centred * norm.scale[position] * norm.gain + beta) + b  # (D,): the no-node stream's projection
@@ -138,7 +138,7 @@ class HeadScores:
         D = attn.d_head
         key = (layer, f"{which}_norm")
         if key not in self.norm_inputs:
-            return torch.ones(D)
+            return torch.ones(D, device=self.stream.rep.device)
         parts = norm_parts(getattr(attn, f"{which}_norm"), self.norm_inputs[key])
         if attn.qk_norm == "per_head":  # input (1, heads, T, D): a scale per head and position
             return float(parts.scale[0, head, position]) * parts.gain.float()
@@ -150,9 +150,10 @@ class HeadScores:
         attn = self.model.blocks[layer].attn
         D = attn.d_head
         if attn.rotary is None:
-            return torch.eye(D)
-        basis = torch.eye(D, dtype=attn.rotary.cos.dtype)[None, :, None, :]  # (1, D as heads, 1 position, D)
-        rotated = attn.rotary(basis, torch.tensor([position]))  # (1, D, 1, D): row j is Rot e_j
+            return torch.eye(D, device=self.stream.rep.device)
+        device = attn.rotary.cos.device
+        basis = torch.eye(D, dtype=attn.rotary.cos.dtype, device=device)[None, :, None, :]  # (1, D as heads, 1 position, D)
+        rotated = attn.rotary(basis, torch.tensor([position], device=device))  # (1, D, 1, D): row j is Rot e_j
         return rotated[0, :, 0, :].T.float()
 
 
@@ -213,8 +214,8 @@ def node_side(stream: NodeStream, terms: torch.Tensor, rest: torch.Tensor) -> Si
     nodes = (terms != 0).any(0).nonzero().flatten()
     vectors = terms[:, nodes].T.double()  # (n, D): the nodes that reach this side, in float64 from here
     T = len(stream.rep.ids)
-    one_hot = torch.zeros(T, len(nodes), dtype=torch.float64)
-    one_hot[stream.positions[nodes], torch.arange(len(nodes))] = 1.0  # (T, n): each node's position
+    one_hot = torch.zeros(T, len(nodes), dtype=torch.float64, device=terms.device)
+    one_hot[stream.positions[nodes], torch.arange(len(nodes), device=terms.device)] = 1.0  # (T, n): each node's position
     return Side(nodes, vectors, vectors.norm(dim=1), one_hot @ vectors, rest.double(), vectors.sum(0) + rest.double())
 
 
@@ -243,7 +244,8 @@ def attribution(stream: NodeStream, scores: HeadScores, sides: dict, layer: int,
         notes.append(f"the score is soft-capped after this, {attn.softcap:g} tanh(score / {attn.softcap:g}) = "
                      f"{capped:.6g}: the terms split the score before the cap")
     if getattr(stream.rep.model, "alibi_slopes", None) is not None:
-        bias = float(alibi_bias(stream.rep.model.alibi_slopes, torch.tensor([query]), torch.tensor([key]))[head, 0, 0])
+        slopes = stream.rep.model.alibi_slopes
+        bias = float(alibi_bias(slopes, torch.tensor([query], device=slopes.device), torch.tensor([key], device=slopes.device))[head, 0, 0])
         notes.append(f"ALiBi adds {bias:.6g} after it, a term of no node")
     check = (f"score {model_score:.6g} (the model's, before any cap) = the pair terms {pair_total:.6g} + the terms with "
              f"no node {sum(no_node.values()):.6g}: difference {abs(difference):.2g}, {error:.2g} of the terms' sizes")
@@ -285,7 +287,7 @@ def strongest_pairs(Q: torch.Tensor, K: torch.Tensor, n: int, q_size: torch.Tens
     q_size = Q.norm(dim=1) if q_size is None else q_size
     k_size = K.norm(dim=1) if k_size is None else k_size
     order = k_size.argsort(descending=True)
-    values, at = torch.zeros(0, dtype=Q.dtype), torch.zeros(0, 2, dtype=torch.long)
+    values, at = torch.zeros(0, dtype=Q.dtype, device=Q.device), torch.zeros(0, 2, dtype=torch.long, device=Q.device)
     # a first tau from the largest rows against the largest columns: a lower bound on the n-th largest
     first = (Q[q_size.topk(min(len(Q), max(n, 64))).indices] @ K[order[:PAIR_COLUMNS]].T).abs().flatten()
     tau = float(first.topk(n).values[-1]) if first.numel() >= n else 0.0

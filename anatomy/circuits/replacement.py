@@ -55,6 +55,13 @@ NORM_PLACES = {
 }
 
 
+def release(transcoders, layer: int) -> None:
+    """Let a set read from its files a layer at a time (anatomy.sae's lazy sets) let go of a layer it has built:
+    its pages return; the next use maps it again. Nothing for a set held in memory."""
+    if getattr(transcoders, "lazy", False):
+        transcoders.release(layer)
+
+
 def unsupported(model: nn.Module) -> str | None:
     """Why the replacement model cannot be built for `model`, in words, or None when it can."""
     config = getattr(model, "config", None)
@@ -108,7 +115,8 @@ class Replacement:
 
     def __init__(self, model: nn.Module, transcoders, ids: torch.Tensor):
         config = model.config
-        self.model, self.transcoders, self.ids = model, transcoders, ids
+        self.model, self.transcoders = model, transcoders
+        self.ids = ids = ids.to(next(model.parameters()).device)
         self.n_layers, self.parallel = config.n_layers, config.parallel_residual
         self.input_points = [transcoders.input_point(layer) for layer in range(self.n_layers)]
         self.output_points = [transcoders.output_point(layer) for layer in range(self.n_layers)]
@@ -120,6 +128,7 @@ class Replacement:
             self.explained_logits = (head.proj(head.transform(hidden)) if head.softcap is not None else t["logits"][0, -1]).float()
         self.trace = t
         self.logits = t["logits"][0, -1].float()  # (V,)
+        self.device = self.logits.device
         self.norms = {norm: FrozenNorm(norm, x[0]) for norm, x in norm_inputs.items()}  # every stream norm, frozen
         self.embeddings(model, t)
         self.sublayers, self.mlp_in, self.mlp_out, self.sum_norms = [], [], [], []
@@ -127,7 +136,7 @@ class Replacement:
         stream = "resid_pre" if self.parallel else "resid_mid"
         for layer, block in enumerate(model.blocks):
             frozen = lambda role, block=block: None if roles[role] is None else self.norms[getattr(block, roles[role])]  # noqa: E731
-            before = frozen("attn_before") or FrozenNorm.identity(config.d_model, len(ids))
+            before = frozen("attn_before") or FrozenNorm.identity(config.d_model, len(ids), self.device)
             self.sublayers.append(FrozenSublayer(before, block.attn, t[f"blocks.{layer}.attn.pattern"][0], frozen("attn_output")))
             inside = self.input_points[layer].split(".", 2)[2]
             reads = None if inside == stream else frozen("mlp_before")
@@ -139,10 +148,14 @@ class Replacement:
         self.final_norm = self.norms[model.final_norm] if hasattr(model, "final_norm") else None
         self.project_out = model.project_out.weight.detach().float() if hasattr(model, "project_out") else None  # (E', E)
         self.head_scale = model.lm_head.rescale
-        self.unembed = model.lm_head.proj.weight.detach().float()  # (V, E')
+        self.unembed = model.lm_head.proj.weight.detach()  # (V, E'), as the model holds it (logit_vectors reads it)
         bias = model.lm_head.proj.bias
         self.unembed_bias = None if bias is None else bias.detach().float()
-        self.skips = [None if transcoders.skip(l) is None else transcoders.skip(l).detach().float() for l in range(self.n_layers)]
+        self.skips = []  # a float32 copy of each (the set's own may be a file's pages, let go after each layer)
+        for l in range(self.n_layers):
+            skip = transcoders.skip(l)
+            self.skips.append(None if skip is None else skip.detach().to(self.device, torch.float32, copy=True))
+            release(transcoders, l)
         # a skip's transpose with the norms around it folded in (their gains and centrings), as the sublayers
         # fold theirs, and the frozen scales it meets at each position
         self.skips_back, self.skip_scales = [], []
@@ -153,7 +166,7 @@ class Replacement:
             if back is not None and self.mlp_in[layer] is not None:
                 back = self.mlp_in[layer].fold(back)
             self.skips_back.append(back)
-            scale = torch.ones(len(ids))
+            scale = torch.ones(len(ids), device=self.device)
             for norm in (self.mlp_in[layer], self.mlp_out[layer]):
                 scale = scale if norm is None else scale * norm.scale
             self.skip_scales.append(scale)
@@ -171,6 +184,14 @@ class Replacement:
             tokens, rest = norm.forward(tokens, constant=False), norm.forward(rest)
         self.embed, self.embed_rest = tokens, rest
 
+    def logit_vectors(self, ids: torch.Tensor, block: int = 16384) -> torch.Tensor:
+        """[k, E']: u_id - mean_v u_v for each id, in float32 (a logit demeaned over the vocabulary, as
+        circuit-tracer reads it); the mean a block of rows at a time, so that no float copy of a large
+        unembedding (256k x 2304) is made."""
+        V = self.unembed.size(0)
+        mean = sum(self.unembed[start:start + block].float().sum(dim=0) for start in range(0, V, block)) / V  # (E',)
+        return self.unembed[ids.to(self.device)].float() - mean
+
     # ---- the transcoder's input and output points, as maps from and to the residual stream ---------
     def input_forward(self, layer: int, stream: torch.Tensor, constant: bool = True) -> torch.Tensor:
         """[T, E] the stream the MLP reads (resid_mid; resid_pre in a parallel block) -> what layer's transcoder
@@ -178,8 +199,9 @@ class Replacement:
         norm = self.mlp_in[layer]
         return stream if norm is None else norm.forward(stream, constant)
 
-    def input_transpose_at(self, layer: int, g: torch.Tensor, position: int) -> torch.Tensor:
-        """[k, E] reading vectors at the transcoder's input, at one position -> gradients at the stream it reads."""
+    def input_transpose_at(self, layer: int, g: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+        """[k, E] reading vectors at the transcoder's input, at one position (or position [k]) -> gradients at the
+        stream it reads."""
         norm = self.mlp_in[layer]
         return g if norm is None else norm.transpose_at(g, position)
 
@@ -189,7 +211,8 @@ class Replacement:
         return out if norm is None else norm.forward(out, constant)
 
     def output_images(self, layer: int, vectors: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """[n, E] vectors written at layer's output point, each at its position [n] -> what each adds to the stream."""
+        """[n, ..., E] vectors written at layer's output point, each row at its position [n] -> what each adds to the
+        stream."""
         norm = self.mlp_out[layer]
         return vectors if norm is None else norm.at(vectors, positions)
 

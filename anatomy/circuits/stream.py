@@ -13,7 +13,7 @@ skip); b: what no node carries (positional embeddings, biases, everything the fi
 linear reading of the stream, r . resid_pre(l)[p], splits into one term per node, r . M w_s, plus r . b. The
 terms are computed as the graph's rows are (sweep.py): the reading vectors carried down the layers through the
 replacement's transposes, every row at once, meeting each node's vector where it writes. b is the replacement's
-forward pass with every node switched off (attribute.no_node_mlp, as attribute.unexplained computes it).
+forward pass with every node switched off (identity.no_node_mlp, as identity.unexplained computes it).
 """
 
 from __future__ import annotations
@@ -21,15 +21,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attribute import active_features, build_nodes, check_fits, no_node_mlp, prompt_ids
+from .attribute import build_nodes, check_fits, prompt_ids
+from .identity import no_node_mlp
 from .layout import layout
 from .replacement import Replacement
-from .sweep import Sources, errors_of
+from .sweep import Sources, project
+from .vectors import errors_of, read_features
 
 
 class NodeStream:
     """The nodes of one prompt's replacement and their vectors: rep (Replacement), active (the features that fire),
-    where (Layout, no logits), errors [L, T, E], sources (each layer's written vectors by position), nodes [N].
+    where (Layout, no logits), errors [L, T, E], sources (each layer's written vectors, sweep.Sources), nodes [N].
 
     Built once and shared by every edge split (heads.py) and QK attribution (qk.py) of one graph."""
 
@@ -39,15 +41,17 @@ class NodeStream:
         check_fits(model, transcoders)
         self.rep = rep = Replacement(model, transcoders, prompt_ids(model, prompt))
         T = len(rep.ids)
-        self.active = active_features(rep)
+        self.active, vectors = read_features(rep)
         self.where = layout(self.active, rep.n_layers, T, 0)
-        self.errors = errors_of(rep, self.active, T)
-        self.sources = Sources(rep, self.active, self.where, self.errors)
+        self.errors = errors_of(rep, self.active, vectors)
+        self.sources = Sources(rep, self.active, self.where, vectors, self.errors)
         tokenizer = getattr(model, "tokenizer", None)
-        labels = labels or (tokenizer.labels(rep.ids.tolist()) if tokenizer else [str(i) for i in rep.ids.tolist()])
-        self.nodes = build_nodes(rep, self.active, self.where, torch.zeros(0, dtype=torch.long), torch.zeros(0), labels, [])
-        self.positions = torch.tensor([node.column for node in self.nodes])  # (N,): each node's position
-        self.first_images = rep.first_position_images()
+        ids = rep.ids.tolist()
+        labels = labels or (tokenizer.labels(ids) if tokenizer else [str(i) for i in ids])
+        none = torch.zeros(0, dtype=torch.long, device="cpu")  # no logits
+        self.nodes = build_nodes(rep, self.active, self.where, none, none.float(), labels, [])
+        self.positions = torch.tensor([node.column for node in self.nodes], device=rep.device)  # (N,): each node's position
+        self.first_images = self.sources.first_images
         self._no_node: list[torch.Tensor] | None = None
         self.gradients: dict = {}  # a target's gradients down the layers, by node id (heads.target_gradients)
 
@@ -74,7 +78,7 @@ class NodeStream:
             if position == 0:
                 for i in chosen:
                     layer, _, rows = readings[i]
-                    out[i] = torch.zeros(len(rows), self.width(layer))
+                    out[i] = torch.zeros(len(rows), self.width(layer), device=rows.device)
                     out[i][:, 0] = rows @ self.first_images[layer]
                 continue
             for i, terms in zip(chosen, self.sweep(position, [readings[i][0] for i in chosen],
@@ -96,9 +100,10 @@ class NodeStream:
         starts = [0]
         for i in order:
             starts.append(starts[-1] + len(rows[i]))
-        grads = torch.zeros(starts[-1], P, E)  # (R, P, E): each row's gradient at positions 1 .. P
-        terms = torch.zeros(starts[-1], W)
-        to_first = torch.zeros(starts[-1])
+        device = rep.device
+        grads = torch.zeros(starts[-1], P, E, device=device)  # (R, P, E): each row's gradient at positions 1 .. P
+        terms = torch.zeros(starts[-1], W, device=device)
+        to_first = torch.zeros(starts[-1], device=device)
         joined = 0
         for layer in reversed(range(-1, layers[order[0]])):  # rows that read resid_pre(layer + 1) join, then cross it
             while joined < len(order) and layers[order[joined]] == layer + 1:
@@ -108,9 +113,7 @@ class NodeStream:
                 break
             g = grads[:starts[joined]]
             rep.sum_transpose(layer, "mlp", g)
-            for q in range(1, P + 1):  # what is added to the stream at this layer's MLP output, at each position
-                vectors, columns = self.sources.by_layer[layer][q]
-                terms[:len(g), columns] += g[:, q - 1] @ vectors.T
+            project(self.sources, layer, g, terms[:len(g)])  # what is added to the stream at this layer's MLP output
             skipped = rep.skip_transpose(layer, g)  # the MLP's skip, to the stream it reads
             if skipped is not None and not rep.parallel:  # a sequential MLP reads after the attention
                 g += skipped

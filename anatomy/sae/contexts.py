@@ -37,17 +37,17 @@ class TopContexts:
     (0 where fewer contexts fired), windows [F, N, W] token ids, window_acts [F, N, W] activations."""
 
     def __init__(self, features: int, top: int):
-        self.top = top
-        self.values = torch.zeros(features, 0)
-        self.windows = torch.zeros(features, 0, BEFORE + 1 + AFTER, dtype=torch.long)
-        self.window_acts = torch.zeros(features, 0, BEFORE + 1 + AFTER)
+        self.top = top  # the tables are the CPU's, wherever the model ran: add() takes ids and acts there
+        self.values = torch.zeros(features, 0, device="cpu")
+        self.windows = torch.zeros(features, 0, BEFORE + 1 + AFTER, dtype=torch.long, device="cpu")
+        self.window_acts = torch.zeros(features, 0, BEFORE + 1 + AFTER, device="cpu")
 
     @torch.no_grad()
     def add(self, ids: torch.Tensor, acts: torch.Tensor) -> None:
         """Take in a batch: ids [n, T] and the features' activations on them, acts [n, T, F] (positions a
         caller leaves out already set to 0)."""
         n, T = ids.shape
-        offsets = torch.arange(-BEFORE, AFTER + 1)  # (W,)
+        offsets = torch.arange(-BEFORE, AFTER + 1, device=ids.device)  # (W,)
         best, where = acts.max(dim=1)  # (n, F): each context's highest activation per feature, and its position
         k = min(self.top, n)
         values, context = best.T.topk(k, dim=1)  # (F, k): this batch's best contexts per feature
@@ -55,7 +55,7 @@ class TopContexts:
         inside = (positions >= 0) & (positions < T)
         positions = positions.clamp(0, T - 1)
         contexts = context[..., None].expand_as(positions)
-        feature = torch.arange(acts.size(2))[:, None, None].expand_as(positions)
+        feature = torch.arange(acts.size(2), device=ids.device)[:, None, None].expand_as(positions)
         values = torch.cat([self.values, values], dim=1)
         windows = torch.cat([self.windows, torch.where(inside, ids[contexts, positions], -1)], dim=1)
         window_acts = torch.cat([self.window_acts, torch.where(inside, acts[contexts, positions, feature], 0.0)], dim=1)

@@ -68,3 +68,17 @@ def test_every_edge_of_every_family_is_the_frozen_models_direct_effect(case):
     assert scale > 0.1
     worst = float((graph.adjacency.double() - reference).abs().max())
     assert worst < 1e-5 * max(1.0, scale), (case, worst)
+
+
+@pytest.mark.parametrize("case", list(SETS))
+def test_a_capped_graph_of_every_family_is_the_whole_graphs_rows_on_what_it_keeps(case):
+    """A capped graph sweeps buckets of rows at several positions (capped.py), the whole graph one position at a
+    time: the same rows, on every layout, and its own identity."""
+    model, transcoders, whole = graph_of(case)
+    n = sum(node.kind == "feature" for node in whole.nodes)
+    capped = attribution_graph(model, torch.tensor(PROMPT), transcoders, max_feature_nodes=n // 2, batch_size=4)
+    assert sum(node.kind == "feature" for node in capped.nodes) == n // 2
+    order = torch.tensor([whole.index(node.id) for node in capped.nodes])
+    worst = float((capped.adjacency - whole.adjacency[order][:, order]).abs().max())
+    assert worst < 1e-5 * max(1.0, float(whole.adjacency.abs().max())), (case, worst)
+    assert capped.error < 1e-5, capped.check

@@ -124,7 +124,10 @@ def test_zoomed_and_panned_the_layer_names_and_tokens_stay_in_view(page):
 def test_the_check_line_the_scores_and_the_edges_are_the_graphs(page, made):
     tab, small = page
     graph, _, _, graph_scores = made
-    assert tab.locator("#check-line").inner_text() == f"Check: {graph.check}"
+    # the drawn graph's own check: what pruning kept of the influence, and its identity on what it keeps,
+    # not the whole graph's difference as if it were its own
+    assert tab.locator("#check-line").inner_text() == f"Check: {small.check}" and small.check.startswith("pruned to ")
+    assert graph.check not in small.check
     assert "check-ok" in tab.locator("#check-line").get_attribute("class")
     assert tab.locator("#scores").inner_text() == f"replacement {round(graph_scores[0], 4)} · completeness {round(graph_scores[1], 4)}"
     drawn = tab.evaluate("window.anatomyGraph.views.main.links.map((l) => [l.pairs[0][0], l.pairs[0][1], l.weight])")

@@ -120,7 +120,7 @@ def test_the_panel_builds_the_graph_and_draws_it_in_view(browser, served):
     assert frame is not None, "the graph page did not draw"
     model = anatomy.from_pretrained(LLAMA).eval()
     graph = attribution_graph(model, TEXT, load_transcoders(SET))
-    assert frame.inner_text("#check-line") == f"Check: {graph.check}"
+    assert frame.inner_text("#check-line") == f"Check: {pruned(graph).check}"  # the drawn (pruned) graph's own
     outside = frame.evaluate("""() => { const height = innerHeight, width = innerWidth;
         return window.anatomyGraph.nodes.map((_, i) => window.anatomyGraph.clientBox(i))
           .filter((b) => b.x < 0 || b.x > width || b.y < 0 || b.y > height).length; }""")

@@ -1,0 +1,141 @@
+"""What a graph will take in memory, said before it is computed, and refused in one line when it cannot fit.
+
+Shape letters: N the whole graph's nodes, n_kept a capped graph's, R the rows a capped graph computes.
+
+    whole graph     adjacency [N, N]                                              4 N^2 bytes
+    capped graph    adjacency [n_kept, n_kept], n_kept = cap + errors + tokens + logits
+                    + the rows held for its ranking, each over the nodes below it (at most [R, N]): in
+                      memory as far as the budget goes, the rest in a temporary file
+                    + the ranking's [R, R] (Â between the rows)
+    both            + a sweep's working set: a bucket's gradients and their temporaries, its output rows,
+                      the sources kept between buckets (sweep.py's constants)
+
+max_bytes is a budget for the graph itself: what the process holds beyond what it held when the graph was asked
+for (the model and the transcoders). The frozen pass and the vectors gathered are made first and counted against
+it (the resident memory they added); the plan takes the rest.
+
+On the CPU an adjacency is allocated zeroed by the system (`lazy_zeros`): the pages of the rows no edge is
+written to (every error's and token's: three quarters of the nodes of a long prompt's capped graph) are never
+touched and take no memory, so that an adjacency costs its targets' rows, 4 R N bytes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .layout import Layout
+from .sweep import GRADIENT_BYTES, KEEP_SOURCES_BYTES, OUT_BYTES
+
+
+def working_bytes(where: Layout, d_model: int, rows: int) -> int:
+    """A sweep's working set with at most `rows` rows in a bucket: their gradients [r, P, E] with the attention's
+    temporaries (about twice as large again), their output rows [r, W], the sources kept; each within the bound
+    sweep.py holds it to."""
+    T, N = where.n_tokens, where.total
+    gradients = min(GRADIENT_BYTES, 4 * rows * (T - 1) * d_model)
+    sources = min(KEEP_SOURCES_BYTES, 4 * (where.logit_start - T) * d_model * 2)
+    return 3 * gradients + min(OUT_BYTES, 4 * rows * N) + sources
+
+
+@dataclass
+class Plan:
+    """Bytes: adjacency (the graph's matrix), ranking (the capped ranking's [R, R]), rows (the rows held, at most),
+    working (a sweep's), rows_in_memory (what the rows may take in memory; the rest goes to a file)."""
+
+    nodes: int
+    adjacency: int
+    ranking: int
+    rows: int
+    working: int
+    rows_in_memory: int
+
+    @property
+    def in_memory(self) -> int:
+        return self.adjacency + self.ranking + self.working + min(self.rows, self.rows_in_memory)
+
+    @property
+    def on_file(self) -> int:
+        return max(0, self.rows - self.rows_in_memory)
+
+    def describe(self) -> str:
+        """One line: what it needs, where."""
+        file = f", {size(self.on_file)} of rows in a temporary file" if self.on_file else ""
+        return f"{size(self.in_memory)} in memory (the adjacency {size(self.adjacency)}){file}"
+
+
+def size(n: int) -> str:
+    """Bytes in words: 3.2 GiB, 180 MiB, 12 KiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def lazy_zeros(rows: int, columns: int, device: torch.device) -> torch.Tensor:
+    """[rows, columns] zeros; on the CPU from calloc (numpy.zeros), whose pages take memory only once written."""
+    if device.type == "cpu":
+        return torch.from_numpy(np.zeros((rows, columns), dtype=np.float32))
+    return torch.zeros(rows, columns, device=device)
+
+
+def plan(where: Layout, d_model: int, max_features: int | None, batch_size: int, room: int, lazy: bool = True) -> Plan:
+    """The memory of the graph of this layout, whole (max_features None) or capped (rows computed batch_size at a
+    time); the rows kept in memory as far as `room` bytes go after the rest. lazy: the adjacency costs its
+    targets' rows alone (lazy_zeros, on the CPU)."""
+    n_logits = where.total - where.logit_start
+    n_features = where.logit_start - where.n_tokens * (len(where.feature_start) + 1)
+    if max_features is None or max_features >= n_features:
+        targets = n_features + n_logits
+        adjacency = 4 * (targets if lazy else where.total) * where.total
+        return Plan(where.total, adjacency, 0, 0, working_bytes(where, d_model, targets), 0)
+    kept = where.total - n_features + max_features
+    rows = max_features + n_logits
+    working = working_bytes(where, d_model, max(batch_size, n_logits))
+    adjacency = 4 * (rows if lazy else kept) * kept
+    fixed = adjacency + 4 * rows ** 2 + working
+    return Plan(kept, adjacency, 4 * rows ** 2, 4 * rows * where.logit_start, working, max(0, room - fixed))
+
+
+def resident_bytes() -> int:
+    """The process's resident memory now (VmRSS; 0 where /proc says nothing)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS")), 0)
+    except OSError:
+        return 0
+
+
+def room(max_bytes: int | None, spent: int = 0) -> int:
+    """Bytes the graph may still take: the memory available, or max_bytes less what it has spent if less."""
+    from ..checkpoints.memory import available_memory
+
+    available = available_memory()
+    return available if max_bytes is None else max(0, min(max_bytes - spent, available))
+
+
+def check_room(where: Layout, d_model: int, max_features: int | None, batch_size: int, max_bytes: int | None,
+               device: torch.device, spent: int = 0, folder: str | None = None) -> Plan:
+    """The plan of this graph (`plan`), or ValueError in one line when it does not fit the memory available (or
+    what is left of max_bytes after `spent`), or its rows do not fit the free space of the temporary folder."""
+    budget = room(max_bytes, spent)
+    needs = plan(where, d_model, max_features, batch_size, budget, lazy=device.type == "cpu")
+    whose = "are available" if max_bytes is None or max_bytes > budget else "is the budget (--max-memory)"
+    if needs.in_memory > budget:
+        capped = needs.ranking > 0
+        raise ValueError(
+            f"this graph of {needs.nodes:,} nodes ({'capped at ' + format(max_features, ',') + ' features, ' if capped else ''}"
+            f"{where.n_tokens} positions) needs {needs.in_memory / 2**30:.1f} GiB, and {budget / 2**30:.1f} GiB {whose}; "
+            + ("a lower --max-feature-nodes or a shorter prompt needs less" if capped else
+               "--max-feature-nodes bounds it (the nodes grow with the positions, the memory with their square)"))
+    if needs.on_file:
+        folder = folder or tempfile.gettempdir()
+        free = shutil.disk_usage(folder).free
+        if needs.on_file > free:
+            raise ValueError(f"this graph's rows need {needs.on_file / 2**30:.1f} GiB in a temporary file beyond the "
+                             f"{budget / 2**30:.1f} GiB of memory it may take, and {folder} has {free / 2**30:.1f} GiB free")
+    return needs
