@@ -80,10 +80,11 @@ def pad_batch(rows, pad_id: int, side: str = "right") -> tuple[torch.Tensor, tor
     """
     if side not in ("right", "left"):
         raise ValueError(f"padding side must be 'right' or 'left', got {side!r}")
-    rows = [torch.as_tensor(row, dtype=torch.long).reshape(-1) for row in rows]
+    rows = [torch.as_tensor(row, dtype=torch.long, device="cpu").reshape(-1) for row in rows]
     length = max([1] + [len(row) for row in rows])
-    ids = torch.full((len(rows), length), int(pad_id), dtype=torch.long)  # (B, T)
-    mask = torch.zeros((len(rows), length), dtype=torch.bool)  # (B, T)
+    # made on the CPU, a row at a time (a copy each on a GPU); the model's device takes the whole batch at once
+    ids = torch.full((len(rows), length), int(pad_id), dtype=torch.long, device="cpu")  # (B, T)
+    mask = torch.zeros((len(rows), length), dtype=torch.bool, device="cpu")  # (B, T)
     for i, row in enumerate(rows):
         span = slice(0, len(row)) if side == "right" else slice(length - len(row), length)
         ids[i, span] = row

@@ -42,14 +42,15 @@ def gauss_legendre(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(alphas [N], weights [N]) on [0, 1]: the Legendre nodes on [-1, 1] mapped by a = (1 + x) / 2,
     weights halved; sum_k w_k g(a_k) ~ integral_0^1 g."""
     nodes, weights = np.polynomial.legendre.leggauss(steps)
-    return torch.tensor(0.5 * (1.0 + nodes)), torch.tensor(0.5 * weights)
+    return torch.tensor(0.5 * (1.0 + nodes), device="cpu"), torch.tensor(0.5 * weights, device="cpu")
 
 
 def riemann(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(alphas [N], weights [N]) on [0, 1]: the right Riemann sum, a_k = k/N and w_k = 1/N for k = 1..N, whose
     last point is the input itself: Hanna et al.'s rule for EAP-IG (2024), the integrated gradients of
     circuit discovery (circuits/discovery). Gauss-Legendre (gauss_legendre) is Captum's, for `ig` here."""
-    return torch.arange(1, steps + 1, dtype=torch.float64) / steps, torch.full((steps,), 1.0 / steps, dtype=torch.float64)
+    return (torch.arange(1, steps + 1, dtype=torch.float64, device="cpu") / steps,
+            torch.full((steps,), 1.0 / steps, dtype=torch.float64, device="cpu"))
 
 
 def on_path(baseline: torch.Tensor, x: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -67,7 +68,7 @@ def _target_logit(target, batch: Batch, position: int | None):
     """f(model, copies of batch) -> [n*B]: the logit of `target` at `position` (default: each row's
     last real token, where only that position goes through the LM head)."""
     size = batch.size
-    ids = torch.as_tensor(target, dtype=torch.long)
+    ids = torch.as_tensor(target, dtype=torch.long, device=batch.target.ids.device)
     ids = ids.expand(size) if ids.dim() == 0 else ids
     if ids.shape != (size,):
         raise ValueError(f"target must be one id or one id per sequence ({size}); got shape {tuple(ids.shape)}")
@@ -161,14 +162,14 @@ def integrated_gradients(
         total = torch.zeros_like(x, dtype=torch.float64)
         g = []
         for start in range(0, len(alphas), chunk):
-            a = alphas[start:start + chunk].to(x.dtype)  # (n,)
+            a = alphas[start:start + chunk].to(x)  # (n,), on x's device
             path = (x_base + a[:, None, None, None] * (x - x_base)[None]).flatten(0, 1)  # (n*B, T, E)
             path.requires_grad_(True)
             with torch.enable_grad(), trace(model, [], interventions={point: lambda _: path}):
                 score = f(model, batch.repeat(len(a)))  # (n*B,)
                 (grad,) = torch.autograd.grad(score.sum(), path)
             grad = grad.view(len(a), *x.shape).double()  # (n, B, T, E)
-            total += (weights[start:start + chunk, None, None, None] * grad).sum(0)
+            total += (weights[start:start + chunk, None, None, None].to(grad) * grad).sum(0)
             g.append((grad * (x - x_base).double()[None]).sum((-1, -2)))  # (n, B)
             done[0] += len(a)
             if progress is not None:
@@ -263,7 +264,7 @@ def gradient_x_input(model: nn.Module, inputs, target, *, position: int | None =
 
 def _rollout_step(pattern: torch.Tensor) -> torch.Tensor:
     """[B, H, Q, K] (Q = K) -> rownorm(0.5 mean_h A + 0.5 I), [B, Q, K]."""
-    mixed = 0.5 * pattern.mean(dim=1) + 0.5 * torch.eye(pattern.size(-1), dtype=pattern.dtype)
+    mixed = 0.5 * pattern.mean(dim=1) + 0.5 * torch.eye(pattern.size(-1), dtype=pattern.dtype, device=pattern.device)
     return mixed / mixed.sum(dim=-1, keepdim=True)
 
 
@@ -302,7 +303,8 @@ def _joint_steps(model: nn.Module, t, batch: Batch) -> list[torch.Tensor]:
     """Row-stochastic [B, S+T, S+T] matrices, one per encoder layer and two per decoder layer."""
     n_source, n_target = batch.source.ids.size(1), batch.target.ids.size(1)
     size = n_source + n_target
-    eye = torch.eye(size, dtype=torch.float64).expand(batch.size, size, size)
+    device = batch.target.ids.device  # the model's: as_batch put the batch there
+    eye = torch.eye(size, dtype=torch.float64, device=device).expand(batch.size, size, size)
     steps = []
     for i in range(len(model.encoder.blocks)):
         step = eye.clone()
@@ -315,6 +317,6 @@ def _joint_steps(model: nn.Module, t, batch: Batch) -> list[torch.Tensor]:
         cross = t[f"decoder.blocks.{i}.cross_attn.pattern"].double().mean(dim=1)  # (B, T, S)
         step = eye.clone()
         step[:, n_source:, :n_source] = 0.5 * cross
-        step[:, n_source:, n_source:] = 0.5 * torch.eye(n_target, dtype=torch.float64)
+        step[:, n_source:, n_source:] = 0.5 * torch.eye(n_target, dtype=torch.float64, device=device)
         steps.append(step / step.sum(dim=-1, keepdim=True))
     return steps

@@ -115,7 +115,7 @@ def frozen_norm(norm: nn.Module | None, residual: torch.Tensor, parts: torch.Ten
     residual [B, T, E], parts [C, B, T, E] summing to it -> (normed parts [C, B, T, E], bias [E]);
     normed parts + bias sum to norm(residual)."""
     if norm is None:
-        return parts, torch.zeros(residual.size(-1), dtype=residual.dtype)
+        return parts, residual.new_zeros(residual.size(-1))
     gain, bias, centred, _, scale = norm_parts(norm, residual)  # scale (B, T)
     if centred:
         parts = parts - parts.mean(dim=-1, keepdim=True)
@@ -127,7 +127,7 @@ def _targets(target, logits: torch.Tensor) -> torch.Tensor:
     batch, length, vocab = logits.shape
     if target is None:
         return logits.argmax(dim=-1)  # (B, T): each position's own top prediction
-    target = torch.as_tensor(target, dtype=torch.long)
+    target = torch.as_tensor(target, dtype=torch.long, device=logits.device)
     if target.dim() == 0:
         target = target.expand(batch, length)
     elif target.dim() == 1:

@@ -29,23 +29,24 @@ LENGTH = 24  # the random sequence's length n by default (the input is 2n), wher
 
 
 def repeated_tokens(vocab_size: int, length: int, batch: int, seed: int, avoid: set[int] = frozenset()) -> torch.Tensor:
-    """[batch, 2*length] ids: a seeded random sequence of `length` distinct tokens, twice."""
-    allowed = torch.tensor([i for i in range(vocab_size) if i not in avoid])
+    """[batch, 2*length] ids: a seeded random sequence of `length` distinct tokens, twice (on the CPU, as the
+    seeded generator draws them)."""
+    allowed = torch.tensor([i for i in range(vocab_size) if i not in avoid], device="cpu")
     if len(allowed) < length:
         raise ValueError(f"a sequence of {length} distinct tokens needs a vocabulary of at least {length} "
                          f"(this one offers {len(allowed)}); pass a smaller length")
     generator = torch.Generator().manual_seed(seed)
-    rows = [allowed[torch.randperm(len(allowed), generator=generator)[:length]] for _ in range(batch)]
+    rows = [allowed[torch.randperm(len(allowed), generator=generator, device="cpu")[:length]] for _ in range(batch)]
     half = torch.stack(rows)  # (B, n)
     return torch.cat([half, half], dim=1)  # (B, 2n)
 
 
-def _keys(kind: str, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _keys(kind: str, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(queries, keys): the cells of a [2n, 2n] pattern that the kind's ideal head attends to."""
     if kind == "previous_token":
-        queries = torch.arange(1, 2 * length)
+        queries = torch.arange(1, 2 * length, device=device)
         return queries, queries - 1
-    queries = torch.arange(length, 2 * length)
+    queries = torch.arange(length, 2 * length, device=device)
     return queries, queries - length + (kind == "induction")
 
 
@@ -94,7 +95,7 @@ def detect_heads(
         parts.append(torch.stack([t[f"{prefix}blocks.{i}.attn.pattern"] for i in range(n_layers)]))  # (L, b, H, 2n, 2n)
         progress(start + len(rows), batch)
     patterns = torch.cat(parts, dim=1)  # (L, B, H, 2n, 2n)
-    queries, keys = _keys(kind, length)
+    queries, keys = _keys(kind, length, patterns.device)
     scores = patterns[..., queries, keys].mean(dim=(1, 3))  # (L, H)
     best = divmod(int(scores.argmax()), scores.size(1))
     return Result(

@@ -8,6 +8,9 @@ Shape letters: B batch, T positions (target), S source positions, V vocabulary.
     batch = as_batch(seq2seq, ("Hallo Welt", "Hello"))        # encoder-decoder: (source, target)
 
     logits, t = run_with_cache(model, "The cat sat")         # t["blocks.0.attn.pattern"], t.tokens
+
+Inputs are made on the CPU (a tokenizer's rows, a task's pairs) and go to the model's device where they
+meet it: as_batch puts its batch there, and a Batch moves itself there before it runs the model.
 """
 
 from __future__ import annotations
@@ -37,8 +40,15 @@ class Text:
     def last(self) -> torch.Tensor:
         """[B]: the position of each row's last real token (right padding)."""
         if self.padding_mask is None:
-            return torch.full((self.ids.size(0),), self.ids.size(1) - 1, dtype=torch.long)
+            return torch.full((self.ids.size(0),), self.ids.size(1) - 1, dtype=torch.long, device=self.ids.device)
         return self.padding_mask.long().sum(dim=1) - 1
+
+    def to(self, device: torch.device) -> "Text":
+        """The ids and the mask on `device` (this Text itself when they are there)."""
+        if self.ids.device == torch.device(device):
+            return self
+        mask = None if self.padding_mask is None else self.padding_mask.to(device)
+        return Text(self.ids.to(device), mask, self.tokens)
 
     def repeat(self, n: int) -> "Text":
         """The batch n times over, [n*B, T]: row r is row r % B."""
@@ -60,45 +70,59 @@ class Batch:
     def repeat(self, n: int) -> "Batch":
         return Batch(self.target.repeat(n), None if self.source is None else self.source.repeat(n))
 
+    def to(self, device: torch.device) -> "Batch":
+        """Both sides on `device` (this Batch itself when they are there)."""
+        target, source = self.target.to(device), None if self.source is None else self.source.to(device)
+        return self if target is self.target and source is self.source else Batch(target, source)
+
+    def on(self, model: nn.Module) -> "Batch":
+        """This batch on the model's device, where its ids meet the embeddings."""
+        return self.to(device_of(model))
+
     def run(self, model: nn.Module):
         """The model's output for this batch (EncoderOutput, DecoderOutput or Seq2SeqOutput)."""
-        if self.source is not None:
-            return model(self.source.ids, self.target.ids, src_padding_mask=self.source.padding_mask,
-                         tgt_padding_mask=self.target.padding_mask)
-        return model(self.target.ids, padding_mask=self.target.padding_mask)
+        batch = self.on(model)
+        target, source = batch.target, batch.source
+        if source is not None:
+            return model(source.ids, target.ids, src_padding_mask=source.padding_mask,
+                         tgt_padding_mask=target.padding_mask)
+        return model(target.ids, padding_mask=target.padding_mask)
 
     def hidden(self, model: nn.Module, start: tuple | None = None) -> torch.Tensor:
         """[B, T, E]: the (decoder's) last hidden states, before the LM head. start = (layer, resid [B, T, E]):
         the stack run from that layer, given the residual stream there (Stack.run_from), the layers before
         it not computed; for an encoder-decoder, the decoder's stack. start = (layer, resid [B, T - P, E],
         past): the positions after the P that the KVCache `past` holds, [B, T - P, E] returned."""
-        stack = model.decoder if self.source is not None else model
+        batch = self.on(model)
+        target, source = batch.target, batch.source
+        stack = model.decoder if source is not None else model
         memory = {}
-        if self.source is not None:
-            memory = dict(memory=model.encode(self.source.ids, self.source.padding_mask),
-                          memory_padding_mask=self.source.padding_mask)
+        if source is not None:
+            memory = dict(memory=model.encode(source.ids, source.padding_mask),
+                          memory_padding_mask=source.padding_mask)
         if start is not None:
             layer, resid, *past = start
-            return stack.run_from(layer, resid, padding_mask=self.target.padding_mask, past=(past or [None])[0],
+            return stack.run_from(layer, resid, padding_mask=target.padding_mask, past=(past or [None])[0],
                                   **memory)
-        name = "tgt_ids" if self.source is not None else "input_ids"
+        name = "tgt_ids" if source is not None else "input_ids"
         mask_name = "tgt_padding_mask" if memory else "padding_mask"
-        stack.check_inputs(name, self.target.ids, self.target.padding_mask, mask_name)
-        return stack.run(self.target.ids, padding_mask=self.target.padding_mask, **memory)  # (B, T, E)
+        stack.check_inputs(name, target.ids, target.padding_mask, mask_name)
+        return stack.run(target.ids, padding_mask=target.padding_mask, **memory)  # (B, T, E)
 
     def last_logits(self, model: nn.Module, start: tuple | None = None) -> torch.Tensor:
         """[B, 1, V]: the logits at each row's last real position only, without the LM head's work
         on every other position (T times less of it); a sequence classifier's label logits [B, 1, labels]
         (what a metric of the whole sequence reads). start = (layer, resid): from that layer on (hidden)."""
+        batch = self.on(model)
         if getattr(model.config, "head", None) == "sequence-classification":
             if start is None:
-                return self.run(model).logits[:, None]  # (B, 1, labels)
-            return model.outputs(self.hidden(model, start), self.target.padding_mask).logits[:, None]
+                return batch.run(model).logits[:, None]  # (B, 1, labels)
+            return model.outputs(batch.hidden(model, start), batch.target.padding_mask).logits[:, None]
         if not hasattr(model, "lm_head"):
             raise ValueError("this analysis needs token logits: a model with an LM or masked-LM head")
         done = start[2].length if start is not None and len(start) > 2 else 0  # positions the cache holds
-        hidden = self.hidden(model, start)  # (B, T - done, E)
-        last = hidden[torch.arange(self.size), self.target.last - done]  # (B, E)
+        hidden = batch.hidden(model, start)  # (B, T - done, E)
+        last = hidden[torch.arange(batch.size, device=hidden.device), batch.target.last - done]  # (B, E)
         return model.lm_head(last[:, None])  # (B, 1, V)
 
     def logits(self, model: nn.Module, start: tuple | None = None) -> torch.Tensor:
@@ -109,6 +133,11 @@ class Batch:
         if logits is None or logits.dim() != 3:
             raise ValueError("this analysis needs token logits [batch, pos, vocab]: a model with an LM or masked-LM head")
         return logits
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """The device of the model's weights: where its inputs go."""
+    return next(model.parameters()).device
 
 
 def _tokenizer(model: nn.Module, tokenizer):
@@ -161,16 +190,17 @@ def as_text(model: nn.Module, inputs, tokenizer=None, side: str = "input") -> Te
 def _as_ids(inputs) -> torch.Tensor:
     if isinstance(inputs, Iterable) and not isinstance(inputs, (bytes, dict)):
         try:
-            return torch.as_tensor(inputs)
+            return torch.as_tensor(inputs, device="cpu")  # on the model's device once a Batch
         except (TypeError, ValueError, RuntimeError):
             pass
     raise InputError(f"inputs must be a string, a list of strings, or token ids; got {type(inputs).__name__}")
 
 
 def as_batch(model: nn.Module, inputs, tokenizer=None) -> Batch:
-    """Inputs for `model`: for an encoder-decoder, a pair (source, target) of any of the forms above."""
+    """Inputs for `model`, on its device: for an encoder-decoder, a pair (source, target) of any of the forms
+    above."""
     if isinstance(inputs, Batch):
-        return inputs
+        return inputs.on(model)
     if model.config.arch == "encoder-decoder":
         if not (isinstance(inputs, tuple) and len(inputs) == 2):
             raise InputError("an encoder-decoder model takes inputs=(source, target), each a string, a list of "
@@ -178,8 +208,8 @@ def as_batch(model: nn.Module, inputs, tokenizer=None) -> Batch:
         source, target = as_text(model, inputs[0], tokenizer, "source"), as_text(model, inputs[1], tokenizer, "target")
         if source.ids.size(0) != target.ids.size(0):
             raise InputError(f"source has batch {source.ids.size(0)} but target has batch {target.ids.size(0)}")
-        return Batch(target, source)
-    return Batch(as_text(model, inputs, tokenizer))
+        return Batch(target, source).on(model)
+    return Batch(as_text(model, inputs, tokenizer)).on(model)
 
 
 def run_with_cache(model: nn.Module, inputs, names=None, *, tokenizer=None, grad: bool = False):

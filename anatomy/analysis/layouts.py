@@ -89,8 +89,8 @@ def component_groups(names: list[str]) -> tuple[list[str], list[int | None], tor
             labels.append(label)
             layers.append(layer)
         member.append(labels.index(label))
-    membership = torch.zeros(len(labels), len(names), dtype=torch.float64)
-    membership[member, torch.arange(len(names))] = 1.0
+    membership = torch.zeros(len(labels), len(names), dtype=torch.float64, device="cpu")  # beside a Result's values
+    membership[member, torch.arange(len(names), device="cpu")] = 1.0
     return labels, layers, membership
 
 

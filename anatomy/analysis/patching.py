@@ -151,7 +151,8 @@ def patch(
 
 def _default_metric(clean: Batch, clean_logits: torch.Tensor) -> Metric:
     """The log-prob of the clean run's top token at the last real position; reads logits [N*B, 1, V]."""
-    top = clean_logits[torch.arange(clean.size), clean.target.last].argmax(-1)  # (B,)
+    rows = torch.arange(clean.size, device=clean_logits.device)
+    top = clean_logits[rows, clean.target.last.to(clean_logits.device)].argmax(-1)  # (B,)
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         n = logits.size(0) // clean.size
@@ -225,7 +226,7 @@ def _attribution(model, corrupt, names, clean_acts, axis, cells, metric, logits_
     # sum over the batch of the mean-metric gradient = the mean over the batch of each row's estimate
     check = "first-order estimate of activation patching (no identity holds exactly)"
     progress(len(cells), len(cells))
-    return torch.tensor(values), check, float("nan")
+    return torch.tensor(values, device="cpu"), check, float("nan")
 
 
 Cell = tuple  # (point name, axis of its tensor or None for the whole point, index along that axis)

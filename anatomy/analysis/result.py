@@ -22,7 +22,8 @@ AXIS_WORDS = {"layer": ("layer", "layers"), "batch": ("sequence", "sequences"), 
 
 @dataclass
 class Result:
-    """values [axes...]; labels[axis] names each index of an axis (tokens, layers, components)."""
+    """values [axes...]; labels[axis] names each index of an axis (tokens, layers, components). A result is
+    data on the CPU wherever the model ran: its values and the tensors of extra are moved there."""
 
     kind: str  # "logit lens", "decomposition", "activation patching", ...
     values: torch.Tensor
@@ -37,6 +38,8 @@ class Result:
     def __post_init__(self) -> None:
         if self.values.dim() != len(self.axes):
             raise ValueError(f"{self.kind}: values have {self.values.dim()} axes but {len(self.axes)} names {self.axes}")
+        self.values = self.values.cpu()
+        self.extra = {key: value.cpu() if torch.is_tensor(value) else value for key, value in self.extra.items()}
 
     @property
     def shape_text(self) -> str:

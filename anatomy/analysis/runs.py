@@ -26,7 +26,7 @@ from torch import nn
 
 from ..cache import KVCache
 from ..trace import trace
-from .inputs import Batch
+from .inputs import Batch, device_of
 
 Edit = Callable[[torch.Tensor], torch.Tensor]  # one copy's value of a point [B, ...] -> its patched value
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [C*B, 1 or T, V] -> [C*B]
@@ -108,7 +108,7 @@ def run_patched(
     number per row."""
     model.eval()
     if not runs:
-        return torch.empty(0, batch.size)
+        return torch.empty(0, batch.size, device=device_of(model))
     if stream is None and any(run.layer is not None for run in runs):
         stream = residual_stream(model, batch, saes)
     copies = runs_per_pass or max(1, max_tokens // batch.target.ids.numel())
@@ -134,7 +134,7 @@ def run_patched(
                 raise ValueError(f"metric must return one value per sequence, shape ({len(group) * batch.size},); "
                                  f"got {tuple(scores.shape)}")
             if values is None:
-                values = torch.empty(len(runs), batch.size, dtype=scores.dtype)
+                values = scores.new_empty(len(runs), batch.size)
             values[group] = scores.view(len(group), batch.size)
             done += len(group)
             if progress is not None:

@@ -131,7 +131,8 @@ class Graph:
             raise ValueError(f"node ids must be unique; repeated: {', '.join(twice[:5])}")
         self._index = {node_id: i for i, node_id in enumerate(ids)}
         if self.output_weights is None:
-            self.output_weights = torch.tensor([float(node.kind in OUTPUT_KINDS) for node in self.nodes])
+            self.output_weights = torch.tensor([float(node.kind in OUTPUT_KINDS) for node in self.nodes],
+                                               device=self.adjacency.device)
         for name in ("output_weights", "values", "unexplained"):
             vector = getattr(self, name)
             if vector is not None and tuple(vector.shape) != (n,):

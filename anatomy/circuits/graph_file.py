@@ -36,11 +36,12 @@ def save_graph(graph: Graph, path: str | Path) -> Path:
     tensors = {
         "adjacency": graph.adjacency.float().contiguous(),
         "output_weights": graph.output_weights.float().contiguous(),
-        "kind": torch.tensor([KINDS.index(node.kind) for node in nodes], dtype=torch.int64),
-        "layer": torch.tensor([node.layer for node in nodes], dtype=torch.int64),
-        "column": torch.tensor([node.column for node in nodes], dtype=torch.int64),
-        "index": torch.tensor([node.index for node in nodes], dtype=torch.int64),
-        "value": torch.tensor([math.nan if node.value is None else node.value for node in nodes], dtype=torch.float64),
+        "kind": torch.tensor([KINDS.index(node.kind) for node in nodes], dtype=torch.int64, device="cpu"),
+        "layer": torch.tensor([node.layer for node in nodes], dtype=torch.int64, device="cpu"),
+        "column": torch.tensor([node.column for node in nodes], dtype=torch.int64, device="cpu"),
+        "index": torch.tensor([node.index for node in nodes], dtype=torch.int64, device="cpu"),
+        "value": torch.tensor([math.nan if node.value is None else node.value for node in nodes], dtype=torch.float64,
+                              device="cpu"),
     }
     tensors.update({name: getattr(graph, name).float().contiguous() for name in ("values", "unexplained")
                     if getattr(graph, name) is not None})

@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from device_check import off_the_models_device
 from test_attribute import tiny
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 import anatomy
 from anatomy.circuits.attention_edges import explain_attention
@@ -179,19 +178,6 @@ def test_transcoders_held_in_bfloat16_are_read_in_float32():
     assert graph.error < 1e-5, graph.check
 
 
-class NoMixedDevices(TorchDispatchMode):
-    """Raises at the first operation that meets a meta tensor and a CPU tensor (some do so silently: an in-place
-    add of a meta tensor into a CPU one does nothing). A meta tensor alone is no mistake: a lazily read set builds
-    its layers' modules on meta before their weights are mapped in."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        devices = {t.device.type for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)}
-        if "meta" in devices and len(devices) > 1:
-            raise AssertionError(f"{func} met a tensor made off the model's device")
-        return out
-
-
 def test_nothing_is_made_off_the_models_device():
     """The default device is set to meta while the model and the transcoders are on the CPU: a tensor made
     without the model's device is a meta tensor, and the first operation where it meets the model's raises (as a
@@ -199,7 +185,7 @@ def test_nothing_is_made_off_the_models_device():
     model = anatomy.from_pretrained(str(FIXTURES / "llama")).eval()
     transcoders = load_transcoders(FIXTURES / "clt_jumprelu")
     prompt = json.loads((FIXTURES / "README.json").read_text())["prompt"]
-    with torch.device("meta"), NoMixedDevices():
+    with off_the_models_device():
         whole = attribution_graph(model, prompt, transcoders)
         capped = attribution_graph(model, prompt, transcoders, max_feature_nodes=20, batch_size=4)
     assert whole.adjacency.device.type == "cpu" and capped.adjacency.device.type == "cpu"
@@ -207,7 +193,7 @@ def test_nothing_is_made_off_the_models_device():
     feature = next(node for node in small.nodes if node.kind == "feature")
     logit = next(node for node in small.nodes if node.kind == "logit")
     tokens = np.asarray(model.tokenizer.encode(prompt * 40, add_special_tokens=False), dtype=np.int64)
-    with torch.device("meta"), NoMixedDevices():
+    with off_the_models_device():
         result = intervene(model, prompt, transcoders, [FeatureChange(feature.layer, feature.index, feature.column, value=0.0)],
                            freeze="all", graph=whole)
         split = split_by_head(model, transcoders, whole, logit, feature)

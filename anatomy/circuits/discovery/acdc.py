@@ -86,7 +86,7 @@ def acdc(
     pairs_per_chunk, copies = plan_passes(graph, task, len(graph.sources), max_tokens, max_bytes)
     chunks = [_Chunk(model, graph, task, rows) for rows in task.batches(pairs_per_chunk)]
     removed = torch.zeros_like(graph.allowed)  # (U, V)
-    effects = torch.zeros(graph.allowed.shape, dtype=torch.float64)  # (U, V)
+    effects = torch.zeros(graph.allowed.shape, dtype=torch.float64, device="cpu")  # (U, V)
     current = start = 0.0 if metric == "kl" else -float(sum(chunk.metric.sum() for chunk in chunks)) / len(task)
     done, speculation, runs = 0, 1, 0
     while done < len(order):
@@ -115,7 +115,7 @@ def acdc(
 def _distances(model, graph, task, chunks: list[_Chunk], circuits: torch.Tensor, layer: int, metric: str,
                copies: int) -> torch.Tensor:
     """[C]: F of each circuit (its left-out edges ablated), over every pair, runs started at `layer`."""
-    totals = torch.zeros(circuits.size(0), dtype=torch.float64)
+    totals = torch.zeros(circuits.size(0), dtype=torch.float64, device="cpu")
     for chunk in chunks:
         start = (layer, chunk.stream[layer], chunk.outputs)
         for first in range(0, circuits.size(0), copies):
@@ -124,9 +124,9 @@ def _distances(model, graph, task, chunks: list[_Chunk], circuits: torch.Tensor,
             if metric == "kl":
                 log_p = torch.log_softmax(logits.double(), dim=-1).view(len(part), len(chunk.rows), -1)
                 reference = chunk.reference[None]  # (1, B, vocab)
-                totals[first:first + len(part)] += (reference.exp() * (reference - log_p)).sum(dim=(1, 2))
+                totals[first:first + len(part)] += (reference.exp() * (reference - log_p)).sum(dim=(1, 2)).cpu()
             else:
-                totals[first:first + len(part)] -= task.score(logits, chunk.rows).double().view(len(part), -1).sum(1)
+                totals[first:first + len(part)] -= task.score(logits, chunk.rows).double().view(len(part), -1).sum(1).cpu()
     return totals / len(task)
 
 

@@ -46,7 +46,7 @@ def circuit_graph(result, kept: torch.Tensor, *, about: str = "", meta: dict | N
             nodes.append(Node("mlp", layer, mlp_column, label=f"L{layer} MLP"))
     destination_at[len(graph.destinations) - 1] = len(nodes)
     nodes.append(Node("logits", graph.n_layers, 0, label="logits"))
-    adjacency = torch.zeros(len(nodes), len(nodes))
+    adjacency = torch.zeros(len(nodes), len(nodes), device="cpu")
     for u, v in kept.nonzero().tolist():
         adjacency[destination_at[v], source_at[u]] = float(result.values[u, v])
     columns = [f"H{h}" for h in range(graph.n_heads)] + ["MLP"]

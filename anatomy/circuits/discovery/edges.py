@@ -70,17 +70,17 @@ def attribute_edges(
     steps = 1 if method == "eap" else steps
     path = "inputs" if method == "eap" else path
     chunks = task.batches(chunk_size(graph, task, max_bytes))
-    scores = torch.zeros(len(graph.sources), len(graph.destinations), dtype=torch.float64)  # (U, V)
+    scores = torch.zeros(len(graph.sources), len(graph.destinations), dtype=torch.float64, device="cpu")  # (U, V)
     clean_total = corrupt_total = embed_total = 0.0
     # inputs: the right Riemann sum (analysis.attribution.riemann); edges: auto-circuit's k/m, k = 0..m, averaged
-    alphas, weights = riemann(steps) if path == "inputs" else (torch.arange(steps + 1) / steps,
-                                                                 torch.full((steps + 1,), 1 / (steps + 1)))
+    alphas, weights = riemann(steps) if path == "inputs" else (torch.arange(steps + 1, device="cpu") / steps,
+                                                                 torch.full((steps + 1,), 1 / (steps + 1), device="cpu"))
     done, total = 0, len(chunks) * len(alphas)
     for rows in chunks:
         clean, corrupt = task.inputs(rows)
         (clean_out, clean_logits), (corrupt_out, corrupt_logits) = graph.source_run(model, clean), graph.source_run(model, corrupt)
         delta = clean_out - corrupt_out  # (U, B, T, E)
-        gradient = torch.zeros(len(graph.destinations), *delta.shape[1:], dtype=delta.dtype)  # (V, B, T, E): the path's mean
+        gradient = delta.new_zeros(len(graph.destinations), *delta.shape[1:])  # (V, B, T, E): the path's mean
         for alpha, weight in zip(alphas.tolist(), weights.tolist()):
             metric = lambda logits: task.score(logits, rows)  # noqa: E731
             if path == "inputs":
@@ -122,7 +122,7 @@ def _accumulate(graph: ResidualGraph, scores: torch.Tensor, delta: torch.Tensor,
         reaching = graph.allowed[:, columns].any(dim=1).nonzero()[:, 0]
         upto = int(reaching.max()) + 1  # sources are in layer order: a prefix
         block = flat_delta[:upto] @ flat_gradient[columns].T  # (U_l, V_l)
-        scores[:upto, columns] += block.double() * graph.allowed[:upto, columns]
+        scores[:upto, columns] += block.double().cpu() * graph.allowed[:upto, columns]
 
 
 def _result(graph, task, method, steps, scores, gap, embed_side, clean, corrupt, path) -> Result:
@@ -154,7 +154,7 @@ def top_edges(result: Result, k: int) -> list[tuple[int, int, float]]:
     count = int(allowed.sum())
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= count:
         raise ValueError(f"k={k!r} edges: choose 1 to {count}, the edges of this model's graph")
-    magnitude = torch.where(allowed, result.values.abs(), torch.tensor(-1.0))
+    magnitude = torch.where(allowed, result.values.abs(), -1.0)
     order = magnitude.flatten().argsort(descending=True)[:k]
     width = result.values.size(1)
     return [(int(i) // width, int(i) % width, float(result.values.flatten()[i])) for i in order]

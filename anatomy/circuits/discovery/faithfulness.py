@@ -43,7 +43,7 @@ def default_sizes(edge_count: int) -> list[int]:
 def kept_masks(graph: ResidualGraph, result: Result, sizes: Sequence[int]) -> torch.Tensor:
     """[len(sizes), U, V] bool: the top n edges by |score|, for each n."""
     order = top_edges(result, max(sizes))
-    masks = torch.zeros(len(sizes), *graph.allowed.shape, dtype=torch.bool)
+    masks = torch.zeros(len(sizes), *graph.allowed.shape, dtype=torch.bool, device="cpu")
     for i, n in enumerate(sizes):
         for u, v, _ in order[:n]:
             masks[i, u, v] = True
@@ -105,7 +105,7 @@ def _recovered(model, graph: ResidualGraph, task: Task, masks: torch.Tensor, abl
     pairs_per_chunk, copies = plan_passes(graph, task, len(graph.sources), max_tokens, max_bytes)
     chunks = task.batches(pairs_per_chunk)
     means = _means(model, graph, task, chunks) if ablation == "mean" else None
-    circuit = torch.zeros(len(masks), dtype=torch.float64)
+    circuit = torch.zeros(len(masks), dtype=torch.float64, device="cpu")
     clean_sum = corrupt_sum = 0.0
     done, total = 0, len(chunks) * ((len(masks) + copies - 1) // copies)
     for rows in chunks:
@@ -118,7 +118,7 @@ def _recovered(model, graph: ResidualGraph, task: Task, masks: torch.Tensor, abl
         for start in range(0, len(masks), copies):
             kept = masks[start:start + copies]  # (C, U, V)
             logits = run_ablated(model, graph, clean, ablated_out, ~kept)
-            circuit[start:start + len(kept)] += task.score(logits, rows).double().view(len(kept), len(rows)).sum(1)
+            circuit[start:start + len(kept)] += task.score(logits, rows).double().view(len(kept), len(rows)).sum(1).cpu()
             done += 1
             if progress is not None:
                 progress(done, total)
@@ -132,14 +132,16 @@ def _recovered(model, graph: ResidualGraph, task: Task, masks: torch.Tensor, abl
 def _means(model, graph: ResidualGraph, task: Task, chunks) -> torch.Tensor:
     """[U, 1, T, E]: each source's output on the clean prompts, averaged over the pairs at each position
     (over the pairs long enough to have that position)."""
-    total, count = None, torch.zeros(int(task.lengths.max()))
+    total, count = None, None
     for rows in chunks:
         clean, _ = task.inputs(rows)
         out = graph.source_values(model, clean)  # (U, B, t, E)
-        real = torch.arange(out.size(2))[None, :] < task.lengths[list(rows)][:, None]  # (B, t)
+        lengths = task.lengths[list(rows)].to(out.device)  # (B,)
+        real = torch.arange(out.size(2), device=out.device)[None, :] < lengths[:, None]  # (B, t)
         summed = (out * real[None, :, :, None]).sum(1)  # (U, t, E)
         if total is None:
-            total = torch.zeros(out.size(0), len(count), out.size(3))
+            total = out.new_zeros(out.size(0), int(task.lengths.max()), out.size(3))
+            count = out.new_zeros(total.size(1))
         total[:, :out.size(2)] += summed
         count[:out.size(2)] += real.sum(0)
     return (total / count.clamp(min=1)[None, :, None])[:, None]  # (U, 1, T, E)
@@ -149,7 +151,7 @@ def _every_edge_ablated(model, graph, task, chunks, means) -> float:
     total = 0.0
     for rows in chunks:
         clean, _ = task.inputs(rows)
-        every = torch.ones(1, *graph.allowed.shape, dtype=torch.bool)
+        every = torch.ones(1, *graph.allowed.shape, dtype=torch.bool, device="cpu")
         logits = run_ablated(model, graph, clean, means[:, :, :clean.target.ids.size(1)], every)
         total += float(task.score(logits, rows).sum())
     return total / len(task)

@@ -121,7 +121,7 @@ def attribute_nodes(
     if method == "atp*":
         gated = values[1:].abs()  # (L gates, layers, nodes)
         if kind != "features":  # a layer's own gate is left out: its nodes write through it
-            gated = gated * (1 - torch.eye(gated.size(0), dtype=gated.dtype))[:, :, None]
+            gated = gated * (1 - torch.eye(gated.size(0), dtype=gated.dtype, device=gated.device))[:, :, None]
         values = gated.sum(0) / max(1, model.config.n_layers - 1)  # GradDrop: 1/(L-1) sum_l |AtP_l|
     else:
         values = values[0]
@@ -193,6 +193,7 @@ def _qk_fixed(model, batch: Batch, kind: str, clean: dict, corrupt: dict, grad: 
     query (kind "q") or one key/value head's keys (kind "k") corrupted (summed over the pairs)."""
     config = model.config
     suffix = "_rot" if config.pos_encoding == "rotary" else ""
+    batch = batch.on(model)  # its padding mask meets the scores
     width = batch.target.ids.size(1)
     per_layer = []
     for layer, block in enumerate(model.blocks):
@@ -200,7 +201,7 @@ def _qk_fixed(model, batch: Batch, kind: str, clean: dict, corrupt: dict, grad: 
         q, k = clean[prefix + "q" + suffix], repeat_kv(clean[prefix + "k" + suffix], attn.n_heads)  # (B, H, T, D), (B, H, S, D)
         window = config.sliding_window if config.layer_types[layer] == "sliding" else None
         mask, _ = masks.self_attention_mask(batch.target.padding_mask, width, causal=config.arch == "decoder",
-                                            window=window)
+                                            window=window, device=q.device)
         bias = clean[prefix + "scores"] - attention_scores(q, k, scale=attn.scale, softcap=attn.softcap)  # ALiBi etc.
         if kind == "q":
             scores = attention_scores(corrupt[prefix + "q" + suffix], k, scale=attn.scale, softcap=attn.softcap)

@@ -133,9 +133,9 @@ def _plan(graph: ResidualGraph, columns: list[int], ablated: torch.Tensor) -> Pl
 def _live(plan: Plan) -> torch.Tensor:
     """[v] bool: the destinations whose input changes in some copy."""
     width = plan[0][2].size(1)
-    live = torch.zeros(width, dtype=torch.bool)
+    live = torch.zeros(width, dtype=torch.bool, device="cpu")
     for sign, sources, weights in plan:
-        live |= torch.ones(width, dtype=torch.bool) if sign < 0 else weights.sum(0) > 0
+        live |= torch.ones(width, dtype=torch.bool, device="cpu") if sign < 0 else weights.sum(0) > 0
     return live
 
 
@@ -181,7 +181,7 @@ def _input_changes(state: dict, plan: Plan) -> torch.Tensor:
     running, copies, a = state["running"], state["copies"], state["a"]
     rows, shape = running.size(0), running.shape[1:]
     batch = rows // copies
-    change = torch.zeros(plan[0][2].size(1), copies, batch, shape.numel(), dtype=running.dtype)  # (v, C, B, T*E)
+    change = running.new_zeros(plan[0][2].size(1), copies, batch, shape.numel())  # (v, C, B, T*E)
     for c, (sign, sources, weights) in enumerate(plan):
         copy = slice(c * batch, (c + 1) * batch)  # this copy's rows
         if sign < 0:
@@ -190,7 +190,7 @@ def _input_changes(state: dict, plan: Plan) -> torch.Tensor:
             block = sources[start:start + SOURCES_PER_PRODUCT].tolist()
             current = torch.stack([state["sources"][u][copy] for u in block])  # (S, B, T, E)
             deltas = (a[block] - current).reshape(len(block), -1)  # (S, B*T*E)
-            w = weights[start:start + len(block)].to(running.dtype).T  # (v, S)
+            w = weights[start:start + len(block)].to(running).T  # (v, S), on the run's device
             change[:, c] += sign * (w @ deltas).view(w.size(0), batch, -1)
     return change.reshape(change.size(0), rows, *shape)  # (v, CB, T, E)
 

@@ -88,7 +88,7 @@ class ResidualGraph:
             destinations.append(Node(f"L{layer} MLP.in", "mlp", layer))
         destinations.append(Node("logits", "logits", self.n_layers))
         self.sources, self.destinations = sources, destinations
-        self.allowed = torch.tensor([[self._reaches(u, v) for v in destinations] for u in sources])  # (U, V)
+        self.allowed = torch.tensor([[self._reaches(u, v) for v in destinations] for u in sources], device="cpu")  # (U, V)
 
     def _reaches(self, u: Node, v: Node) -> bool:
         if u.layer < v.layer:
@@ -284,5 +284,5 @@ def _per_head(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad:
     given the gradient at fn(x): one vector-Jacobian product per head, batched by vmap."""
     _, pullback = torch.func.vjp(fn, x)
     heads = grad.size(1)
-    one_head = torch.eye(heads, dtype=grad.dtype)[:, None, :, None, None]  # (heads, 1, heads, 1, 1)
+    one_head = torch.eye(heads, dtype=grad.dtype, device=grad.device)[:, None, :, None, None]  # (heads, 1, heads, 1, 1)
     return torch.func.vmap(pullback)(grad[None] * one_head)[0]  # (heads, B, T, E)

@@ -34,8 +34,8 @@ def name_mover_scores(model: nn.Module, task: Task, batch_size: int = 16, pairs:
     the first `pairs` pairs, default all); extra["attention"] [layer, head]: its attention from the last
     position to the first position holding the answer's token (the indirect object's name in IOI)."""
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
-    direct = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    attention = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    direct = torch.zeros(n_layers, n_heads, dtype=torch.float64, device="cpu")
+    attention = torch.zeros(n_layers, n_heads, dtype=torch.float64, device="cpu")
     count = len(task) if pairs is None else min(pairs, len(task))
     for rows in task.batches(batch_size):
         if rows.start >= count:
@@ -43,7 +43,7 @@ def name_mover_scores(model: nn.Module, task: Task, batch_size: int = 16, pairs:
         rows = range(rows.start, min(rows.stop, count))
         clean, _ = task.inputs(rows)
         last = clean.target.last  # (B,)
-        index = torch.arange(len(rows))
+        index = torch.arange(len(rows), device="cpu")
         answers, wrongs = task.answers[list(rows), 0], task.wrongs[list(rows), 0]
         right = direct_logit_attribution(model, clean, answers)
         wrong = direct_logit_attribution(model, clean, wrongs)
@@ -60,8 +60,9 @@ def name_mover_scores(model: nn.Module, task: Task, batch_size: int = 16, pairs:
         with torch.no_grad(), trace(model, "blocks.*.attn.pattern") as t:
             clean.last_logits(model)
         for layer in range(n_layers):
-            pattern = t[f"blocks.{layer}.attn.pattern"]  # (B, H, T, T)
-            attention[layer] += (pattern[index, :, last, where].double() * present[:, None]).sum(0)  # (H,)
+            pattern = t[f"blocks.{layer}.attn.pattern"]  # (B, H, T, T), on the model's device
+            from_last = pattern[index.to(pattern.device), :, last.to(pattern.device)].cpu()  # (B, H, T): the last query's row
+            attention[layer] += (from_last[index, :, where].double() * present[:, None]).sum(0)  # (H,)
     direct, attention = direct / count, attention / count
     labels = {"layer": [str(i) for i in range(n_layers)], "head": [str(h) for h in range(n_heads)]}
     return Result("name-mover heads (direct effect on the logit difference)", direct, ("layer", "head"), labels=labels,

@@ -115,10 +115,10 @@ class Task:
     def inputs(self, rows: Sequence[int]) -> tuple[Batch, Batch]:
         """(clean, corrupt) Batches of these rows, cut to their longest pair, with a padding mask
         (True = real token) when some pair is shorter."""
-        rows = torch.as_tensor(list(rows))
+        rows = torch.as_tensor(list(rows), device=self.lengths.device)
         lengths = self.lengths[rows]
         width = int(lengths.max())
-        mask = torch.arange(width)[None, :] < lengths[:, None]  # (B, T)
+        mask = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]  # (B, T)
         mask = None if bool(mask.all()) else mask
         tokens = [self.tokens[r] for r in rows.tolist()] if self.tokens else [[] for _ in rows]
         clean = Text(self.clean[rows, :width], mask, tokens)
@@ -127,9 +127,10 @@ class Task:
 
     def score(self, logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         """The metric of these rows' last-position logits [n*B, V] (n copies of the rows) -> [n*B]."""
-        rows = torch.as_tensor(list(rows))
+        rows = list(rows)
         copies = logits.size(0) // len(rows)
-        values = self.metric(logits, self.answers[rows].repeat(copies, 1), self.wrongs[rows].repeat(copies, 1))
+        answers, wrongs = (ids[rows].to(logits.device).repeat(copies, 1) for ids in (self.answers, self.wrongs))
+        values = self.metric(logits, answers, wrongs)
         if values.shape != (logits.size(0),):
             raise ValueError(f"the metric must return one number per pair, shape ({logits.size(0)},); got "
                              f"{tuple(values.shape)}")
@@ -143,7 +144,7 @@ def check_metric(metric: Metric, answers: torch.Tensor, wrongs: torch.Tensor, vo
                          f"or one of {', '.join(METRICS)}; got {type(metric).__name__}")
     vocab = max(vocab, int(answers.max()) + 1, int(wrongs.max()) + 1)
     try:
-        values = metric(torch.zeros(answers.size(0), vocab), answers, wrongs)
+        values = metric(torch.zeros(answers.size(0), vocab, device=answers.device), answers, wrongs)
     except Exception as error:  # a user's function: its own error, named as the metric's
         raise ValueError(f"the metric failed on logits [{answers.size(0)}, vocab]: {type(error).__name__}: {error}") from None
     shape = tuple(values.shape) if torch.is_tensor(values) else type(values).__name__
@@ -268,12 +269,12 @@ def _assemble(name, clean_rows, corrupt_rows, answers, wrongs, metric, texts, to
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else 0
 
     def padded(rows: list[list[int]], fill: int, size: int) -> torch.Tensor:
-        return torch.tensor([row + [fill] * (size - len(row)) for row in rows], dtype=torch.long)
+        return torch.tensor([row + [fill] * (size - len(row)) for row in rows], dtype=torch.long, device="cpu")
 
     n_answers = max(len(row) for row in answers + wrongs)
     return Task(
         name, padded(clean_rows, pad, width), padded(corrupt_rows, pad, width),
-        torch.tensor([len(row) for row in clean_rows]), padded(answers, -1, n_answers), padded(wrongs, -1, n_answers),
+        torch.tensor([len(row) for row in clean_rows], device="cpu"), padded(answers, -1, n_answers), padded(wrongs, -1, n_answers),
         metric, texts, [tokenizer.labels(row) + [""] * (width - len(row)) for row in clean_rows], about=about,
     )
 
@@ -343,11 +344,11 @@ def clean_scores(model: nn.Module, task: Task, batch_size: int = 32, *, enough: 
     """[N]: the metric of every clean prompt (one batched forward pass per chunk, last position only).
     With `enough`, stop after the chunk where that many pairs score above 0 (the rest are NaN)."""
     model.eval()
-    values = torch.full((len(task),), float("nan"))
+    values = torch.full((len(task),), float("nan"), device="cpu")
     with torch.no_grad():
         for rows in task.batches(batch_size):
             clean, _ = task.inputs(rows)
-            values[rows.start:rows.stop] = task.score(clean.last_logits(model)[:, 0], rows).float()
+            values[rows.start:rows.stop] = task.score(clean.last_logits(model)[:, 0], rows).float().cpu()
             if enough is not None and int((values > 0).sum()) >= enough:
                 break
     return values

@@ -33,8 +33,8 @@ Progress = Callable[[int, int], None]
 def ranks(values: torch.Tensor) -> torch.Tensor:
     """[n] -> [n]: 1-based ranks, ties given the mean of the ranks they span."""
     order = values.argsort()
-    ranked = torch.empty(len(values), dtype=torch.float64)
-    ranked[order] = torch.arange(1, len(values) + 1, dtype=torch.float64)
+    ranked = torch.empty(len(values), dtype=torch.float64, device=values.device)
+    ranked[order] = torch.arange(1, len(values) + 1, dtype=torch.float64, device=values.device)
     for value in values.unique():
         tied = values == value
         if int(tied.sum()) > 1:
@@ -82,7 +82,7 @@ def verify_nodes(model: nn.Module, task: Task, result: Result, k: int = 20, *, b
     width = 1 if result.values.dim() == 1 else result.values.size(1)
     cells = [(points[i // width][0], points[i // width][1], i % width) for i in order]
     names = [_node_name(kind, i // width, i % width) for i in order]
-    exact = torch.zeros(k, dtype=torch.float64)
+    exact = torch.zeros(k, dtype=torch.float64, device="cpu")
     for rows in task.batches(batch_size):
         clean, corrupt = task.inputs(rows)
 
@@ -93,7 +93,7 @@ def verify_nodes(model: nn.Module, task: Task, result: Result, k: int = 20, *, b
             base = task.score(clean.last_logits(model)[:, 0], rows).double().mean()
         # the clean run is the one patched, with the corrupted value at one cell at a time
         patched = patch_cells(model, corrupt, clean, cells, metric, progress=progress)
-        exact += (base - patched.double()) * len(rows)
+        exact += (base - patched.double()).cpu() * len(rows)
     exact /= len(task)
     compare = "magnitudes" if result.extra["method"] == "atp*" else "values"
     return _verification("nodes", names, result.values.flatten()[order], exact, result.about, compare)
@@ -124,7 +124,7 @@ def verify_edges(model: nn.Module, task: Task, result: Result, k: int = 50, *, s
     checked = [(u, v) for u, v, _ in edges] + [(u, v) for _, u, v, _ in outside]
     per_pair = 2 * len(graph.sources) * int(task.lengths.max()) * graph.model.config.d_model * 4  # ablated, clean
     chunks = task.batches(max(1, min(len(task), max_bytes // per_pair)))
-    exact = torch.zeros(len(checked), dtype=torch.float64)
+    exact = torch.zeros(len(checked), dtype=torch.float64, device="cpu")
     done = [0]
 
     def tick(runs: int, total: int) -> None:
@@ -137,11 +137,11 @@ def verify_edges(model: nn.Module, task: Task, result: Result, k: int = 50, *, s
         metric = lambda logits: task.score(logits[:, 0], rows)  # noqa: E731
         patched, base = edge_effects(model, graph, clean, ablation, checked, metric, max_tokens=max_tokens,
                                      progress=tick)
-        exact += (base.double()[None] - patched.double()).sum(1)
+        exact += (base.double()[None] - patched.double()).sum(1).cpu()
         done[0] += len(checked)
     exact /= len(task)
     names = [graph.edge_name(u, v) for u, v in checked]
-    estimates = torch.tensor([s for _, _, s in edges] + [s for _, _, _, s in outside], dtype=torch.float64)
+    estimates = torch.tensor([s for _, _, s in edges] + [s for _, _, _, s in outside], dtype=torch.float64, device="cpu")
     verified = _verification("edges", names[:k], estimates[:k], exact[:k], result.about)
     if outside:
         _outside(verified, names, estimates, exact, k, [rank for rank, _, _, _ in outside])
@@ -169,11 +169,11 @@ def outside_sample(result: Result, k: int, sample: int, seed: int = 0) -> list[t
     chosen = []
     for band, share in zip(bands, shares):
         take = min(share, len(band))
-        chosen += [band[int(i)] for i in torch.randperm(len(band), generator=generator)[:take]]
+        chosen += [band[int(i)] for i in torch.randperm(len(band), generator=generator, device="cpu")[:take]]
     short = sample - len(chosen)  # bands narrower than their share: the rest from the edges not yet drawn
     if short:
         left = sorted(set(range(k, count)) - set(chosen))
-        chosen += [left[int(i)] for i in torch.randperm(len(left), generator=generator)[:short]]
+        chosen += [left[int(i)] for i in torch.randperm(len(left), generator=generator, device="cpu")[:short]]
     return [(rank + 1, *ranked[rank]) for rank in sorted(chosen)]
 
 
