@@ -11,9 +11,9 @@ written to OUT_DIR/gpu.jsonl one line per case as it finishes (a run stopped at 
   explained (--qk's work);
 - the 2B-shaped Llama of circuits_scale (Gemma-2-2B's shape), 64 tokens, weights and 26 x 16,384
   JumpReLU transcoders in bfloat16 read in float32, capped at 8,192;
-- `anatomy circuits ... --device cuda` and `anatomy circuits discover --task ioi --device cuda` on the
-  SmolLM2-shaped model saved with SmolLM2's tokenizer (TOKENIZER_DIR: the folder this script is given with
-  --tokenizer), end to end through the command line.
+- `anatomy circuits ... --device cuda` and `anatomy circuits discover --task ioi --device cuda` (EAP-IG with
+  --verify and --outside; AtP* with --roles) on the SmolLM2-shaped model saved with SmolLM2's tokenizer (the
+  folder given with --tokenizer), end to end through the command line.
 
 Every set is random and calibrated on its prompt (circuit_sets.py), as the CPU bench's are, so that the timings
 transfer to trained sets of the same width and sparsity. --quick: the same code on the CPU at toy sizes (tests).
@@ -36,7 +36,7 @@ SHAPE_SMOLLM2 = dict(arch="decoder", vocab_size=49152, d_model=576, n_heads=9, n
                      d_ff=1536, max_seq_len=8192, pos_encoding="rotary", norm="rmsnorm", activation="swiglu",
                      rope_theta=100000.0, tie_embeddings=True, norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
                      pad_token_id=2)
-KEPT = ("task", "graph", "check", "pruned", "circuit", "verified", "time")  # a command's summary rows in its table row
+KEPT = ("task", "graph", "check", "pruned", "circuit", "verified", "nodes", "roles", "time")  # a command's summary rows in its table row
 QUICK_SHAPE = dict(SHAPE_SMOLLM2, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_head=16, d_ff=128)
 
 
@@ -111,10 +111,13 @@ def commands(folder: Path, tokenizer: Path, device: str, quick: bool) -> list[di
              "--out", str(folder / "graph.json"), "--qk", "5"]
     discover = ["circuits", "discover", "--task", "ioi", "--model", str(folder / "model"), "--pairs", pairs,
                 "--verify", verify, "--outside", outside]
+    nodes = ["circuits", "discover", "--task", "ioi", "--model", str(folder / "model"), "--pairs", pairs,
+             "--method", "atp*", "--roles", "5"]
     runs = []
     for label, argv in (("anatomy circuits PROMPT --qk 5 (the IOI prompt)", graph),
                         (f"anatomy circuits discover --task ioi --pairs {pairs} --verify {verify} --outside {outside}",
-                         discover)):
+                         discover),
+                        (f"anatomy circuits discover --task ioi --pairs {pairs} --method atp* --roles 5", nodes)):
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-c", "import sys; from anatomy.cli import main; sys.exit(main())",
                                *argv, "--device", device, "--no-progress"], capture_output=True, text=True)
