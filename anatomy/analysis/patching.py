@@ -187,7 +187,6 @@ def _activation(model, corrupt, names, clean_acts, axis, cells, metric, logits_a
     runs = [Run({names[layer]: _cell_edit(clean_acts[layer], axis, index)}, first_layer(model, [names[layer]]))
             for layer, index in cells]
     chunk = _runs_per_pass(model, corrupt, logits_at, runs_per_pass)
-    progress(0, len(cells))  # a caller that cancels before the first pass is heard before it runs
     values = run_patched(model, corrupt, runs, metric, logits_at=logits_at, runs_per_pass=chunk,
                          progress=progress).mean(dim=1)
     # The identity: a cell patched in a batch of copies, from its layer, equals the same cell patched alone

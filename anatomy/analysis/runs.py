@@ -104,13 +104,15 @@ def run_patched(
     positions (a causal model, whose runs differ from the base run only from position P on), and keys[l],
     values[l] [B, K, P, D] are the base run's there: each run computes positions P.. alone, reading those
     as its past (KVCache.holding), and its edits see the points of those positions only.
-    progress(runs done, runs) after each pass. Raises ValueError when the metric returns anything but one
+    progress(runs done, runs) before the first run (0) and after each pass. Raises ValueError when the metric returns anything but one
     number per row."""
     model.eval()
     if not runs:
         return torch.empty(0, batch.size, device=device_of(model))
     if stream is None and any(run.layer is not None for run in runs):
         stream = residual_stream(model, batch, saes)
+    if progress is not None:  # before the first run, after the base run when it made one: a caller that
+        progress(0, len(runs))  # cancels before or during that pass is heard before any run
     copies = runs_per_pass or max(1, max_tokens // batch.target.ids.numel())
     by_layer: dict[int, list[int]] = {}
     for r, run in enumerate(runs):
