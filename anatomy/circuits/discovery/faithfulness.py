@@ -24,7 +24,7 @@ from torch import nn
 from ...analysis.result import Result
 from .choices import ABLATIONS
 from .edges import top_edges
-from .paths import kv_points, plan_passes, run_ablated, shared_prefix
+from .paths import kv_points, pass_tokens, plan_passes, run_ablated, shared_prefix
 from .residual import ResidualGraph
 from .tasks import Task
 
@@ -101,12 +101,12 @@ def circuit_faithfulness(model: nn.Module, task: Task, graph: ResidualGraph, kep
 def _recovered(model, graph: ResidualGraph, task: Task, masks: torch.Tensor, ablation: str, max_tokens: int,
                max_bytes: int, progress) -> tuple[torch.Tensor, float, float]:
     """(mean metric of each circuit masks [C, U, V] kept [C], of the clean runs, of every edge ablated)."""
-    pairs_per_chunk, copies = plan_passes(graph, task, len(graph.sources), max_tokens, max_bytes)
+    pairs_per_chunk, _ = plan_passes(graph, task, len(graph.sources), max_tokens, max_bytes)
     chunks = prefix_chunks(task, pairs_per_chunk)
     means = _means(model, graph, task, chunks) if ablation == "mean" else None
     circuit = torch.zeros(len(masks), dtype=torch.float64, device="cpu")
     clean_sum = corrupt_sum = 0.0
-    done, total = 0, len(chunks) * ((len(masks) + copies - 1) // copies)
+    done, total = 0, len(chunks) * len(masks)  # circuits run over a chunk
     for rows in chunks:
         clean, corrupt = task.inputs(rows)
         corrupt_out, corrupt_logits = graph.source_run(model, corrupt)
@@ -118,11 +118,13 @@ def _recovered(model, graph: ResidualGraph, task: Task, masks: torch.Tensor, abl
         # differs from the clean one (IOI: the subject's second mention), the clean run's past before it.
         prefix = shared_prefix(model, ablated_out, clean_out, t)
         start, clean_out = (0, t["blocks.0.resid_pre"], None), None  # (the sources' outputs: none before layer 0)
+        width = clean.target.ids.size(1) - (0 if prefix is None else prefix[0])  # the positions a run computes
+        copies = max(1, pass_tokens(graph, len(graph.sources), width, max_tokens, max_bytes) // (len(rows) * width))
         for first in range(0, len(masks), copies):
             kept = masks[first:first + copies]  # (C, U, V)
             logits = run_ablated(model, graph, clean, ablated_out, ~kept, start, prefix)
             circuit[first:first + len(kept)] += task.score(logits, rows).double().view(len(kept), len(rows)).sum(1).cpu()
-            done += 1
+            done += len(kept)
             if progress is not None:
                 progress(done, total)
     n = len(task)

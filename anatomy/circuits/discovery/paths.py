@@ -18,8 +18,12 @@ When most edges into v are ablated (a circuit), the sum runs over the kept ones 
 
     sum_{ablated} (a_u - cur_u) = sum_{all u before v} (a_u - cur_u) - sum_{kept} (a_u - cur_u)
 
-where the first sum is a running total kept as the pass goes. Each of the C copies of the batch has
-its own set of ablated edges: C patched runs in one forward pass.
+where the first sum is a running total kept as the pass goes (deltas.py: every a_u - cur_u kept once,
+a layer's q, k and v inputs summed in one product, the heads whose input changed recomputed in one
+batched projection). Each of the C copies of the batch has its own set of ablated edges: C patched runs
+in one forward pass. Where every a_u equals the clean run's output before a position P (IOI's corrupted
+name, late in the prompt), a circuit's run is the clean run there: it computes positions P.. alone, the
+clean run's keys and values before them read from a cache (shared_prefix).
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ def run_ablated(
     ablated. ablation [U, B, T, E] (or [U, 1, T, E]): each source's ablated output; ablated [C, U, V] bool
     (only allowed edges count). Row r of the output is copy r // B, pair r % B.
 
-    start = (layer, resid [B, T, E], outputs [U, B, T, E] or None at layer 0): no edge into a destination before `layer` is
-    ablated, so the copies equal the unablated run before it: they start at `layer` from that run's
+    start = (layer, resid [B, T, E], outputs [U, B, T, E], None at layer 0): no edge into a destination before
+    `layer` is ablated, so the copies equal the unablated run before it: they start at `layer` from that run's
     residual stream (Stack.run_from), every source before it taken from that run's `outputs`.
     prefix = (P, keys, values), with start: every a_u equals that run's output before position P, so the
     copies equal it there too (a causal model): they compute positions P.. alone, its keys and values
@@ -55,7 +59,8 @@ def run_ablated(
     held = 0 if prefix is None else prefix[0]
     a = ablation.expand(-1, batch_size, -1, -1) if ablation.size(1) == 1 else ablation  # (U, B, T, E)
     deltas = SourceDeltas(a[:, :, held:], copies)  # (U, B, T - P, E)
-    plans = {key: _plan(graph, columns, ablated) for key, columns in _groups(graph).items()}
+    groups = _groups(graph)
+    plans = {key: _plan(graph, columns, ablated) for key, columns in groups.items()}
     stream: dict[str, torch.Tensor] = {}
     interventions = {}
     for layer in range(graph.n_layers):
@@ -64,7 +69,7 @@ def run_ablated(
             interventions[f"blocks.{layer}.resid_mid"] = _keep(stream, "resid_mid")
         interventions[f"blocks.{layer}.attn.head_out"] = _sources(deltas, graph, layer, "head")
         interventions[graph.mlp_write_point(layer)] = _sources(deltas, graph, layer, "mlp")
-        interventions.update(_readers(deltas, stream, graph, layer, plans))
+        interventions.update(_readers(deltas, stream, graph, layer, groups, plans))
     final = graph.reader_input_point(graph.n_layers, "logits")
     previous = interventions.get(final)
     interventions[final] = _final(deltas, plans[(graph.n_layers, "logits")], previous)
@@ -99,12 +104,19 @@ def plan_passes(graph: ResidualGraph, task, stored: int, max_tokens: int, max_by
     """(pairs per chunk, copies per pass) for runs that keep `stored` sources' outputs: half of max_bytes
     for a chunk's ablated outputs [U, B, T, E], half for a pass's kept outputs [stored + a product's
     block + 2, C*B, T, E], and at most max_tokens tokens a pass."""
-    width, d_model = int(task.lengths.max()), graph.model.config.d_model
-    per_pair = len(graph.sources) * width * d_model * 4
-    per_token = (stored + SOURCES_PER_PRODUCT + 2) * d_model * 4
-    tokens = max(width, min(max_tokens, max_bytes // 2 // per_token))
+    width = int(task.lengths.max())
+    per_pair = len(graph.sources) * width * graph.model.config.d_model * 4
+    tokens = pass_tokens(graph, stored, width, max_tokens, max_bytes)
     pairs = max(1, min(len(task), max_bytes // 2 // per_pair, tokens // width))
     return pairs, max(1, tokens // (pairs * width))
+
+
+def pass_tokens(graph: ResidualGraph, stored: int, width: int, max_tokens: int, max_bytes: int) -> int:
+    """The tokens of a pass (copies x pairs x positions computed) that keep `stored` sources' outputs
+    [stored + a product's block + 2, C*B, T, E] in half of max_bytes, at most max_tokens and at least
+    `width` (one sequence)."""
+    per_token = (stored + SOURCES_PER_PRODUCT + 2) * graph.model.config.d_model * 4
+    return max(width, min(max_tokens, max_bytes // 2 // per_token))
 
 
 READERS = {"q": "attn", "k": "attn", "v": "attn", "mlp": "mlp", "logits": "logits"}  # destination kind -> its group
@@ -166,43 +178,43 @@ def _sources(deltas: SourceDeltas, graph: ResidualGraph, layer: int, kind: str):
     return fn
 
 
-def _readers(deltas: SourceDeltas, stream: dict, graph: ResidualGraph, layer: int, plans: dict) -> dict:
+def _readers(deltas: SourceDeltas, stream: dict, graph: ResidualGraph, layer: int, groups: dict, plans: dict) -> dict:
     """The interventions on a layer's readers: q, k, v [CB, heads, T, D] recomputed for the heads whose input
     changes, each from its own input (project_heads); the MLP's own copy of the stream [CB, T, E] (mlp_in)
-    changed. The q, k and v inputs of the layer's heads are one group: their changes [v, CB, T, E] are
-    computed once, where the first of them is read."""
-    block, columns = graph.model.blocks[layer], _groups(graph)
+    changed. The q, k and v inputs of the layer's heads are one group: their inputs [v, CB, T, E] are
+    computed once, where the first of them is read, and dropped after the last."""
+    block = graph.model.blocks[layer]
     resid_of = {"attn": "resid_pre", "mlp": "resid_pre" if graph.parallel else "resid_mid"}
     interventions, computed = {}, {}
     for group in ("attn", "mlp"):
-        live = _live(plans[(layer, group)])  # (v,)
-        kinds = [graph.destinations[v].kind for v in columns[(layer, group)]]
-        readers = list(dict.fromkeys(kinds))  # in the order the pass reads them: q, k, v
+        plan, live = plans[(layer, group)], _live(plans[(layer, group)])  # live (v,)
+        nodes = [graph.destinations[v] for v in groups[(layer, group)]]
+        readers = list(dict.fromkeys(node.kind for node in nodes))  # in the order the pass reads them: q, k, v
         for kind in readers:
-            rows = [i for i, k in enumerate(kinds) if k == kind and live[i]]  # this kind's changed inputs
-            slots = [graph.destinations[columns[(layer, group)][i]].index for i in rows]
+            rows = [i for i, node in enumerate(nodes) if node.kind == kind and live[i]]  # this kind's changed inputs
             point = f"blocks.{layer}.attn.{kind}" if kind != "mlp" else f"blocks.{layer}.mlp_in"
             shared = (group, resid_of[group], kind == readers[-1], computed)
-            interventions[point] = _reader(deltas, stream, block, kind, plans[(layer, group)], rows, slots, shared)
+            interventions[point] = _reader(deltas, stream, block, kind, plan, rows, [nodes[i].index for i in rows],
+                                           shared)
     return interventions
 
 
 def _reader(deltas: SourceDeltas, stream: dict, block: nn.Module, kind: str, plan: Plan, rows: list[int],
             slots: list[int], shared: tuple):
-    group, resid, last, computed = shared  # the group's changes are computed once, dropped by its last reader
+    group, resid, last, computed = shared  # the group's inputs, computed once, dropped by its last reader
+    if rows and rows == list(range(rows[0], rows[0] + len(rows))):
+        rows = slice(rows[0], rows[0] + len(rows))  # consecutive: the group's inputs read in place, no copy
 
     def fn(x: torch.Tensor) -> torch.Tensor | None:
-        if not rows:  # nothing to change here
-            if last:
-                computed.pop(group, None)
-            return None
-        if group not in computed:
-            computed[group] = deltas.changes(plan)  # (v, CB, T, E), shared by the group's readers
-        inputs = stream[resid] + (computed.pop(group) if last else computed[group])[rows]  # (h, CB, T, E): each
-        if kind == "mlp":  # changed destination's own input
+        if group not in computed and rows:
+            computed[group] = deltas.changes(plan).add_(stream[resid])  # (v, CB, T, E): in_v = resid + change_v
+        inputs = computed.pop(group, None) if last else computed.get(group)
+        if not rows:
+            return None  # nothing to change here
+        if kind == "mlp":
             return inputs[0]
         x = x.clone()
-        x[:, slots] = project_heads(block, kind, inputs, slots).transpose(0, 1)  # (h, CB, T, D) -> (CB, h, T, D)
+        x[:, slots] = project_heads(block, kind, inputs[rows], slots).transpose(0, 1)  # (h, CB, T, D) -> (CB, h, T, D)
         return x
 
     return fn
