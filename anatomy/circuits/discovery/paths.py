@@ -40,7 +40,7 @@ from .residual import ResidualGraph, attention_norm, head_writes
 
 def run_ablated(
     model: nn.Module, graph: ResidualGraph, batch: Batch, ablation: torch.Tensor, ablated: torch.Tensor,
-    start: tuple[int, torch.Tensor, torch.Tensor] | None = None, prefix: tuple[int, list, list] | None = None,
+    start: tuple[int, torch.Tensor, torch.Tensor | None] | None = None, prefix: tuple[int, list, list] | None = None,
 ) -> torch.Tensor:
     """Last-position logits [C*B, vocab] of C copies of `batch` [B, T], copy c with the edges ablated[c]
     ablated. ablation [U, B, T, E] (or [U, 1, T, E]): each source's ablated output; ablated [C, U, V] bool
