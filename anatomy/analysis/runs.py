@@ -78,7 +78,7 @@ def _combined(edits: list[tuple[int, Edit]], batch_size: int) -> Edit:
     return fn
 
 
-def _start(layer: int, resid: torch.Tensor, prefix, copies: int, batch: Batch) -> tuple:
+def pass_start(layer: int, resid: torch.Tensor, prefix, copies: int, batch: Batch) -> tuple:
     """Where a pass of `copies` copies starts: (layer, the stream [C*B, T, E]), or with a prefix of P positions
     (layer, the stream after them [C*B, T - P, E], a cache holding them)."""
     if prefix is None:
@@ -129,7 +129,7 @@ def run_patched(
                 for point, edit in runs[r].edits.items():
                     by_point.setdefault(point, []).append((copy, edit))
             interventions = {point: _combined(edits, batch.size) for point, edits in by_point.items()}
-            start = None if layer is None else _start(layer, stream[layer], prefix, len(group), batch)
+            start = None if layer is None else pass_start(layer, stream[layer], prefix, len(group), batch)
             with trace(model, [], interventions=interventions, saes=saes):
                 scores = metric(logits_of(batch.repeat(len(group)), model, start))
             if scores.shape != (len(group) * batch.size,):

@@ -4,11 +4,13 @@ patching started at their layer equal the same runs made whole."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from anatomy.analysis.runs import Run, first_layer, residual_stream, run_patched
-from anatomy.circuits.discovery.paths import edge_effects, run_ablated
+from anatomy.circuits.discovery.paths import edge_effects, kv_points, run_ablated, shared_prefix
 from anatomy.circuits.discovery.residual import ResidualGraph
 from anatomy.trace import trace
 from family_models import FAMILIES, VOCAB, family_model
@@ -79,3 +81,26 @@ def test_single_edges_from_their_layer_equal_whole_runs(family):
         ablated[i, u, v] = True
     whole = task.score(run_ablated(model, graph, clean, ablation, ablated), rows).view(len(edges), len(task))
     assert (fast - whole).abs().max() < 1e-10 * whole.abs().max()
+
+
+@pytest.mark.parametrize("family", EDGE_FAMILIES)
+def test_circuits_from_the_first_position_that_differs_equal_whole_runs(family):
+    """Circuits (half their edges ablated at random, one with every edge) run from the clean run's keys and
+    values before the first position where the corrupted prompt differs (shared_prefix) equal the same runs
+    made whole."""
+    model, task = model_and_task(family)
+    task = replace(task, corrupt=torch.cat([task.clean[:, :3], task.corrupt[:, 1:4], task.clean[:, 6:]], 1))
+    graph = ResidualGraph(model)
+    clean, corrupt = task.inputs(range(len(task)))
+    ablation = graph.source_values(model, corrupt)
+    outputs, _, t = graph.recorded_run(model, clean, ["blocks.0.resid_pre"] + kv_points(model))
+    prefix = shared_prefix(model, ablation, outputs, t)
+    assert prefix is not None and prefix[0] == (3 if family != "mixtral" else 1)  # corrupted at 3..5 (an MoE's
+    # experts, run on the tokens routed to them together, differ in the last bits from position 1 on)
+    generator = torch.Generator().manual_seed(0)
+    ablated = torch.rand(3, *graph.allowed.shape, generator=generator) < 0.5
+    ablated[2] = True
+    whole = run_ablated(model, graph, clean, ablation, ablated)
+    started = run_ablated(model, graph, clean, ablation, ablated, (0, t["blocks.0.resid_pre"], None), prefix)
+    assert (started - whole).abs().max() < 1e-10 * whole.abs().max()
+    assert (whole[:len(task)] - whole[len(task):2 * len(task)]).abs().max() > 1e-6  # the circuits differ

@@ -24,7 +24,7 @@ from torch import nn
 from ...analysis.result import Result
 from .choices import ABLATIONS
 from .edges import top_edges
-from .paths import plan_passes, run_ablated
+from .paths import kv_points, pass_tokens, plan_passes, run_ablated, shared_prefix
 from .residual import ResidualGraph
 from .tasks import Task
 
@@ -42,11 +42,10 @@ def default_sizes(edge_count: int) -> list[int]:
 
 def kept_masks(graph: ResidualGraph, result: Result, sizes: Sequence[int]) -> torch.Tensor:
     """[len(sizes), U, V] bool: the top n edges by |score|, for each n."""
-    order = top_edges(result, max(sizes))
+    order = torch.tensor([(u, v) for u, v, _ in top_edges(result, max(sizes))], device="cpu")  # (n, 2), largest first
     masks = torch.zeros(len(sizes), *graph.allowed.shape, dtype=torch.bool, device="cpu")
     for i, n in enumerate(sizes):
-        for u, v, _ in order[:n]:
-            masks[i, u, v] = True
+        masks[i, order[:n, 0], order[:n, 1]] = True
     return masks
 
 
@@ -102,24 +101,30 @@ def circuit_faithfulness(model: nn.Module, task: Task, graph: ResidualGraph, kep
 def _recovered(model, graph: ResidualGraph, task: Task, masks: torch.Tensor, ablation: str, max_tokens: int,
                max_bytes: int, progress) -> tuple[torch.Tensor, float, float]:
     """(mean metric of each circuit masks [C, U, V] kept [C], of the clean runs, of every edge ablated)."""
-    pairs_per_chunk, copies = plan_passes(graph, task, len(graph.sources), max_tokens, max_bytes)
-    chunks = task.batches(pairs_per_chunk)
+    pairs_per_chunk, _ = plan_passes(graph, task, len(graph.sources), max_tokens, max_bytes)
+    chunks = prefix_chunks(task, pairs_per_chunk)
     means = _means(model, graph, task, chunks) if ablation == "mean" else None
     circuit = torch.zeros(len(masks), dtype=torch.float64, device="cpu")
     clean_sum = corrupt_sum = 0.0
-    done, total = 0, len(chunks) * ((len(masks) + copies - 1) // copies)
+    done, total = 0, len(chunks) * len(masks)  # circuits run over a chunk
     for rows in chunks:
         clean, corrupt = task.inputs(rows)
         corrupt_out, corrupt_logits = graph.source_run(model, corrupt)
         ablated_out = corrupt_out if means is None else means[:, :, :clean.target.ids.size(1)]
-        with torch.no_grad():
-            clean_sum += float(task.score(clean.last_logits(model)[:, 0], rows).sum())
+        clean_out, clean_logits, t = graph.recorded_run(model, clean, ["blocks.0.resid_pre"] + kv_points(model))
+        clean_sum += float(task.score(clean_logits, rows).sum())
         corrupt_sum += float(task.score(corrupt_logits, rows).sum())
-        for start in range(0, len(masks), copies):
-            kept = masks[start:start + copies]  # (C, U, V)
-            logits = run_ablated(model, graph, clean, ablated_out, ~kept)
-            circuit[start:start + len(kept)] += task.score(logits, rows).double().view(len(kept), len(rows)).sum(1).cpu()
-            done += 1
+        # Every run starts from the clean run's embeddings, at the first position where an ablated output
+        # differs from the clean one (IOI: the subject's second mention), the clean run's past before it.
+        prefix = shared_prefix(model, ablated_out, clean_out, t)
+        start, clean_out = (0, t["blocks.0.resid_pre"], None), None  # (the sources' outputs: none before layer 0)
+        width = clean.target.ids.size(1) - (0 if prefix is None else prefix[0])  # the positions a run computes
+        copies = max(1, pass_tokens(graph, len(graph.sources), width, max_tokens, max_bytes) // (len(rows) * width))
+        for first in range(0, len(masks), copies):
+            kept = masks[first:first + copies]  # (C, U, V)
+            logits = run_ablated(model, graph, clean, ablated_out, ~kept, start, prefix)
+            circuit[first:first + len(kept)] += task.score(logits, rows).double().view(len(kept), len(rows)).sum(1).cpu()
+            done += len(kept)
             if progress is not None:
                 progress(done, total)
     n = len(task)
@@ -127,6 +132,16 @@ def _recovered(model, graph: ResidualGraph, task: Task, masks: torch.Tensor, abl
     if ablation == "mean":  # the baseline: every edge ablated
         corrupt_mean = _every_edge_ablated(model, graph, task, chunks, means)
     return circuit / n, clean_sum / n, corrupt_mean
+
+
+def prefix_chunks(task: Task, size: int) -> list[list[int]]:
+    """The rows in chunks of at most `size` pairs, ordered by the first position where the corrupted prompt
+    differs from the clean one, then by length: the pairs of a chunk share more of their first positions,
+    which its runs do not compute (shared_prefix), and pad fewer."""
+    differs = task.clean != task.corrupt  # (N, T)
+    first = torch.where(differs.any(1), differs.int().argmax(1), task.lengths)  # (N,): the first that differs
+    order = sorted(range(len(task)), key=lambda r: (int(first[r]), int(task.lengths[r])))
+    return [order[start:start + size] for start in range(0, len(task), size)]
 
 
 def _means(model, graph: ResidualGraph, task: Task, chunks) -> torch.Tensor:
