@@ -36,7 +36,8 @@ SHAPE_SMOLLM2 = dict(arch="decoder", vocab_size=49152, d_model=576, n_heads=9, n
                      d_ff=1536, max_seq_len=8192, pos_encoding="rotary", norm="rmsnorm", activation="swiglu",
                      rope_theta=100000.0, tie_embeddings=True, norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
                      pad_token_id=2)
-KEPT = ("task", "graph", "check", "pruned", "circuit", "verified", "nodes", "roles", "time")  # a command's summary rows in its table row
+# the rows of a command's summary kept in its table row
+KEPT = ("task", "graph", "check", "pruned", "circuit", "verified", "nodes", "roles", "time")
 QUICK_SHAPE = dict(SHAPE_SMOLLM2, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_head=16, d_ff=128)
 
 
