@@ -12,8 +12,8 @@ batches, ranks the features not yet computed by their influence on the outputs t
 
 and computes the next update_interval batches of batch_size features in that order, up to max_feature_nodes.
 Its graph keeps the chosen features and every error, token and logit: the edges from the features it did not
-choose are dropped. Here the same choice is made from the same rows, held in a RowStore (rows.py), and each
-batch is swept in buckets of nearby positions (sweep.py).
+choose are dropped. Here the same choice is made from the same rows, held in a RowStore (rows.py), and the
+batches between two rankings are swept together, in buckets of nearby positions (sweep.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .replacement import Replacement
 from .rows import RowStore
 from .sweep import Rows, Sources, buckets, feature_rows, sweep, width
 
-SLACK = 0.75  # a bucket of a batch's rows spans positions from 0.75 P to P: what it carries past a row's own is waste
+SLACK = 0.875  # a bucket of a batch's rows spans positions from 0.875 P to P: what it carries past a row's own is waste
 
 
 @dataclass
@@ -102,11 +102,12 @@ def capped_rows(rep: Replacement, sources: Sources, active: Active, where: Layou
         influence = partial_influence(store, torch.cat(row_nodes), torch.cat(weights), where.total)
         rank = torch.argsort(influence[nodes], descending=True, stable=True)
         queue = rank[~chosen[rank]][:min(update_interval * batch_size, max_features - int(chosen.sum()))]
-        for batch in queue.split(batch_size):
-            order = compute(rep, sources, where, feature_rows(active, sources.vectors, batch), store, progress)
-            row_nodes.append(nodes[batch[order]])
-            weights.append(torch.zeros(len(batch), device=device))
-            chosen[batch] = True
+        # the update_interval batches until the next ranking are swept as one: no ranking falls between them, and
+        # each row is its own (the buckets are then fuller and fewer)
+        order = compute(rep, sources, where, feature_rows(active, sources.vectors, queue), store, progress)
+        row_nodes.append(nodes[queue[order]])
+        weights.append(torch.zeros(len(queue), device=device))
+        chosen[queue] = True
     return CappedRows(chosen, torch.cat(row_nodes), torch.cat(weights), store)
 
 

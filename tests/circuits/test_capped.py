@@ -138,11 +138,11 @@ def test_the_memory_is_said_and_a_graph_past_it_refused_before_it_is_made():
 
 def test_the_row_store_gives_back_what_it_was_given_from_memory_and_file():
     rows = torch.randn(7, 30, generator=torch.Generator().manual_seed(0))
-    widths = [30, 12, 5, 30, 1, 18, 30]
-    store = RowStore(memory_bytes=4 * 40)  # the first rows in memory, the rest on file
+    widths = [30, 30, 5, 30, 1, 18, 18]  # runs of one width are kept as one chunk
+    store = RowStore(memory_bytes=4 * 65)  # the first three rows in memory, the rest on file
     store.add(rows[:3], widths[:3])
     store.add(rows[3:], widths[3:])
-    assert store.file_bytes > 0
+    assert store.file_bytes == 4 * (30 + 1 + 18 + 18)
     expected = torch.stack([torch.cat([row[:w], torch.zeros(30 - w)]) for row, w in zip(rows, widths)])
     seen = torch.zeros(7, 30)
     for start, block in store.blocks():
