@@ -202,3 +202,17 @@ def test_nothing_is_made_off_the_models_device():
     assert abs(result.rows()[0]["direct"] - result.rows()[0]["change"]) < 1e-4 and split.error < 1e-5
     assert explained and all(edge.split.error < 1e-5 for edge in explained) and shown.meta["attention"]["qk"]
     assert details.promoted and details.contexts
+
+
+def test_attentions_transpose_skips_only_the_keys_a_block_of_queries_cannot_see(monkeypatch):
+    """Each block of keys is mixed from the queries at or after its first key (the causal mask): blocks of 4 keys
+    give the graph one product over every key gives (a block that skipped a query that sees it would not)."""
+    from anatomy.circuits import frozen
+
+    model, transcoders = tiny(features=24)
+    ids = torch.tensor(LONG)
+    whole = attribution_graph(model, ids, transcoders)  # 22 positions: one block of KEY_BLOCK = 64 keys
+    monkeypatch.setattr(frozen, "KEY_BLOCK", 4)
+    blocked = attribution_graph(model, ids, transcoders)
+    assert blocked.adjacency.abs().max() > 0.1
+    assert (blocked.adjacency - whole.adjacency).abs().max() < 1e-5
