@@ -6,7 +6,7 @@ Shape letters: N the whole graph's nodes, n_kept a capped graph's, R the rows a 
     capped graph    adjacency [n_kept, n_kept], n_kept = cap + errors + tokens + logits
                     + the rows held for its ranking, each over the nodes below it (at most [R, N]): in
                       memory as far as the budget goes, the rest in a temporary file
-                    + the ranking's [R, R] (Â between the rows)
+                    + the ranking's influence [N]
     both            + a sweep's working set: a bucket's gradients and their temporaries, its output rows,
                       the sources kept between buckets (sweep.py's constants)
 
@@ -44,7 +44,7 @@ def working_bytes(where: Layout, d_model: int, rows: int) -> int:
 
 @dataclass
 class Plan:
-    """Bytes: adjacency (the graph's matrix), ranking (the capped ranking's [R, R]), rows (the rows held, at most),
+    """Bytes: adjacency (the graph's matrix), ranking (the capped ranking's vectors), rows (the rows held, at most),
     working (a sweep's), rows_in_memory (what the rows may take in memory; the rest goes to a file)."""
 
     nodes: int
@@ -97,8 +97,9 @@ def plan(where: Layout, d_model: int, max_features: int | None, batch_size: int,
     rows = max_features + n_logits
     working = working_bytes(where, d_model, max(batch_size, n_logits))
     adjacency = 4 * (rows if lazy else kept) * kept
-    fixed = adjacency + 4 * rows ** 2 + working
-    return Plan(kept, adjacency, 4 * rows ** 2, 4 * rows * where.logit_start, working, max(0, room - fixed))
+    ranking = 4 * (where.total + 2 * rows)  # the influence [N], the rows' totals and norms
+    fixed = adjacency + ranking + working
+    return Plan(kept, adjacency, ranking, 4 * rows * where.logit_start, working, max(0, room - fixed))
 
 
 def resident_bytes() -> int:

@@ -89,10 +89,12 @@ class RowStore:
         """[R]: each row's sum of |A|."""
         return torch.cat(self.absolute)
 
-    def blocks(self) -> Iterator[tuple[int, torch.Tensor]]:
-        """(first row, rows [n, W]): every row, in order, a chunk at a time (a chunk read from the file is read
-        when its turn comes, and is the caller's; one held in memory is the store's: read it, do not write it)."""
-        for chunk in self.chunks:
+    def blocks(self, widest_first: bool = False) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first row, rows [n, W]): every row, a chunk at a time, in order (or the widest chunks first, in order
+        among chunks of one width); a chunk read from the file is read when its turn comes, and is the caller's;
+        one held in memory is the store's: read it, do not write it."""
+        chunks = sorted(self.chunks, key=lambda chunk: -chunk.width) if widest_first else self.chunks
+        for chunk in chunks:
             if chunk.values is not None:
                 yield chunk.start, chunk.values
                 continue
@@ -100,14 +102,6 @@ class RowStore:
             values = np.fromfile(self.file, dtype=np.float32, count=chunk.n * chunk.width)
             self.file.seek(0, 2)  # back to the end, where the next row is written
             yield chunk.start, torch.from_numpy(values).view(chunk.n, chunk.width).to(self.device)
-
-    def columns(self, columns: torch.Tensor) -> torch.Tensor:
-        """[R, len(columns)]: every row's values at these node columns (0 past a row's width)."""
-        result = torch.zeros(len(self), len(columns), device=self.device)
-        for start, block in self.blocks():
-            inside = (columns < block.size(1)).nonzero().flatten()
-            result[start:start + len(block), inside] = block[:, columns[inside]]
-        return result
 
     def close(self) -> None:
         if self.file is not None:

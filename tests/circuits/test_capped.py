@@ -148,7 +148,12 @@ def test_the_row_store_gives_back_what_it_was_given_from_memory_and_file():
     for start, block in store.blocks():
         seen[start:start + len(block), :block.size(1)] = block
     assert torch.equal(seen, expected)
-    assert torch.equal(store.columns(torch.tensor([0, 4, 29])), expected[:, [0, 4, 29]])
+    widest = torch.zeros(7, 30)
+    widths_seen = []
+    for start, block in store.blocks(widest_first=True):
+        widest[start:start + len(block), :block.size(1)] = block
+        widths_seen.append(block.size(1))
+    assert torch.equal(widest, expected) and widths_seen == [30, 30, 18, 5, 1]  # chunks: [30 30] [5] | [30] [1] [18 18]
     assert (store.total() - expected.sum(1)).abs().max() < 1e-5
     assert (store.absolute_total() - expected.abs().sum(1)).abs().max() < 1e-5
     store.close()
@@ -216,3 +221,32 @@ def test_attentions_transpose_skips_only_the_keys_a_block_of_queries_cannot_see(
     blocked = attribution_graph(model, ids, transcoders)
     assert blocked.adjacency.abs().max() > 0.1
     assert (blocked.adjacency - whole.adjacency).abs().max() < 1e-5
+
+
+def test_the_partial_influence_in_one_pass_is_circuit_tracers_series():
+    """Rows over the nodes below their own (each row's node at or past its width), taken widest first in one pass:
+    the influence circuit-tracer's power iteration sums (compute_partial_influences, written out here)."""
+    from anatomy.circuits.capped import partial_influence
+
+    generator = torch.Generator().manual_seed(3)
+    N = 40
+    nodes = torch.tensor([36, 37, 30, 31, 20, 33, 12, 25, 21, 8])  # two logits, then features in the order chosen
+    widths = [36, 36, 20, 20, 12, 30, 5, 20, 12, 5]  # each row reaches the nodes below its layer
+    weights = torch.tensor([0.7, 0.3] + [0.0] * 8)
+    rows = torch.randn(10, N, generator=generator)
+    for row, width in zip(rows, widths):
+        row[width:] = 0
+    store = RowStore(memory_bytes=4 * 100)  # part in memory, part on file
+    for i in range(10):
+        store.add(rows[i:i + 1], widths[i:i + 1])
+    shares = rows.abs() / rows.abs().sum(1, keepdim=True).clamp(min=1e-8)
+    prod, expected = torch.zeros(N), torch.zeros(N)
+    prod[nodes] = weights
+    for _ in range(128):
+        prod = prod[nodes] @ shares
+        if not prod.any():
+            break
+        expected += prod
+    influence = partial_influence(store, nodes, weights, N)
+    assert expected[nodes[2:]].min() > 0 and (influence - expected).abs().max() < 1e-6
+    store.close()
