@@ -34,12 +34,12 @@ from .sweep import GRADIENT_BYTES, KEEP_SOURCES_BYTES, OUT_BYTES
 
 def working_bytes(where: Layout, d_model: int, rows: int) -> int:
     """A sweep's working set with at most `rows` rows in a bucket: their gradients [r, P, E] with the attention's
-    temporaries (about twice as large again), their output rows [r, W], the sources kept; each within the bound
-    sweep.py holds it to."""
+    temporaries (three times as large again: W_o's product, its heads regrouped, the keys' blocks and the values'
+    gradients), their output rows [r, W], the sources kept; each within the bound sweep.py holds it to."""
     T, N = where.n_tokens, where.total
     gradients = min(GRADIENT_BYTES, 4 * rows * (T - 1) * d_model)
     sources = min(KEEP_SOURCES_BYTES, 4 * (where.logit_start - T) * d_model * 2)
-    return 3 * gradients + min(OUT_BYTES, 4 * rows * N) + sources
+    return 4 * gradients + min(OUT_BYTES, 4 * rows * N) + sources
 
 
 @dataclass

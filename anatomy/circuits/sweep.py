@@ -41,7 +41,7 @@ from .vectors import Vectors
 GRADIENT_BYTES = 256 * 2**20  # a bucket's gradients [r, P, E] at most: its temporaries are about as large again
 OUT_BYTES = 256 * 2**20  # a bucket's output rows [r, W] at most
 ROW_CHUNK = 512  # rows carried back through one attention at a time: their temporaries stay in the caches
-KEEP_SOURCES_BYTES = 2**30  # the layers' padded sources kept between buckets, as many layers as take no more
+KEEP_SOURCES_BYTES = 2**29  # the layers' padded sources kept between buckets, as many layers as take no more
 
 
 @dataclass
