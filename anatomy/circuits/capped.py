@@ -8,12 +8,13 @@ circuit-tracer's `attribute(max_feature_nodes=...)` computes the logits' rows, t
 batches, ranks the features not yet computed by their influence on the outputs through the rows computed so far,
 
     c = w + c Â[R, R]          w: the logits' probabilities (on the logit rows), Â: |A| row-normalised
-    influence = c Â[R, :]      = sum_k w Â_R^k on every node (its power iteration, `compute_partial_influences`)
+    influence = c Â[R, :]      = sum_k w Â_R^k on every node (its power iteration, `compute_partial_influences`;
+                                 here one pass over the rows in the order of their layers, partial_influence)
 
 and computes the next update_interval batches of batch_size features in that order, up to max_feature_nodes.
 Its graph keeps the chosen features and every error, token and logit: the edges from the features it did not
-choose are dropped. Here the same choice is made from the same rows, held in a RowStore (rows.py), and each
-batch is swept in buckets of nearby positions (sweep.py).
+choose are dropped. Here the same choice is made from the same rows, held in a RowStore (rows.py), and the
+batches between two rankings are swept together, in buckets of nearby positions (sweep.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .replacement import Replacement
 from .rows import RowStore
 from .sweep import Rows, Sources, buckets, feature_rows, sweep, width
 
-SLACK = 0.75  # a bucket of a batch's rows spans positions from 0.75 P to P: what it carries past a row's own is waste
+SLACK = 0.875  # a bucket of a batch's rows spans positions from 0.875 P to P: what it carries past a row's own is waste
 
 
 @dataclass
@@ -67,23 +68,21 @@ def compute(rep: Replacement, sources: Sources, where: Layout, rows: Rows, store
     return order
 
 
-def partial_influence(store: RowStore, row_nodes: torch.Tensor, weights: torch.Tensor, n_nodes: int,
-                      max_steps: int = 128) -> torch.Tensor:
-    """[N]: every node's influence on the outputs through the rows held (module docstring). Raises RuntimeError,
-    as circuit-tracer does, when the series has not ended in max_steps (rows that feed each other in a cycle)."""
+def partial_influence(store: RowStore, row_nodes: torch.Tensor, weights: torch.Tensor, n_nodes: int) -> torch.Tensor:
+    """[N]: every node's influence on the outputs through the rows held (module docstring), in one pass.
+
+    A row reaches only the nodes below its own layer (its width), so the rows, taken widest first, are in an order
+    where every row that reaches a row's node comes before it; when its turn comes, its influence is complete,
+
+        c[t] = w[t] + influence[node of t]      influence += c[t] Â[t, :]
+
+    which is circuit-tracer's series summed in that order, with no [R, R] matrix and no repeated product."""
     norms = store.absolute_total().clamp(min=1e-8)  # circuit-tracer's clamp
-    shares = store.columns(row_nodes).abs_() / norms[:, None]  # (R, R): Â between the rows held
-    flow, carried = weights.clone(), weights.clone()
-    for _ in range(max_steps):
-        flow = flow @ shares
-        if not flow.any():
-            break
-        carried += flow
-    else:
-        raise RuntimeError(f"the partial influence did not end in {max_steps} steps")
     influence = torch.zeros(n_nodes, device=weights.device)
-    for start, block in store.blocks():
-        influence[:block.size(1)] += (carried[start:start + len(block)] / norms[start:start + len(block)]) @ block.abs()
+    for start, block in store.blocks(widest_first=True):
+        rows = slice(start, start + len(block))
+        carried = weights[rows] + influence[row_nodes[rows]]
+        influence[:block.size(1)] += (carried / norms[rows]) @ block.abs()
     return influence
 
 
@@ -102,11 +101,12 @@ def capped_rows(rep: Replacement, sources: Sources, active: Active, where: Layou
         influence = partial_influence(store, torch.cat(row_nodes), torch.cat(weights), where.total)
         rank = torch.argsort(influence[nodes], descending=True, stable=True)
         queue = rank[~chosen[rank]][:min(update_interval * batch_size, max_features - int(chosen.sum()))]
-        for batch in queue.split(batch_size):
-            order = compute(rep, sources, where, feature_rows(active, sources.vectors, batch), store, progress)
-            row_nodes.append(nodes[batch[order]])
-            weights.append(torch.zeros(len(batch), device=device))
-            chosen[batch] = True
+        # the update_interval batches until the next ranking are swept as one: no ranking falls between them, and
+        # each row is its own (the buckets are then fuller and fewer)
+        order = compute(rep, sources, where, feature_rows(active, sources.vectors, queue), store, progress)
+        row_nodes.append(nodes[queue[order]])
+        weights.append(torch.zeros(len(queue), device=device))
+        chosen[queue] = True
     return CappedRows(chosen, torch.cat(row_nodes), torch.cat(weights), store)
 
 

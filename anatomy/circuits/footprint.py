@@ -6,7 +6,7 @@ Shape letters: N the whole graph's nodes, n_kept a capped graph's, R the rows a 
     capped graph    adjacency [n_kept, n_kept], n_kept = cap + errors + tokens + logits
                     + the rows held for its ranking, each over the nodes below it (at most [R, N]): in
                       memory as far as the budget goes, the rest in a temporary file
-                    + the ranking's [R, R] (Â between the rows)
+                    + the ranking's influence [N]
     both            + a sweep's working set: a bucket's gradients and their temporaries, its output rows,
                       the sources kept between buckets (sweep.py's constants)
 
@@ -34,17 +34,17 @@ from .sweep import GRADIENT_BYTES, KEEP_SOURCES_BYTES, OUT_BYTES
 
 def working_bytes(where: Layout, d_model: int, rows: int) -> int:
     """A sweep's working set with at most `rows` rows in a bucket: their gradients [r, P, E] with the attention's
-    temporaries (about twice as large again), their output rows [r, W], the sources kept; each within the bound
-    sweep.py holds it to."""
+    temporaries (three times as large again: W_o's product, its heads regrouped, the keys' blocks and the values'
+    gradients), their output rows [r, W], the sources kept; each within the bound sweep.py holds it to."""
     T, N = where.n_tokens, where.total
     gradients = min(GRADIENT_BYTES, 4 * rows * (T - 1) * d_model)
     sources = min(KEEP_SOURCES_BYTES, 4 * (where.logit_start - T) * d_model * 2)
-    return 3 * gradients + min(OUT_BYTES, 4 * rows * N) + sources
+    return 4 * gradients + min(OUT_BYTES, 4 * rows * N) + sources
 
 
 @dataclass
 class Plan:
-    """Bytes: adjacency (the graph's matrix), ranking (the capped ranking's [R, R]), rows (the rows held, at most),
+    """Bytes: adjacency (the graph's matrix), ranking (the capped ranking's vectors), rows (the rows held, at most),
     working (a sweep's), rows_in_memory (what the rows may take in memory; the rest goes to a file)."""
 
     nodes: int
@@ -97,8 +97,9 @@ def plan(where: Layout, d_model: int, max_features: int | None, batch_size: int,
     rows = max_features + n_logits
     working = working_bytes(where, d_model, max(batch_size, n_logits))
     adjacency = 4 * (rows if lazy else kept) * kept
-    fixed = adjacency + 4 * rows ** 2 + working
-    return Plan(kept, adjacency, 4 * rows ** 2, 4 * rows * where.logit_start, working, max(0, room - fixed))
+    ranking = 4 * (where.total + 2 * rows)  # the influence [N], the rows' totals and norms
+    fixed = adjacency + ranking + working
+    return Plan(kept, adjacency, ranking, 4 * rows * where.logit_start, working, max(0, room - fixed))
 
 
 def resident_bytes() -> int:

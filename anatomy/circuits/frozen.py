@@ -135,6 +135,9 @@ def norms_frozen(frozen: dict) -> Iterator[None]:
             del norm.forward
 
 
+KEY_BLOCK = 64  # keys mixed in one product: each block skips the queries that cannot see it (the causal mask)
+
+
 class FrozenAttention:
     """One attention layer with its patterns frozen: attn(x)[p] = sum_h sum_q A_h[p, q] (x[q] W_V^h) W_O^h.
 
@@ -195,18 +198,24 @@ class FrozenSublayer:
         `image` [E] (the first token's image there)."""
         a = self.attention
         r, P, E = g.shape
-        H, K, D, keys = a.n_heads, a.n_kv, a.d_head, P + 1
-        u = (g.view(r * P, E) @ self.w_out_back).view(r, P, H, D).permute(2, 1, 0, 3).reshape(K, a.group * P, r * D)
-        # sum over a group's heads and its queries at once: one contraction over (head, query) per group
-        mixed = torch.bmm(self.mixing(P), u).view(K, keys, r, D)  # (K, keys, r, D)
-        return self.add_keys(g, mixed, image)
+        K, D, keys = a.n_kv, a.d_head, P + 1
+        u = (g.view(r * P, E) @ self.w_out_back).view(r, P, K, a.group, D)  # (r, P, K, group, D)
+        u = u.permute(2, 1, 3, 0, 4).reshape(K, P * a.group, r * D)  # (K, P group, r D): queries, then a group's heads
+        # sum over a group's heads and its queries at once: one contraction over (query, head) per group. The mask
+        # is causal: key q hears queries q .. P only, so each block of keys skips the queries before it
+        mixing = self.mixing(P)  # (K, keys, P group)
+        blocks = []
+        for k0 in range(0, keys, KEY_BLOCK):
+            heard = (max(k0, 1) - 1) * a.group  # the first (query, head) these keys hear
+            blocks.append(torch.bmm(mixing[:, k0:k0 + KEY_BLOCK, heard:], u[:, heard:]))  # (K, block, r D)
+        return self.add_keys(g, torch.cat(blocks, dim=1).view(K, keys, r, D), image)
 
     def mixing(self, P: int) -> torch.Tensor:
-        """[K, keys, group P]: s'[p] A_h[p, q] for key q, laid out so that one product sums a group's heads and
+        """[K, keys, P group]: s'[p] A_h[p, q] for key q, laid out so that one product sums a group's heads and
         queries 1 .. P (made for each call, not kept: a long prompt has many P, each P^2 H floats)."""
         a = self.attention
-        pattern = self.pattern_back[:, 1:P + 1, :P + 1].transpose(1, 2)  # (H, keys, P)
-        return pattern.reshape(a.n_kv, a.group, P + 1, P).permute(0, 2, 1, 3).reshape(a.n_kv, P + 1, a.group * P)
+        pattern = self.pattern_back[:, 1:P + 1, :P + 1].reshape(a.n_kv, a.group, P, P + 1)  # (K, group, P, keys)
+        return pattern.permute(0, 3, 2, 1).reshape(a.n_kv, P + 1, P * a.group)
 
     def add_transpose_at(self, g: torch.Tensor, image: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """add_transpose for rows whose gradient is still at their own position alone (they joined at this

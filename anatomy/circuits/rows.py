@@ -1,41 +1,54 @@
 """The rows a capped graph has computed, held for its ranking and its assembly: in memory as far as a budget
 goes, then in a temporary file that is deleted when the store is.
 
-Shape letters: R rows held, W a row's width (the nodes below it, in the whole graph's order), b rows read at once.
+Shape letters: R rows held, W a row's width (the nodes below it, in the whole graph's order), n rows in a chunk.
 
 A row is held over the nodes below its own (tokens, then every layer under it: a prefix of the node order), in
 float32, with two numbers made as it arrives: its signed total (what its dropped sources carry is that minus
 what the graph keeps) and its absolute total (its normalisation, Â[t, s] = |A[t, s]| / sum_s |A[t, s]|).
+Rows arrive sorted by layer within a sweep, so they are kept as chunks of consecutive rows of one width, each
+one tensor [n, W] (or one contiguous run of the file): reading them back copies nothing in memory and pads
+nothing, which matters because the ranking reads every row once per update (capped.py).
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-READ_BYTES = 256 * 2**20  # a block of rows read back at most
+
+@dataclass
+class Chunk:
+    """Rows start .. start + n, each W wide: in memory (values [n, W]) or on file at byte `offset`."""
+
+    start: int
+    n: int
+    width: int
+    values: torch.Tensor | None = None
+    offset: int = 0
 
 
 class RowStore:
-    """Rows of different widths, appended in order and read back in blocks; memory_bytes: what may stay in memory
-    (on the rows' device), the rest goes to a temporary file in `folder` (the system's temporary folder if None)."""
+    """Rows of different widths, appended in order and read back chunk by chunk; memory_bytes: what may stay in
+    memory (on the rows' device), the rest goes to a temporary file in `folder` (the system's temporary folder
+    if None)."""
 
     def __init__(self, memory_bytes: int, folder: str | None = None):
         self.memory_bytes, self.folder = memory_bytes, folder
-        self.widths: list[int] = []
+        self.chunks: list[Chunk] = []
         self.totals: list[torch.Tensor] = []
         self.absolute: list[torch.Tensor] = []
-        self.in_memory: list[torch.Tensor] = []
+        self.rows = 0
         self.held_bytes = 0
         self.file = None
-        self.offsets: list[int] = []  # per row on file: its byte offset
         self.device = None
 
     def __len__(self) -> int:
-        return len(self.widths)
+        return self.rows
 
     @property
     def file_bytes(self) -> int:
@@ -44,61 +57,51 @@ class RowStore:
     def add(self, block: torch.Tensor, widths: list[int]) -> None:
         """Append the rows of block [r, W], row i over its first widths[i] columns."""
         self.device = block.device
-        for row, width in zip(block, widths):
-            self.totals.append(row[:width].sum())
-            self.absolute.append(row[:width].abs().sum())
-            if self.file is None and self.held_bytes + 4 * width <= self.memory_bytes:
-                self.in_memory.append(row[:width].clone())
-                self.held_bytes += 4 * width
-            else:
-                if self.file is None:
-                    self.file = tempfile.TemporaryFile(dir=self.folder)
-                self.offsets.append(self.file.tell())
-                self.file.write(row[:width].cpu().numpy().tobytes())
-            self.widths.append(width)
+        first = 0
+        for i in range(1, len(widths) + 1):  # runs of one width: a chunk each
+            if i < len(widths) and widths[i] == widths[first]:
+                continue
+            values = block[first:i, :widths[first]]  # (n, W)
+            self.totals.append(values.sum(1))
+            self.absolute.append(values.abs().sum(1))
+            self.keep(values)
+            first = i
+
+    def keep(self, values: torch.Tensor) -> None:
+        n, width = values.shape
+        chunk = Chunk(self.rows, n, width)
+        if self.file is None and self.held_bytes + values.numel() * 4 <= self.memory_bytes:
+            chunk.values = values.clone()
+            self.held_bytes += values.numel() * 4
+        else:
+            if self.file is None:
+                self.file = tempfile.TemporaryFile(dir=self.folder)
+            chunk.offset = self.file.tell()
+            self.file.write(values.cpu().numpy().tobytes())
+        self.chunks.append(chunk)
+        self.rows += n
 
     def total(self) -> torch.Tensor:
         """[R]: each row's sum."""
-        return torch.stack(self.totals)
+        return torch.cat(self.totals)
 
     def absolute_total(self) -> torch.Tensor:
         """[R]: each row's sum of |A|."""
-        return torch.stack(self.absolute)
+        return torch.cat(self.absolute)
 
-    def blocks(self) -> Iterator[tuple[int, torch.Tensor]]:
-        """(first row, rows [b, W_max] padded with zeros): every row, in order, READ_BYTES at a time."""
-        start = 0
-        while start < len(self):
-            stop, widest = start, 0
-            while stop < len(self) and (stop == start or (stop - start + 1) * max(widest, self.widths[stop]) * 4 <= READ_BYTES):
-                widest = max(widest, self.widths[stop])
-                stop += 1
-            yield start, self.read(start, stop, widest)
-            start = stop
-
-    def read(self, start: int, stop: int, widest: int) -> torch.Tensor:
-        block = torch.zeros(stop - start, widest, device=self.device)
-        held = len(self.in_memory)
-        for i in range(start, min(stop, held)):
-            block[i - start, :self.widths[i]] = self.in_memory[i]
-        if stop > held:
-            first = max(start, held)
-            self.file.seek(self.offsets[first - held])
-            values = np.fromfile(self.file, dtype=np.float32, count=sum(self.widths[first:stop]))
-            at = 0
-            for i in range(first, stop):
-                block[i - start, :self.widths[i]] = torch.from_numpy(values[at:at + self.widths[i]]).to(self.device)
-                at += self.widths[i]
+    def blocks(self, widest_first: bool = False) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first row, rows [n, W]): every row, a chunk at a time, in order (or the widest chunks first, in order
+        among chunks of one width); a chunk read from the file is read when its turn comes, and is the caller's;
+        one held in memory is the store's: read it, do not write it."""
+        chunks = sorted(self.chunks, key=lambda chunk: -chunk.width) if widest_first else self.chunks
+        for chunk in chunks:
+            if chunk.values is not None:
+                yield chunk.start, chunk.values
+                continue
+            self.file.seek(chunk.offset)
+            values = np.fromfile(self.file, dtype=np.float32, count=chunk.n * chunk.width)
             self.file.seek(0, 2)  # back to the end, where the next row is written
-        return block
-
-    def columns(self, columns: torch.Tensor) -> torch.Tensor:
-        """[R, len(columns)]: every row's values at these node columns (0 past a row's width)."""
-        result = torch.zeros(len(self), len(columns), device=self.device)
-        for start, block in self.blocks():
-            inside = columns < block.size(1)
-            result[start:start + len(block), inside] = block[:, columns[inside]]
-        return result
+            yield chunk.start, torch.from_numpy(values).view(chunk.n, chunk.width).to(self.device)
 
     def close(self) -> None:
         if self.file is not None:

@@ -41,7 +41,7 @@ from .vectors import Vectors
 GRADIENT_BYTES = 256 * 2**20  # a bucket's gradients [r, P, E] at most: its temporaries are about as large again
 OUT_BYTES = 256 * 2**20  # a bucket's output rows [r, W] at most
 ROW_CHUNK = 512  # rows carried back through one attention at a time: their temporaries stay in the caches
-KEEP_SOURCES_BYTES = 256 * 2**20  # every layer's padded sources kept between buckets when they take no more
+KEEP_SOURCES_BYTES = 2**29  # the layers' padded sources kept between buckets, as many layers as take no more
 
 
 @dataclass
@@ -94,27 +94,28 @@ class Sources:
     first_images: what the first token's embedding has become at each layer's input
     (replacement.first_position_images).
 
-    Where each slot's vector comes from is kept (`slots`: a few numbers a slot), and the vectors are gathered
-    for each call; the vectors themselves are kept only when every layer's fit KEEP_SOURCES_BYTES (a short
-    prompt)."""
+    Where each slot's vector comes from is kept (`slots`: a few numbers a slot); the vectors themselves are kept
+    for as many layers as fit KEEP_SOURCES_BYTES (every layer of a prompt of a few hundred tokens), and gathered
+    for each call for the others."""
 
     def __init__(self, rep: Replacement, active: Active, where: Layout, vectors: Vectors, errors: torch.Tensor):
         self.rep, self.active, self.where, self.vectors, self.errors = rep, active, where, vectors, errors
         self.first_images = rep.first_position_images()
         self.maps: dict[int, list[Slots]] = {}
-        T, E = rep.embed.shape
-        widest = max((int(offsets.diff().max()) for offsets in where.feature_offsets), default=0)
-        writers = max(len(rep.transcoders.writers(layer)) for layer in range(rep.n_layers))
-        bound = rep.n_layers * T * writers * (1 + widest) * E * 4
-        self.kept: dict | None = {} if bound <= KEEP_SOURCES_BYTES else None
+        self.kept: dict[int, list] = {}
+        self.kept_bytes = 0
 
     def at(self, layer: int, P: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         writers = self.rep.transcoders.writers(layer)
-        if self.kept is None:
-            return [self.build(source, layer, slots, P) for source in writers for slots in self.slots(source)]
         if layer not in self.kept:
+            blocks = [slots for source in writers for slots in self.slots(source)]
+            E = self.rep.embed.size(1)
+            size = sum(4 * E * slots.row.numel() for slots in blocks)
+            if self.kept_bytes + size > KEEP_SOURCES_BYTES:  # built for each call, as far as it reaches
+                return [self.build(source, layer, slots, P) for source in writers for slots in self.slots(source)]
             self.kept[layer] = [self.build(source, layer, slots, self.where.n_tokens - 1)
                                 for source in writers for slots in self.slots(source)]
+            self.kept_bytes += size
         return [(vectors[:upto(positions, P)], columns[:upto(positions, P)], positions if positions is None else
                  positions[:upto(positions, P)]) for vectors, columns, positions in self.kept[layer]]
 

@@ -138,17 +138,22 @@ def test_the_memory_is_said_and_a_graph_past_it_refused_before_it_is_made():
 
 def test_the_row_store_gives_back_what_it_was_given_from_memory_and_file():
     rows = torch.randn(7, 30, generator=torch.Generator().manual_seed(0))
-    widths = [30, 12, 5, 30, 1, 18, 30]
-    store = RowStore(memory_bytes=4 * 40)  # the first rows in memory, the rest on file
+    widths = [30, 30, 5, 30, 1, 18, 18]  # runs of one width are kept as one chunk
+    store = RowStore(memory_bytes=4 * 65)  # the first three rows in memory, the rest on file
     store.add(rows[:3], widths[:3])
     store.add(rows[3:], widths[3:])
-    assert store.file_bytes > 0
+    assert store.file_bytes == 4 * (30 + 1 + 18 + 18)
     expected = torch.stack([torch.cat([row[:w], torch.zeros(30 - w)]) for row, w in zip(rows, widths)])
     seen = torch.zeros(7, 30)
     for start, block in store.blocks():
         seen[start:start + len(block), :block.size(1)] = block
     assert torch.equal(seen, expected)
-    assert torch.equal(store.columns(torch.tensor([0, 4, 29])), expected[:, [0, 4, 29]])
+    widest = torch.zeros(7, 30)
+    widths_seen = []
+    for start, block in store.blocks(widest_first=True):
+        widest[start:start + len(block), :block.size(1)] = block
+        widths_seen.append(block.size(1))
+    assert torch.equal(widest, expected) and widths_seen == [30, 30, 18, 5, 1]  # chunks: [30 30] [5] | [30] [1] [18 18]
     assert (store.total() - expected.sum(1)).abs().max() < 1e-5
     assert (store.absolute_total() - expected.abs().sum(1)).abs().max() < 1e-5
     store.close()
@@ -202,3 +207,46 @@ def test_nothing_is_made_off_the_models_device():
     assert abs(result.rows()[0]["direct"] - result.rows()[0]["change"]) < 1e-4 and split.error < 1e-5
     assert explained and all(edge.split.error < 1e-5 for edge in explained) and shown.meta["attention"]["qk"]
     assert details.promoted and details.contexts
+
+
+def test_attentions_transpose_skips_only_the_keys_a_block_of_queries_cannot_see(monkeypatch):
+    """Each block of keys is mixed from the queries at or after its first key (the causal mask): blocks of 4 keys
+    give the graph one product over every key gives (a block that skipped a query that sees it would not)."""
+    from anatomy.circuits import frozen
+
+    model, transcoders = tiny(features=24)
+    ids = torch.tensor(LONG)
+    whole = attribution_graph(model, ids, transcoders)  # 22 positions: one block of KEY_BLOCK = 64 keys
+    monkeypatch.setattr(frozen, "KEY_BLOCK", 4)
+    blocked = attribution_graph(model, ids, transcoders)
+    assert blocked.adjacency.abs().max() > 0.1
+    assert (blocked.adjacency - whole.adjacency).abs().max() < 1e-5
+
+
+def test_the_partial_influence_in_one_pass_is_circuit_tracers_series():
+    """Rows over the nodes below their own (each row's node at or past its width), taken widest first in one pass:
+    the influence circuit-tracer's power iteration sums (compute_partial_influences, written out here)."""
+    from anatomy.circuits.capped import partial_influence
+
+    generator = torch.Generator().manual_seed(3)
+    N = 40
+    nodes = torch.tensor([36, 37, 30, 31, 20, 33, 12, 25, 21, 8])  # two logits, then features in the order chosen
+    widths = [36, 36, 20, 20, 12, 30, 5, 20, 12, 5]  # each row reaches the nodes below its layer
+    weights = torch.tensor([0.7, 0.3] + [0.0] * 8)
+    rows = torch.randn(10, N, generator=generator)
+    for row, width in zip(rows, widths):
+        row[width:] = 0
+    store = RowStore(memory_bytes=4 * 100)  # part in memory, part on file
+    for i in range(10):
+        store.add(rows[i:i + 1], widths[i:i + 1])
+    shares = rows.abs() / rows.abs().sum(1, keepdim=True).clamp(min=1e-8)
+    prod, expected = torch.zeros(N), torch.zeros(N)
+    prod[nodes] = weights
+    for _ in range(128):
+        prod = prod[nodes] @ shares
+        if not prod.any():
+            break
+        expected += prod
+    influence = partial_influence(store, nodes, weights, N)
+    assert expected[nodes[2:]].min() > 0 and (influence - expected).abs().max() < 1e-6
+    store.close()
