@@ -21,12 +21,10 @@ square). bound(G) is an upper bound on G's largest singular value s_1, NS_NORMS:
 - "frobenius": ||G||_F = (sum s_i^2)^(1/2), torch.optim.Muon's. For a momentum matrix of the char-LM
   recipe s_1 is 0.25-0.8 of it, so the iterations start with every singular value that much short.
 - "gram": ||(G G^T)^2||_F^(1/4) = (sum s_i^8)^(1/8), nearly s_1 itself, at no extra cost: G G^T and
-  its square are the first iteration's A_0 and A_0^2, computed before the scaling and divided after
-  (A_0 by bound^2, A_0^2 by bound^4). bfloat16 has float32's range, so s^4 underflows only for
-  s < 1e-9, where G is as good as zero and comes out so.
+  its square are the first iteration's A_0 and A_0^2, computed before this scaling (after the
+  Frobenius one, which keeps them in range) and divided after (A_0 by bound^2, A_0^2 by bound^4).
 
-Two schedules
-of (a_k, b_k, c_k) with their headroom h, NS_COEFFICIENTS:
+Two schedules of (a_k, b_k, c_k) with their headroom h, NS_COEFFICIENTS:
 
 - "jordan": Jordan's (3.4445, -4.7750, 2.0315) every iteration, chosen for a steep slope at 0, h = 1;
   after 5 iterations every s above ~3e-3 lands in (0.7, 1.15), not on 1 (torch.optim.Muon's default).
@@ -35,9 +33,11 @@ of (a_k, b_k, c_k) with their headroom h, NS_COEFFICIENTS:
   [1e-3, 1]), divided by a safety factor 1.01 (a / 1.01, b / 1.01^3, c / 1.01^5), h = 1.01; beyond
   its 8th iteration the last (1.875, -1.25, 0.375) repeats.
 
-Unlike torch.optim.Muon, which runs its five iterations one matrix at a time, the matrices of one
-shape are stacked and orthogonalised together: one batched matrix product per term instead of
-one per matrix (on the char-LM recipe's 28 matrices, 5 iterations: 14 ms a step instead of 24). The iterations run in bfloat16 (as torch's do), the momentum and weights in fp32.
+Unlike torch.optim.Muon, which runs its iterations one matrix at a time, the matrices of one shape
+are stacked and orthogonalised together: one batched matrix product per term instead of one per
+matrix (the char-LM recipe's 28 matrices, Jordan's 5 iterations, one CPU thread: 17-19 ms a step
+instead of 25-26, BENCHMARKS.md). The iterations run in bfloat16 (as torch's do), the momentum and
+weights in float32.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from itertools import repeat
 
 import torch
 
-__all__ = ["NS_COEFFICIENTS", "NS_NORMS", "Muon", "ns_schedule", "orthogonalize"]
-
 from .choices import NS_NORMS
+
+__all__ = ["NS_COEFFICIENTS", "NS_NORMS", "Muon", "ns_schedule", "orthogonalize"]
 
 _POLAR_EXPRESS = [  # (a, b, c) of iterations 1..8, before the safety factor
     (8.28721201814563, -23.595886519098837, 17.300387312530933),
@@ -99,40 +99,18 @@ def orthogonalize(G: torch.Tensor, schedule: Schedule, dtype: torch.dtype = torc
         return torch.baddbmm(X, X, P, beta=a) if tall else torch.baddbmm(X, P, X, beta=a)
 
     X = G.to(dtype)
-    if norm == "frobenius":
-        X = X / (X.norm(dim=(-2, -1), keepdim=True) * headroom).clamp(min=1e-7)
-        return _iterate(X, coefficients, gram, plus).to(G.dtype)
-    # "gram": A_0 = X X^T and A_0^2 of X as it is, scaled afterwards (X by 1/bound, A_0 by 1/bound^2,
-    # A_0^2 by 1/bound^4), so the first iteration's b A_0 + c A_0^2 on the scaled X is
-    # (b / bound^2) (A_0 + (c / b) A_0^2 / bound^2)
-    A = gram(X)  # (B, k, k), k = min(m, n)
-    A2 = A @ A
-    bound = (A2.norm(dim=(-2, -1), keepdim=True) ** 0.25 * headroom).clamp(min=1e-9)  # (B, 1, 1)
-    (a, b, c), rest = coefficients[0], coefficients[1:]
-    P = torch.addcmul(A, A2, c / (b * bound**2)) * (b / bound**2) if b else A2 * (c / bound**4)
-    if X.size(-2) == X.size(-1) or len(rest) != 1:  # iterate on X itself
-        return _iterate(plus(X / bound, P, a), rest, gram, plus).to(G.dtype)
-    # rectangular, two iterations: X_2 = P_1 P_0 X_0 (X_0 P_0 P_1 if tall) and A_1 = P_0 A_0 P_0, with
-    # P_k = a_k I + b_k A_k + c_k A_k^2, all polynomials in A_0: iterate on the k x k squares alone and
-    # multiply by the m x n matrix once at the end, 2 m^2 n + 5 m^3 multiply-adds instead of
-    # 4 m^2 n + 2 m^3. (With more iterations bfloat16's rounding compounds in A_k: on the char-LM
-    # recipe's momenta, three iterations end up to 26% from their float64 result, against 5% on X
-    # itself; two, 3.5% either way.)
-    P.diagonal(dim1=-2, dim2=-1).add_(a)
-    (a, b, c), = rest
-    A = P @ (A / bound**2 @ P)  # A_1
-    P1 = torch.baddbmm(A, A, A, beta=b, alpha=c)
-    P1.diagonal(dim1=-2, dim2=-1).add_(a)
-    Q = P1 @ P / bound  # (B, k, k)
-    return (X @ Q if tall else Q @ X).to(G.dtype)
-
-
-def _iterate(X, coefficients, gram, plus):
-    """The module docstring's iterations on X itself."""
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * headroom).clamp(min=1e-7)  # "frobenius"
+    if norm == "gram":  # the first iteration from A_0 and A_0^2 of X as it is, scaled afterwards
+        A = gram(X)  # (B, k, k), k = min(m, n)
+        A2 = A @ A
+        bound = (A2.norm(dim=(-2, -1), keepdim=True) ** 0.25 * headroom).clamp(min=1e-7)  # (B, 1, 1), <= 1
+        (a, b, c), coefficients = coefficients[0], coefficients[1:]
+        X = X / bound
+        X = plus(X, A * (b / bound**2) + A2 * (c / bound**4), a)
     for a, b, c in coefficients:
         A = gram(X)
         X = plus(X, torch.baddbmm(A, A, A, beta=b, alpha=c), a)  # a X + (b A + c A^2) X
-    return X
+    return X.to(G.dtype)
 
 
 class Muon(torch.optim.Optimizer):
