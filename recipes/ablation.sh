@@ -41,9 +41,10 @@ declare -A FLAGS=(
   [modern-wsd]="VARIANT=modern --schedule wsd --lr 2e-3 --min-lr-ratio 0"
   [modern-average-4]="VARIANT=modern --average-last 4 --keep 4 --save-every 125"
   [muon]="VARIANT=muon"
+  [muon-jordan-5]="VARIANT=muon --ns-coefficients jordan --ns-steps 5 --ns-norm frobenius"  # torch.optim.Muon's
 )
 ORDER="baseline post-norm rmsnorm relu swiglu sinusoidal rotary alibi no-bias untied dropout-0.1 qk-norm
-       lr-2e-3 lr-5e-4 warmup-0 warmup-300 constant-lr modern modern-wsd modern-average-4 muon"
+       lr-2e-3 lr-5e-4 warmup-0 warmup-300 constant-lr modern modern-wsd modern-average-4 muon muon-jordan-5"
 
 for name in ${VARIANTS:-$ORDER}; do
   if [ -z "${FLAGS[$name]+set}" ]; then

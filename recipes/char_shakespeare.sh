@@ -9,8 +9,10 @@
 #   GELU's 2 x 128 x 512, and a multiple of 16 runs 12% faster here than 341), rotary positions and
 #   no biases. RMSNorm is left out: it changed the loss by +0.003 alone and made the step 8% slower
 #   on this CPU (recipes/ablation.sh measures each change alone and together; recipes/README.md).
-#   VARIANT=muon: modern, with Muon for the blocks' matrices (AdamW for the rest) at lr 5e-3. Its
-#   Newton-Schulz iterations make each step slower on a CPU (recipes/README.md has both measured).
+#   VARIANT=muon: modern, with Muon for the blocks' matrices (AdamW for the rest) at lr 5e-3, its
+#   orthogonalisation two Polar Express iterations after scaling by the Gram-matrix bound (torch's
+#   default, Jordan's five after the Frobenius norm, spends twice the optimizer's time for the
+#   same loss; recipes/README.md has both measured).
 # Extra arguments come last and win (e.g. --seed 7, --max-steps 50).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the repository; data lives beside it in ../shared/data
@@ -20,7 +22,8 @@ shift || true
 case "${VARIANT:-baseline}" in
   baseline) CHANGES=() ;;
   modern) CHANGES=(--activation swiglu --d-ff 336 --pos-encoding rotary --no-bias) ;;
-  muon) CHANGES=(--activation swiglu --d-ff 336 --pos-encoding rotary --no-bias --optimizer muon --lr 5e-3) ;;
+  muon) CHANGES=(--activation swiglu --d-ff 336 --pos-encoding rotary --no-bias --optimizer muon --lr 5e-3
+              --ns-coefficients polar-express --ns-steps 2 --ns-norm gram) ;;
   *) echo "VARIANT must be baseline, modern or muon, not '${VARIANT}'" >&2; exit 2 ;;
 esac
 python -m anatomy.cli train lm --data "$DATA" --val-fraction 0.1 --tokenizer char --out "$OUT" \

@@ -1,6 +1,6 @@
 """One training step (forward, backward, AdamW), side by side with a nanoGPT-shaped model and with transformers.
 
-Two rows:
+Three rows:
 
 - **nanoGPT's CPU recipe shapes** (4 layers, 4 heads, d_model 128, context 64, batch 12, 65 characters):
   anatomy's step as `anatomy train lm` runs it (DecoderModel.loss, the chunked LM loss; the trainer's
@@ -10,6 +10,10 @@ Two rows:
   and trained as its train.py does on a CPU (AdamW over two weight-decay groups; fused only on CUDA).
   Both start from the same weights (anatomy's, copied into the nanoGPT layout), so the first losses match.
 - **a 6 x 384 GPT-2 shape, batch 8 x 128**, against Hugging Face transformers on the same weights.
+- **Muon's step on the char-LM recipe's modern variant** (its 28 block matrices): anatomy's Muon as
+  `VARIANT=muon` runs it (two Polar Express iterations, Gram-matrix bound, shapes stacked) against
+  torch.optim.Muon (Jordan's five, one matrix at a time), with anatomy's Muon at torch's settings and
+  the fused AdamW step of the AdamW recipe in the notes. Gradients are fixed; only the step is timed.
 
 Runs alternate (A B, B A, ...) in this one process; medians are reported.
 """
@@ -203,5 +207,34 @@ def bench_transformers(settings: Settings) -> Row:
     return row
 
 
+def bench_muon(settings: Settings) -> Row:
+    """The optimizer step alone, on the char-LM recipe's modern variant: Muon's against torch's."""
+    n_layers, d_model, d_ff, repeats = (1, 32, 48, 5) if settings.quick else (4, 128, 336, 60)
+    config = ModelConfig(arch="decoder", vocab_size=65, d_model=d_model, n_heads=4, n_layers=n_layers, d_ff=d_ff,
+                         max_seq_len=64, pos_encoding="rotary", activation="swiglu", attn_bias=False,
+                         attn_out_bias=False, mlp_bias=False, dropout=0.0)
+    model = build_model(config, seed=0)
+    x = torch.randint(0, 65, (12, 64), generator=torch.Generator().manual_seed(0))
+    model.loss(x).backward()
+    cpu = torch.device("cpu")
+    recipe = dict(optimizer="muon", lr=5e-3, weight_decay=0.1)
+    ours = make_optimizer(model, TrainConfig(**recipe, ns_coefficients="polar-express", ns_steps=2, ns_norm="gram"), cpu)
+    jordan = make_optimizer(model, TrainConfig(**recipe), cpu)  # anatomy's Muon, torch's settings
+    matrices = [p for group in jordan.members[0].param_groups for p in group["params"]]
+    theirs = torch.optim.Muon(matrices, lr=5e-3, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    steps = {"anatomy": ours.members[0].step, "torch.optim.Muon": theirs.step,
+             "anatomy, Jordan 5": jordan.members[0].step,
+             "AdamW": make_optimizer(model, TrainConfig(lr=1e-3, weight_decay=0.1), cpu).step}
+    with torch.no_grad():  # the weights move; the timing does not depend on where they are
+        cpu_s = alternate(steps, settings.repeats or repeats, warmup=2, clock=time.thread_time)
+    ms = {side: statistics.median(t) * 1e3 for side, t in cpu_s.items()}
+    row = Row("train", f"Muon step, {len(matrices)} matrices of the modern char LM, theirs = torch.optim.Muon",
+              "ms (CPU)", ms["anatomy"], ms["torch.optim.Muon"], False)
+    row.notes = [f"anatomy's Muon at torch's settings (Jordan's 5): {ms['anatomy, Jordan 5']:.1f} ms",
+                 f"the AdamW recipe's fused step over the whole model: {ms['AdamW']:.1f} ms",
+                 f"CPU-time medians of {len(cpu_s['anatomy'])}, alternating", f"load {load_average()}"]
+    return row
+
+
 def bench_train(settings: Settings) -> list[Row]:
-    return [bench_nanogpt(settings), bench_transformers(settings)]
+    return [bench_nanogpt(settings), bench_transformers(settings), bench_muon(settings)]

@@ -5,6 +5,8 @@
     tasks.py        what a batch is and what the loss is, per task (lm and seq2seq: the model's chunked loss)
     schedules.py    learning-rate schedules (warmup + cosine; the paper's inverse square root)
     trainer.py      the training loop and its optimizer (fused AdamW)
+    optimizers.py   the optimizers' parameter groups, layer-wise LR decay, AdamW + Muon as one
+    muon.py         Muon: momentum orthogonalised by Newton-Schulz / Polar Express iterations, shapes stacked
     metrics.py      metrics.jsonl, loss.png, the progress bar
     checkpoint.py   atomic checkpoints: weights, optimizer, scheduler, RNG states, step; fallback past
                     damaged ones; save_trained / load_trained for the finished model

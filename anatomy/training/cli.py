@@ -23,7 +23,7 @@ from ..parser import closest
 from ..terminal import one_line, printable, summary_block
 from ..config import ACTIVATIONS, ATTN_IMPLS, NORM_POSITIONS, NORMS, POS_ENCODINGS, QK_NORMS
 from ..generation.choices import MAX_LENGTH_PENALTY
-from .choices import KINDS, OPTIMIZERS
+from .choices import KINDS, NS_NORMS, NS_SCHEDULES, OPTIMIZERS
 from .schedules import SCHEDULES
 
 # The data, the model, the trainer and torch are imported by the functions that use them, once the
@@ -206,6 +206,12 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
                    help="wsd: the share of --max-steps at the end spent decaying to --min-lr-ratio")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
                    help="adamw, or muon for the blocks' weight matrices (AdamW for the rest)")
+    g.add_argument("--ns-coefficients", choices=NS_SCHEDULES, default="jordan",
+                   help="muon: Newton-Schulz coefficients, Jordan's fixed quintic or Polar Express's per iteration")
+    g.add_argument("--ns-steps", type=positive_int, default=5, help="muon: Newton-Schulz iterations per step")
+    g.add_argument("--ns-norm", choices=NS_NORMS, default="frobenius",
+                   help="muon: scale the momentum by its Frobenius norm, or by ||(M M^T)^2||_F^(1/4), nearly its "
+                        "largest singular value")
     g.add_argument("--layer-decay", type=fraction_or_one, default=1.0,
                    help="layer-wise LR decay: each block learns at this x the rate of the one above it (1: none)")
     g.add_argument("--weight-decay", type=non_negative_float, default=0.1, help="AdamW's decoupled weight decay")
@@ -233,6 +239,7 @@ def train_config(args):
         max_steps=args.max_steps, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
         min_lr_ratio=args.min_lr_ratio, schedule=args.schedule, warmup=args.warmup,
         decay_fraction=args.decay_fraction, optimizer=args.optimizer, layer_decay=args.layer_decay,
+        ns_coefficients=args.ns_coefficients, ns_steps=args.ns_steps, ns_norm=args.ns_norm,
         weight_decay=args.weight_decay, average_last=args.average_last, betas=(args.beta1, args.beta2),
         label_smoothing=args.label_smoothing, clip=args.clip, eval_every=args.eval_every, log_every=args.log_every, save_every=args.save_every,
         keep=args.keep, seed=args.seed, precision=args.precision, progress=not args.no_progress,

@@ -1,7 +1,7 @@
 """The optimizers `anatomy train` offers (OPTIMIZERS), their parameter groups, and layer-wise LR decay.
 
 - adamw: AdamW (Loshchilov & Hutter) over every parameter, torch's fused kernel.
-- muon:  Muon (Jordan et al., 2024; torch.optim.Muon) for the blocks' weight matrices, AdamW for the
+- muon:  Muon (Jordan et al., 2024; muon.py) for the blocks' weight matrices, AdamW for the
          rest (embeddings, the output head or classifier, norms, biases), as Muon's authors prescribe:
          orthogonalising a vector or an embedding table's rows has no meaning.
 
@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .choices import OPTIMIZERS
+from .muon import Muon, ns_schedule
 
 if TYPE_CHECKING:
     from .trainer import TrainConfig
@@ -125,14 +126,13 @@ def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) 
 
     AdamW:  m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2,   p -= lr (m_hat / (sqrt(v_hat) + eps) + wd p)
 
-    Muon, for a weight matrix W of shape (n_out, n_in) (torch.optim.Muon, Nesterov momentum mu = 0.95):
+    Muon (muon.py), for a weight matrix W (n_out, n_in), Nesterov momentum mu = 0.95:
 
-        M = mu M + g,   O = NewtonSchulz5(g + mu M) ~ U V^T  (g + mu M = U S V^T),
-        W -= lr (0.2 sqrt(max(n_out, n_in)) O + wd W)
+        M = mu M + g,   O = polar(g + mu M) ~ U V^T  (g + mu M = U S V^T; config.ns_steps iterations of
+        config.ns_coefficients),   W -= lr (0.2 sqrt(max(n_out, n_in)) O + wd W)
 
-    O is the nearest semi-orthogonal matrix to the momentum: every direction of the update moves by
-    the same amount, however small its singular value. The 0.2 sqrt(max dim) factor ("match_rms_adamw",
-    Liu et al., 2025) gives O the RMS of a typical AdamW update, so that --lr and --weight-decay keep
+    O is the nearest semi-orthogonal matrix to the momentum; the 0.2 sqrt(max dim) factor gives it the
+    RMS of a typical AdamW update, so that --lr and --weight-decay keep
     their AdamW meaning. Raises ValueError for an unknown name."""
     if config.optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {config.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
@@ -154,6 +154,6 @@ def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) 
             adam.append({**group, "params": rest})
     if not muon:
         raise ValueError("--optimizer muon found no weight matrix inside the blocks to orthogonalise")
-    return Optimizers(torch.optim.Muon(muon, lr=config.lr, weight_decay=config.weight_decay,
-                                       adjust_lr_fn="match_rms_adamw"),
+    return Optimizers(Muon(muon, lr=config.lr, weight_decay=config.weight_decay,
+                           ns=ns_schedule(config.ns_coefficients, config.ns_steps, config.ns_norm)),
                       _adamw(adam, config, device))

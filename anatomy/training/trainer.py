@@ -52,6 +52,9 @@ class TrainConfig:
     decay_fraction: float = 0.2  # wsd: the last share of max_steps, decaying
     optimizer: str = "adamw"  # one of optimizers.OPTIMIZERS
     layer_decay: float = 1.0  # layer-wise LR decay (optimizers.py); 1 = every layer at lr
+    ns_coefficients: str = "jordan"  # muon: the Newton-Schulz schedule (muon.NS_COEFFICIENTS)
+    ns_steps: int = 5  # muon: Newton-Schulz iterations per step
+    ns_norm: str = "frobenius"  # muon: the bound on the largest singular value (muon.NS_NORMS)
     weight_decay: float = 0.1  # on matrices only; never on norms, biases, embeddings
     betas: tuple[float, float] = (0.9, 0.99)
     eps: float = 1e-8

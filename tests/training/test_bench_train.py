@@ -24,3 +24,12 @@ def test_the_nanogpt_shaped_model_computes_anatomys_loss_and_gradients():
         torch.testing.assert_close(mine.c_fc.weight.grad, block.mlp.fc_in.weight.grad, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(nano.wte.weight.grad, ours.token_embedding.weight.grad, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(nano.wpe.weight.grad, ours.position_embedding.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_the_muon_row_times_every_side_on_the_blocks_matrices():
+    from anatomy.bench.common import Settings
+    from anatomy.bench.train import bench_muon
+
+    row = bench_muon(Settings(quick=True, repeats=2))
+    assert "7 matrices" in row.case  # one block: q, k, v, o and SwiGLU's three
+    assert row.ours > 0 and row.theirs > 0 and not row.higher_is_better
