@@ -171,11 +171,11 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
     logit_ids, probs = logit_targets(rep.logits, max_logits, logit_probability)
     where = layout(active, L, T, len(logit_ids))
     capped = max_feature_nodes is not None and max_feature_nodes < len(active.layer)
-    needs = check_room(where, rep.embed.size(1), max_feature_nodes if capped else None, batch_size, max_bytes, rep.device,
-                       spent=resident_bytes() - resident)
+    needs = check_room(where, rep.embed.size(1), max_feature_nodes if capped else None, batch_size * update_interval,
+                       max_bytes, rep.device, spent=resident_bytes() - resident)  # a ranking's batches are swept together
     logit_vectors = rep.logit_vectors(logit_ids)  # (k, E'): as the LM head's matrix reads them
     logit_rows = Rows(torch.full_like(logit_ids, L), torch.full_like(logit_ids, T - 1), rep.logit_transpose(logit_vectors))
-    sources = Sources(rep, active, where, vectors, errors_of(rep, active, vectors))
+    sources = Sources(rep, active, where, vectors, errors_of(rep, active, vectors), keep_bytes=needs.sources)
     feature_rest, logit_rest = unexplained(rep, active, logit_ids, logit_vectors)
     done, total = 0, len(logit_ids) + (max_feature_nodes if capped else len(active.layer))
 

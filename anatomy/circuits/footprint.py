@@ -7,8 +7,9 @@ Shape letters: N the whole graph's nodes, n_kept a capped graph's, R the rows a 
                     + the rows held for its ranking, each over the nodes below it (at most [R, N]): in
                       memory as far as the budget goes, the rest in a temporary file
                     + the ranking's influence [N]
-    both            + a sweep's working set: a bucket's gradients and their temporaries, its output rows,
-                      the sources kept between buckets (sweep.py's constants)
+    both            + a sweep's working set: a bucket's gradients and their temporaries, its output rows
+                      (sweep.py's constants)
+                    + the sources kept between buckets, as far as the memory left goes
 
 max_bytes is a budget for the graph itself: what the process holds beyond what it held when the graph was asked
 for (the model and the transcoders). The frozen pass and the vectors gathered are made first and counted against
@@ -35,28 +36,37 @@ from .sweep import GRADIENT_BYTES, KEEP_SOURCES_BYTES, OUT_BYTES
 def working_bytes(where: Layout, d_model: int, rows: int) -> int:
     """A sweep's working set with at most `rows` rows in a bucket: their gradients [r, P, E] with the attention's
     temporaries (three times as large again: W_o's product, its heads regrouped, the keys' blocks and the values'
-    gradients), their output rows [r, W], the sources kept; each within the bound sweep.py holds it to."""
+    gradients) and their output rows [r, W]; each within the bound sweep.py holds it to."""
     T, N = where.n_tokens, where.total
     gradients = min(GRADIENT_BYTES, 4 * rows * (T - 1) * d_model)
-    sources = min(KEEP_SOURCES_BYTES, 4 * (where.logit_start - T) * d_model * 2)
-    return 4 * gradients + min(OUT_BYTES, 4 * rows * N) + sources
+    return 4 * gradients + min(OUT_BYTES, 4 * rows * N)
+
+
+def sources_bytes(where: Layout, d_model: int, left: int) -> int:
+    """What the sources kept between buckets may take (sweep.Sources): every layer's (each active feature's and
+    error's vector, with room for padding) as far as `left` and KEEP_SOURCES_BYTES go; they are gathered again
+    for each bucket past it, so that memory left after the rest is spent on them before the rows (the rows past
+    it go to a file, and are read once a ranking; the sources, for every bucket)."""
+    return max(0, min(KEEP_SOURCES_BYTES, 4 * (where.logit_start - where.n_tokens) * d_model * 2, left))
 
 
 @dataclass
 class Plan:
     """Bytes: adjacency (the graph's matrix), ranking (the capped ranking's vectors), rows (the rows held, at most),
-    working (a sweep's), rows_in_memory (what the rows may take in memory; the rest goes to a file)."""
+    working (a sweep's), sources (the sources kept between buckets, at most), rows_in_memory (what the rows may take
+    in memory; the rest goes to a file)."""
 
     nodes: int
     adjacency: int
     ranking: int
     rows: int
     working: int
+    sources: int
     rows_in_memory: int
 
     @property
     def in_memory(self) -> int:
-        return self.adjacency + self.ranking + self.working + min(self.rows, self.rows_in_memory)
+        return self.adjacency + self.ranking + self.working + self.sources + min(self.rows, self.rows_in_memory)
 
     @property
     def on_file(self) -> int:
@@ -85,21 +95,23 @@ def lazy_zeros(rows: int, columns: int, device: torch.device) -> torch.Tensor:
 
 def plan(where: Layout, d_model: int, max_features: int | None, batch_size: int, room: int, lazy: bool = True) -> Plan:
     """The memory of the graph of this layout, whole (max_features None) or capped (rows computed batch_size at a
-    time); the rows kept in memory as far as `room` bytes go after the rest. lazy: the adjacency costs its
+    time); the sources, then the rows, kept in memory as far as `room` bytes go after the rest. lazy: the adjacency costs its
     targets' rows alone (lazy_zeros, on the CPU)."""
     n_logits = where.total - where.logit_start
     n_features = where.logit_start - where.n_tokens * (len(where.feature_start) + 1)
     if max_features is None or max_features >= n_features:
         targets = n_features + n_logits
         adjacency = 4 * (targets if lazy else where.total) * where.total
-        return Plan(where.total, adjacency, 0, 0, working_bytes(where, d_model, targets), 0)
+        working = working_bytes(where, d_model, targets)
+        return Plan(where.total, adjacency, 0, 0, working, sources_bytes(where, d_model, room - adjacency - working), 0)
     kept = where.total - n_features + max_features
     rows = max_features + n_logits
     working = working_bytes(where, d_model, max(batch_size, n_logits))
     adjacency = 4 * (rows if lazy else kept) * kept
     ranking = 4 * (where.total + 2 * rows)  # the influence [N], the rows' totals and norms
     fixed = adjacency + ranking + working
-    return Plan(kept, adjacency, ranking, 4 * rows * where.logit_start, working, max(0, room - fixed))
+    sources = sources_bytes(where, d_model, room - fixed)
+    return Plan(kept, adjacency, ranking, 4 * rows * where.logit_start, working, sources, max(0, room - fixed - sources))
 
 
 def resident_bytes() -> int:

@@ -41,7 +41,8 @@ from .vectors import Vectors
 GRADIENT_BYTES = 256 * 2**20  # a bucket's gradients [r, P, E] at most: its temporaries are about as large again
 OUT_BYTES = 256 * 2**20  # a bucket's output rows [r, W] at most
 ROW_CHUNK = 512  # rows carried back through one attention at a time: their temporaries stay in the caches
-KEEP_SOURCES_BYTES = 2**29  # the layers' padded sources kept between buckets, as many layers as take no more
+KEEP_SOURCES_BYTES = 2**31  # the most the layers' padded sources kept between buckets take (the memory plan's share)
+KEEP_UNPLANNED_BYTES = 2**29  # what they take where no plan was made (stream.py)
 
 
 @dataclass
@@ -95,11 +96,13 @@ class Sources:
     (replacement.first_position_images).
 
     Where each slot's vector comes from is kept (`slots`: a few numbers a slot); the vectors themselves are kept
-    for as many layers as fit KEEP_SOURCES_BYTES (every layer of a prompt of a few hundred tokens), and gathered
-    for each call for the others."""
+    for as many layers as fit keep_bytes (the memory plan's, footprint.sources_bytes: every layer of a prompt of a
+    few hundred tokens), and gathered for each call for the others."""
 
-    def __init__(self, rep: Replacement, active: Active, where: Layout, vectors: Vectors, errors: torch.Tensor):
+    def __init__(self, rep: Replacement, active: Active, where: Layout, vectors: Vectors, errors: torch.Tensor,
+                 keep_bytes: int = KEEP_UNPLANNED_BYTES):
         self.rep, self.active, self.where, self.vectors, self.errors = rep, active, where, vectors, errors
+        self.keep_bytes = keep_bytes
         self.first_images = rep.first_position_images()
         self.maps: dict[int, list[Slots]] = {}
         self.kept: dict[int, list] = {}
@@ -111,7 +114,7 @@ class Sources:
             blocks = [slots for source in writers for slots in self.slots(source)]
             E = self.rep.embed.size(1)
             size = sum(4 * E * slots.row.numel() for slots in blocks)
-            if self.kept_bytes + size > KEEP_SOURCES_BYTES:  # built for each call, as far as it reaches
+            if self.kept_bytes + size > self.keep_bytes:  # built for each call, as far as it reaches
                 return [self.build(source, layer, slots, P) for source in writers for slots in self.slots(source)]
             self.kept[layer] = [self.build(source, layer, slots, self.where.n_tokens - 1)
                                 for source in writers for slots in self.slots(source)]

@@ -109,7 +109,7 @@ def test_rows_past_the_memory_budget_go_to_a_file_and_make_the_same_graph():
     in_memory = attribution_graph(model, ids, transcoders, max_feature_nodes=40, batch_size=8)
     assert in_memory.meta["rows_on_file_bytes"] == 0
     needs = plan_of(model, transcoders, ids, 40)
-    budget = needs.adjacency + needs.ranking + needs.working + needs.rows // 3  # a third of the rows in memory
+    budget = needs.adjacency + needs.ranking + needs.working + needs.sources + needs.rows // 3  # a third of the rows in memory
     spilled = attribution_graph(model, ids, transcoders, max_feature_nodes=40, batch_size=8, max_bytes=budget)
     assert spilled.meta["rows_on_file_bytes"] > 0 and "in a temporary file" in spilled.meta["memory"]
     assert torch.equal(spilled.adjacency, in_memory.adjacency) and spilled.check == in_memory.check
@@ -122,7 +122,7 @@ def plan_of(model, transcoders, ids, cap):
 
     rep = Replacement(model, transcoders, ids)
     active, _ = read_features(rep)
-    return plan(layout(active, rep.n_layers, len(ids), 10), model.config.d_model, cap, 8, 2**40)
+    return plan(layout(active, rep.n_layers, len(ids), 10), model.config.d_model, cap, 8 * 4, 2**40)  # 4 batches a ranking
 
 
 def test_the_memory_is_said_and_a_graph_past_it_refused_before_it_is_made():
