@@ -38,7 +38,7 @@ from .layout import Active, Layout
 from .replacement import Replacement
 from .vectors import Vectors
 
-GRADIENT_BYTES = 256 * 2**20  # a bucket's gradients [r, P, E] at most: its temporaries are about as large again
+GRADIENT_BYTES = 64 * 2**20  # a bucket's gradients [r, P, E] at most (its temporaries take three times as much again)
 OUT_BYTES = 256 * 2**20  # a bucket's output rows [r, W] at most
 ROW_CHUNK = 512  # rows carried back through one attention at a time: their temporaries stay in the caches
 KEEP_SOURCES_BYTES = 2**31  # the most the layers' padded sources kept between buckets take (the memory plan's share)
