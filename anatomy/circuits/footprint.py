@@ -95,8 +95,8 @@ def lazy_zeros(rows: int, columns: int, device: torch.device) -> torch.Tensor:
 
 def plan(where: Layout, d_model: int, max_features: int | None, batch_size: int, room: int, lazy: bool = True) -> Plan:
     """The memory of the graph of this layout, whole (max_features None) or capped (rows computed batch_size at a
-    time); the sources, then the rows, kept in memory as far as `room` bytes go after the rest. lazy: the adjacency costs its
-    targets' rows alone (lazy_zeros, on the CPU)."""
+    time); the sources, then the rows, kept in memory as far as `room` bytes go after the rest. lazy: the
+    adjacency costs its targets' rows alone (lazy_zeros, on the CPU)."""
     n_logits = where.total - where.logit_start
     n_features = where.logit_start - where.n_tokens * (len(where.feature_start) + 1)
     if max_features is None or max_features >= n_features:
@@ -111,7 +111,8 @@ def plan(where: Layout, d_model: int, max_features: int | None, batch_size: int,
     ranking = 4 * (where.total + 2 * rows)  # the influence [N], the rows' totals and norms
     fixed = adjacency + ranking + working
     sources = sources_bytes(where, d_model, room - fixed)
-    return Plan(kept, adjacency, ranking, 4 * rows * where.logit_start, working, sources, max(0, room - fixed - sources))
+    rows_bytes = 4 * rows * where.logit_start
+    return Plan(kept, adjacency, ranking, rows_bytes, working, sources, max(0, room - fixed - sources))
 
 
 def resident_bytes() -> int:
