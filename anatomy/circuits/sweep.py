@@ -111,13 +111,11 @@ class Sources:
     def at(self, layer: int, P: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         writers = self.rep.transcoders.writers(layer)
         if layer not in self.kept:
-            blocks = [slots for source in writers for slots in self.slots(source)]
-            E = self.rep.embed.size(1)
-            size = sum(4 * E * slots.row.numel() for slots in blocks)
+            blocks = [(source, slots) for source in writers for slots in self.slots(source)]
+            size = sum(4 * self.rep.embed.size(1) * slots.row.numel() for _, slots in blocks)
             if self.kept_bytes + size > self.keep_bytes:  # built for each call, as far as it reaches
-                return [self.build(source, layer, slots, P) for source in writers for slots in self.slots(source)]
-            self.kept[layer] = [self.build(source, layer, slots, self.where.n_tokens - 1)
-                                for source in writers for slots in self.slots(source)]
+                return [self.build(source, layer, slots, P) for source, slots in blocks]
+            self.kept[layer] = [self.build(source, layer, slots, self.where.n_tokens - 1) for source, slots in blocks]
             self.kept_bytes += size
         return [(vectors[:upto(positions, P)], columns[:upto(positions, P)], positions if positions is None else
                  positions[:upto(positions, P)]) for vectors, columns, positions in self.kept[layer]]
