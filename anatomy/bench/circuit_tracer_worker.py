@@ -7,8 +7,10 @@ transcoder set from its config.yaml, then times what a user runs for a pruned gr
 setting on this machine: batch 128; every feature, or max_feature_nodes) and `prune_graph`, and
 `compute_graph_scores`. Writes the seconds, the peak resident memory (VmHWM), the scores, and the adjacency with
 its node list (OUT.safetensors, unless options say compare: false). OPTIONS: prompt or prompt_ids, threads,
-batch_size, max_feature_nodes, dtype (float32, bfloat16). A watchdog stops the process when its resident memory
-passes what the machine had free at its start (less 1 GB): OUT.json then says {"stopped": where and at what}.
+batch_size, max_feature_nodes, dtype (float32, bfloat16), time_limit_s. A watchdog stops the process when its
+resident memory passes what the machine had free at its start (less 1 GB), or `attribute` has run time_limit_s
+seconds (`watch_time`): OUT.json then says {"stopped": where and at what}, with the feature rows computed by then
+and the rate they came at.
 """
 
 from __future__ import annotations
@@ -37,6 +39,43 @@ def peak_gb() -> float:
 
 
 PHASE = {"now": "loading"}  # what the process is doing, for the watchdog's message
+PROGRESS = {"rows": 0, "started": None}  # attribute's feature rows computed, and when it started (perf_counter)
+GRACE_S = 60  # a phase that makes no rows is stopped this long past the time limit
+
+
+def stop_at_time(out: Path, limit_s: float, rows_asked: int | None) -> None:
+    """Write {"stopped": ...}, with the rows made and the rate they came at, to `out` and end the process."""
+    rows, spent = PROGRESS["rows"], time.perf_counter() - PROGRESS["started"]
+    pace = (f"; at that rate the {rows_asked:,} would take {rows_asked / rows * spent / 3600:.1f} h"
+            if rows and rows_asked else "")
+    out.write_text(json.dumps({"stopped": f"past its time limit of {limit_s:g} s while {PHASE['now']}: {rows:,} feature "
+                                          f"rows computed in {spent:.0f} s{pace} (peak {peak_gb():.1f} GB so far)"}))
+    os._exit(3)
+
+
+def watch_time(out: Path, limit_s: float, rows_asked: int | None) -> None:
+    """Stop the process once `attribute` has run limit_s: checked after each batch of feature rows (counted where
+    its progress bar counts them, which it updates even when hidden), and by a thread GRACE_S past the limit for
+    a phase that makes none."""
+    import circuit_tracer.attribution.attribute as traced
+
+    def late() -> bool:
+        return PROGRESS["started"] is not None and time.perf_counter() - PROGRESS["started"] >= limit_s
+
+    class Counted(traced.tqdm):
+        def update(self, n=1):
+            PROGRESS["rows"] += n
+            if late():
+                stop_at_time(out, limit_s, rows_asked)
+            return super().update(n)
+
+    def watch() -> None:
+        while PROGRESS["started"] is None or time.perf_counter() - PROGRESS["started"] < limit_s + GRACE_S:
+            time.sleep(0.5)
+        stop_at_time(out, limit_s, rows_asked)
+
+    traced.tqdm = Counted
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def watch_memory(out: Path, limit_gb: float | None = None) -> float:
@@ -68,6 +107,9 @@ def main() -> None:
     from circuit_tracer.graph import compute_graph_scores, prune_graph
     from circuit_tracer.utils.hf_utils import load_transcoders
 
+    if options.get("time_limit_s") is not None:
+        watch_time(out, options["time_limit_s"], options.get("max_feature_nodes"))
+
     config = yaml.safe_load((transcoder_folder / "config.yaml").read_text())
     config.setdefault("scan", "anatomy-bench")
     if config["model_kind"] == "transcoder_set":
@@ -81,7 +123,7 @@ def main() -> None:
     prompt = torch.tensor(options["prompt_ids"]) if "prompt_ids" in options else options["prompt"]
     PHASE["now"] = f"attribute (max_feature_nodes {options.get('max_feature_nodes')}, batch {options['batch_size']})"
     cpu = time.process_time()
-    start = time.perf_counter()
+    start = PROGRESS["started"] = time.perf_counter()
     try:
         graph = attribute(prompt, model, batch_size=options["batch_size"], max_feature_nodes=options.get("max_feature_nodes"))
     except (MemoryError, RuntimeError) as error:  # an allocation the machine refused

@@ -12,7 +12,8 @@ JumpReLU features in bfloat16, read in float32 by anatomy (vectors.py). Every se
 Each side runs in a process of its own, one after the other, under a watchdog that stops it when its resident
 memory passes what the machine had free when it started (its row then says where). anatomy is given
 --max-memory the goal less what the model and the transcoders hold (a capped graph then keeps the rows past it
-in a temporary file); circuit-tracer runs its nnsight backend at batch 128. The seconds are wall-clock; the
+in a temporary file); circuit-tracer runs its nnsight backend at batch 128, and is stopped at twice a row's goal
+(its row then says how many feature rows it had made, and how long all would take at that rate). The seconds are wall-clock; the
 notes give the CPU seconds and the peak resident memory (VmHWM) of each. --quick: the tests' tiny Llama at 16
 and 48 tokens, capped at 30 features.
 """
@@ -39,6 +40,7 @@ PARAGRAPH = ("The old lighthouse keeper climbed the spiral stairs every evening 
 CAP = 8192
 LENGTHS = (16, 64, 256, 1024)
 GOALS = {256: (120, 4), 1024: (600, 8), "2b": (600, 16)}  # seconds, GB
+TIME_LIMIT = 2  # circuit-tracer is stopped at twice a goal's seconds (its row then says how far it got)
 SHAPE_2B = dict(arch="decoder", vocab_size=256_000, d_model=2304, n_heads=8, n_kv_heads=4, d_head=256, n_layers=26,
                 d_ff=9216, max_seq_len=8192, pos_encoding="rotary", norm="rmsnorm", activation="swiglu")
 
@@ -149,7 +151,7 @@ def bench_circuits_scale(settings: Settings) -> list[Row]:
             model_folder, transcoder_folder, ids = prepare_smollm2(folder, length)
             goal = GOALS.get(length)
             options = {"max_feature_nodes": CAP, "batch_size": 128, "memory_goal_gb": goal[1] if goal else None,
-                       "compare": length <= 64, "qk": False}
+                       "compare": length <= 64, "qk": False, "time_limit_s": TIME_LIMIT * goal[0] if goal else None}
             ours, theirs, difference = both_sides(settings, folder, model_folder, transcoder_folder, ids, options, python)
             rows.append(row_of(f"capped graph, SmolLM2-135M, {length:,} tokens, {CAP:,} feature nodes, 2 threads", goal,
                                ours, theirs, difference, how))
@@ -157,7 +159,7 @@ def bench_circuits_scale(settings: Settings) -> list[Row]:
                        timeout=3600)
         ids = json.loads((folder / "2b" / "ids.json").read_text())
         options = {"max_feature_nodes": CAP, "batch_size": 128, "dtype": "bfloat16", "memory_goal_gb": GOALS["2b"][1],
-                   "qk": False}
+                   "qk": False, "time_limit_s": TIME_LIMIT * GOALS["2b"][0]}
         ours, theirs, difference = both_sides(settings, folder, folder / "2b" / "model", folder / "2b" / "transcoders",
                                               ids, options, python)
         rows.append(row_of(f"capped graph, 2B-shaped Llama (bfloat16), 26 x 16,384 transcoders (bfloat16), 64 tokens, "

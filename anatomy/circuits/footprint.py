@@ -5,7 +5,10 @@ Shape letters: N the whole graph's nodes, n_kept a capped graph's, R the rows a 
     whole graph     adjacency [N, N]                                              4 N^2 bytes
     capped graph    adjacency [n_kept, n_kept], n_kept = cap + errors + tokens + logits
                     + the rows held for its ranking, each over the nodes below it (at most [R, N]): in
-                      memory as far as the budget goes, the rest in a temporary file
+                      memory as far as the budget goes, the rest in a temporary file. Which features the
+                      ranking chooses is known only as it goes, so the rows' size has two bounds: every
+                      row as wide as a logit's (what the plan says it may write), and the narrowest
+                      features chosen (what it will write at least, the one a full disk refuses)
                     + the ranking's influence [N]
     both            + a sweep's working set: a bucket's gradients and their temporaries, its output rows
                       (sweep.py's constants)
@@ -54,7 +57,7 @@ def sources_bytes(where: Layout, d_model: int, left: int) -> int:
 class Plan:
     """Bytes: adjacency (the graph's matrix), ranking (the capped ranking's vectors), rows (the rows held, at most),
     working (a sweep's), sources (the sources kept between buckets, at most), rows_in_memory (what the rows may take
-    in memory; the rest goes to a file)."""
+    in memory; the rest goes to a file), rows_least (the rows held, at least: the narrowest features chosen)."""
 
     nodes: int
     adjacency: int
@@ -63,6 +66,7 @@ class Plan:
     working: int
     sources: int
     rows_in_memory: int
+    rows_least: int = 0
 
     @property
     def in_memory(self) -> int:
@@ -70,11 +74,17 @@ class Plan:
 
     @property
     def on_file(self) -> int:
+        """What the rows may write to a file, at most."""
         return max(0, self.rows - self.rows_in_memory)
+
+    @property
+    def on_file_least(self) -> int:
+        """What the rows will write to a file, at least."""
+        return max(0, self.rows_least - self.rows_in_memory)
 
     def describe(self) -> str:
         """One line: what it needs, where."""
-        file = f", {size(self.on_file)} of rows in a temporary file" if self.on_file else ""
+        file = f", up to {size(self.on_file)} of rows in a temporary file" if self.on_file else ""
         return f"{size(self.in_memory)} in memory (the adjacency {size(self.adjacency)}){file}"
 
 
@@ -111,8 +121,19 @@ def plan(where: Layout, d_model: int, max_features: int | None, batch_size: int,
     ranking = 4 * (where.total + 2 * rows)  # the influence [N], the rows' totals and norms
     fixed = adjacency + ranking + working
     sources = sources_bytes(where, d_model, room - fixed)
-    rows_bytes = 4 * rows * where.logit_start
-    return Plan(kept, adjacency, ranking, rows_bytes, working, sources, max(0, room - fixed - sources))
+    rows_most = 4 * rows * where.logit_start  # every row as wide as a logit's
+    rows_least = 4 * (n_logits * where.logit_start + narrowest(where, max_features))
+    return Plan(kept, adjacency, ranking, rows_most, working, sources, max(0, room - fixed - sources), rows_least)
+
+
+def narrowest(where: Layout, count: int) -> int:
+    """The fewest nodes `count` feature rows can reach together: the lowest layers' features, each row over the
+    nodes below its layer (feature_start)."""
+    reach = 0
+    for start, errors in zip(where.feature_start, where.error_start):
+        taken = min(count, errors - start)  # the layer's features
+        reach, count = reach + taken * start, count - taken
+    return reach
 
 
 def resident_bytes() -> int:
@@ -135,7 +156,9 @@ def room(max_bytes: int | None, spent: int = 0) -> int:
 def check_room(where: Layout, d_model: int, max_features: int | None, batch_size: int, max_bytes: int | None,
                device: torch.device, spent: int = 0, folder: str | None = None) -> Plan:
     """The plan of this graph (`plan`), or ValueError in one line when it does not fit the memory available (or
-    what is left of max_bytes after `spent`), or its rows do not fit the free space of the temporary folder."""
+    what is left of max_bytes after `spent`), or the least its rows will write past it does not fit the free space of
+    the temporary folder (what they may write at most is said; a disk that fills before that stops the graph with
+    an OSError naming the folder, RowStore.keep)."""
     budget = room(max_bytes, spent)
     needs = plan(where, d_model, max_features, batch_size, budget, lazy=device.type == "cpu")
     whose = "are available" if max_bytes is None or max_bytes > budget else "is the budget (--max-memory)"
@@ -146,10 +169,11 @@ def check_room(where: Layout, d_model: int, max_features: int | None, batch_size
             f"{where.n_tokens} positions) needs {needs.in_memory / 2**30:.1f} GiB, and {budget / 2**30:.1f} GiB {whose}; "
             + ("a lower --max-feature-nodes or a shorter prompt needs less" if capped else
                "--max-feature-nodes bounds it (the nodes grow with the positions, the memory with their square)"))
-    if needs.on_file:
+    if needs.on_file_least:
         folder = folder or tempfile.gettempdir()
         free = shutil.disk_usage(folder).free
-        if needs.on_file > free:
-            raise ValueError(f"this graph's rows need {needs.on_file / 2**30:.1f} GiB in a temporary file beyond the "
-                             f"{budget / 2**30:.1f} GiB of memory it may take, and {folder} has {free / 2**30:.1f} GiB free")
+        if needs.on_file_least > free:
+            raise ValueError(f"this graph's rows need at least {needs.on_file_least / 2**30:.1f} GiB in a temporary file "
+                             f"beyond the {budget / 2**30:.1f} GiB of memory it may take, and {folder} has "
+                             f"{free / 2**30:.1f} GiB free")
     return needs

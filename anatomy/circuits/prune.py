@@ -99,7 +99,11 @@ def find_threshold(scores: torch.Tensor, fraction: float) -> float:
     positive = scores[scores > 0].flatten()
     if positive.numel() == 0:
         return 0.0
-    ordered = positive.sort(descending=True).values
+    if positive.device.type == "cpu":  # sorted in place, without the indices torch.sort makes (8 bytes a score)
+        positive.numpy().sort()
+        ordered = positive.flip(0)
+    else:
+        ordered = positive.sort(descending=True).values
     cumulative = ordered.cumsum(0) / ordered.sum()
     index = int(torch.searchsorted(cumulative, torch.tensor(fraction, dtype=cumulative.dtype)))
     if index >= ordered.numel():
@@ -140,11 +144,15 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
 
     kept = node_mask.nonzero().flatten()
     sub = graph.adjacency[kept[:, None], kept[None, :]].float()  # (n, n): the edges between kept nodes
-    shares = normalized(sub)
+    present = sub != 0
     sub_influence = neumann_influence(sub, weights[kept]) if len(kept) <= BLOCK else influence(sub, weights[kept])
-    edge_scores = shares * (sub_influence + weights[kept])[:, None]  # (n, n)
+    # the edge scores Â[t, s] (influence_t + w_t), made in sub's own memory (normalized's steps, in place): of a long
+    # prompt's graph, n is tens of thousands and each (n, n) matrix gigabytes
+    edge_scores = sub.abs_().div_(sub.sum(dim=1, keepdim=True).clamp(min=1e-10))  # (n, n): Â
+    edge_scores.mul_((sub_influence + weights[kept])[:, None])
     edge_mask = edge_scores >= find_threshold(edge_scores, edge_threshold)
-    edge_mask &= sub != 0
+    edge_mask &= present
+    del present
 
     kinds = [graph.nodes[i].kind for i in kept.tolist()]
     needs_out = torch.tensor([kind not in INPUT_KINDS + OUTPUT_KINDS for kind in kinds])  # features, errors, components

@@ -77,7 +77,13 @@ class RowStore:
             if self.file is None:
                 self.file = tempfile.TemporaryFile(dir=self.folder)
             chunk.offset = self.file.tell()
-            self.file.write(values.cpu().numpy().tobytes())
+            try:
+                self.file.write(values.cpu().numpy().tobytes())
+            except OSError as error:  # the disk filled: the plan knows only bounds of what the rows write
+                folder = self.folder or tempfile.gettempdir()
+                raise OSError(error.errno, f"the capped graph's rows filled {folder} after {chunk.offset / 2**30:.1f} GiB "
+                                           f"written ({error.strerror}); free space there, or give the graph more memory "
+                                           f"(--max-memory)") from error
         self.chunks.append(chunk)
         self.rows += n
 

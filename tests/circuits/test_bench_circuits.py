@@ -59,3 +59,22 @@ def test_the_gpu_script_runs_its_cases_and_commands_at_toy_sizes_on_the_cpu(tmp_
     rows = rows_of(lines)  # --table: the lines as the bench's rows
     assert [row.notes[0] for row in rows[:3]] == ["exit 0"] * 3 and rows[1].notes[-1].startswith("time: ")
     assert [row.ours for row in rows[3:]] == [g["seconds"] for g in graphs]
+
+
+@pytest.mark.peer("ANATOMY_CIRCUIT_TRACER_PYTHON")
+def test_circuit_tracer_past_its_time_limit_says_how_far_it_got(tmp_path):
+    """The scale rows stop circuit-tracer at twice a goal's time; the row then says how many feature rows it made.
+    A limit of 0 s stops it after its first batch of feature rows, whatever the machine's speed."""
+    import json
+    import os
+
+    from anatomy.bench.circuits import FIXTURES, WORKER, run
+
+    out = tmp_path / "circuit-tracer.json"
+    options = {"prompt_ids": [1] + [3 + (7 * i) % 19 for i in range(15)], "threads": 1, "max_feature_nodes": 30,
+               "batch_size": 4, "compare": False, "time_limit_s": 0}
+    result = run([os.environ["ANATOMY_CIRCUIT_TRACER_PYTHON"], str(WORKER), str(FIXTURES / "llama"),
+                  str(FIXTURES / "plt_jumprelu"), str(out), json.dumps(options)], out, 1)
+    assert re.fullmatch(r"past its time limit of 0 s while attribute \(max_feature_nodes 30, batch 4\): 4 feature rows "
+                        r"computed in \d+ s; at that rate the 30 would take [0-9.]+ h \(peak [0-9.]+ GB so far\)",
+                        result["stopped"]), result

@@ -159,6 +159,48 @@ def test_the_row_store_gives_back_what_it_was_given_from_memory_and_file():
     store.close()
 
 
+def test_the_rows_file_is_planned_between_its_bounds_and_a_full_disk_is_named(monkeypatch, tmp_path):
+    import errno
+    import shutil
+
+    from anatomy.circuits import footprint
+    from anatomy.circuits.layout import layout
+    from anatomy.circuits.replacement import Replacement
+    from anatomy.circuits.vectors import read_features
+
+    model, transcoders = tiny(features=24)
+    ids = torch.tensor(LONG)
+    rep = Replacement(model, transcoders, ids)
+    active, _ = read_features(rep)
+    where = layout(active, rep.n_layers, len(ids), 10)
+    widths = sorted(where.feature_start[layer] for layer in active.layer.tolist())  # each feature's row, by hand
+    assert footprint.narrowest(where, 40) == sum(widths[:40]) and footprint.narrowest(where, 1) == len(ids)
+    needs = plan(where, model.config.d_model, 40, 32, 2**40)
+    assert needs.rows_least == 4 * (10 * where.logit_start + sum(widths[:40])) < needs.rows == 4 * 50 * where.logit_start
+    fixed = needs.adjacency + needs.ranking + needs.working + needs.sources
+    free = {"bytes": 0}
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: shutil._ntuple_diskusage(0, 0, free["bytes"]))
+    free["bytes"] = needs.rows_least  # room for the least the rows write (none of them in memory), not the most
+    made = footprint.check_room(where, model.config.d_model, 40, 32, fixed, torch.device("cpu"), folder=str(tmp_path))
+    assert made.on_file > free["bytes"] and "up to " in made.describe()
+    free["bytes"] = needs.rows_least - 1
+    with pytest.raises(ValueError, match=f"need at least .* GiB in a temporary file .* {tmp_path} has"):
+        footprint.check_room(where, model.config.d_model, 40, 32, fixed, torch.device("cpu"), folder=str(tmp_path))
+
+    class Full:  # a file on a disk that has filled
+        def tell(self):
+            return 2**30
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    store = RowStore(memory_bytes=0, folder=str(tmp_path))
+    store.file = Full()
+    with pytest.raises(OSError, match=f"filled {tmp_path} after 1.0 GiB written .No space left on device.") as raised:
+        store.add(torch.ones(2, 5), [5, 5])
+    assert raised.value.errno == errno.ENOSPC
+
+
 def test_a_pruned_graph_states_its_own_check():
     model, transcoders = tiny(features=24)
     graph = attribution_graph(model, torch.tensor(LONG), transcoders)
