@@ -83,6 +83,7 @@ def prepare_2b(folder: str) -> None:
     torch.set_default_dtype(torch.float32)
     tokenizer = from_pretrained("smollm2").tokenizer  # token ids only: any 64 ids below the vocabulary do
     ids = prompt_of(tokenizer, 64)
+    model.tokenizer = tokenizer  # saved beside the weights: circuit-tracer's loader reads a tokenizer from the folder
     transcoders = calibrated_random_transcoders(model, torch.tensor([ids]), features=16384, dtype=torch.bfloat16)
     write_model(model, folder / "model")
     save_transcoders(transcoders, folder / "transcoders", scan="anatomy-bench/random-calibrated")

@@ -105,17 +105,17 @@ def logit_targets(logits: torch.Tensor, max_logits: int, probability: float) -> 
     return ids[:cutoff], top[:cutoff]
 
 
-def build_nodes(rep: Replacement, active: Active, where: Layout, logit_ids: torch.Tensor, probs: torch.Tensor,
-                labels: list[str], logit_labels: list[str]) -> list[Node]:
+def build_nodes(ids: torch.Tensor, n_layers: int, active: Active, where: Layout, logit_ids: torch.Tensor,
+                probs: torch.Tensor, labels: list[str], logit_labels: list[str]) -> list[Node]:
     """Nodes in graph order (Layout): every one named by what it is."""
-    nodes = [Node("token", -1, q, int(rep.ids[q]), label=labels[q]) for q in range(where.n_tokens)]
+    nodes = [Node("token", -1, q, int(ids[q]), label=labels[q]) for q in range(where.n_tokens)]
     positions, features, values = active.position.tolist(), active.feature.tolist(), active.activation.tolist()
-    for layer in range(rep.n_layers):
+    for layer in range(n_layers):
         start, stop = active.span(layer)
         nodes += [Node("feature", layer, positions[i], features[i], value=values[i]) for i in range(start, stop)]
         nodes += [Node("error", layer, q) for q in range(where.n_tokens)]
     last = where.n_tokens - 1
-    nodes += [Node("logit", rep.n_layers, last, int(i), label=text, value=float(p))
+    nodes += [Node("logit", n_layers, last, int(i), label=text, value=float(p))
               for i, text, p in zip(logit_ids.tolist(), logit_labels, probs.tolist())]
     return nodes
 
@@ -198,6 +198,9 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
             rows = capped_rows(rep, sources, active, where, logit_rows, probs, max_feature_nodes, batch_size,
                                update_interval, store, advance)
             influence = partial_influence(store, rows.row_nodes, rows.weights, where.total)
+            # the rows are made: the frozen pass and the sources (a long prompt's gigabytes) give their memory to the
+            # assembly's matrix
+            del sources, vectors, rep
             active_kept, where_kept = kept_layout(active, rows.chosen, L, T, len(logit_ids))
             adjacency, targets = assemble(rows, active, where, where_kept)
             check, error, values, rest, dropped = capped_check(adjacency, targets, values[rows.row_nodes], rest[rows.row_nodes],
@@ -211,29 +214,29 @@ def attribution_graph(model: nn.Module, prompt, transcoders, *, max_logits: int 
         adjacency = whole_adjacency(rep, sources, active, where, logit_rows, advance)
         check, error = whole_check(adjacency, values, rest)
         file_bytes, dropped = 0, {}
-    return finish(rep, model, prompt, transcoders, active, where, logit_ids, probs, adjacency, values, rest, check,
+    return finish(ids, L, model, prompt, transcoders, active, where, logit_ids, probs, adjacency, values, rest, check,
                   error, needs, file_bytes, max_logits=max_logits, logit_probability=logit_probability,
                   features_active=len(nodes), **({"max_feature_nodes": max_feature_nodes} if capped else {}), **dropped,
                   **logit_note(model))
 
 
-def finish(rep: Replacement, model: nn.Module, prompt, transcoders, active: Active, where: Layout, logit_ids: torch.Tensor,
-           probs: torch.Tensor, adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tensor, check: str,
-           error: float, needs: Plan, file_bytes: int, **meta) -> Graph:
-    """The Graph, on the CPU (a graph is data; it was computed where the model is): its nodes named, its labels,
-    what it explains, and what it took."""
-    ids = rep.ids.cpu()
+def finish(ids: torch.Tensor, n_layers: int, model: nn.Module, prompt, transcoders, active: Active, where: Layout,
+           logit_ids: torch.Tensor, probs: torch.Tensor, adjacency: torch.Tensor, values: torch.Tensor, rest: torch.Tensor,
+           check: str, error: float, needs: Plan, file_bytes: int, **meta) -> Graph:
+    """The Graph of the prompt `ids` through n_layers, on the CPU (a graph is data; it was computed where the model
+    is): its nodes named, its labels, what it explains, and what it took."""
+    ids = ids.cpu()
     tokenizer = getattr(model, "tokenizer", None)
     labels = tokenizer.labels(ids.tolist()) if tokenizer else [str(i) for i in ids.tolist()]
     logit_labels = tokenizer.labels(logit_ids.tolist()) if tokenizer else [str(i) for i in logit_ids.tolist()]
-    nodes = build_nodes(rep, active, where, logit_ids, probs, labels, logit_labels)
+    nodes = build_nodes(ids, n_layers, active, where, logit_ids, probs, labels, logit_labels)
     cpu = torch.device("cpu")
     adjacency, values, rest = adjacency.to(cpu), values.to(cpu), rest.to(cpu)
     weights = torch.zeros(where.total, device=cpu)
     weights[where.logit_start:] = probs.to(cpu)
     text = prompt if isinstance(prompt, str) else (tokenizer.decode(ids.tolist()) if tokenizer else "")
     return Graph(
-        nodes, adjacency, labels, rep.n_layers, output_weights=weights, kind="attribution graph",
+        nodes, adjacency, labels, n_layers, output_weights=weights, kind="attribution graph",
         about=f"the next token after {text!r}",
         meta={"prompt": text, "prompt_ids": ids.tolist(), "model": "",
               "prompt_texts": tokenizer.token_texts(ids.tolist()) if tokenizer else labels,

@@ -49,7 +49,7 @@ class NodeStream:
         ids = rep.ids.tolist()
         labels = labels or (tokenizer.labels(ids) if tokenizer else [str(i) for i in ids])
         none = torch.zeros(0, dtype=torch.long, device="cpu")  # no logits
-        self.nodes = build_nodes(rep, self.active, self.where, none, none.float(), labels, [])
+        self.nodes = build_nodes(rep.ids, rep.n_layers, self.active, self.where, none, none.float(), labels, [])
         self.positions = torch.tensor([node.column for node in self.nodes], device=rep.device)  # (N,): each node's position
         self.first_images = self.sources.first_images
         self._no_node: list[torch.Tensor] | None = None
