@@ -201,6 +201,28 @@ def test_the_rows_file_is_planned_between_its_bounds_and_a_full_disk_is_named(mo
     assert raised.value.errno == errno.ENOSPC
 
 
+def test_a_capped_graph_lets_go_of_the_frozen_pass_and_the_sources_before_its_assembly(monkeypatch):
+    """Of a long prompt they are gigabytes, and the assembly's matrix comes on top of what is held then."""
+    import gc
+
+    import anatomy.circuits.attribute as attribute
+    from anatomy.circuits.replacement import Replacement
+    from anatomy.circuits.sweep import Sources
+
+    model, transcoders = tiny(features=24)
+    held = {}
+
+    def assemble(*args):
+        gc.collect()
+        held["alive"] = [type(o).__name__ for o in gc.get_objects() if type(o) in (Replacement, Sources)]
+        return original(*args)
+
+    original = attribute.assemble
+    monkeypatch.setattr(attribute, "assemble", assemble)
+    graph = attribution_graph(model, torch.tensor(LONG), transcoders, max_feature_nodes=40, batch_size=8)
+    assert held == {"alive": []} and graph.error < 1e-5
+
+
 def test_a_pruned_graph_states_its_own_check():
     model, transcoders = tiny(features=24)
     graph = attribution_graph(model, torch.tensor(LONG), transcoders)
