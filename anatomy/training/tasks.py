@@ -134,18 +134,17 @@ class ClassifyTask:
         self.batch_size, self.val = batch_size, val
         self.seed, self.rank, self.token_dropout = seed, rank, token_dropout
 
-    def _collate(self, seqs, labels, idx) -> dict:
+    def _collate(self, seqs, labels, idx, dropout_rng: np.random.Generator | None = None) -> dict:
         t = self.tok
         idx = list(idx)
-        return classify_batch([seqs[i] for i in idx], labels[idx], t.pad_id, t.bos_id, t.eos_id, self.max_len)
+        texts = [seqs[i] for i in idx]
+        if dropout_rng is not None:
+            texts = drop_tokens(texts, self.token_dropout, dropout_rng)
+        return classify_batch(texts, labels[idx], t.pad_id, t.bos_id, t.eos_id, self.max_len)
 
     def batch(self, k: int) -> dict:
-        idx = list(self.sampler.indices(k))
-        seqs = [self.seqs[i] for i in idx]
-        if self.token_dropout:
-            seqs = drop_tokens(seqs, self.token_dropout, np.random.default_rng([self.seed, k, self.rank]))
-        t = self.tok
-        return classify_batch(seqs, self.labels[idx], t.pad_id, t.bos_id, t.eos_id, self.max_len)
+        rng = np.random.default_rng([self.seed, k, self.rank]) if self.token_dropout else None
+        return self._collate(self.seqs, self.labels, self.sampler.indices(k), rng)
 
     def loss(self, model, batch: dict, label_smoothing: float = 0.0) -> torch.Tensor:
         logits = model(batch["input_ids"], padding_mask=batch["padding_mask"]).logits  # (B, C)

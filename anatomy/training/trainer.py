@@ -260,13 +260,13 @@ class Trainer:
             paths = last_checkpoints(self.run_dir, c.average_last)
             average_checkpoints(self.model, paths)
             self._say(f"averaged the weights of {', '.join(p.name for p in paths)}")
-            self._evaluate_averaged({"averaged_checkpoints": len(paths)}, start_time, start_cpu)
+            self._evaluate_averaged("averaged", {"averaged_checkpoints": len(paths)}, start_time, start_cpu)
         if self.ema is not None and self.step >= c.max_steps:
             self.ema.copy_to_model()
-            self._evaluate_averaged({"ema": c.ema}, start_time, start_cpu)
+            self._evaluate_averaged("moving average", {"ema": c.ema}, start_time, start_cpu)
         return self.history
 
-    def _evaluate_averaged(self, what: dict, start_time: float, start_cpu: float) -> None:
+    def _evaluate_averaged(self, name: str, what: dict, start_time: float, start_cpu: float) -> None:
         """After every rank put averaged weights in the model (the mean of the last checkpoints',
         or the moving average), rank 0 evaluates that model as finally as the last step's and logs
         it with `what` ({"averaged_checkpoints": N} or {"ema": decay}), after the last step's record."""
@@ -274,7 +274,7 @@ class Trainer:
             metrics = self.evaluate(final=True)
             self.log({"step": self.step, **what, **metrics,
                       "elapsed_s": time.time() - start_time, "cpu_s": time.process_time() - start_cpu})
-            self._say(f"{next(iter(what))}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            self._say(f"{name}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         distributed.barrier()
 
     def _evaluate_and_log(self, progress: ProgressBar, final: bool, start_time: float, start_cpu: float) -> None:
