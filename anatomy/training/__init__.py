@@ -7,6 +7,7 @@
     trainer.py      the training loop and its optimizer (fused AdamW)
     optimizers.py   the optimizers' parameter groups, layer-wise LR decay, AdamW + Muon as one
     muon.py         Muon: momentum orthogonalised by Newton-Schulz / Polar Express iterations, shapes stacked
+    ema.py          the weights' exponential moving average (--ema), a final model like averaging.py's
     metrics.py      metrics.jsonl, loss.png, the progress bar
     checkpoint.py   atomic checkpoints: weights, optimizer, scheduler, RNG states, step; fallback past
                     damaged ones; save_trained / load_trained for the finished model

@@ -151,7 +151,7 @@ def classify(args, run_dir: Path, info):
     elif model.config.num_labels != len(names):
         raise ValueError(f"--labels gives {model.config.num_labels} labels, {args.train} has {len(names)}")
     return model, ClassifyTask(seqs, y, tok, args.batch_size, args.max_len, args.seed, info.rank,
-                               info.world_size, val=val), tok
+                               info.world_size, val=val, token_dropout=args.token_dropout), tok
 
 
 def _pretrained_classifier(args, run_dir: Path, labels: list[str] | None):

@@ -114,6 +114,14 @@ def fraction_or_one(text: str) -> float:
     return value
 
 
+def ema_decay(text: str) -> float:
+    """An EMA decay: 0 (none) or strictly between 0 and 1."""
+    value = probability(text)
+    if value == 1.0:
+        raise argparse.ArgumentTypeError(f"{text}: a decay of 1 never moves the average (0: no average, or below 1)")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     tasks = parser.add_subparsers(dest="task", metavar="TASK", required=True)
 
@@ -150,6 +158,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_argument(cls, default=None, flag="--init", help="fine-tune this pretrained encoder")
     cls.add_argument("--pooling", choices=("first", "mean"), default="mean",
                      help="the sequence's vector: its first token's, or the mean of its tokens'")
+    cls.add_argument("--token-dropout", type=probability, default=0.0,
+                     help="word dropout: each training text loses each token with this probability (0: none)")
 
     for task, sub in (("lm", lm), ("seq2seq", s2s), ("classify", cls)):
         _common_arguments(sub, *DEFAULTS[task])
@@ -214,6 +224,8 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
                         "largest singular value")
     g.add_argument("--layer-decay", type=fraction_or_one, default=1.0,
                    help="layer-wise LR decay: each block learns at this x the rate of the one above it (1: none)")
+    g.add_argument("--head-lr-scale", type=positive_float, default=1.0,
+                   help="the head and final norm (above the blocks) learn at --lr x this (1: like the body)")
     g.add_argument("--weight-decay", type=non_negative_float, default=0.1, help="AdamW's decoupled weight decay")
     betas = train_defaults.get("betas", (0.9, 0.99))
     g.add_argument("--beta1", type=fraction, default=betas[0], help="AdamW's first-moment decay")
@@ -229,6 +241,9 @@ def _common_arguments(p: argparse.ArgumentParser, model_defaults: dict, train_de
     g.add_argument("--keep", type=positive_int, default=2, help="checkpoints kept on disk")
     g.add_argument("--average-last", type=positive_int, default=1,
                    help="the final model: the mean of the last N checkpoints' weights (needs --keep N or more)")
+    g.add_argument("--ema", type=ema_decay, default=0.0,
+                   help="the final model: the weights' exponential moving average over every step with this decay, "
+                        "e.g. 0.999 (about the last 1/(1-decay) steps; 0: none)")
 
 
 def train_config(args):
@@ -239,8 +254,9 @@ def train_config(args):
         max_steps=args.max_steps, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
         min_lr_ratio=args.min_lr_ratio, schedule=args.schedule, warmup=args.warmup,
         decay_fraction=args.decay_fraction, optimizer=args.optimizer, layer_decay=args.layer_decay,
+        head_lr_scale=args.head_lr_scale,
         ns_coefficients=args.ns_coefficients, ns_steps=args.ns_steps, ns_norm=args.ns_norm,
-        weight_decay=args.weight_decay, average_last=args.average_last, betas=(args.beta1, args.beta2),
+        weight_decay=args.weight_decay, average_last=args.average_last, ema=args.ema, betas=(args.beta1, args.beta2),
         label_smoothing=args.label_smoothing, clip=args.clip, eval_every=args.eval_every, log_every=args.log_every, save_every=args.save_every,
         keep=args.keep, seed=args.seed, precision=args.precision, progress=not args.no_progress,
         quiet=args.quiet)
@@ -306,6 +322,10 @@ def check_arguments(args) -> None:
     if args.average_last > 1 and (args.keep < args.average_last or not args.save_every):
         raise ValueError(f"--average-last {args.average_last} averages the last {args.average_last} checkpoints: "
                          f"give --keep {args.average_last} or more (now {args.keep}) and --save-every above 0")
+    if args.ema and args.average_last > 1:
+        raise ValueError(f"--ema and --average-last {args.average_last} each make the final model: give one")
+    if args.ema and args.resume:
+        raise ValueError("--ema keeps the weights' moving average in memory only: a resumed run cannot continue it")
     if args.task == "seq2seq":
         if args.beams > MAX_BEAMS:
             raise ValueError(f"--beams {args.beams} is more than {MAX_BEAMS}")

@@ -348,6 +348,22 @@ def seq2seq_batch(src: list[np.ndarray], tgt: list[np.ndarray], pad_id: int, bos
             "tgt_padding_mask": tgt_mask, "labels": labels}
 
 
+def drop_tokens(seqs: list[np.ndarray], p: float, rng: np.random.Generator) -> list[np.ndarray]:
+    """Word dropout (Iyyer et al., 2015, "Deep Unordered Composition Rivals Syntactic Methods"):
+    each token of each text is deleted with probability `p`, independently, and a text that would
+    lose every token keeps its first:
+
+        keep_t ~ Bernoulli(1 - p),   x' = (x_t : keep_t)
+
+    A training phrase then never comes back twice the same, so the model cannot learn it by heart
+    from one token sequence; at evaluation every token is read."""
+    kept = []
+    for s in seqs:
+        keep = rng.random(len(s)) >= p
+        kept.append(s[keep] if keep.any() else s[:1])
+    return kept
+
+
 def classify_batch(seqs: list[np.ndarray], labels: np.ndarray, pad_id: int, bos_id: int, eos_id: int,
                    max_len: int) -> dict[str, torch.Tensor]:
     """<SOS>/[CLS] text <EOS>/[SEP], cut to `max_len`: input_ids (B, T), padding_mask (B, T), labels (B,)."""

@@ -12,6 +12,10 @@ decay (Clark et al., 2020, ELECTRA; for fine-tuning) sets it from the parameter'
 
 so the head learns at the full rate and each block below it at `layer_decay` times the one above:
 the lower a layer, the more general what it learned in pre-training, the less it should move.
+A new head on a pretrained body may learn faster than the body (`head_lr_scale`, Howard & Ruder's
+discriminative fine-tuning taken to its two-rate case):
+
+    lr_scale(L + 1) = head_lr_scale,   lr_scale(d) = layer_decay ** (L + 1 - d) for d <= L
 """
 
 from __future__ import annotations
@@ -47,14 +51,18 @@ def layer_depths(model: nn.Module) -> tuple[dict[int, int], int]:
     return depths, top
 
 
-def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0,
+                 head_lr_scale: float = 1.0) -> list[dict]:
     """AdamW groups: decay for weight matrices, none for norms, biases (1-D) and embeddings; one
-    pair per depth when layer_decay < 1, each with its `lr_scale` (see the module docstring).
+    pair per depth when layer_decay < 1, or one for the head and one for the rest when only
+    head_lr_scale != 1, each with its `lr_scale` (see the module docstring).
 
     Decay pulls weights toward 0; a norm's gain pulled toward 0 (or an embedding row that is rarely
     seen, decayed every step) only hurts, so they are left out (as in GPT-2, BERT, nanoGPT)."""
     if not 0.0 < layer_decay <= 1.0:
         raise ValueError(f"layer_decay must be in (0, 1], not {layer_decay}")
+    if not head_lr_scale > 0.0:
+        raise ValueError(f"head_lr_scale must be above 0, not {head_lr_scale}")
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     depths, top = layer_depths(model)
     groups: dict[tuple[bool, int], dict] = {}
@@ -64,9 +72,12 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
             continue
         seen.add(id(p))
         decays = p.dim() >= 2 and id(p) not in embeddings
-        depth = depths[id(p)] if layer_decay < 1.0 else top
+        depth = depths[id(p)]
+        if layer_decay == 1.0:  # one rate for the whole body: its parameters share the top's groups,
+            depth = top if depth == top or head_lr_scale == 1.0 else 0  # or depth 0's when the head has its own
+        scale = head_lr_scale if depth == top else layer_decay ** (top - depth)
         group = groups.setdefault((decays, depth), {"params": [], "weight_decay": weight_decay if decays else 0.0,
-                                                    "lr_scale": layer_decay ** (top - depth)})
+                                                    "lr_scale": scale})
         group["params"].append(p)
     # decay groups first, shallow to deep: with layer_decay 1, exactly [decay, no_decay]
     return [groups[key] for key in sorted(groups, key=lambda k: (not k[0], k[1]))]
@@ -136,7 +147,7 @@ def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) 
     their AdamW meaning. Raises ValueError for an unknown name."""
     if config.optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {config.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-    groups = param_groups(model, config.weight_decay, config.layer_decay)
+    groups = param_groups(model, config.weight_decay, config.layer_decay, config.head_lr_scale)
     for group in groups:
         group["lr"] = config.lr * group["lr_scale"]
     if config.optimizer == "adamw":

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .data import IGNORE_INDEX, EpochBatches, LMBatches, TokenSequences, classify_batch, seq2seq_batch
+from .data import IGNORE_INDEX, EpochBatches, LMBatches, TokenSequences, classify_batch, drop_tokens, seq2seq_batch
 from .evaluate import bleu
 
 
@@ -118,24 +118,33 @@ class Seq2SeqTask:
 
 
 class ClassifyTask:
-    """Sequence classification (encoder with a classification head): one label per text."""
+    """Sequence classification (encoder with a classification head): one label per text.
+
+    With `token_dropout` > 0 each training text loses each token with that probability
+    (data.drop_tokens), drawn from (seed, micro-batch k, rank): a pure function of k, as the batch is."""
 
     name = "classify"
 
     def __init__(self, seqs: TokenSequences, labels: np.ndarray, tokenizer, batch_size: int, max_len: int,
-                 seed: int, rank: int = 0, world_size: int = 1, val: tuple | None = None):
+                 seed: int, rank: int = 0, world_size: int = 1, val: tuple | None = None,
+                 token_dropout: float = 0.0):
         self.seqs, self.labels, self.tok, self.max_len = seqs, labels, tokenizer, max_len
         self.sampler = EpochBatches(np.minimum(seqs.lengths(), max_len), batch_size, seed, rank, world_size,
                                     bucket=50)
         self.batch_size, self.val = batch_size, val
+        self.seed, self.rank, self.token_dropout = seed, rank, token_dropout
 
-    def _collate(self, seqs, labels, idx) -> dict:
+    def _collate(self, seqs, labels, idx, dropout_rng: np.random.Generator | None = None) -> dict:
         t = self.tok
         idx = list(idx)
-        return classify_batch([seqs[i] for i in idx], labels[idx], t.pad_id, t.bos_id, t.eos_id, self.max_len)
+        texts = [seqs[i] for i in idx]
+        if dropout_rng is not None:
+            texts = drop_tokens(texts, self.token_dropout, dropout_rng)
+        return classify_batch(texts, labels[idx], t.pad_id, t.bos_id, t.eos_id, self.max_len)
 
     def batch(self, k: int) -> dict:
-        return self._collate(self.seqs, self.labels, self.sampler.indices(k))
+        rng = np.random.default_rng([self.seed, k, self.rank]) if self.token_dropout else None
+        return self._collate(self.seqs, self.labels, self.sampler.indices(k), rng)
 
     def loss(self, model, batch: dict, label_smoothing: float = 0.0) -> torch.Tensor:
         logits = model(batch["input_ids"], padding_mask=batch["padding_mask"]).logits  # (B, C)

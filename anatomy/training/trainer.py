@@ -8,7 +8,8 @@ One optimizer update ("step") is:
     3. clip the global gradient norm, optimizer update (optimizers.py), next learning rate (schedules.py)
 
 At the end, `average_last` > 1 replaces the weights by the mean of the last checkpoints'
-(averaging.py) and evaluates that model too.
+(averaging.py), or `ema` > 0 by their exponential moving average over every step (ema.py), and
+evaluates that model too.
 
 Dividing by the token count of the *global* batch (all micro-batches, all ranks) makes the
 gradient the same whether a batch of 64 runs as 1 x 64, 4 x 16 accumulated, or 2 ranks x 32.
@@ -29,6 +30,7 @@ from ..terminal import printable
 from . import distributed
 from .averaging import average_checkpoints, last_checkpoints
 from .checkpoint import load_newest, save_checkpoint
+from .ema import WeightAverage
 from .metrics import ProgressBar, append_metrics, plot_metrics, read_metrics, rewrite_metrics
 from .optimizers import make_optimizer, param_groups
 from .schedules import make_scheduler
@@ -52,6 +54,7 @@ class TrainConfig:
     decay_fraction: float = 0.2  # wsd: the last share of max_steps, decaying
     optimizer: str = "adamw"  # one of optimizers.OPTIMIZERS
     layer_decay: float = 1.0  # layer-wise LR decay (optimizers.py); 1 = every layer at lr
+    head_lr_scale: float = 1.0  # the head (above the blocks) learns at lr x this (optimizers.py)
     ns_coefficients: str = "jordan"  # muon: the Newton-Schulz schedule (muon.NS_COEFFICIENTS)
     ns_steps: int = 5  # muon: Newton-Schulz iterations per step
     ns_norm: str = "frobenius"  # muon: the bound on the largest singular value (muon.NS_NORMS)
@@ -65,6 +68,7 @@ class TrainConfig:
     save_every: int = 0  # steps; 0 = only at the end
     keep: int = 2  # checkpoints kept on disk
     average_last: int = 1  # the final model: the mean of the last N checkpoints' weights (1: the last's)
+    ema: float = 0.0  # the final model: the weights' moving average with this decay (ema.py); 0 = none
     seed: int = 1337
     precision: str = "auto"  # "auto" (bf16/fp16 autocast on GPU, fp32 on CPU) | "fp32" | "bf16" | "fp16"
     progress: bool = True  # rich progress bar (rank 0, on a terminal)
@@ -129,6 +133,10 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.resume:
             self._resume()
+        if c.ema and self.step:
+            raise ValueError("the weights' moving average (--ema) is kept in memory only: a resumed run "
+                             "cannot continue it; start the run again without --resume")
+        self.ema = WeightAverage(self.model, c.ema) if c.ema else None
         self.objective = Objective(self.model, self.task)
         self.ddp = None
         if self.dist.enabled:
@@ -180,6 +188,8 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update()
         self.step += 1
         loss = distributed.all_reduce_sum(loss_sum).item() / global_count
         tokens = sum(b[k].numel() for b in batches for k in ("input_ids", "src_ids", "tgt_ids") if k in b)
@@ -225,7 +235,7 @@ class Trainer:
                 last = self.step == c.max_steps
                 if self.step % c.log_every == 0 or last:
                     now = time.time()
-                    # the peak rate: with layer-wise decay, the head's (every other group's is lower)
+                    # the peak rate: the head's with layer-wise decay, the highest group's in general
                     record = {"step": self.step, "loss": loss, "lr": max(self.scheduler.get_last_lr()),
                               "tokens_per_s": tokens_since / max(now - t_since, 1e-9),
                               "elapsed_s": now - start_time, "cpu_s": time.process_time() - start_cpu}
@@ -247,21 +257,24 @@ class Trainer:
                 if paused:
                     t_since = time.time()
         if c.average_last > 1 and self.step >= c.max_steps:
-            self._average_and_evaluate(start_time, start_cpu)
+            paths = last_checkpoints(self.run_dir, c.average_last)
+            average_checkpoints(self.model, paths)
+            self._say(f"averaged the weights of {', '.join(p.name for p in paths)}")
+            self._evaluate_averaged("averaged", {"averaged_checkpoints": len(paths)}, start_time, start_cpu)
+        if self.ema is not None and self.step >= c.max_steps:
+            self.ema.copy_to_model()
+            self._evaluate_averaged("moving average", {"ema": c.ema}, start_time, start_cpu)
         return self.history
 
-    def _average_and_evaluate(self, start_time: float, start_cpu: float) -> None:
-        """The weights become the mean of the last `average_last` checkpoints' (every rank loads
-        them); rank 0 evaluates that model as finally as the last step's and logs it with
-        `averaged_checkpoints`, after the last step's own record."""
-        paths = last_checkpoints(self.run_dir, self.config.average_last)
-        average_checkpoints(self.model, paths)
-        self._say(f"averaged the weights of {', '.join(p.name for p in paths)}")
+    def _evaluate_averaged(self, name: str, what: dict, start_time: float, start_cpu: float) -> None:
+        """After every rank put averaged weights in the model (the mean of the last checkpoints',
+        or the moving average), rank 0 evaluates that model as finally as the last step's and logs
+        it with `what` ({"averaged_checkpoints": N} or {"ema": decay}), after the last step's record."""
         if self.dist.is_main:
             metrics = self.evaluate(final=True)
-            self.log({"step": self.step, "averaged_checkpoints": len(paths), **metrics,
+            self.log({"step": self.step, **what, **metrics,
                       "elapsed_s": time.time() - start_time, "cpu_s": time.process_time() - start_cpu})
-            self._say("averaged: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            self._say(f"{name}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         distributed.barrier()
 
     def _evaluate_and_log(self, progress: ProgressBar, final: bool, start_time: float, start_cpu: float) -> None:

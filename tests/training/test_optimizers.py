@@ -18,10 +18,11 @@ def encoder(n_layers=3):
                                                    head="sequence-classification", num_labels=2), seed=0)
 
 
-def test_layer_decay_gives_each_depth_its_rate_and_the_head_the_full_one():
+@pytest.mark.parametrize("decay, head", [(0.5, 1.0), (0.5, 10.0), (1.0, 10.0)])
+def test_layer_decay_gives_each_depth_its_rate_and_the_head_its_own(decay, head):
     model = encoder(n_layers=3)
-    lr, decay = 1e-3, 0.5
-    optimizer = make_optimizer(model, TrainConfig(lr=lr, layer_decay=decay), torch.device("cpu"))
+    lr = 1e-3
+    optimizer = make_optimizer(model, TrainConfig(lr=lr, layer_decay=decay, head_lr_scale=head), torch.device("cpu"))
     rate = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
     for name, p in model.named_parameters():
         if "embedding" in name:
@@ -30,7 +31,7 @@ def test_layer_decay_gives_each_depth_its_rate_and_the_head_the_full_one():
             depth = int(name.split(".")[1]) + 1
         else:  # the final norm and the classifier
             depth = 4
-        assert rate[id(p)] == pytest.approx(lr * decay ** (4 - depth)), name
+        assert rate[id(p)] == pytest.approx(lr * (head if depth == 4 else decay ** (4 - depth))), name
     # every parameter in exactly one group, and the scheduler scales every group's rate alike
     assert sorted(rate) == sorted(id(p) for p in model.parameters())
     scheduler = make_scheduler(optimizer, "linear", warmup=0, max_steps=10, min_ratio=0.0)
@@ -45,6 +46,8 @@ def test_without_layer_decay_the_groups_are_decay_and_no_decay():
     assert [(g["weight_decay"], g["lr_scale"]) for g in groups] == [(0.1, 1.0), (0.0, 1.0)]
     with pytest.raises(ValueError, match="layer_decay must be in"):
         param_groups(encoder(), 0.1, layer_decay=0.0)
+    with pytest.raises(ValueError, match="head_lr_scale must be above 0"):
+        param_groups(encoder(), 0.1, head_lr_scale=0.0)
 
 
 def test_muon_takes_the_blocks_matrices_and_steps_as_torch_muon_alone():
