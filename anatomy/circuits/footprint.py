@@ -3,20 +3,23 @@
 Shape letters: N the whole graph's nodes, n_kept a capped graph's, R the rows a capped graph computes.
 
     whole graph     adjacency [N, N]                                              4 N^2 bytes
-    capped graph    adjacency [n_kept, n_kept], n_kept = cap + errors + tokens + logits
-                    + the rows held for its ranking, each over the nodes below it (at most [R, N]): in
-                      memory as far as the budget goes, the rest in a temporary file. Which features the
-                      ranking chooses is known only as it goes, so the rows' size has two bounds: every
-                      row as wide as a logit's (what the plan says it may write), and the narrowest
-                      features chosen (what it will write at least, the one a full disk refuses)
-                    + the ranking's influence [N]
-    both            + a sweep's working set: a bucket's gradients and their temporaries, its output rows
+                    + a sweep's working set: a bucket's gradients and their temporaries, its output rows
                       (sweep.py's constants)
                     + the sources kept between buckets, as far as the memory left goes
+    capped graph    the larger of two phases:
+                    making the rows: a sweep's working set + the sources kept + the ranking's influence [N]
+                      + the rows held for the ranking, each over the nodes below it (at most [R, N])
+                    assembling: adjacency [n_kept, n_kept], n_kept = cap + errors + tokens + logits
+                      + the ranking's vectors + the rows held, after the frozen pass, the vectors and the
+                      sources are let go (attribute.py)
+                    the rows past what fits both go to a temporary file. Which features the ranking chooses
+                    is known only as it goes, so the rows' size has two bounds: every row as wide as a
+                    logit's (what the plan says the file may take), and the narrowest features chosen (the
+                    least it will write: the bound a disk too small refuses)
 
 max_bytes is a budget for the graph itself: what the process holds beyond what it held when the graph was asked
 for (the model and the transcoders). The frozen pass and the vectors gathered are made first and counted against
-it (the resident memory they added); the plan takes the rest.
+it (the resident memory they added), and a capped graph's assembly gets it back (`freed`); the plan takes the rest.
 
 On the CPU an adjacency is allocated zeroed by the system (`lazy_zeros`): the pages of the rows no edge is
 written to (every error's and token's: three quarters of the nodes of a long prompt's capped graph) are never
@@ -57,7 +60,8 @@ def sources_bytes(where: Layout, d_model: int, left: int) -> int:
 class Plan:
     """Bytes: adjacency (the graph's matrix), ranking (the capped ranking's vectors), rows (the rows held, at most),
     working (a sweep's), sources (the sources kept between buckets, at most), rows_in_memory (what the rows may take
-    in memory; the rest goes to a file), rows_least (the rows held, at least: the narrowest features chosen)."""
+    in memory; the rest goes to a file), rows_least (the rows held, at least: the narrowest features chosen), freed
+    (what a capped graph lets go of before its assembly: the frozen pass and the vectors, spent before the plan)."""
 
     nodes: int
     adjacency: int
@@ -67,10 +71,16 @@ class Plan:
     sources: int
     rows_in_memory: int
     rows_least: int = 0
+    freed: int = 0
 
     @property
     def in_memory(self) -> int:
-        return self.adjacency + self.ranking + self.working + self.sources + min(self.rows, self.rows_in_memory)
+        """The most it holds at once (module docstring): a whole graph fills its matrix while it sweeps; a capped
+        graph sweeps, then assembles its matrix beside the rows held, the sweeps' memory and `freed` let go."""
+        held = min(self.rows, self.rows_in_memory)
+        if not self.ranking:
+            return self.adjacency + self.working + self.sources
+        return max(self.ranking + self.working + self.sources + held, self.adjacency + self.ranking + held - self.freed)
 
     @property
     def on_file(self) -> int:
@@ -103,10 +113,12 @@ def lazy_zeros(rows: int, columns: int, device: torch.device) -> torch.Tensor:
     return torch.zeros(rows, columns, device=device)
 
 
-def plan(where: Layout, d_model: int, max_features: int | None, batch_size: int, room: int, lazy: bool = True) -> Plan:
+def plan(where: Layout, d_model: int, max_features: int | None, batch_size: int, room: int, lazy: bool = True,
+         freed: int = 0) -> Plan:
     """The memory of the graph of this layout, whole (max_features None) or capped (rows computed batch_size at a
-    time); the sources, then the rows, kept in memory as far as `room` bytes go after the rest. lazy: the
-    adjacency costs its targets' rows alone (lazy_zeros, on the CPU)."""
+    time); the sources, then the rows, kept in memory as far as `room` bytes go after the rest (a capped graph's
+    assembly, after it lets go of `freed` bytes and the sources, included). lazy: the adjacency costs its targets'
+    rows alone (lazy_zeros, on the CPU)."""
     n_logits = where.total - where.logit_start
     n_features = where.logit_start - where.n_tokens * (len(where.feature_start) + 1)
     if max_features is None or max_features >= n_features:
@@ -119,11 +131,11 @@ def plan(where: Layout, d_model: int, max_features: int | None, batch_size: int,
     working = working_bytes(where, d_model, max(batch_size, n_logits))
     adjacency = 4 * (rows if lazy else kept) * kept
     ranking = 4 * (where.total + 2 * rows)  # the influence [N], the rows' totals and norms
-    fixed = adjacency + ranking + working
-    sources = sources_bytes(where, d_model, room - fixed)
+    sources = sources_bytes(where, d_model, room - ranking - working)
     rows_most = 4 * rows * where.logit_start  # every row as wide as a logit's
     rows_least = 4 * (n_logits * where.logit_start + narrowest(where, max_features))
-    return Plan(kept, adjacency, ranking, rows_most, working, sources, max(0, room - fixed - sources), rows_least)
+    in_memory = min(room - ranking - working - sources, room + freed - adjacency - ranking)  # sweeping; assembling
+    return Plan(kept, adjacency, ranking, rows_most, working, sources, max(0, in_memory), rows_least, freed)
 
 
 def narrowest(where: Layout, count: int) -> int:
@@ -160,7 +172,7 @@ def check_room(where: Layout, d_model: int, max_features: int | None, batch_size
     the temporary folder (what they may write at most is said; a disk that fills before that stops the graph with
     an OSError naming the folder, RowStore.keep)."""
     budget = room(max_bytes, spent)
-    needs = plan(where, d_model, max_features, batch_size, budget, lazy=device.type == "cpu")
+    needs = plan(where, d_model, max_features, batch_size, budget, lazy=device.type == "cpu", freed=spent)
     whose = "are available" if max_bytes is None or max_bytes > budget else "is the budget (--max-memory)"
     if needs.in_memory > budget:
         capped = needs.ranking > 0

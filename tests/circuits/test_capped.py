@@ -109,10 +109,47 @@ def test_rows_past_the_memory_budget_go_to_a_file_and_make_the_same_graph():
     in_memory = attribution_graph(model, ids, transcoders, max_feature_nodes=40, batch_size=8)
     assert in_memory.meta["rows_on_file_bytes"] == 0
     needs = plan_of(model, transcoders, ids, 40)
-    budget = needs.adjacency + needs.ranking + needs.working + needs.sources + needs.rows // 3  # a third of the rows in memory
+    budget = needs.ranking + needs.working + needs.sources + needs.rows // 3  # at most a third of the rows in memory
     spilled = attribution_graph(model, ids, transcoders, max_feature_nodes=40, batch_size=8, max_bytes=budget)
     assert spilled.meta["rows_on_file_bytes"] > 0 and "in a temporary file" in spilled.meta["memory"]
     assert torch.equal(spilled.adjacency, in_memory.adjacency) and spilled.check == in_memory.check
+
+
+@pytest.mark.parametrize("sweeps", ["as planned", "none"])
+def test_a_capped_plan_gives_the_rows_what_fits_both_its_phases(sweeps, monkeypatch):
+    """Making the rows (the sweeps' memory and the sources beside them) and assembling the matrix (beside them, once
+    `freed` and the sources are let go): the rows in memory are the most that fit both, and nothing past the room.
+    A toy's sweeps take more than its matrix; without them (a long prompt's case) the assembly is the larger."""
+    from anatomy.circuits import footprint
+
+    if sweeps == "none":
+        monkeypatch.setattr(footprint, "working_bytes", lambda *args: 0)
+        monkeypatch.setattr(footprint, "sources_bytes", lambda *args: 0)
+    model, transcoders = tiny(features=24)
+    where = needs_layout(model, transcoders, torch.tensor(LONG))
+    whole = plan(where, model.config.d_model, 40, 32, 2**40)
+    for room in range(whole.ranking + whole.working + whole.sources, whole.in_memory + whole.adjacency, 2_011):
+        for freed in (0, whole.adjacency // 2, whole.adjacency + whole.sources):
+            made = plan(where, model.config.d_model, 40, 32, room, freed=freed)
+            held = min(made.rows, made.rows_in_memory)
+            making = made.ranking + made.working + made.sources + held
+            assembling = made.adjacency + made.ranking + held - freed
+            assert made.in_memory == max(making, assembling)
+            if held == 0 and made.in_memory > room:  # not even without rows: check_room refuses it
+                continue
+            assert made.in_memory <= room  # within the room in both phases
+            assert held == made.rows or making + 1 > room or assembling + 1 > room  # one more byte would not be
+            assert made.on_file == made.rows - held
+
+
+def needs_layout(model, transcoders, ids):
+    from anatomy.circuits.layout import layout
+    from anatomy.circuits.replacement import Replacement
+    from anatomy.circuits.vectors import read_features
+
+    rep = Replacement(model, transcoders, ids)
+    active, _ = read_features(rep)
+    return layout(active, rep.n_layers, len(ids), 10)
 
 
 def plan_of(model, transcoders, ids, cap):
@@ -177,12 +214,12 @@ def test_the_rows_file_is_planned_between_its_bounds_and_a_full_disk_is_named(mo
     assert footprint.narrowest(where, 40) == sum(widths[:40]) and footprint.narrowest(where, 1) == len(ids)
     needs = plan(where, model.config.d_model, 40, 32, 2**40)
     assert needs.rows_least == 4 * (10 * where.logit_start + sum(widths[:40])) < needs.rows == 4 * 50 * where.logit_start
-    fixed = needs.adjacency + needs.ranking + needs.working + needs.sources
+    fixed = needs.ranking + needs.working + needs.sources  # no room for a row in memory
     free = {"bytes": 0}
     monkeypatch.setattr(shutil, "disk_usage", lambda folder: shutil._ntuple_diskusage(0, 0, free["bytes"]))
     free["bytes"] = needs.rows_least  # room for the least the rows write (none of them in memory), not the most
     made = footprint.check_room(where, model.config.d_model, 40, 32, fixed, torch.device("cpu"), folder=str(tmp_path))
-    assert made.on_file > free["bytes"] and "up to " in made.describe()
+    assert made.on_file_least == needs.rows_least and made.on_file > free["bytes"] and "up to " in made.describe()
     free["bytes"] = needs.rows_least - 1
     with pytest.raises(ValueError, match=f"need at least .* GiB in a temporary file .* {tmp_path} has"):
         footprint.check_room(where, model.config.d_model, 40, 32, fixed, torch.device("cpu"), folder=str(tmp_path))
