@@ -99,11 +99,11 @@ class Plan:
 
 
 def size(n: int) -> str:
-    """Bytes in words: 3.2 GiB, 180 MiB, 12 KiB."""
+    """Bytes in words: 3.2 GiB, 180 MiB, 12 KiB, 0 bytes (less than none counts as none)."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
-    return f"{n} bytes"
+    return f"{max(0, n)} bytes"
 
 
 def lazy_zeros(rows: int, columns: int, device: torch.device) -> torch.Tensor:
@@ -173,19 +173,20 @@ def check_room(where: Layout, d_model: int, max_features: int | None, batch_size
     an OSError naming the folder, RowStore.keep)."""
     budget = room(max_bytes, spent)
     needs = plan(where, d_model, max_features, batch_size, budget, lazy=device.type == "cpu", freed=spent)
-    whose = "are available" if max_bytes is None or max_bytes > budget else "is the budget (--max-memory)"
+    budgeted = max_bytes is not None and max_bytes - spent <= budget  # the budget binds, not the machine
+    whose = (f"is the budget (--max-memory {size(max_bytes)}, less the {size(spent)} its forward pass took)" if budgeted
+             else "are available")
     if needs.in_memory > budget:
         capped = needs.ranking > 0
         raise ValueError(
             f"this graph of {needs.nodes:,} nodes ({'capped at ' + format(max_features, ',') + ' features, ' if capped else ''}"
-            f"{where.n_tokens} positions) needs {needs.in_memory / 2**30:.1f} GiB, and {budget / 2**30:.1f} GiB {whose}; "
+            f"{where.n_tokens} positions) needs {size(needs.in_memory)}, and {size(budget)} {whose}; "
             + ("a lower --max-feature-nodes or a shorter prompt needs less" if capped else
                "--max-feature-nodes bounds it (the nodes grow with the positions, the memory with their square)"))
     if needs.on_file_least:
         folder = folder or tempfile.gettempdir()
         free = shutil.disk_usage(folder).free
         if needs.on_file_least > free:
-            raise ValueError(f"this graph's rows need at least {needs.on_file_least / 2**30:.1f} GiB in a temporary file "
-                             f"beyond the {budget / 2**30:.1f} GiB of memory it may take, and {folder} has "
-                             f"{free / 2**30:.1f} GiB free")
+            raise ValueError(f"this graph's rows need at least {size(needs.on_file_least)} in a temporary file beyond "
+                             f"the {size(budget)} of memory it may take, and {folder} has {size(free)} free")
     return needs

@@ -41,9 +41,10 @@ BLOCK = 1024  # rows of the adjacency read at a time: no [N, N] temporary is eve
 MAX_EDGES = 50_000  # the strongest edges a page draws and a JSON file holds (anatomy bench: page)
 
 
-def normalized(rows: torch.Tensor) -> torch.Tensor:
-    """[B, N] -> [B, N]: |A[t, s]| / sum_s |A[t, s]|, each row's inputs as shares (a row without input stays 0)."""
-    absolute = rows.abs()
+def normalized(rows: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+    """[B, N] -> [B, N]: |A[t, s]| / sum_s |A[t, s]|, each row's inputs as shares (a row without input stays 0);
+    in_place: in rows' own memory."""
+    absolute = rows.abs_() if in_place else rows.abs()
     return absolute.div_(absolute.sum(dim=1, keepdim=True).clamp(min=1e-10))
 
 
@@ -146,10 +147,9 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
     sub = graph.adjacency[kept[:, None], kept[None, :]].float()  # (n, n): the edges between kept nodes
     present = sub != 0
     sub_influence = neumann_influence(sub, weights[kept]) if len(kept) <= BLOCK else influence(sub, weights[kept])
-    # the edge scores Â[t, s] (influence_t + w_t), made in sub's own memory (normalized's steps, in place): of a long
-    # prompt's graph, n is tens of thousands and each (n, n) matrix gigabytes
-    edge_scores = sub.abs_().div_(sub.sum(dim=1, keepdim=True).clamp(min=1e-10))  # (n, n): Â
-    edge_scores.mul_((sub_influence + weights[kept])[:, None])
+    # the edge scores Â[t, s] (influence_t + w_t), made in sub's own memory: of a long prompt's graph, n is tens of
+    # thousands and each (n, n) matrix gigabytes
+    edge_scores = normalized(sub, in_place=True).mul_((sub_influence + weights[kept])[:, None])  # (n, n)
     edge_mask = edge_scores >= find_threshold(edge_scores, edge_threshold)
     edge_mask &= present
     del present

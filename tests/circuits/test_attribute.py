@@ -145,5 +145,6 @@ def test_bad_options_are_refused(option, value):
 
 def test_a_graph_too_large_for_the_memory_is_refused_before_it_is_made():
     model, transcoders = tiny()
-    with pytest.raises(ValueError, match="needs .* GiB, and .* GiB is the budget"):
+    with pytest.raises(ValueError, match=r"needs [0-9.]+ [KMG]iB, and [0-9.]+ (bytes|[KMG]iB) is the budget "
+                                         r"\(--max-memory 9.77 KiB, less the [0-9.]+ (bytes|[KMG]iB) its forward pass took\)"):
         attribution_graph(model, torch.tensor(PROMPT), transcoders, max_bytes=10_000)

@@ -221,7 +221,7 @@ def test_the_rows_file_is_planned_between_its_bounds_and_a_full_disk_is_named(mo
     made = footprint.check_room(where, model.config.d_model, 40, 32, fixed, torch.device("cpu"), folder=str(tmp_path))
     assert made.on_file_least == needs.rows_least and made.on_file > free["bytes"] and "up to " in made.describe()
     free["bytes"] = needs.rows_least - 1
-    with pytest.raises(ValueError, match=f"need at least .* GiB in a temporary file .* {tmp_path} has"):
+    with pytest.raises(ValueError, match=f"need at least {footprint.size(needs.rows_least)} in a temporary file .* {tmp_path} has"):
         footprint.check_room(where, model.config.d_model, 40, 32, fixed, torch.device("cpu"), folder=str(tmp_path))
 
     class Full:  # a file on a disk that has filled
