@@ -9,7 +9,15 @@ Every name below is imported when first used (anatomy.lazy): `import anatomy` im
 the command line refuses a bad argument in milliseconds.
 """
 
+import os
+
 from .lazy import lazy_names
+
+# oneDNN, behind PyTorch's bfloat16 products on a CPU, keeps the kernels of the last 1,024 shapes it multiplied, each
+# with scratch memory: an attribution graph's rows crossing attention in bfloat16 (circuits/frozen.py) make new shapes
+# with every bucket of rows, and grew a 256-token graph by 3.5 GB. 16 are kept, unless the environment says
+# otherwise; oneDNN reads this when torch is imported, so here, before.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")
 
 __version__ = "0.1.0"
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from ..heap import GRAPH_THRESHOLD, return_large_buffers
 from .common import Row, Settings, load_average
 from .peers import peer_python
 
@@ -94,6 +95,8 @@ def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: s
 
     settings = json.loads(options)
     torch.set_num_threads(settings["threads"])
+    if settings.get("attention_products") == "bfloat16":  # as `anatomy circuits --attention-products bfloat16` does
+        return_large_buffers(GRAPH_THRESHOLD)
     watch_memory(Path(out))
     dtype = getattr(torch, settings.get("dtype", "float32"))
     model = from_pretrained(model_folder, dtype=dtype).eval()
@@ -108,7 +111,8 @@ def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: s
     cpu = time.process_time()
     start = time.perf_counter()
     graph = attribution_graph(model, prompt, transcoders, max_feature_nodes=settings.get("max_feature_nodes"),
-                              batch_size=settings.get("batch_size", 512), max_bytes=max_bytes)
+                              batch_size=settings.get("batch_size", 512), max_bytes=max_bytes,
+                              attention_products=settings.get("attention_products", "float32"))
     attributed = time.perf_counter() - start
     PHASE["now"] = "pruning"
     decision = prune(graph, 0.8, 0.98)

@@ -5,6 +5,7 @@ argument, what it was (cut short) and what it may be.
     number("logit_probability", 0.95, low=0, high=1)  a finite real number (not a bool, not NaN), within bounds
     token_ids([1, 5, 7])                              a prompt given as ids: integers, one sequence
     model_and_transcoders(model, transcoders)         a model with a config, a TranscoderSet
+    choice("attention_products", "bfloat16", ATTENTION_PRODUCTS)   one of the allowed names
 
 A loop that runs `count` times or a step of `count` items is only ever given a count that ends it: a step
 of 0 or -1 is refused here, not found to hang later. This module imports torch only where a check needs it,
@@ -18,11 +19,13 @@ import numbers
 
 from ..terminal import one_line
 
-__all__ = ["MAX_CHANGE", "count", "function", "model_and_transcoders", "number", "token_ids"]
+__all__ = ["ATTENTION_PRODUCTS", "MAX_CHANGE", "choice", "count", "function", "model_and_transcoders", "number",
+           "token_ids"]
 
 MAX_IDS = 1_000_000  # a prompt's ids, beyond any context
 MAX_CHANGE = 1e6  # a feature's value set or added (interventions): real activations are at most hundreds, and past
 # this float32 arithmetic overflows into inf and NaN
+ATTENTION_PRODUCTS = ("float32", "bfloat16")  # the dtypes a graph's rows may cross attention in (frozen.FrozenSublayer)
 
 
 def _shown(value) -> str:
@@ -57,6 +60,13 @@ def number(name: str, value, *, low: float | None = None, high: float | None = N
             f" in {'(' if open_low else '['}{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
         raise ValueError(f"{name} must be a finite number{bounds}{' or None' if none else ''}; got {_shown(value)}")
     return float(value)
+
+
+def choice(name: str, value, allowed: tuple[str, ...]) -> str:
+    """`value` if it is one of the strings `allowed`; else ValueError naming them."""
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {_shown(value)}")
+    return value
 
 
 def function(name: str, value) -> None:

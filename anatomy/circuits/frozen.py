@@ -17,6 +17,7 @@ none; its transpose carries rows of gradients back from its output to its input.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -136,6 +137,37 @@ def norms_frozen(frozen: dict) -> Iterator[None]:
 
 
 KEY_BLOCK = 64  # keys mixed in one product: each block skips the queries that cannot see it (the causal mask)
+LOW_PRODUCT_ROWS = 4096  # rows of one bfloat16 product at most: oneDNN (PyTorch's CPU kernels for them) keeps the
+# kernels of the shapes it multiplied (anatomy/__init__.py), each with scratch memory in proportion to its rows (10 MB
+# at 28,672 rows, 0.03 MB at 4,096)
+
+
+def rows_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [n, b] = x [n, a] @ w [a, b]; in float32 one product, in a lower dtype pieces of LOW_PRODUCT_ROWS rows."""
+    if x.dtype == torch.float32:
+        return torch.mm(x, w, out=out)
+    for start in range(0, x.size(0), LOW_PRODUCT_ROWS):
+        torch.mm(x[start:start + LOW_PRODUCT_ROWS], w, out=out[start:start + LOW_PRODUCT_ROWS])
+    return out
+
+
+class Scratch:
+    """The buffers of the transposes' temporaries, kept between calls and shared by a prompt's sublayers (one
+    call runs at a time): a bucket's temporaries are tens of MB each, and made afresh for every call they cost a
+    page fault per page (a sixth of a 256-token graph's CPU time was the system's) or, below glibc's mmap
+    threshold, stayed on its heap in fragments (a 1,024-token graph in bfloat16 peaked 1.3 GB higher)."""
+
+    def __init__(self):
+        self.buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """An uninitialised tensor of `shape` for the temporary `name`, in its buffer (grown when too small)."""
+        size = math.prod(shape)
+        buffer = self.buffers.get((name, dtype))
+        if buffer is None or buffer.numel() < size or buffer.device != device:
+            self.buffers.pop((name, dtype), None)  # let the old one go before the new one is made
+            buffer = self.buffers[(name, dtype)] = torch.empty(size, dtype=dtype, device=device)
+        return buffer[:size].view(shape)
 
 
 class FrozenAttention:
@@ -176,16 +208,27 @@ class FrozenSublayer:
 
     with the gains and centrings folded into W_o and W_v once (w_out_back, w_back) and the output norm's s'[p]
     into the patterns (pattern_back), so that the norms cost a scale on the narrow side (K D) only, and dx is
-    added to g in place (the residual: x + attn(norm(x)))."""
+    added to g in place (the residual: x + attn(norm(x))).
 
-    def __init__(self, norm: FrozenNorm, attention: nn.Module, pattern: torch.Tensor, out_norm: FrozenNorm | None = None):
+    products: the dtype of the three products of a dense row's transpose (u, the heads' mixing, dv W_v), float32
+    or bfloat16. In bfloat16 each product accumulates in float32 and rounds its output to 8 bits of mantissa:
+    what attention adds to g carries about 0.5% relative error, g itself stays float32 (the residual sum), and
+    CPUs with bfloat16 instructions (avx512_bf16, AMX) and GPUs run the products 3x faster."""
+
+    def __init__(self, norm: FrozenNorm, attention: nn.Module, pattern: torch.Tensor, out_norm: FrozenNorm | None = None,
+                 products: torch.dtype = torch.float32, scratch: Scratch | None = None):
         self.norm, self.out_norm = norm, out_norm
+        self.scratch = Scratch() if scratch is None else scratch
         self.attention = FrozenAttention(attention, pattern)
         self.w_back = norm.fold(self.attention.w_v)  # (K*D, E)
         a = self.attention
         self.w_out_back = a.w_o if out_norm is None else out_norm.fold_rows(a.w_o)  # (E, H*D)
         T = a.pattern.size(1)
         self.pattern_back = a.pattern if out_norm is None else a.pattern * out_norm.scale[None, :T, None]  # (H, T, T)
+        self.products = products
+        # the dense transpose's weights in the products' dtype (the same tensors in float32; the patterns are cast
+        # where each product lays them out, `mixing`)
+        self.w_out_low, self.w_back_low, self.scale_low = (t.to(products) for t in (self.w_out_back, self.w_back, norm.scale))
 
     def forward(self, x: torch.Tensor, constant: bool = True) -> torch.Tensor:
         """[T, E] (positions 0 ..) -> [T, E]: out_norm(attn(norm(x))); constant=False leaves every bias out."""
@@ -198,24 +241,29 @@ class FrozenSublayer:
         `image` [E] (the first token's image there)."""
         a = self.attention
         r, P, E = g.shape
-        K, D, keys = a.n_kv, a.d_head, P + 1
-        u = (g.view(r * P, E) @ self.w_out_back).view(r, P, K, a.group, D)  # (r, P, K, group, D)
-        u = u.permute(2, 1, 3, 0, 4).reshape(K, P * a.group, r * D)  # (K, P group, r D): queries, then a group's heads
+        K, D, keys, low = a.n_kv, a.d_head, P + 1, self.products
+        take = lambda name, *shape: self.scratch.take(name, shape, low, g.device)  # noqa: E731
+        x = g.view(r * P, E) if low == g.dtype else take("x", r * P, E).copy_(g.view(r * P, E))  # (r P, E)
+        u = rows_product(x, self.w_out_low, take("u", r * P, a.n_heads * D))  # (r P, H D)
+        by_key = take("by key", K, P * a.group, r * D)  # (K, P group, r D): queries, then a group's heads
+        by_key.view(K, P, a.group, r, D).copy_(u.view(r, P, K, a.group, D).permute(2, 1, 3, 0, 4))
         # sum over a group's heads and its queries at once: one contraction over (query, head) per group. The mask
         # is causal: key q hears queries q .. P only, so each block of keys skips the queries before it
         mixing = self.mixing(P)  # (K, keys, P group)
-        blocks = []
+        mixed = take("mixed", K, keys, r * D)
         for k0 in range(0, keys, KEY_BLOCK):
             heard = (max(k0, 1) - 1) * a.group  # the first (query, head) these keys hear
-            blocks.append(torch.bmm(mixing[:, k0:k0 + KEY_BLOCK, heard:], u[:, heard:]))  # (K, block, r D)
-        return self.add_keys(g, torch.cat(blocks, dim=1).view(K, keys, r, D), image)
+            torch.bmm(mixing[:, k0:k0 + KEY_BLOCK, heard:], by_key[:, heard:], out=mixed[:, k0:k0 + KEY_BLOCK])  # (K, block, r D)
+        return self.add_keys(g, mixed.view(K, keys, r, D), image)
 
     def mixing(self, P: int) -> torch.Tensor:
         """[K, keys, P group]: s'[p] A_h[p, q] for key q, laid out so that one product sums a group's heads and
         queries 1 .. P (made for each call, not kept: a long prompt has many P, each P^2 H floats)."""
         a = self.attention
         pattern = self.pattern_back[:, 1:P + 1, :P + 1].reshape(a.n_kv, a.group, P, P + 1)  # (K, group, P, keys)
-        return pattern.permute(0, 3, 2, 1).reshape(a.n_kv, P + 1, P * a.group)
+        mixing = self.scratch.take("mixing", (a.n_kv, P + 1, P * a.group), self.products, pattern.device)
+        mixing.view(a.n_kv, P + 1, P, a.group).copy_(pattern.permute(0, 3, 2, 1))  # (K, keys, P, group), cast in the copy
+        return mixing
 
     def add_transpose_at(self, g: torch.Tensor, image: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """add_transpose for rows whose gradient is still at their own position alone (they joined at this
@@ -231,12 +279,18 @@ class FrozenSublayer:
         return self.add_keys(g, mixed, image)
 
     def add_keys(self, g: torch.Tensor, mixed: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-        """g += s[q] dv[q] w_back at keys 1 .. P; returns s[0] dv[0] w_back . image (mixed [K, keys, r, D])."""
+        """g += s[q] dv[q] w_back at keys 1 .. P; returns s[0] dv[0] w_back . image (mixed [K, keys, r, D], float32
+        or the products' dtype)."""
         r, P, E = g.shape
         K, _, _, D = mixed.shape
-        scale = self.norm.scale
-        dv = torch.empty(r, P, K, D, device=g.device)
+        low = mixed.dtype != g.dtype
+        scale = self.scale_low if low else self.norm.scale
+        dv = self.scratch.take("dv", (r, P, K, D), mixed.dtype, g.device)
         torch.mul(mixed[:, 1:].permute(2, 1, 0, 3), scale[1:P + 1].view(1, P, 1, 1), out=dv)  # (r, P, K, D)
-        g.view(r * P, E).addmm_(dv.view(r * P, K * D), self.w_back)
-        first = mixed[:, 0].permute(1, 0, 2).reshape(r, K * D) * scale[0]  # (r, K*D)
+        if low:  # the product in its dtype, added to the float32 stream
+            back = self.scratch.take("back", (r * P, E), mixed.dtype, g.device)
+            g.view(r * P, E).add_(rows_product(dv.view(r * P, K * D), self.w_back_low, back))
+        else:
+            g.view(r * P, E).addmm_(dv.view(r * P, K * D), self.w_back)
+        first = mixed[:, 0].permute(1, 0, 2).reshape(r, K * D).float() * self.norm.scale[0]  # (r, K*D)
         return first @ (self.w_back @ image)

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from ..trace import trace
-from .frozen import FrozenNorm, FrozenSublayer, recording_norm_inputs
+from .frozen import FrozenNorm, FrozenSublayer, Scratch, recording_norm_inputs
 
 # Where a sequential block's norms sit, by config.norm_position (blocks.py), "{}" for the sublayer (attn, mlp):
 # (before the sublayer, reading the stream; on the sublayer's output; on the residual sum after it).
@@ -111,9 +111,11 @@ class Replacement:
         norms                   {norm module: FrozenNorm}: every norm of the residual stream, frozen at this pass
         logits [V]              the model's logits at the last position (what the targets are chosen by)
         explained_logits [V]    the logits the rows explain: the same, before a final soft-cap
+
+    attention_products: the dtype rows cross attention in (FrozenSublayer's `products`), float32 by default.
     """
 
-    def __init__(self, model: nn.Module, transcoders, ids: torch.Tensor):
+    def __init__(self, model: nn.Module, transcoders, ids: torch.Tensor, attention_products: torch.dtype = torch.float32):
         config = model.config
         self.model, self.transcoders = model, transcoders
         self.ids = ids = ids.to(next(model.parameters()).device)
@@ -134,10 +136,12 @@ class Replacement:
         self.sublayers, self.mlp_in, self.mlp_out, self.sum_norms = [], [], [], []
         roles = block_norms(config)
         stream = "resid_pre" if self.parallel else "resid_mid"
+        scratch = Scratch()  # the transposes' temporaries, shared by the layers
         for layer, block in enumerate(model.blocks):
             frozen = lambda role, block=block: None if roles[role] is None else self.norms[getattr(block, roles[role])]  # noqa: E731
             before = frozen("attn_before") or FrozenNorm.identity(config.d_model, len(ids), self.device)
-            self.sublayers.append(FrozenSublayer(before, block.attn, t[f"blocks.{layer}.attn.pattern"][0], frozen("attn_output")))
+            self.sublayers.append(FrozenSublayer(before, block.attn, t[f"blocks.{layer}.attn.pattern"][0], frozen("attn_output"),
+                                                 products=attention_products, scratch=scratch))
             inside = self.input_points[layer].split(".", 2)[2]
             reads = None if inside == stream else frozen("mlp_before")
             self.mlp_in.append(reads.before_gain() if reads is not None and inside.endswith(".normalized") else reads)

@@ -11,7 +11,6 @@ until Ctrl-C. Every model is opened when the page first asks for it.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib.util
 import socket
 import sys
@@ -19,11 +18,10 @@ import threading
 import webbrowser
 
 from ..arguments import add_model_argument, add_threads_argument, positive_int
+from ..heap import EXPLORE_THRESHOLD, return_large_buffers
 from ..terminal import printable
 
 LOCAL = ("127.0.0.1", "localhost", "::1")
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD = 2**20  # bytes from which a buffer gets a mapping of its own (return_large_buffers)
 
 
 def default_models() -> list[str]:
@@ -67,24 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "of 16 tokens, about 15 MB each)")
 
 
-def return_large_buffers(threshold: int = MMAP_THRESHOLD) -> None:
-    """Buffers of `threshold` bytes or more (a pass's logits, a job's batches) in mappings of their
-    own, handed back to the system when freed. glibc's default raises its threshold to as much as
-    32 MB after the first such buffer is freed, and from then on the server's heap kept the
-    high-water mark of every job: the soak's memory ended 14% above its start after five minutes;
-    with 1 MB, 2% below it. Not glibc: nothing to do."""
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold)
-    except (OSError, AttributeError):
-        pass
-
-
 def run(args: argparse.Namespace) -> int:
     from .connections import serve
     from .server import create_app
     from .state import CACHE_BYTES
 
-    return_large_buffers()  # before any model loads
+    return_large_buffers(EXPLORE_THRESHOLD)  # before any model loads (heap.py)
     models = args.model or default_models()
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on connections whose socket says TCP, and

@@ -40,6 +40,15 @@ def test_the_three_outputs(tmp_path, capsys):
     assert "<script>" in (tmp_path / "g.html").read_text()
 
 
+def test_rows_cross_attention_in_bfloat16_when_asked_and_the_check_says_so(tmp_path, capsys):
+    assert main(BASE + ["--out", str(tmp_path / "g.safetensors"), "--attention-products", "bfloat16"]) == 0
+    printed = capsys.readouterr().out
+    assert "(rows crossed attention in bfloat16)" in " ".join(printed.split())
+    assert all(len(line) <= 80 for line in printed.splitlines())
+    graph = load_graph(tmp_path / "g.safetensors")
+    assert graph.meta["attention_products"] == "bfloat16" and 1e-6 < graph.error < 2e-2
+
+
 def test_interventions_print_the_model_beside_the_graph(tmp_path, capsys):
     graph_path = tmp_path / "g.safetensors"
     assert main(BASE + ["--out", str(graph_path), "--quiet"]) == 0
@@ -71,6 +80,7 @@ def test_a_soft_capped_models_summary_says_what_the_rows_explain(tmp_path, capsy
     (BASE + ["--out", "g.html", "--node-threshold", "2"], "--node-threshold"),
     (BASE + ["--out", "g.html", "--clamp", "1:2"], "LAYER:FEATURE[@POSITION]=VALUE"),
     (BASE + ["--out", "g.html", "--freeze", "some"], "--freeze"),
+    (BASE + ["--out", "g.html", "--attention-products", "float16"], "--attention-products"),
 ])
 def test_mistakes_are_one_line_before_loading(arguments, words, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -85,9 +85,9 @@ def test_the_command_hands_a_freed_large_buffer_back_to_the_system():
 
     script = """
 import sys, torch
-from anatomy.explore.cli import return_large_buffers
+from anatomy.heap import EXPLORE_THRESHOLD, return_large_buffers
 if sys.argv[1] == "set":
-    return_large_buffers()
+    return_large_buffers(EXPLORE_THRESHOLD)
 def rss():
     return [int(line.split()[1]) // 1024 for line in open("/proc/self/status") if line.startswith("VmRSS")][0]
 big = torch.ones(24 * 2**20 // 4); del big  # freed: glibc's threshold rises past 16 MB
