@@ -95,8 +95,7 @@ def anatomy_side(model_folder: str, transcoder_folder: str, out: str, options: s
 
     settings = json.loads(options)
     torch.set_num_threads(settings["threads"])
-    if settings.get("attention_products") == "bfloat16":  # as `anatomy circuits --attention-products bfloat16` does
-        return_large_buffers(GRAPH_THRESHOLD)
+    return_large_buffers(GRAPH_THRESHOLD)  # as `anatomy circuits` does
     watch_memory(Path(out))
     dtype = getattr(torch, settings.get("dtype", "float32"))
     model = from_pretrained(model_folder, dtype=dtype).eval()

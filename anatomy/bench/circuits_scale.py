@@ -15,7 +15,8 @@ memory passes what the machine had free when it started (its row then says where
 in a temporary file); circuit-tracer runs its nnsight backend at batch 128, and is stopped at twice a row's goal
 (its row then says how many feature rows it had made, and how long all would take at that rate). The seconds are wall-clock; the
 notes give the CPU seconds and the peak resident memory (VmHWM) of each. --quick: the tests' tiny Llama at 16
-and 48 tokens, capped at 30 features.
+and 48 tokens, capped at 30 features. The long rows (and the last quick one) run again with their rows crossing
+attention in bfloat16 (--attention-products bfloat16), anatomy's side alone.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ PARAGRAPH = ("The old lighthouse keeper climbed the spiral stairs every evening 
 CAP = 8192
 LENGTHS = (16, 64, 256, 1024)
 GOALS = {256: (120, 4), 1024: (600, 8), "2b": (600, 16)}  # seconds, GB
+IN_BFLOAT16 = "rows across attention in bfloat16"  # --attention-products bfloat16
 TIME_LIMIT = 2  # circuit-tracer is stopped at twice a goal's seconds (its row then says how far it got)
 SHAPE_2B = dict(arch="decoder", vocab_size=256_000, d_model=2304, n_heads=8, n_kv_heads=4, d_head=256, n_layers=26,
                 d_ff=9216, max_seq_len=8192, pos_encoding="rotary", norm="rmsnorm", activation="swiglu")
@@ -147,6 +149,10 @@ def bench_circuits_scale(settings: Settings) -> list[Row]:
                                                       ids, options, python)
                 rows.append(row_of(f"capped graph, tiny Llama, {length} tokens, 30 feature nodes", None, ours, theirs,
                                    difference, how))
+            ours, _, _ = both_sides(settings, folder, FIXTURES / "llama", FIXTURES / "plt_jumprelu", ids,
+                                    dict(options, compare=False, attention_products="bfloat16"), None)
+            rows.append(row_of(f"capped graph, tiny Llama, {length} tokens, 30 feature nodes, {IN_BFLOAT16}", None, ours,
+                               None, None, "anatomy only"))
             return rows
         for length in LENGTHS:
             model_folder, transcoder_folder, ids = prepare_smollm2(folder, length)
@@ -156,6 +162,11 @@ def bench_circuits_scale(settings: Settings) -> list[Row]:
             ours, theirs, difference = both_sides(settings, folder, model_folder, transcoder_folder, ids, options, python)
             rows.append(row_of(f"capped graph, SmolLM2-135M, {length:,} tokens, {CAP:,} feature nodes, 2 threads", goal,
                                ours, theirs, difference, how))
+            if goal:  # the long rows again, their rows crossing attention in bfloat16
+                ours, _, _ = both_sides(settings, folder, model_folder, transcoder_folder, ids,
+                                        dict(options, compare=False, attention_products="bfloat16"), None)
+                rows.append(row_of(f"capped graph, SmolLM2-135M, {length:,} tokens, {CAP:,} feature nodes, 2 threads, "
+                                   f"{IN_BFLOAT16}", goal, ours, None, None, "anatomy only"))
         subprocess.run([sys.executable, "-m", "anatomy.bench.circuits_scale", "prepare", str(folder / "2b")], check=True,
                        timeout=3600)
         ids = json.loads((folder / "2b" / "ids.json").read_text())

@@ -128,8 +128,7 @@ def run(args) -> int:
     from .interventions import FeatureChange, intervene
 
     prompt = args.text if args.text is not None else args.prompt  # one of them: the parser says so
-    if args.attention_products == "bfloat16":  # what oneDNN allocates for its products would stay on the heap
-        return_large_buffers(GRAPH_THRESHOLD)
+    return_large_buffers(GRAPH_THRESHOLD)  # a long prompt's large temporaries handed back when freed (heap.py)
     with Stages.of(args) as stages:
         stages.start("loading the transcoders")
         transcoders = load_transcoders(args.transcoders, mlp_out_norm=mlp_out_normed(args.model))

@@ -26,6 +26,9 @@ def test_without_circuit_tracer_the_row_says_so_and_installs_nothing(monkeypatch
     table = quick_table()
     assert re.search(r"^\| circuits: pruned attribution graph, tiny Llama .*no circuit-tracer environment", table, re.M), table
     assert re.search(r"max \|diff\| [0-9.e-]+, at most [0-9.e-]+ of the terms it sums", table)
+    bfloat16 = re.search(r"^\| circuits: capped graph, tiny Llama, 48 tokens, 30 feature nodes, rows across attention in "
+                         r"bfloat16 .*\(rows crossed attention in bfloat16\)", table, re.M)
+    assert bfloat16, table
     assert not (tmp_path / "venv-circuit-tracer").exists()
 
 
