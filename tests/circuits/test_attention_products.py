@@ -14,6 +14,7 @@ import torch
 
 from anatomy.circuits import frozen
 from anatomy.circuits.attribute import attribution_graph
+from anatomy.circuits.prune import pruned
 from anatomy.circuits.replacement import Replacement
 from frozen_reference import frozen_reference
 from test_attribute import CASES, PROMPT, tiny
@@ -36,6 +37,14 @@ def test_bfloat16_edges_are_the_frozen_models_within_the_stated_bound(case):
             assert 1e-5 < graph.error < BOUND, graph.check
     assert errors["float32"] < 1e-6
     assert 1e-4 < errors["bfloat16"] < BOUND, errors  # taken (not float32's error), and within the bound
+
+
+def test_a_pruned_graph_says_its_rows_crossed_attention_in_bfloat16():
+    model, transcoders = tiny()
+    for products in ("float32", "bfloat16"):
+        graph = attribution_graph(model, torch.tensor(PROMPT), transcoders, attention_products=products)
+        said = pruned(graph).check.endswith("(rows crossed attention in bfloat16)")
+        assert said == (products == "bfloat16") and graph.check.endswith("(rows crossed attention in bfloat16)") == said
 
 
 def test_a_capped_graph_in_bfloat16_keeps_its_identity_within_the_bound():
