@@ -13,7 +13,8 @@ touch). Two users:
   stayed on the heap (the sweep's own temporaries are kept, frozen.Scratch; what else allocates them,
   oneDNN's bfloat16 products among it, was not traced). The 1,024-token graph peaked at 8.13 GB in
   float32 and 8.98 GB with its rows crossing attention in bfloat16; with 16 MB, 7.42 and 7.99 GB, at
-  the same speed (1 MB, explore's: 643 s against 496 s in bfloat16, every small buffer a mapping).
+  about the same speed (before the scratch, in bfloat16: 480 s without a threshold, 583 s with 16 MB and
+  643 s with explore's 1 MB, every small buffer a mapping).
 """
 
 from __future__ import annotations
