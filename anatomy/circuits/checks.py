@@ -20,12 +20,18 @@ import numbers
 from ..terminal import one_line
 
 __all__ = ["ATTENTION_PRODUCTS", "MAX_CHANGE", "choice", "count", "function", "model_and_transcoders", "number",
-           "token_ids"]
+           "products_note", "token_ids"]
 
 MAX_IDS = 1_000_000  # a prompt's ids, beyond any context
 MAX_CHANGE = 1e6  # a feature's value set or added (interventions): real activations are at most hundreds, and past
 # this float32 arithmetic overflows into inf and NaN
 ATTENTION_PRODUCTS = ("float32", "bfloat16")  # the dtypes a graph's rows may cross attention in (frozen.FrozenSublayer)
+
+
+def products_note(products: str) -> str:
+    """What a graph's check line adds when its rows crossed attention in a dtype other than float32: its identity
+    holds to that dtype's rounding."""
+    return "" if products == "float32" else f" (rows crossed attention in {products})"
 
 
 def _shown(value) -> str:

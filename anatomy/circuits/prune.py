@@ -207,10 +207,7 @@ def pruned(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.
         error = float((differences / terms.clamp(min=1e-30)).max()) if len(differences) else 0.0
         check += (f"; every target kept = its kept edges + what the pruning dropped ({share:.1%} of their input) + "
                   f"what no node carries: max |diff| {float(differences.max()) if len(differences) else 0.0:.2g}")
-    products = graph.meta.get("attention_products", "float32")
-    if products != "float32":  # its identity holds to that dtype's rounding, as the whole graph's check says
-        check += f" (rows crossed attention in {products})"
-    small.check, small.error = check, error
+    small.check, small.error = check + checks.products_note(graph.meta.get("attention_products", "float32")), error
     return small
 
 
