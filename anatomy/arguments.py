@@ -106,6 +106,22 @@ def probability(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """A number strictly between 0 and 1 (a validation share, an Adam beta)."""
+    value = probability(text)
+    if value in (0.0, 1.0):
+        raise argparse.ArgumentTypeError(f"{text} must be strictly between 0 and 1")
+    return value
+
+
+def fraction_or_one(text: str) -> float:
+    """A number above 0 and at most 1 (a share of the steps, a per-layer LR factor)."""
+    value = probability(text)
+    if value == 0.0:
+        raise argparse.ArgumentTypeError(f"{text} must be above 0 (and at most 1)")
+    return value
+
+
 # Texts, files and folders -------------------------------------------------------------------------
 
 

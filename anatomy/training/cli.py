@@ -17,8 +17,9 @@ import json
 import random
 from pathlib import Path
 
-from ..arguments import (add_compute_arguments, add_model_argument, finite_float, input_file, non_negative_float,
-                         non_negative_int, output_folder, positive_float, positive_int, probability, seed, text)
+from ..arguments import (add_compute_arguments, add_model_argument, finite_float, fraction, fraction_or_one, input_file,
+                         non_negative_float, non_negative_int, output_folder, positive_float, positive_int, probability,
+                         seed, text)
 from ..parser import closest
 from ..terminal import one_line, printable, summary_block
 from ..config import ACTIVATIONS, ATTN_IMPLS, NORM_POSITIONS, NORMS, POS_ENCODINGS, QK_NORMS
@@ -96,22 +97,6 @@ def tokenizer_choice(value: str) -> str:
 
 
 MAX_BEAMS = 64  # BLEU's beam search decodes 128 / beams sentences at a time: more beams is one sentence a batch
-
-
-def fraction(text: str) -> float:
-    """A number strictly between 0 and 1 (a validation share, an Adam beta)."""
-    value = probability(text)
-    if value in (0.0, 1.0):
-        raise argparse.ArgumentTypeError(f"{text} must be strictly between 0 and 1")
-    return value
-
-
-def fraction_or_one(text: str) -> float:
-    """A number above 0 and at most 1 (a share of the steps, a per-layer LR factor)."""
-    value = probability(text)
-    if value == 0.0:
-        raise argparse.ArgumentTypeError(f"{text} must be above 0 (and at most 1)")
-    return value
 
 
 def ema_decay(text: str) -> float:
@@ -356,12 +341,14 @@ def run(args) -> int:
     check_arguments(args)
     import numpy as np
 
+    from ..heap import keep_freed_buffers
     from . import distributed
     from .build import BUILDERS, RUN_CONFIG
     from .checkpoint import checkpoint_candidates, remove_temporaries, save_trained, write_text_atomically
     from .metrics import METRICS
     from .trainer import Trainer
 
+    keep_freed_buffers()  # every step's temporaries reused, not faulted in again (heap.py)
     info = distributed.setup(args.device)
     run_dir = Path(args.out)
     lock = None
