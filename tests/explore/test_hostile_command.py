@@ -18,7 +18,11 @@ def command_output(models: list[str], hostile) -> tuple[list[str], int]:
     import signal
     import subprocess
 
-    command = [sys.executable, "-c", "import sys; from anatomy.cli import main; sys.exit(main())", "explore",
+    # Ctrl-C's handler as a terminal's foreground process has it: a test run started as a shell's
+    # background job (`pytest &`) has SIGINT ignored, and a child inherits that, so the command would
+    # shut down on the signal (uvicorn catches it) and then re-raise it into the ignored disposition.
+    start = "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    command = [sys.executable, "-c", start + "from anatomy.cli import main; sys.exit(main())", "explore",
                "--no-browser", "--threads", "1", *[a for m in models for a in ("--model", m)]]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
