@@ -1,6 +1,7 @@
 """`anatomy train` keeps freed buffers for the next step (heap.keep_freed_buffers): the optimizer step
 of the char LM's Muon recipe stops faulting its temporaries in again, and the command sets it."""
 
+import argparse
 import subprocess
 import sys
 
@@ -51,7 +52,7 @@ def test_the_train_command_keeps_freed_buffers(monkeypatch, tmp_path):
         raise RuntimeError("stopped here")
 
     monkeypatch.setattr(distributed, "setup", stop)
-    parser = __import__("argparse").ArgumentParser()
+    parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     data = tmp_path / "text.txt"
     data.write_text("to be or not to be " * 200)
