@@ -18,6 +18,7 @@ from ..models import build_model
 from . import distributed
 from .checkpoint import make_readable, write_text_atomically
 from .data import LMBatches, classification_data, parallel_text, read_tsv, split_tokens, tokenize_to_memmap
+from .ensemble import load_members
 from .tasks import ClassifyTask, LMTask, Seq2SeqTask
 from .tokenizers import KINDS, Tokenizer, train_tokenizer
 
@@ -150,8 +151,9 @@ def classify(args, run_dir: Path, info):
                                                          num_labels=len(names), pad_token_id=tok.pad_id))
     elif model.config.num_labels != len(names):
         raise ValueError(f"--labels gives {model.config.num_labels} labels, {args.train} has {len(names)}")
+    members = load_members(args.ensemble_with, args.val, names, args.cache_dir) if args.ensemble_with else []
     return model, ClassifyTask(seqs, y, tok, args.batch_size, args.max_len, args.seed, info.rank,
-                               info.world_size, val=val, token_dropout=args.token_dropout), tok
+                               info.world_size, val=val, token_dropout=args.token_dropout, members=members), tok
 
 
 def _pretrained_classifier(args, run_dir: Path, labels: list[str] | None):

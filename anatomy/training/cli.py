@@ -145,6 +145,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="the sequence's vector: its first token's, or the mean of its tokens'")
     cls.add_argument("--token-dropout", type=probability, default=0.0,
                      help="word dropout: each training text loses each token with this probability (0: none)")
+    cls.add_argument("--ensemble-with", nargs="+", metavar="RUN",
+                     help="finished classify runs: the final evaluation also scores the mean of their and this "
+                          "model's class probabilities on --val (ensemble_accuracy)")
 
     for task, sub in (("lm", lm), ("seq2seq", s2s), ("classify", cls)):
         _common_arguments(sub, *DEFAULTS[task])
@@ -302,6 +305,7 @@ def check_arguments(args) -> None:
     pairs, the --init encoder, and the memory one training step will need (budget.py)."""
     from ..checkpoints.describe import config_of
     from .budget import check_training_memory
+    from .ensemble import check_member_runs
     from .build import planned_config
 
     if args.average_last > 1 and (args.keep < args.average_last or not args.save_every):
@@ -321,6 +325,8 @@ def check_arguments(args) -> None:
             if (getattr(args, first) is None) != (getattr(args, second) is None):
                 raise ValueError(f"--{first.replace('_', '-')} and --{second.replace('_', '-')} go together: "
                                  "give both or neither")
+    if args.task == "classify":
+        check_member_runs(args.ensemble_with or [], args.val)
     if args.task == "classify" and args.init:
         config = config_of(args.init)
         if config is None:  # a Hub id not downloaded yet: the load checks it
@@ -377,7 +383,8 @@ def run(args) -> int:
         if info.is_main:
             out = save_trained(trainer.model, tok, run_dir / "model")
             final = {k: v for r in history for k, v in r.items() if k != "step"}
-            done = ", ".join(f"{k} {final[k]:.4f}" for k in ("loss", "val_loss", "val_accuracy", "bleu") if k in final)
+            shown = ("loss", "val_loss", "val_accuracy", "ensemble_accuracy", "bleu")
+            done = ", ".join(f"{k} {final[k]:.4f}" for k in shown if k in final)
             if not args.quiet:
                 print(f"done: {done}; model in {printable(str(out))}")
         return 0

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import IGNORE_INDEX, EpochBatches, LMBatches, TokenSequences, classify_batch, drop_tokens, seq2seq_batch
+from .ensemble import ensemble_metrics
 from .evaluate import bleu
 
 
@@ -127,15 +128,16 @@ class ClassifyTask:
 
     def __init__(self, seqs: TokenSequences, labels: np.ndarray, tokenizer, batch_size: int, max_len: int,
                  seed: int, rank: int = 0, world_size: int = 1, val: tuple | None = None,
-                 token_dropout: float = 0.0):
+                 token_dropout: float = 0.0, members: list[tuple] = ()):
         self.seqs, self.labels, self.tok, self.max_len = seqs, labels, tokenizer, max_len
         self.sampler = EpochBatches(np.minimum(seqs.lengths(), max_len), batch_size, seed, rank, world_size,
                                     bucket=50)
         self.batch_size, self.val = batch_size, val
         self.seed, self.rank, self.token_dropout = seed, rank, token_dropout
+        self.members = list(members)  # (model, tokenizer, val sequences) of trained runs: ensemble.py
 
-    def _collate(self, seqs, labels, idx, dropout_rng: np.random.Generator | None = None) -> dict:
-        t = self.tok
+    def _collate(self, seqs, labels, idx, dropout_rng: np.random.Generator | None = None, tokenizer=None) -> dict:
+        t = tokenizer or self.tok
         idx = list(idx)
         texts = [seqs[i] for i in idx]
         if dropout_rng is not None:
@@ -161,11 +163,23 @@ class ClassifyTask:
         if self.val is None:
             return {}
         seqs, labels = self.val
-        total, correct = 0.0, 0
+        logits = self._logits(model, device, seqs, self.tok)  # (N, C)
+        target = torch.as_tensor(labels, device=logits.device)
+        metrics = {"val_loss": F.cross_entropy(logits, target).item(),
+                   "val_accuracy": (logits.argmax(-1) == target).float().mean().item()}
+        if final and self.members:  # the mean of this model's and each member's class probabilities
+            probabilities = [logits.softmax(-1)] + [
+                self._logits(member.to(device), device, member_seqs, member_tok).softmax(-1).to(logits.device)
+                for member, member_tok, member_seqs in self.members]
+            metrics.update(ensemble_metrics(probabilities, target))
+        return metrics
+
+    def _logits(self, model, device, seqs: TokenSequences, tokenizer) -> torch.Tensor:
+        """(N, C) float32 logits of every validation text, as `tokenizer` (a member's own) reads it."""
+        labels = self.val[1]
+        out = []
         for start in range(0, len(seqs), 2 * self.batch_size):
-            batch = to_device(self._collate(seqs, labels, range(start, min(len(seqs), start + 2 * self.batch_size))),
-                              device)
-            logits = model(batch["input_ids"], padding_mask=batch["padding_mask"]).logits  # (B, C)
-            total += F.cross_entropy(logits.float(), batch["labels"], reduction="sum").item()
-            correct += (logits.argmax(-1) == batch["labels"]).sum().item()
-        return {"val_loss": total / len(seqs), "val_accuracy": correct / len(seqs)}
+            rows = range(start, min(len(seqs), start + 2 * self.batch_size))
+            batch = to_device(self._collate(seqs, labels, rows, tokenizer=tokenizer), device)
+            out.append(model(batch["input_ids"], padding_mask=batch["padding_mask"]).logits.float())  # (B, C)
+        return torch.cat(out)  # (N, C)
