@@ -305,8 +305,8 @@ def check_arguments(args) -> None:
     pairs, the --init encoder, and the memory one training step will need (budget.py)."""
     from ..checkpoints.describe import config_of
     from .budget import check_training_memory
-    from .ensemble import check_member_runs
     from .build import planned_config
+    from .ensemble import check_member_runs
 
     if args.average_last > 1 and (args.keep < args.average_last or not args.save_every):
         raise ValueError(f"--average-last {args.average_last} averages the last {args.average_last} checkpoints: "

@@ -19,7 +19,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from ..terminal import one_line
+from .checkpoint import load_trained
+from .data import classification_data
 
 __all__ = ["check_member_runs", "ensemble_metrics", "load_members"]
 
@@ -40,9 +44,6 @@ def check_member_runs(runs: list[str], val: str | None) -> None:
 def load_members(runs: list[str], val: str, label_names: list[str], cache_dir=None) -> list[tuple]:
     """(model in eval mode, its tokenizer, `val` in its tokens) for each run folder; ValueError when a
     run is not an encoder classifier or its classes differ from `label_names`."""
-    from .checkpoint import load_trained
-    from .data import classification_data
-
     members = []
     for run in runs:
         names = json.loads((Path(run) / "labels.json").read_text(encoding="utf-8"))
@@ -61,8 +62,6 @@ def load_members(runs: list[str], val: str, label_names: list[str], cache_dir=No
 def ensemble_metrics(probabilities, labels) -> dict:
     """{"ensemble_loss", "ensemble_accuracy"} of the mean of K members' class probabilities, a list
     of (N, C) tensors, against labels (N,)."""
-    import torch
-
     mean = torch.stack(probabilities).mean(0)  # (N, C): (K, N, C) averaged over the members
     chosen = mean.gather(1, labels[:, None]).squeeze(1)  # (N,): p(y | x)
     return {"ensemble_loss": -chosen.clamp(min=1e-12).log().mean().item(),
